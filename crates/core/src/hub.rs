@@ -1,0 +1,419 @@
+//! The hub: every channel that has subscribers, its recent events, and the
+//! wake-up that tells subscribers the head moved.
+//!
+//! Each followed channel has one [`Cell`] holding a bounded *window* of its
+//! newest committed events (shared `Arc<Event>`s whose encodings are built once)
+//! and a `watch` of its head. A subscriber is only a cursor into that window
+//! (see [`crate::subscription`]); when it falls behind the window it reads the
+//! journal, so memory per subscriber does not grow with its lag.
+//!
+//! The journal reports commits to [`Channels`] (a [`CommitSink`]) in commit
+//! order; cells exist only for channels someone follows, so publishing to a
+//! channel nobody follows costs the hub nothing.
+
+use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
+use crate::subscription::{Ephemeral, Follow, Gap, Start, Subscription};
+use gapless_protocol::codes::GapReason;
+use gapless_protocol::{Epoch, Event, NewEvent};
+use parking_lot::RwLock;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{broadcast, watch, OnceCell};
+
+/// Bounds of each channel's in-memory window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowLimits {
+    /// Most events kept in memory per followed channel (default 1024).
+    pub max_events: usize,
+    /// Most bytes of event data kept in memory per followed channel (default 1 MiB).
+    pub max_bytes: usize,
+    /// Ephemeral events buffered per channel for slow readers (default 1024);
+    /// a reader further behind misses the oldest (ephemeral events are best effort).
+    pub ephemeral_capacity: usize,
+    /// A followed channel whose last subscriber left is forgotten after this many
+    /// milliseconds (default 30000).
+    pub linger_ms: u64,
+}
+
+impl Default for WindowLimits {
+    fn default() -> Self {
+        WindowLimits {
+            max_events: 1024,
+            max_bytes: 1 << 20,
+            ephemeral_capacity: 1024,
+            linger_ms: 30_000,
+        }
+    }
+}
+
+/// The table of followed channels; the journal's commit sink.
+pub struct Channels {
+    limits: WindowLimits,
+    map: RwLock<HashMap<Arc<str>, Arc<Cell>>>,
+}
+
+/// One followed channel.
+pub struct Cell {
+    name: Arc<str>,
+    window: RwLock<Window>,
+    head_tx: watch::Sender<u64>,
+    ephemeral_tx: broadcast::Sender<Arc<Ephemeral>>,
+    subscribers: AtomicUsize,
+    idle_since_ms: AtomicU64,
+    loaded: OnceCell<()>,
+    limits: WindowLimits,
+}
+
+struct Window {
+    known: bool,
+    state: ChannelState,
+    events: VecDeque<Arc<Event>>,
+    bytes: usize,
+}
+
+/// What a cursor at `pos` can read from a cell right now.
+pub(crate) enum Pending {
+    /// The next events after the cursor, ascending.
+    Events(Vec<Arc<Event>>),
+    /// Nothing newer than the cursor.
+    AtHead,
+    /// Retention passed the cursor: the events after it are gone.
+    Evicted(ChannelState),
+    /// The journal is another incarnation than the cursor's.
+    EpochChanged(ChannelState),
+    /// Retained, but older than the window: read the journal.
+    Behind,
+}
+
+impl Cell {
+    fn new(name: Arc<str>, limits: WindowLimits) -> Self {
+        Cell {
+            name,
+            window: RwLock::new(Window {
+                known: false,
+                state: ChannelState::empty(Epoch(0)),
+                events: VecDeque::new(),
+                bytes: 0,
+            }),
+            head_tx: watch::Sender::new(0),
+            ephemeral_tx: broadcast::Sender::new(limits.ephemeral_capacity.max(1)),
+            subscribers: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(crate::journal::now_ms()),
+            loaded: OnceCell::new(),
+            limits,
+        }
+    }
+
+    /// The channel's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The channel's bounds as the hub knows them.
+    pub fn state(&self) -> ChannelState {
+        self.window.read().state
+    }
+
+    /// How many subscribers follow this channel now.
+    pub fn subscribers(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_subscriber(&self) {
+        self.subscribers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remove_subscriber(&self) {
+        if self.subscribers.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.idle_since_ms
+                .store(crate::journal::now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn watch_head(&self) -> watch::Receiver<u64> {
+        self.head_tx.subscribe()
+    }
+
+    pub(crate) fn watch_ephemeral(&self) -> broadcast::Receiver<Arc<Ephemeral>> {
+        self.ephemeral_tx.subscribe()
+    }
+
+    async fn ensure_loaded(&self, journal: &dyn Journal) -> Result<(), JournalError> {
+        self.loaded
+            .get_or_try_init(|| async {
+                let st = journal.state(&self.name).await?;
+                self.observe(st);
+                Ok::<(), JournalError>(())
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Merges a state read from the journal or reported by it. Heads and floors
+    /// only move forward within an epoch; a new epoch replaces everything.
+    fn observe(&self, st: ChannelState) -> u64 {
+        let mut w = self.window.write();
+        if !w.known || w.state.epoch != st.epoch {
+            if w.known {
+                w.events.clear();
+                w.bytes = 0;
+            }
+            w.known = true;
+            w.state = st;
+        } else {
+            w.state.head = w.state.head.max(st.head);
+            w.state.floor = w.state.floor.max(st.floor);
+        }
+        w.trim(&self.limits);
+        w.state.head
+    }
+
+    fn apply_commit(&self, st: ChannelState, events: &[Arc<Event>]) {
+        let head = {
+            let mut w = self.window.write();
+            if !w.known || w.state.epoch != st.epoch {
+                w.events.clear();
+                w.bytes = 0;
+                w.known = true;
+                w.state = st;
+            } else {
+                w.state.head = w.state.head.max(st.head);
+                w.state.floor = w.state.floor.max(st.floor);
+            }
+            for e in events {
+                if let Some(last) = w.events.back() {
+                    if e.seq <= last.seq {
+                        continue;
+                    }
+                    if e.seq != last.seq + 1 {
+                        w.events.clear();
+                        w.bytes = 0;
+                    }
+                }
+                w.bytes += e.data.len();
+                w.events.push_back(e.clone());
+            }
+            w.trim(&self.limits);
+            w.state.head
+        };
+        self.head_tx.send_replace(head);
+    }
+
+    pub(crate) fn pending(&self, epoch: Epoch, pos: u64, max: usize) -> Pending {
+        let w = self.window.read();
+        if w.state.epoch != epoch {
+            return Pending::EpochChanged(w.state);
+        }
+        if pos >= w.state.head {
+            return Pending::AtHead;
+        }
+        if pos + 1 < w.state.floor {
+            return Pending::Evicted(w.state);
+        }
+        match w.events.front() {
+            Some(first) if first.seq <= pos + 1 => {
+                let skip = (pos + 1 - first.seq) as usize;
+                Pending::Events(w.events.range(skip..).take(max).cloned().collect())
+            }
+            _ => Pending::Behind,
+        }
+    }
+}
+
+impl Window {
+    fn trim(&mut self, limits: &WindowLimits) {
+        while let Some(front) = self.events.front() {
+            let over = self.events.len() > limits.max_events.max(1)
+                || (self.bytes > limits.max_bytes && self.events.len() > 1);
+            if front.seq < self.state.floor || over {
+                self.bytes -= front.data.len();
+                self.events.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+impl Channels {
+    /// An empty table.
+    pub fn new(limits: WindowLimits) -> Self {
+        Channels {
+            limits,
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, channel: &str) -> Option<Arc<Cell>> {
+        self.map.read().get(channel).cloned()
+    }
+
+    fn get_or_create(&self, channel: &str) -> Arc<Cell> {
+        if let Some(c) = self.get(channel) {
+            return c;
+        }
+        let mut map = self.map.write();
+        map.entry(Arc::from(channel))
+            .or_insert_with_key(|k| Arc::new(Cell::new(k.clone(), self.limits)))
+            .clone()
+    }
+
+    /// Forgets cells nobody has followed for `linger_ms`.
+    fn sweep(&self, now: u64) {
+        let linger = self.limits.linger_ms;
+        self.map.write().retain(|_, c| {
+            c.subscribers() > 0
+                || now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) < linger
+                // a Follow being built holds an Arc but has not counted itself yet
+                || Arc::strong_count(c) > 1
+        });
+    }
+}
+
+impl CommitSink for Channels {
+    fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
+        if let Some(cell) = self.get(channel) {
+            cell.apply_commit(state, events);
+        }
+    }
+
+    fn evicted(&self, channel: &str, state: ChannelState) {
+        if let Some(cell) = self.get(channel) {
+            let head = cell.observe(state);
+            cell.head_tx.send_replace(head);
+        }
+    }
+}
+
+/// The hub: the journal plus the followed channels.
+pub struct Hub {
+    channels: Arc<Channels>,
+    journal: Arc<dyn Journal>,
+}
+
+impl Hub {
+    /// Builds a hub. `channels` must be the sink the journal was opened with.
+    pub fn new(channels: Arc<Channels>, journal: Arc<dyn Journal>) -> Self {
+        Hub { channels, journal }
+    }
+
+    /// The journal behind this hub.
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.journal
+    }
+
+    /// Appends events (see [`Journal::append`]); subscribers are woken before it returns.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; nothing was appended then.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        self.journal.append(channel, events, idempotency_key).await
+    }
+
+    /// Delivers an event live to the channel's current subscribers only: no seq,
+    /// never journaled. Returns how many subscribers it reached.
+    pub fn publish_ephemeral(&self, channel: &str, event_type: Option<String>, data: String) -> usize {
+        let Some(cell) = self.channels.get(channel) else {
+            return 0;
+        };
+        let e = Arc::new(Ephemeral::new(cell.name.clone(), event_type, data));
+        cell.ephemeral_tx.send(e).unwrap_or(0)
+    }
+
+    /// One page of history (see [`Journal::read`]).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+        self.journal.read(channel, after, limit).await
+    }
+
+    /// The channel's bounds.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.journal.state(channel).await
+    }
+
+    /// How many subscribers follow `channel` now.
+    pub fn subscribers(&self, channel: &str) -> usize {
+        self.channels.get(channel).map_or(0, |c| c.subscribers())
+    }
+
+    /// Starts a subscription on `starts` (channel, where to start). Returns it
+    /// with the gap notices to send before anything else (one per channel whose
+    /// start position could not be served whole; that channel then starts at its head).
+    ///
+    /// # Errors
+    /// [`JournalError`] when a channel's state cannot be read.
+    pub async fn subscribe(
+        &self,
+        starts: Vec<(String, Start)>,
+        batch: usize,
+    ) -> Result<(Subscription, Vec<Gap>), JournalError> {
+        let mut follows = Vec::with_capacity(starts.len());
+        let mut gaps = Vec::new();
+        for (channel, start) in starts {
+            let cell = self.channels.get_or_create(&channel);
+            cell.ensure_loaded(self.journal.as_ref()).await?;
+            // Watch first, then read the state: a commit after this point wakes us.
+            let head_rx = cell.watch_head();
+            let eph_rx = cell.watch_ephemeral();
+            let st = cell.state();
+            let (pos, gap) = resolve(&cell.name, st, start);
+            gaps.extend(gap);
+            follows.push(Follow::new(cell, st.epoch, pos, head_rx, eph_rx));
+        }
+        Ok((
+            Subscription::new(follows, self.journal.clone(), batch),
+            gaps,
+        ))
+    }
+
+    /// Periodic work: evicts expired events and forgets idle cells. The server
+    /// calls it about every 250 ms.
+    ///
+    /// # Errors
+    /// [`JournalError`] when eviction fails.
+    pub async fn tick(&self, now_ms: u64) -> Result<(), JournalError> {
+        self.channels.sweep(now_ms);
+        self.journal.evict_expired(now_ms).await
+    }
+}
+
+/// Where a subscription starts on one channel, given the channel's state
+/// (design: "Resume rules").
+fn resolve(channel: &Arc<str>, st: ChannelState, start: Start) -> (u64, Option<Gap>) {
+    let gap = |after: Option<(Epoch, u64)>, reason| {
+        Some(Gap {
+            channel: channel.clone(),
+            after,
+            next: (st.epoch, st.head),
+            reason,
+        })
+    };
+    match start {
+        Start::Live => (st.head, None),
+        Start::Earliest => (st.floor - 1, None),
+        Start::After { epoch, seq } => {
+            let after = Some((epoch, seq));
+            if epoch != st.epoch {
+                (st.head, gap(after, GapReason::Epoch))
+            } else if seq > st.head {
+                (st.head, gap(after, GapReason::Ahead))
+            } else if seq + 1 < st.floor {
+                (st.head, gap(after, GapReason::Evicted))
+            } else {
+                (seq, None)
+            }
+        }
+        Start::Unknown => (st.head, gap(None, GapReason::Unknown)),
+    }
+}

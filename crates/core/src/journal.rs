@@ -1,0 +1,165 @@
+//! The journal: a channel's retained events, behind one trait.
+//!
+//! A [`Journal`] assigns seqs (dense, from 1, per channel), keeps events until
+//! [`Retention`] evicts them, and reports every commit, in commit order, to
+//! the [`CommitSink`] it was opened with (the hub), before `append` returns.
+//! Implementations: [`crate::memory::MemoryJournal`] and the embedded durable
+//! store in the `gapless-store` crate.
+
+use async_trait::async_trait;
+use gapless_protocol::{Epoch, Event, NewEvent};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// A channel's journal bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelState {
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// Oldest retained seq; `head + 1` when nothing is retained.
+    pub floor: u64,
+    /// Newest seq ever assigned; 0 before the first event.
+    pub head: u64,
+}
+
+impl ChannelState {
+    /// The state of a channel that never had an event.
+    pub fn empty(epoch: Epoch) -> Self {
+        ChannelState {
+            epoch,
+            floor: 1,
+            head: 0,
+        }
+    }
+}
+
+/// How long events are kept. Both limits apply; whichever evicts more wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Most events kept per channel; right after a publish a channel serves at
+    /// most this many (its newest). 0 is treated as 1.
+    pub max_events: u64,
+    /// Age in milliseconds after which events are evicted; 0 keeps them forever.
+    /// Eviction by age may lag by at most one second.
+    pub max_age_ms: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_events: 100_000,
+            max_age_ms: 86_400_000,
+        }
+    }
+}
+
+impl Retention {
+    /// The floor that the count limit imposes on a channel whose head is `head`.
+    pub fn count_floor(&self, head: u64) -> u64 {
+        let keep = self.max_events.max(1);
+        head.saturating_sub(keep) + 1
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// Seq of the first event of the batch.
+    pub first_seq: u64,
+    /// Seq of the last event of the batch.
+    pub last_seq: u64,
+    /// True when the idempotency key was seen before: nothing was appended and
+    /// the seqs are the original ones.
+    pub duplicate: bool,
+}
+
+/// One page read from the journal.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The channel's bounds at the time of the read.
+    pub state: ChannelState,
+    /// Events with `seq > max(after, floor - 1)`, ascending, at most `limit`.
+    pub events: Vec<Arc<Event>>,
+}
+
+/// A journal failure. Nothing was acknowledged when an append fails.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// The storage failed (I/O, corruption); the message says how.
+    #[error("journal storage failed: {0}")]
+    Storage(String),
+    /// The journal is closed (the server is shutting down).
+    #[error("journal is closed")]
+    Closed,
+}
+
+/// Receives every commit, in commit order per channel.
+pub trait CommitSink: Send + Sync + 'static {
+    /// `events` were committed to `channel`; `state` is the channel's state right after.
+    fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]);
+    /// Retention by age raised `channel`'s floor (count retention is reported
+    /// through `committed`'s state).
+    fn evicted(&self, channel: &str, state: ChannelState);
+}
+
+/// A sink that drops everything (for tools and tests).
+pub struct NoSink;
+
+impl CommitSink for NoSink {
+    fn committed(&self, _: &str, _: ChannelState, _: &[Arc<Event>]) {}
+    fn evicted(&self, _: &str, _: ChannelState) {}
+}
+
+/// The journal contract (see module doc). Channel names are already validated.
+#[async_trait]
+pub trait Journal: Send + Sync + 'static {
+    /// Appends `events` to `channel` atomically and in order. With an
+    /// `idempotency_key` seen on this channel before (and whose events are still
+    /// retained), appends nothing and returns the original seqs with
+    /// `duplicate: true`. The sink has seen the events before this returns.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; nothing was committed then.
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError>;
+
+    /// Reads up to `limit` events after seq `after` (events below the floor are skipped).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError>;
+
+    /// The channel's bounds (an empty state for a channel never published to).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError>;
+
+    /// Evicts events older than the retention age, reporting new floors to the
+    /// sink. Called about every 250 ms by the server.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError>;
+
+    /// Makes everything acknowledged durable and stops accepting appends.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the final flush fails.
+    async fn close(&self) -> Result<(), JournalError>;
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

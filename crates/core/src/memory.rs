@@ -1,0 +1,186 @@
+//! The in-memory journal (`gapless serve --memory`): same contract as the
+//! durable store, nothing on disk. Its epoch is drawn at random when it is
+//! created, so a restarted `--memory` server tells every returning client that
+//! history was lost (gap reason `epoch`).
+
+use crate::journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention,
+};
+use async_trait::async_trait;
+use gapless_protocol::{Epoch, Event, NewEvent};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// A journal held in memory.
+pub struct MemoryJournal {
+    epoch: Epoch,
+    retention: Retention,
+    sink: Arc<dyn CommitSink>,
+    channels: Mutex<HashMap<Arc<str>, ChannelLog>>,
+}
+
+struct ChannelLog {
+    name: Arc<str>,
+    head: u64,
+    last_time: u64,
+    events: VecDeque<Arc<Event>>,
+    /// idempotency key -> (first_seq, last_seq)
+    keys: HashMap<String, (u64, u64)>,
+    /// (last_seq, key) in append order, to forget keys as events are evicted
+    key_order: VecDeque<(u64, String)>,
+}
+
+impl ChannelLog {
+    fn state(&self, epoch: Epoch) -> ChannelState {
+        ChannelState {
+            epoch,
+            floor: self.events.front().map_or(self.head + 1, |e| e.seq),
+            head: self.head,
+        }
+    }
+
+    fn evict_to(&mut self, floor: u64) -> bool {
+        let mut changed = false;
+        while self.events.front().is_some_and(|e| e.seq < floor) {
+            self.events.pop_front();
+            changed = true;
+        }
+        while self.key_order.front().is_some_and(|(s, _)| *s < floor) {
+            if let Some((_, k)) = self.key_order.pop_front() {
+                self.keys.remove(&k);
+            }
+        }
+        changed
+    }
+}
+
+impl MemoryJournal {
+    /// A new, empty journal with a random epoch.
+    pub fn new(retention: Retention, sink: Arc<dyn CommitSink>) -> Self {
+        MemoryJournal {
+            epoch: Epoch(rand::random::<u64>() | 1),
+            retention,
+            sink,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This journal's epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+}
+
+#[async_trait]
+impl Journal for MemoryJournal {
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        let mut map = self.channels.lock();
+        let log = match map.get_mut(channel) {
+            Some(l) => l,
+            None => {
+                let name: Arc<str> = Arc::from(channel);
+                map.entry(name.clone()).or_insert(ChannelLog {
+                    name,
+                    head: 0,
+                    last_time: 0,
+                    events: VecDeque::new(),
+                    keys: HashMap::new(),
+                    key_order: VecDeque::new(),
+                })
+            }
+        };
+        if let Some(k) = idempotency_key {
+            if let Some(&(first_seq, last_seq)) = log.keys.get(k) {
+                return Ok(Appended {
+                    epoch: self.epoch,
+                    first_seq,
+                    last_seq,
+                    duplicate: true,
+                });
+            }
+        }
+        let time = crate::journal::now_ms().max(log.last_time);
+        log.last_time = time;
+        let first_seq = log.head + 1;
+        let mut committed = Vec::with_capacity(events.len());
+        for ev in events {
+            log.head += 1;
+            let e = Arc::new(Event::new(
+                log.name.clone(),
+                self.epoch,
+                log.head,
+                ev.event_type,
+                ev.data,
+                time,
+            ));
+            log.events.push_back(e.clone());
+            committed.push(e);
+        }
+        let last_seq = log.head;
+        if let Some(k) = idempotency_key {
+            log.keys.insert(k.to_owned(), (first_seq, last_seq));
+            log.key_order.push_back((last_seq, k.to_owned()));
+        }
+        log.evict_to(self.retention.count_floor(log.head));
+        let state = log.state(self.epoch);
+        // Still under the lock: the sink sees commits in seq order.
+        self.sink.committed(channel, state, &committed);
+        Ok(Appended {
+            epoch: self.epoch,
+            first_seq,
+            last_seq,
+            duplicate: false,
+        })
+    }
+
+    async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+        let map = self.channels.lock();
+        let Some(log) = map.get(channel) else {
+            return Ok(Page {
+                state: ChannelState::empty(self.epoch),
+                events: Vec::new(),
+            });
+        };
+        let state = log.state(self.epoch);
+        let start = after.max(state.floor.saturating_sub(1)) + 1;
+        let skip = (start - state.floor.min(start)) as usize;
+        let events = log.events.iter().skip(skip).take(limit).cloned().collect();
+        Ok(Page { state, events })
+    }
+
+    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        let map = self.channels.lock();
+        Ok(map
+            .get(channel)
+            .map_or(ChannelState::empty(self.epoch), |l| l.state(self.epoch)))
+    }
+
+    async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
+        if self.retention.max_age_ms == 0 {
+            return Ok(());
+        }
+        let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
+        let mut map = self.channels.lock();
+        for log in map.values_mut() {
+            let floor = log
+                .events
+                .iter()
+                .find(|e| e.time > cutoff)
+                .map_or(log.head + 1, |e| e.seq);
+            if log.evict_to(floor) {
+                self.sink.evicted(&log.name, log.state(self.epoch));
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+}

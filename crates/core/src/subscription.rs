@@ -1,0 +1,356 @@
+//! A subscription: one client's positions on one or more channels.
+//!
+//! A subscription holds, per channel, only a cursor (`epoch`, `pos` = last seq
+//! delivered) and two wake-up handles. [`Subscription::next`] returns the next
+//! thing to deliver: events after the cursor (from the hub's window, or from
+//! the journal when the reader is further behind), a [`Gap`] when retention or
+//! a new epoch passed the cursor, or an ephemeral event. Replay and live
+//! delivery are the same loop; a slow reader just reads older events later.
+
+use crate::hub::{Cell, Pending};
+use crate::journal::{ChannelState, Journal, JournalError};
+use bytes::Bytes;
+use gapless_protocol::codes::GapReason;
+use gapless_protocol::event::Envelope;
+use gapless_protocol::sse::{self, Format};
+use gapless_protocol::{Cursor, Epoch, Event};
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use tokio::sync::{broadcast, watch};
+
+/// Where a subscription starts on one channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At the head: only events published from now on.
+    Live,
+    /// At the floor: everything retained, then live.
+    Earliest,
+    /// After `seq` of journal incarnation `epoch` (from a cursor).
+    After {
+        /// The cursor's epoch.
+        epoch: Epoch,
+        /// The last seq the client has.
+        seq: u64,
+    },
+    /// The client presented a position this server cannot read.
+    Unknown,
+}
+
+/// A notice that a range of a channel was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// The channel.
+    pub channel: Arc<str>,
+    /// The client's position before the hole (`None`: it could not be read).
+    pub after: Option<(Epoch, u64)>,
+    /// Where delivery continues: the hole ends at and includes this seq.
+    pub next: (Epoch, u64),
+    /// Why.
+    pub reason: GapReason,
+}
+
+impl Gap {
+    /// The JSON of a gap notice: `{"channel","after","next","reason"}`, with
+    /// `after` and `next` as single-channel cursors (`after` null when unknown).
+    pub fn to_json(&self) -> String {
+        let after = self
+            .after
+            .map(|(e, s)| Cursor::single(&self.channel, e, s).encode());
+        let next = Cursor::single(&self.channel, self.next.0, self.next.1).encode();
+        serde_json::json!({
+            "channel": &*self.channel,
+            "after": after,
+            "next": next,
+            "reason": self.reason.as_str(),
+        })
+        .to_string()
+    }
+
+    /// The SSE frame: `event: gap` with the JSON as data, and no `id:` line.
+    pub fn sse_frame(&self) -> Bytes {
+        let mut out = Vec::with_capacity(256);
+        sse::write_event(&mut out, Some("gap"), &self.to_json());
+        Bytes::from(out)
+    }
+}
+
+/// An ephemeral event: live only, no seq, never journaled.
+pub struct Ephemeral {
+    /// The channel.
+    pub channel: Arc<str>,
+    /// Optional type.
+    pub event_type: Option<String>,
+    /// The payload.
+    pub data: String,
+    /// When it was published, Unix ms.
+    pub time: u64,
+    plain: OnceLock<Bytes>,
+    envelope: OnceLock<Bytes>,
+}
+
+impl Ephemeral {
+    pub(crate) fn new(channel: Arc<str>, event_type: Option<String>, data: String) -> Self {
+        Ephemeral {
+            channel,
+            event_type,
+            data,
+            time: crate::journal::now_ms(),
+            plain: OnceLock::new(),
+            envelope: OnceLock::new(),
+        }
+    }
+
+    /// The envelope shape (`seq` null).
+    pub fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            channel: &self.channel,
+            seq: None,
+            event_type: self.event_type.as_deref(),
+            data: &self.data,
+            time: self.time,
+        }
+    }
+
+    /// The SSE frame, without an `id:` line so it never moves a client's cursor.
+    pub fn sse_frame(&self, format: Format) -> &Bytes {
+        let cell = match format {
+            Format::Plain => &self.plain,
+            Format::Envelope => &self.envelope,
+        };
+        cell.get_or_init(|| {
+            let mut out = Vec::with_capacity(self.data.len() + 32);
+            match format {
+                Format::Plain => sse::write_event(&mut out, self.event_type.as_deref(), &self.data),
+                Format::Envelope => {
+                    let json = serde_json::to_string(&self.envelope()).unwrap_or_default();
+                    sse::write_event(&mut out, self.event_type.as_deref(), &json)
+                }
+            }
+            Bytes::from(out)
+        })
+    }
+}
+
+/// One channel of a subscription: a cursor and its wake-up handles.
+pub(crate) struct Follow {
+    cell: Arc<Cell>,
+    epoch: Epoch,
+    pos: u64,
+    head_rx: watch::Receiver<u64>,
+    eph_rx: broadcast::Receiver<Arc<Ephemeral>>,
+}
+
+impl Follow {
+    pub(crate) fn new(
+        cell: Arc<Cell>,
+        epoch: Epoch,
+        pos: u64,
+        head_rx: watch::Receiver<u64>,
+        eph_rx: broadcast::Receiver<Arc<Ephemeral>>,
+    ) -> Self {
+        cell.add_subscriber();
+        Follow {
+            cell,
+            epoch,
+            pos,
+            head_rx,
+            eph_rx,
+        }
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        self.cell.remove_subscriber();
+    }
+}
+
+/// What a subscription delivers next.
+#[derive(Debug)]
+pub enum Item {
+    /// Events of channel number `index` (in subscription order), ascending; the
+    /// subscription's position has moved to the last of them.
+    Events {
+        /// Which channel of the subscription.
+        index: usize,
+        /// The events.
+        events: Vec<Arc<Event>>,
+    },
+    /// A hole; the position has moved to `gap.next`.
+    Gap(Gap),
+    /// A live-only event.
+    Ephemeral(Arc<Ephemeral>),
+}
+
+impl std::fmt::Debug for Ephemeral {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ephemeral")
+            .field("channel", &self.channel)
+            .field("data", &self.data)
+            .finish()
+    }
+}
+
+/// A client's positions on its channels; see the module doc.
+pub struct Subscription {
+    follows: Vec<Follow>,
+    journal: Arc<dyn Journal>,
+    batch: usize,
+    rr: usize,
+}
+
+impl Subscription {
+    pub(crate) fn new(follows: Vec<Follow>, journal: Arc<dyn Journal>, batch: usize) -> Self {
+        Subscription {
+            follows,
+            journal,
+            batch: batch.max(1),
+            rr: 0,
+        }
+    }
+
+    /// How many channels this subscription follows.
+    pub fn len(&self) -> usize {
+        self.follows.len()
+    }
+
+    /// True when it follows no channel.
+    pub fn is_empty(&self) -> bool {
+        self.follows.is_empty()
+    }
+
+    /// The name of channel number `index`.
+    pub fn channel(&self, index: usize) -> &Arc<str> {
+        self.follows[index].cell.name()
+    }
+
+    /// The cursor of the whole subscription: every channel's position.
+    pub fn cursor(&self) -> Cursor {
+        let mut c = Cursor::new();
+        for f in &self.follows {
+            c.set(f.cell.name(), f.epoch, f.pos);
+        }
+        c
+    }
+
+    /// The cursor of the whole subscription with channel `index` at `seq`
+    /// (used to give each event of a batch its own resumable id).
+    pub fn cursor_at(&self, index: usize, seq: u64) -> Cursor {
+        let mut c = self.cursor();
+        let f = &self.follows[index];
+        c.set(f.cell.name(), f.epoch, seq);
+        c
+    }
+
+    /// Waits for and returns the next item. Cancel-safe: dropping the future
+    /// before it completes moves no position.
+    ///
+    /// # Errors
+    /// [`JournalError`] when a read from the journal fails.
+    pub async fn next(&mut self) -> Result<Item, JournalError> {
+        loop {
+            let n = self.follows.len();
+            for k in 0..n {
+                let i = (self.rr + k) % n;
+                if let Some(item) = self.poll_follow(i).await? {
+                    self.rr = (i + 1) % n;
+                    return Ok(item);
+                }
+            }
+            if let Some(e) = self.wait().await {
+                return Ok(Item::Ephemeral(e));
+            }
+        }
+    }
+
+    async fn poll_follow(&mut self, i: usize) -> Result<Option<Item>, JournalError> {
+        let batch = self.batch;
+        let f = &mut self.follows[i];
+        f.head_rx.borrow_and_update();
+        loop {
+            match f.eph_rx.try_recv() {
+                Ok(e) => return Ok(Some(Item::Ephemeral(e))),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    tracing::debug!(channel = %f.cell.name(), missed = n, "ephemeral events skipped for a slow reader");
+                }
+                Err(_) => break,
+            }
+        }
+        let item = match f.cell.pending(f.epoch, f.pos, batch) {
+            Pending::AtHead => None,
+            Pending::Events(events) => advance(f, i, events),
+            Pending::Evicted(st) => Some(evicted(f, st)),
+            Pending::EpochChanged(st) => Some(epoch_changed(f, st)),
+            Pending::Behind => {
+                let page = self.journal.read(f.cell.name(), f.pos, batch).await?;
+                if page.state.epoch != f.epoch {
+                    Some(epoch_changed(f, page.state))
+                } else if f.pos + 1 < page.state.floor {
+                    Some(evicted(f, page.state))
+                } else {
+                    advance(f, i, page.events)
+                }
+            }
+        };
+        Ok(item)
+    }
+
+    /// Sleeps until any channel's head moves or an ephemeral event arrives.
+    async fn wait(&mut self) -> Option<Arc<Ephemeral>> {
+        type Wake<'a> = Pin<Box<dyn Future<Output = Option<Arc<Ephemeral>>> + Send + 'a>>;
+        let mut futs: Vec<Wake<'_>> = Vec::with_capacity(self.follows.len() * 2);
+        for f in self.follows.iter_mut() {
+            let Follow {
+                head_rx, eph_rx, ..
+            } = f;
+            futs.push(Box::pin(async move {
+                // An error means the sender is gone, which cannot happen while we hold the cell.
+                let _ = head_rx.changed().await;
+                None
+            }));
+            futs.push(Box::pin(async move { eph_rx.recv().await.ok() }));
+        }
+        poll_fn(|cx| {
+            for fut in futs.iter_mut() {
+                if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                    return Poll::Ready(v);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+fn advance(f: &mut Follow, index: usize, events: Vec<Arc<Event>>) -> Option<Item> {
+    let last = events.last()?.seq;
+    f.pos = last;
+    Some(Item::Events { index, events })
+}
+
+/// Retention passed a reader mid-stream: name the hole and continue from the floor.
+fn evicted(f: &mut Follow, st: ChannelState) -> Item {
+    let gap = Gap {
+        channel: f.cell.name().clone(),
+        after: Some((f.epoch, f.pos)),
+        next: (st.epoch, st.floor - 1),
+        reason: GapReason::Evicted,
+    };
+    f.pos = st.floor - 1;
+    Item::Gap(gap)
+}
+
+/// The journal is a new incarnation: everything of the old one is lost; continue at the head.
+fn epoch_changed(f: &mut Follow, st: ChannelState) -> Item {
+    let gap = Gap {
+        channel: f.cell.name().clone(),
+        after: Some((f.epoch, f.pos)),
+        next: (st.epoch, st.head),
+        reason: GapReason::Epoch,
+    };
+    f.epoch = st.epoch;
+    f.pos = st.head;
+    Item::Gap(gap)
+}

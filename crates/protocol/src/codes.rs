@@ -1,0 +1,102 @@
+//! Every code that appears on the wire, in one registry.
+//!
+//! HTTP errors are JSON `{"error": <code>, "message": <text>}`; the table maps
+//! each code to its status. Gap reasons appear in `gap` notices.
+
+/// An HTTP error code with its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// 400: a channel name breaks the name rules.
+    InvalidChannel,
+    /// 400: an event type breaks the type rules or is reserved.
+    InvalidType,
+    /// 400: the body is not valid UTF-8.
+    InvalidUtf8,
+    /// 400: a cursor fails its check.
+    InvalidCursor,
+    /// 400: a query parameter or body field is missing or malformed.
+    InvalidRequest,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route exists but not with this method.
+    MethodNotAllowed,
+    /// 410: the journal cannot serve the cursor (see the reason).
+    CursorNotServed,
+    /// 413: an event or request is larger than its limit.
+    TooLarge,
+    /// 429/503: a connection or subscriber limit is reached.
+    LimitReached,
+    /// 503: the server is shutting down.
+    ShuttingDown,
+    /// 500: the journal failed (disk error); nothing was acknowledged.
+    JournalFailed,
+}
+
+impl ErrorCode {
+    /// The string used in the `error` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidChannel => "invalid_channel",
+            ErrorCode::InvalidType => "invalid_type",
+            ErrorCode::InvalidUtf8 => "invalid_utf8",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::CursorNotServed => "cursor_not_served",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::LimitReached => "limit_reached",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::JournalFailed => "journal_failed",
+        }
+    }
+
+    /// The HTTP status for this code.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidChannel
+            | ErrorCode::InvalidType
+            | ErrorCode::InvalidUtf8
+            | ErrorCode::InvalidCursor
+            | ErrorCode::InvalidRequest => 400,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::CursorNotServed => 410,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::LimitReached | ErrorCode::ShuttingDown => 503,
+            ErrorCode::JournalFailed => 500,
+        }
+    }
+}
+
+/// Why a range of a channel was not delivered. Appears as `reason` in gap notices
+/// and in 410 answers of the history API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GapReason {
+    /// The position is below the journal's floor: retention removed events after it.
+    /// The hole is every event after `after` up to and including `next`.
+    Evicted,
+    /// The position belongs to another incarnation of the journal (e.g. a
+    /// `--memory` server restarted). The hole is as for `Evicted`.
+    Epoch,
+    /// The position is beyond the head (e.g. a cursor from after a restored backup).
+    /// The client must re-anchor.
+    Ahead,
+    /// The client's position could not be read (a Last-Event-ID that is not a
+    /// cursor of this server). The client must re-anchor.
+    Unknown,
+}
+
+impl GapReason {
+    /// The string used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GapReason::Evicted => "evicted",
+            GapReason::Epoch => "epoch",
+            GapReason::Ahead => "ahead",
+            GapReason::Unknown => "unknown",
+        }
+    }
+}

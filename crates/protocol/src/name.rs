@@ -1,0 +1,148 @@
+//! Channel and event-type name rules.
+//!
+//! Channel names: 1 to [`MAX_CHANNEL_LEN`] characters of `A-Z a-z 0-9 _ - . : @ ~`.
+//! Event types: 1 to [`MAX_TYPE_LEN`] characters of `A-Z a-z 0-9 _ - . :`; the
+//! names in [`RESERVED_TYPES`] and any type starting with [`RESERVED_TYPE_PREFIX`]
+//! belong to the server's own notices, so a publisher cannot forge one.
+//! Both alphabets exclude CR, LF and `:`-leading tricks that could inject an SSE field.
+
+use thiserror::Error;
+
+/// Longest channel name, in characters (all allowed characters are one byte).
+pub const MAX_CHANNEL_LEN: usize = 200;
+/// Longest event type, in characters.
+pub const MAX_TYPE_LEN: usize = 64;
+/// Event types the server uses for its own notices.
+pub const RESERVED_TYPES: &[&str] = &["gap"];
+/// Prefix reserved for future server notices.
+pub const RESERVED_TYPE_PREFIX: &str = "gapless.";
+
+/// Why a channel name or event type was refused. The `Display` text says which rule failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name is the empty string.
+    #[error("{what} name is empty; it must be 1 to {max} characters")]
+    Empty {
+        /// "channel" or "type".
+        what: &'static str,
+        /// The length limit.
+        max: usize,
+    },
+    /// The name is longer than its limit.
+    #[error("{what} name is {len} characters long; at most {max} are allowed")]
+    TooLong {
+        /// "channel" or "type".
+        what: &'static str,
+        /// The offending length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The name holds a character outside its alphabet.
+    #[error("{what} name contains {found:?} at position {at}; allowed characters are {allowed}")]
+    BadChar {
+        /// "channel" or "type".
+        what: &'static str,
+        /// The first character outside the alphabet.
+        found: char,
+        /// Its character index (0-based).
+        at: usize,
+        /// The allowed alphabet, for the message.
+        allowed: &'static str,
+    },
+    /// The event type is reserved for the server's own notices.
+    #[error("event type {0:?} is reserved for the server's own notices")]
+    Reserved(String),
+}
+
+fn check(
+    name: &str,
+    what: &'static str,
+    max: usize,
+    allowed: &'static str,
+    ok: fn(char) -> bool,
+) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty { what, max });
+    }
+    for (at, c) in name.chars().enumerate() {
+        if !ok(c) {
+            return Err(NameError::BadChar {
+                what,
+                found: c,
+                at,
+                allowed,
+            });
+        }
+    }
+    if name.len() > max {
+        return Err(NameError::TooLong {
+            what,
+            len: name.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a channel name against the rules in this module's doc.
+///
+/// # Errors
+/// [`NameError`] naming the rule that failed.
+pub fn validate_channel(name: &str) -> Result<(), NameError> {
+    check(
+        name,
+        "channel",
+        MAX_CHANNEL_LEN,
+        "A-Z a-z 0-9 _ - . : @ ~",
+        |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@' | '~'),
+    )
+}
+
+/// Checks a publisher-supplied event type: alphabet, length, and not reserved.
+///
+/// # Errors
+/// [`NameError`] naming the rule that failed.
+pub fn validate_type(name: &str) -> Result<(), NameError> {
+    check(name, "type", MAX_TYPE_LEN, "A-Z a-z 0-9 _ - . :", |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
+    })?;
+    if RESERVED_TYPES.contains(&name) || name.starts_with(RESERVED_TYPE_PREFIX) {
+        return Err(NameError::Reserved(name.to_owned()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_alphabet_and_length() {
+        assert!(validate_channel("a-Z_0.9:x@y~z").is_ok());
+        assert!(matches!(validate_channel(""), Err(NameError::Empty { .. })));
+        assert!(matches!(
+            validate_channel(&"a".repeat(201)),
+            Err(NameError::TooLong { len: 201, .. })
+        ));
+        assert!(validate_channel(&"a".repeat(200)).is_ok());
+        let err = validate_channel("a b").unwrap_err();
+        assert!(err.to_string().contains("' ' at position 1"), "{err}");
+        assert!(validate_channel("é").is_err());
+        assert!(validate_channel("a/b").is_err());
+    }
+
+    #[test]
+    fn types_reserved_and_alphabet() {
+        assert!(validate_type("chat.message").is_ok());
+        assert!(matches!(validate_type("gap"), Err(NameError::Reserved(_))));
+        assert!(matches!(
+            validate_type("gapless.x"),
+            Err(NameError::Reserved(_))
+        ));
+        assert!(validate_type("a\nb").is_err());
+        assert!(validate_type("a@b").is_err());
+        assert!(validate_type(&"t".repeat(65)).is_err());
+    }
+}
