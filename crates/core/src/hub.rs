@@ -318,7 +318,12 @@ impl Hub {
 
     /// Delivers an event live to the channel's current subscribers only: no seq,
     /// never journaled. Returns how many subscribers it reached.
-    pub fn publish_ephemeral(&self, channel: &str, event_type: Option<String>, data: String) -> usize {
+    pub fn publish_ephemeral(
+        &self,
+        channel: &str,
+        event_type: Option<String>,
+        data: String,
+    ) -> usize {
         let Some(cell) = self.channels.get(channel) else {
             return 0;
         };
@@ -330,7 +335,12 @@ impl Hub {
     ///
     /// # Errors
     /// [`JournalError`] when storage fails.
-    pub async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+    pub async fn read(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Page, JournalError> {
         self.journal.read(channel, after, limit).await
     }
 

@@ -8,6 +8,4 @@ pub mod journal;
 pub mod memory;
 pub mod subscription;
 
-pub use journal::{
-    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention,
-};
+pub use journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};

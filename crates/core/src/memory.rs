@@ -3,9 +3,7 @@
 //! created, so a restarted `--memory` server tells every returning client that
 //! history was lost (gap reason `epoch`).
 
-use crate::journal::{
-    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention,
-};
+use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
 use parking_lot::Mutex;

@@ -210,7 +210,9 @@ mod tests {
     fn round_trip_single_and_multi() {
         let c = Cursor::single("orders", Epoch(0xdead_beef), 42);
         let s = c.encode();
-        assert!(s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert!(s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         assert_eq!(Cursor::decode(s.as_bytes()), Ok(c));
 
         let mut m = Cursor::new();
@@ -226,7 +228,13 @@ mod tests {
 
     #[test]
     fn garbage_is_malformed() {
-        for bad in [&b""[..], b"garbage", b"!!!!", b"AAAAAAAAAAAA", &[0xff, 0xfe][..]] {
+        for bad in [
+            &b""[..],
+            b"garbage",
+            b"!!!!",
+            b"AAAAAAAAAAAA",
+            &[0xff, 0xfe][..],
+        ] {
             assert!(
                 matches!(Cursor::decode(bad), Err(CursorError::Malformed(_))),
                 "{bad:?}"

@@ -1,0 +1,133 @@
+//! The gapless HTTP transport: thin handlers over the hub.
+//!
+//! [`router`] maps the v1 API (`docs/api.md`) onto handlers in [`publish`],
+//! [`history`] and [`sse`]; [`listener`] applies socket options and the
+//! connection limit; [`serve`] runs it all until the shutdown token fires, then
+//! ends every stream so clients reconnect and resume elsewhere.
+
+pub mod config;
+pub mod error;
+pub mod history;
+pub mod listener;
+pub mod publish;
+pub mod query;
+pub mod sse;
+
+pub use config::ServerConfig;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use error::ApiError;
+use gapless_core::hub::Hub;
+use gapless_protocol::codes::ErrorCode;
+use serde_json::json;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What every handler shares.
+pub struct App {
+    /// The hub.
+    pub hub: Hub,
+    /// Transport settings.
+    pub config: ServerConfig,
+    /// Fires when the server shuts down; open streams end on it.
+    pub shutdown: CancellationToken,
+}
+
+/// The v1 router.
+pub fn router(app: Arc<App>) -> Router {
+    let v1 = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/channels/{channel}", get(history::channel_info))
+        .route(
+            "/v1/channels/{channel}/events",
+            post(publish::publish).get(history::history),
+        )
+        .route("/v1/channels/{channel}/batch", post(publish::publish_batch))
+        .route("/v1/channels/{channel}/sse", get(sse::channel_sse))
+        .route("/v1/sse", get(sse::multi_sse));
+    let cors = cors(&app.config.cors_origins);
+    let router = v1
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app);
+    match cors {
+        Some(layer) => router.layer(layer),
+        None => router,
+    }
+}
+
+/// The CORS layer for `--cors-origins` (see [`ServerConfig::cors_origins`]).
+fn cors(origins: &str) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{header, HeaderName, HeaderValue, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins = origins.trim();
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins == "*" {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .split(',')
+                .filter_map(|o| HeaderValue::from_str(o.trim()).ok()),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                HeaderName::from_static("last-event-id"),
+                HeaderName::from_static("idempotency-key"),
+            ]),
+    )
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("no such path: {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Serves `app` on `listener` until `app.shutdown` fires; open streams end then,
+/// and this returns once connections have closed.
+///
+/// # Errors
+/// I/O errors of the server loop.
+pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
+    let shutdown = app.shutdown.clone();
+    let listener = listener::GaplessListener::new(listener, app.config.clone());
+    let ticker = tokio::spawn(tick(app.clone()));
+    let result = axum::serve(listener, router(app))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    ticker.abort();
+    result
+}
+
+/// Retention by age and idle-channel sweeps, every 250 ms.
+async fn tick(app: Arc<App>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(250));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(e) = app.hub.tick(gapless_core::journal::now_ms()).await {
+            tracing::error!(error = %e, "retention pass failed");
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The embedded, durable journal of gapless (`gapless serve --data-dir DIR`).
+//!
+//! [`EmbeddedJournal`] implements [`gapless_core::Journal`] over one
+//! [redb](https://www.redb.org) file, `DIR/journal.redb`:
+//!
+//! - writes go through one writer thread that group-commits everything
+//!   pending in one transaction (`writer.rs`, applying `apply.rs` over the
+//!   writer's channel cache, `cache.rs`), so concurrent publishers share each
+//!   fsync;
+//! - reads run in their own read transactions, concurrently with the writer
+//!   (`reader.rs`);
+//! - the on-disk layout is in `tables.rs`, the store's identity (epoch) in
+//!   `meta.rs`.
+//!
+//! The store has one epoch, drawn at random when the file is created and kept
+//! in it, so reopening the directory (or a copy of it) resumes the same
+//! history. redb commits are atomic and checksummed: after a crash the file
+//! reopens at its last durable commit, which under [`Durability::Sync`]
+//! includes every acknowledged append.
+
+mod apply;
+mod cache;
+mod meta;
+mod options;
+mod reader;
+mod tables;
+mod writer;
+
+pub use options::{Durability, StoreOptions};
+
+use async_trait::async_trait;
+use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
+use gapless_protocol::{Epoch, NewEvent};
+use redb::Database;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+use writer::{Request, Writer};
+
+/// Name of the database file inside the data directory.
+pub const FILE_NAME: &str = "journal.redb";
+
+/// The durable journal: a redb file written by one group-commit thread.
+///
+/// Dropping it without [`Journal::close`] also stops the writer after a final
+/// durable commit; the drop waits for that (one fsync at most).
+pub struct EmbeddedJournal {
+    epoch: Epoch,
+    db: Arc<Database>,
+    /// `None` only while dropping.
+    tx: Option<mpsc::Sender<Request>>,
+    closed: AtomicBool,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl EmbeddedJournal {
+    /// Opens (creating it if needed) the journal in directory `dir`, and
+    /// starts its writer thread.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the directory or file cannot be created
+    /// or opened (for instance another process has it open), or the file is
+    /// not a journal this build can read.
+    pub fn open(
+        dir: &Path,
+        options: StoreOptions,
+        sink: Arc<dyn CommitSink>,
+    ) -> Result<Self, JournalError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path)
+            .map_err(|e| JournalError::Storage(format!("cannot open {}: {e}", path.display())))?;
+        let epoch = meta::init(&db, options.durability)?;
+        let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache)
+            .spawn()
+            .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
+        Ok(EmbeddedJournal {
+            epoch,
+            db,
+            tx: Some(tx),
+            closed: AtomicBool::new(false),
+            writer: Some(writer),
+        })
+    }
+
+    /// The store's epoch (shared by all its channels).
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Sends `request` to the writer and waits for its reply.
+    async fn call<T>(
+        &self,
+        request: impl FnOnce(writer::Reply<T>) -> Request,
+    ) -> Result<T, JournalError> {
+        let (reply, result) = oneshot::channel();
+        let tx = self.tx.as_ref().ok_or(JournalError::Closed)?;
+        tx.send(request(reply)).map_err(|_| JournalError::Closed)?;
+        // A dropped reply means the writer stopped before serving it.
+        result.await.map_err(|_| JournalError::Closed)?
+    }
+}
+
+#[async_trait]
+impl Journal for EmbeddedJournal {
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.call(|reply| Request::Append {
+            channel: channel.to_owned(),
+            events,
+            key: idempotency_key.map(str::to_owned),
+            reply,
+        })
+        .await
+    }
+
+    async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+        reader::page(&self.db, self.epoch, channel, after, limit)
+    }
+
+    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        reader::state(&self.db, self.epoch, channel)
+    }
+
+    /// After [`Journal::close`] this does nothing.
+    async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.call(|reply| Request::Evict { now_ms, reply }).await {
+            Err(JournalError::Closed) => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn close(&self) -> Result<(), JournalError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match self.call(|reply| Request::Close { reply }).await {
+            // The writer already stopped (after its own final commit).
+            Err(JournalError::Closed) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+impl Drop for EmbeddedJournal {
+    fn drop(&mut self) {
+        // Disconnecting the channel makes the writer commit durably and stop.
+        self.tx = None;
+        if let Some(writer) = self.writer.take() {
+            if writer.thread().id() != std::thread::current().id() && writer.join().is_err() {
+                tracing::error!("journal writer thread panicked");
+            }
+        }
+    }
+}

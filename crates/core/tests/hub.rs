@@ -1,0 +1,187 @@
+//! Hub and subscription rules over the in-memory journal.
+
+use gapless_core::hub::{Channels, Hub, WindowLimits};
+use gapless_core::memory::MemoryJournal;
+use gapless_core::subscription::{Item, Start, Subscription};
+use gapless_core::{Journal, Retention};
+use gapless_protocol::codes::GapReason;
+use gapless_protocol::{Epoch, NewEvent};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn hub(retention: Retention, window: usize) -> Hub {
+    let channels = Arc::new(Channels::new(WindowLimits {
+        max_events: window,
+        ..WindowLimits::default()
+    }));
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new(retention, channels.clone()));
+    Hub::new(channels, journal)
+}
+
+fn ev(data: &str) -> Vec<NewEvent> {
+    vec![NewEvent {
+        event_type: None,
+        data: data.to_owned(),
+    }]
+}
+
+async fn next_seqs(sub: &mut Subscription, n: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(Duration::from_secs(2), sub.next()).await {
+            Ok(Ok(Item::Events { events, .. })) => out.extend(events.iter().map(|e| e.seq)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn live_subscriber_sees_only_new_events() {
+    let hub = hub(Retention::default(), 16);
+    hub.publish("c", ev("old"), None).await.expect("publish");
+    let (mut sub, gaps) = hub
+        .subscribe(vec![("c".into(), Start::Live)], 8)
+        .await
+        .expect("subscribe");
+    assert!(gaps.is_empty());
+    hub.publish("c", ev("new"), None).await.expect("publish");
+    assert_eq!(next_seqs(&mut sub, 1).await, vec![2]);
+}
+
+#[tokio::test]
+async fn reader_behind_window_reads_journal_in_order() {
+    let hub = hub(Retention::default(), 4);
+    let (mut sub, _) = hub
+        .subscribe(vec![("c".into(), Start::Earliest)], 3)
+        .await
+        .expect("subscribe");
+    for i in 0..50 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    assert_eq!(next_seqs(&mut sub, 50).await, (1..=50).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn resume_gaps_name_their_reason() {
+    let hub = hub(
+        Retention {
+            max_events: 3,
+            max_age_ms: 0,
+        },
+        16,
+    );
+    for i in 0..10 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    let epoch = hub.state("c").await.expect("state").epoch;
+    let cases = [
+        (Start::After { epoch, seq: 2 }, Some(GapReason::Evicted)),
+        (Start::After { epoch, seq: 11 }, Some(GapReason::Ahead)),
+        (
+            Start::After {
+                epoch: Epoch(epoch.0 ^ 1),
+                seq: 9,
+            },
+            Some(GapReason::Epoch),
+        ),
+        (Start::Unknown, Some(GapReason::Unknown)),
+        (Start::After { epoch, seq: 7 }, None),
+    ];
+    for (start, want) in cases {
+        let (_, gaps) = hub
+            .subscribe(vec![("c".into(), start)], 8)
+            .await
+            .expect("subscribe");
+        assert_eq!(gaps.first().map(|g| g.reason), want, "{start:?}");
+        if let Some(g) = gaps.first() {
+            assert_eq!(g.next, (epoch, 10));
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_reader_passed_by_retention_gets_evicted_gap_then_continues() {
+    let hub = hub(
+        Retention {
+            max_events: 5,
+            max_age_ms: 0,
+        },
+        16,
+    );
+    let (mut sub, _) = hub
+        .subscribe(vec![("c".into(), Start::Live)], 8)
+        .await
+        .expect("subscribe");
+    for i in 0..12 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    match sub.next().await.expect("next") {
+        Item::Gap(g) => {
+            assert_eq!(g.reason, GapReason::Evicted);
+            assert_eq!(g.after.map(|a| a.1), Some(0));
+            assert_eq!(g.next.1, 7, "hole is 1..=7, floor is 8");
+        }
+        other => panic!("expected a gap, got {other:?}"),
+    }
+    assert_eq!(next_seqs(&mut sub, 5).await, vec![8, 9, 10, 11, 12]);
+}
+
+#[tokio::test]
+async fn multi_channel_cursor_and_ephemeral() {
+    let hub = hub(Retention::default(), 16);
+    let (mut sub, _) = hub
+        .subscribe(
+            vec![("a".into(), Start::Live), ("b".into(), Start::Live)],
+            8,
+        )
+        .await
+        .expect("subscribe");
+    hub.publish("b", ev("b1"), None).await.expect("publish");
+    match sub.next().await.expect("next") {
+        Item::Events { index, events } => {
+            assert_eq!(index, 1);
+            assert_eq!(events[0].data, "b1");
+        }
+        other => panic!("{other:?}"),
+    }
+    let cursor = sub.cursor();
+    assert_eq!(cursor.get("b").map(|p| p.seq), Some(1));
+    assert_eq!(cursor.get("a").map(|p| p.seq), Some(0));
+    assert_eq!(hub.publish_ephemeral("a", None, "typing".into()), 1);
+    match sub.next().await.expect("next") {
+        Item::Ephemeral(e) => assert_eq!(e.data, "typing"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(hub.subscribers("a"), 1);
+    drop(sub);
+    assert_eq!(hub.subscribers("a"), 0);
+}
+
+#[tokio::test]
+async fn idempotent_publish_returns_original_seq() {
+    let hub = hub(Retention::default(), 16);
+    let a = hub
+        .publish("c", ev("x"), Some("k1"))
+        .await
+        .expect("publish");
+    let b = hub
+        .publish("c", ev("x"), Some("k1"))
+        .await
+        .expect("publish");
+    assert!(!a.duplicate);
+    assert!(b.duplicate);
+    assert_eq!(a.last_seq, b.last_seq);
+    let other = hub
+        .publish("d", ev("x"), Some("k1"))
+        .await
+        .expect("publish");
+    assert!(!other.duplicate, "keys are per channel");
+    assert_eq!(hub.state("c").await.expect("state").head, 1);
+}

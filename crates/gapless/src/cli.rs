@@ -1,0 +1,92 @@
+//! Command-line flags. Every flag of `gapless serve` also reads the environment
+//! variable `GAPLESS_<FLAG>` (upper case, `-` as `_`); a flag on the command
+//! line wins over the environment.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// gapless: a realtime event-stream server where every subscriber gets every
+/// event once and in order, or is told exactly which range it missed.
+#[derive(Debug, Parser)]
+#[command(name = "gapless", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+}
+
+/// When a publish is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// After the event is on disk (fsync); concurrent publishers share one fsync.
+    Sync,
+    /// Before the fsync; a crash may lose up to about one second of acknowledged events.
+    Async,
+}
+
+/// `gapless serve` flags.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long, env = "GAPLESS_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Directory of the embedded durable journal (created if missing).
+    #[arg(long, env = "GAPLESS_DATA_DIR", default_value = "./gapless-data")]
+    pub data_dir: PathBuf,
+    /// Keep everything in memory instead of on disk (history is lost on restart).
+    #[arg(long, env = "GAPLESS_MEMORY")]
+    pub memory: bool,
+    /// Most events retained per channel.
+    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_events: u64,
+    /// Age in milliseconds after which events are evicted; 0 keeps them forever.
+    #[arg(long, env = "GAPLESS_RETENTION_MS", default_value_t = 86_400_000)]
+    pub retention_ms: u64,
+    /// Milliseconds between heartbeat comments on idle SSE streams; 0 sends none.
+    #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
+    pub heartbeat_ms: u64,
+    /// When a publish is acknowledged.
+    #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
+    pub durability: DurabilityArg,
+    /// Largest event data, in bytes (413 above).
+    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576)]
+    pub max_event_bytes: usize,
+    /// Most events in one batch publish (413 above).
+    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000)]
+    pub max_batch_events: usize,
+    /// Largest batch publish body, in bytes (413 above).
+    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216)]
+    pub max_batch_bytes: usize,
+    /// Most channels one SSE subscription may follow (400 above).
+    #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64)]
+    pub max_subscription_channels: usize,
+    /// Most open client connections (503 above).
+    #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Reconnect delay sent to SSE clients in `retry:`, in milliseconds.
+    #[arg(long, env = "GAPLESS_RETRY_MS", default_value_t = 1000)]
+    pub retry_ms: u64,
+    /// TCP keepalive idle time and probe interval, in milliseconds; 0 turns it off.
+    #[arg(long, env = "GAPLESS_TCP_KEEPALIVE_MS", default_value_t = 15_000)]
+    pub tcp_keepalive_ms: u64,
+    /// TCP_USER_TIMEOUT in milliseconds: unacknowledged data this old drops the connection; 0 = kernel default.
+    #[arg(long, env = "GAPLESS_TCP_USER_TIMEOUT_MS", default_value_t = 30_000)]
+    pub tcp_user_timeout_ms: u64,
+    /// CORS origins: `*` for any, a comma-separated list, or empty for no CORS headers.
+    #[arg(long, env = "GAPLESS_CORS_ORIGINS", default_value = "*")]
+    pub cors_origins: String,
+    /// Most recent events kept in memory per followed channel.
+    #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
+    pub window_events: usize,
+    /// Most bytes of recent event data kept in memory per followed channel.
+    #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576)]
+    pub window_bytes: usize,
+}

@@ -1,0 +1,20 @@
+//! The `gapless` binary: parses flags and wires the crates together; no logic
+//! of its own lives here.
+
+mod cli;
+mod serve;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    match cli.command {
+        cli::Command::Serve(args) => match serve::run(args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gapless: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,127 @@
+//! `gapless serve`: opens the journal, builds the hub, binds, serves, and
+//! shuts down cleanly on SIGTERM or Ctrl-C (streams end, the journal is
+//! flushed, the process exits within 5 seconds).
+
+use crate::cli::{DurabilityArg, ServeArgs};
+use anyhow::Context;
+use gapless_core::hub::{Channels, Hub, WindowLimits};
+use gapless_core::memory::MemoryJournal;
+use gapless_core::{Journal, Retention};
+use gapless_server::{App, ServerConfig};
+use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Runs the server until a shutdown signal.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GAPLESS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %e, "could not raise the open-file limit");
+    }
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let retention = Retention {
+        max_events: args.retention_events,
+        max_age_ms: args.retention_ms,
+    };
+    let channels = Arc::new(Channels::new(WindowLimits {
+        max_events: args.window_events,
+        max_bytes: args.window_bytes,
+        ..WindowLimits::default()
+    }));
+    let journal: Arc<dyn Journal> = if args.memory {
+        Arc::new(MemoryJournal::new(retention, channels.clone()))
+    } else {
+        let durability = match args.durability {
+            DurabilityArg::Sync => Durability::Sync,
+            DurabilityArg::Async => Durability::Async,
+        };
+        let store = EmbeddedJournal::open(
+            &args.data_dir,
+            StoreOptions {
+                retention,
+                durability,
+            },
+            channels.clone(),
+        )
+        .with_context(|| format!("opening the journal in {}", args.data_dir.display()))?;
+        Arc::new(store)
+    };
+    let config = ServerConfig {
+        heartbeat_ms: args.heartbeat_ms,
+        retry_ms: args.retry_ms,
+        max_event_bytes: args.max_event_bytes,
+        max_batch_events: args.max_batch_events,
+        max_batch_bytes: args.max_batch_bytes,
+        max_subscription_channels: args.max_subscription_channels,
+        max_connections: args.max_connections,
+        tcp_keepalive_ms: args.tcp_keepalive_ms,
+        tcp_user_timeout_ms: args.tcp_user_timeout_ms,
+        cors_origins: args.cors_origins,
+        ..ServerConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let shutdown = CancellationToken::new();
+    let app = Arc::new(App {
+        hub: Hub::new(channels, journal.clone()),
+        config,
+        shutdown: shutdown.clone(),
+    });
+    let store = if args.memory {
+        "in memory".to_owned()
+    } else {
+        format!("journal in {}", args.data_dir.display())
+    };
+    println!("gapless listening on http://{addr} ({store})");
+    std::io::stdout().flush().ok();
+
+    let server = tokio::spawn(gapless_server::serve(app, listener));
+    wait_for_signal().await;
+    tracing::info!("shutting down: ending streams and flushing the journal");
+    shutdown.cancel();
+    match tokio::time::timeout(Duration::from_secs(4), server).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server loop ended with an error"),
+        Ok(_) => {}
+        Err(_) => tracing::warn!("connections still open after 4 s; closing anyway"),
+    }
+    journal.close().await.context("flushing the journal")?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

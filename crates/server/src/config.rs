@@ -1,0 +1,56 @@
+//! Transport settings: limits, heartbeat and socket options. Every field is a
+//! `gapless serve` flag of the same name (see the README's settings table).
+
+/// Settings of the HTTP/SSE transport.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Milliseconds between SSE heartbeat comments on an idle stream; 0 sends none.
+    /// Default 15000.
+    pub heartbeat_ms: u64,
+    /// Reconnection delay, in milliseconds, sent to SSE clients in the `retry:` field.
+    /// Default 1000.
+    pub retry_ms: u64,
+    /// Largest event `data`, in bytes; a larger publish gets 413. Default 1048576.
+    pub max_event_bytes: usize,
+    /// Most events in one batch publish; more gets 413. Default 1000.
+    pub max_batch_events: usize,
+    /// Largest batch publish body, in bytes; larger gets 413. Default 16777216.
+    pub max_batch_bytes: usize,
+    /// Most channels one SSE subscription may follow; more gets 400. Default 64.
+    pub max_subscription_channels: usize,
+    /// Most open client connections; a connection past it is answered 503 and
+    /// closed. Default 10000.
+    pub max_connections: usize,
+    /// TCP keepalive idle time and probe interval on accepted sockets, in
+    /// milliseconds (3 probes); 0 leaves keepalive off. Default 15000.
+    pub tcp_keepalive_ms: u64,
+    /// `TCP_USER_TIMEOUT` on accepted sockets, in milliseconds: a connection whose
+    /// sent data stays unacknowledged this long is dropped; 0 leaves the kernel
+    /// default (about 16 minutes). Default 30000. With the keepalive default, a
+    /// client that vanishes without a FIN is dropped within 60 seconds.
+    pub tcp_user_timeout_ms: u64,
+    /// Origins allowed by CORS: `*` (any), a comma-separated list of origins, or
+    /// empty to send no CORS headers. Default `*` (browsers on any page may
+    /// publish, read and subscribe).
+    pub cors_origins: String,
+    /// Most events a subscriber takes from the journal or window in one step. Default 256.
+    pub read_batch: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            heartbeat_ms: 15_000,
+            retry_ms: 1_000,
+            max_event_bytes: 1 << 20,
+            max_batch_events: 1000,
+            max_batch_bytes: 16 << 20,
+            max_subscription_channels: 64,
+            max_connections: 10_000,
+            tcp_keepalive_ms: 15_000,
+            tcp_user_timeout_ms: 30_000,
+            cors_origins: "*".to_owned(),
+            read_batch: 256,
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Reading: `GET /v1/channels/{channel}/events` (one history page) and
+//! `GET /v1/channels/{channel}` (the channel's bounds).
+
+use crate::error::ApiError;
+use crate::query::{self, Query};
+use crate::App;
+use axum::extract::{Path, RawQuery, State};
+use axum::Json;
+use gapless_core::ChannelState;
+use gapless_protocol::codes::{ErrorCode, GapReason};
+use gapless_protocol::{Cursor, CursorError};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Default page size.
+pub const DEFAULT_LIMIT: usize = 100;
+/// Largest page size.
+pub const MAX_LIMIT: usize = 1000;
+
+/// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
+pub async fn history(
+    State(app): State<Arc<App>>,
+    Path(channel): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    query::channel(&channel)?;
+    let q = Query::parse(raw.as_deref());
+    let limit = match q.get("limit") {
+        None => DEFAULT_LIMIT,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("limit={v:?} must be a whole number from 1 to {MAX_LIMIT}"),
+                ))
+            }
+        },
+    };
+    let after = match q.get("after").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(channel_position(&channel, s)?),
+    };
+    let page = app
+        .hub
+        .read(&channel, after.map_or(0, |p| p.1), limit)
+        .await?;
+    let st = page.state;
+    if let Some(after) = after {
+        let reason = match after {
+            (None, _) => Some(GapReason::Unknown),
+            (Some(epoch), _) if epoch != st.epoch => Some(GapReason::Epoch),
+            (_, seq) if seq > st.head => Some(GapReason::Ahead),
+            (_, seq) if seq + 1 < st.floor => Some(GapReason::Evicted),
+            _ => None,
+        };
+        if let Some(reason) = reason {
+            let floor_cursor = Cursor::single(&channel, st.epoch, st.floor - 1).encode();
+            return Err(ApiError::new(
+                ErrorCode::CursorNotServed,
+                format!(
+                    "the journal cannot serve this cursor ({}): read again from floor_cursor",
+                    reason_text(reason)
+                ),
+            )
+            .with("reason", reason.as_str())
+            .with("floor", st.floor)
+            .with("floor_cursor", floor_cursor));
+        }
+    }
+    let done = page.events.last().is_none_or(|e| e.seq >= st.head);
+    let next = match page.events.last() {
+        Some(e) if !done => e.cursor().to_owned(),
+        _ => Cursor::single(&channel, st.epoch, st.head).encode(),
+    };
+    let events: Vec<_> = page.events.iter().map(|e| e.to_json()).collect();
+    Ok(Json(json!({
+        "channel": channel,
+        "epoch": st.epoch,
+        "floor": st.floor,
+        "head": st.head,
+        "events": events,
+        "next": next,
+        "done": done,
+    })))
+}
+
+fn reason_text(r: GapReason) -> &'static str {
+    match r {
+        GapReason::Evicted => "events after it are no longer retained",
+        GapReason::Epoch => "it belongs to another incarnation of the journal",
+        GapReason::Ahead => "it is beyond the channel's head",
+        _ => "it was issued by another version of gapless",
+    }
+}
+
+/// Decodes `after` for `channel`: `(Some(epoch), seq)`, or `(None, 0)` for a
+/// well-formed cursor of another format version.
+fn channel_position(
+    channel: &str,
+    s: &str,
+) -> Result<(Option<gapless_protocol::Epoch>, u64), ApiError> {
+    match Cursor::decode(s.as_bytes()) {
+        Ok(c) => match c.get(channel) {
+            Some(p) => Ok((Some(p.epoch), p.seq)),
+            None => Err(ApiError::new(
+                ErrorCode::InvalidCursor,
+                format!("the cursor does not name a position on channel {channel:?}"),
+            )),
+        },
+        Err(CursorError::Version(_)) => Ok((None, 0)),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::InvalidCursor,
+            format!("after: {e}"),
+        )),
+    }
+}
+
+/// `GET /v1/channels/{channel}`: `{"channel","epoch","floor","head","subscribers"}`.
+pub async fn channel_info(
+    State(app): State<Arc<App>>,
+    Path(channel): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    query::channel(&channel)?;
+    let st: ChannelState = app.hub.state(&channel).await?;
+    Ok(Json(json!({
+        "channel": channel,
+        "epoch": st.epoch,
+        "floor": st.floor,
+        "head": st.head,
+        "subscribers": app.hub.subscribers(&channel),
+    })))
+}

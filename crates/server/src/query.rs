@@ -1,0 +1,75 @@
+//! Query-string and header helpers shared by the handlers.
+
+use crate::error::ApiError;
+use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::name;
+
+/// A parsed query string: every `key=value` pair in order (keys may repeat).
+pub struct Query(pub Vec<(String, String)>);
+
+impl Query {
+    /// Parses a raw query string (`None` = empty).
+    pub fn parse(raw: Option<&str>) -> Self {
+        Query(
+            form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of `key`, in order.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// A boolean parameter: absent is `false`; `true`/`false`/`1`/`0` accepted.
+    ///
+    /// # Errors
+    /// 400 `invalid_request` for any other value.
+    pub fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") | Some("") => Ok(true),
+            Some(v) => Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("query parameter {key}={v:?} must be true or false"),
+            )),
+        }
+    }
+}
+
+/// Checks a channel name.
+///
+/// # Errors
+/// 400 `invalid_channel` naming the rule that failed.
+pub fn channel(name: &str) -> Result<(), ApiError> {
+    name::validate_channel(name)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidChannel, e.to_string()))
+}
+
+/// Checks an optional event type.
+///
+/// # Errors
+/// 400 `invalid_type` naming the rule that failed.
+pub fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
+    match t {
+        None => Ok(None),
+        Some(t) => {
+            name::validate_type(t)
+                .map_err(|e| ApiError::new(ErrorCode::InvalidType, e.to_string()))?;
+            Ok(Some(t.to_owned()))
+        }
+    }
+}

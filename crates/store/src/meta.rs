@@ -1,0 +1,76 @@
+//! Store identity, read and written when the database is opened and closed:
+//! the layout version, the epoch, and the marker of an `Async` run that has
+//! not shut down cleanly (which forces a new epoch, see
+//! [`crate::Durability::Async`]).
+
+use crate::options::Durability;
+use crate::tables::{
+    storage, CHANNELS, EVENTS, FORMAT_VERSION, KEYS, KEY_ORDER, META, META_ASYNC_OPEN, META_EPOCH,
+    META_FORMAT,
+};
+use gapless_core::JournalError;
+use gapless_protocol::Epoch;
+use redb::{Database, ReadableTable, WriteTransaction};
+
+/// Creates the tables if missing, checks the layout version, and returns the
+/// store's epoch: the stored one, or a new random one when the database is new
+/// or the last `Async` run did not shut down cleanly. Commits durably.
+pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, JournalError> {
+    let txn = db.begin_write().map_err(storage)?;
+    let epoch = {
+        txn.open_table(CHANNELS).map_err(storage)?;
+        txn.open_table(EVENTS).map_err(storage)?;
+        txn.open_table(KEYS).map_err(storage)?;
+        txn.open_table(KEY_ORDER).map_err(storage)?;
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let get = |key: &str| -> Result<Option<u64>, JournalError> {
+            Ok(meta.get(key).map_err(storage)?.map(|g| g.value()))
+        };
+        match get(META_FORMAT)? {
+            None | Some(FORMAT_VERSION) => {}
+            Some(v) => {
+                return Err(JournalError::Storage(format!(
+                    "journal format {v} is not supported (this build reads format {FORMAT_VERSION})"
+                )))
+            }
+        }
+        let stored = get(META_EPOCH)?.filter(|&e| e != 0);
+        let unclean = get(META_ASYNC_OPEN)? == Some(1);
+        let epoch = match stored {
+            Some(e) if !unclean => e,
+            _ => {
+                if unclean {
+                    tracing::warn!(
+                        "journal was not closed cleanly while running with async durability; \
+                         up to a second of acknowledged events may be lost, starting a new epoch"
+                    );
+                }
+                fresh_epoch(stored)
+            }
+        };
+        let async_open = u64::from(durability == Durability::Async);
+        meta.insert(META_FORMAT, FORMAT_VERSION).map_err(storage)?;
+        meta.insert(META_EPOCH, epoch).map_err(storage)?;
+        meta.insert(META_ASYNC_OPEN, async_open).map_err(storage)?;
+        Epoch(epoch)
+    };
+    txn.commit().map_err(storage)?;
+    Ok(epoch)
+}
+
+/// Records, in `txn`, that this run shut down cleanly (to be committed durably).
+pub(crate) fn mark_clean(txn: &WriteTransaction) -> Result<(), JournalError> {
+    let mut meta = txn.open_table(META).map_err(storage)?;
+    meta.insert(META_ASYNC_OPEN, 0).map_err(storage)?;
+    Ok(())
+}
+
+/// A random nonzero epoch different from `previous`.
+fn fresh_epoch(previous: Option<u64>) -> u64 {
+    loop {
+        let e = rand::random::<u64>();
+        if e != 0 && Some(e) != previous {
+            return e;
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! How an [`crate::EmbeddedJournal`] is opened: retention and durability.
+
+use gapless_core::Retention;
+
+/// Options of [`crate::EmbeddedJournal::open`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreOptions {
+    /// How long events are kept (count and age limits).
+    pub retention: Retention,
+    /// When an append is acknowledged relative to the disk.
+    pub durability: Durability,
+}
+
+/// When an append is acknowledged relative to the disk.
+///
+/// Appends are group-committed either way: one writer thread applies every
+/// append pending at that moment in one transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// An append returns only after its transaction is fsynced (redb's
+    /// immediate durability). A crash (`kill -9`, power loss on a disk that
+    /// honours fsync) loses no acknowledged append. Concurrent publishers
+    /// share each fsync.
+    #[default]
+    Sync,
+    /// An append returns once its transaction is committed in memory (visible
+    /// to reads and subscribers) without waiting for the disk; the writer
+    /// makes everything durable at most about one second later, and on
+    /// `close()` or drop.
+    ///
+    /// What a crash risks: a process crash or power loss loses the appends
+    /// acknowledged in roughly the last second (everything after the last
+    /// durable commit), although publishers were told they succeeded and
+    /// subscribers may have received them. The file itself stays consistent:
+    /// it reopens at the last durable commit, never half a transaction. So
+    /// that lost seqs are never handed out again under the same epoch (a
+    /// client that saw a lost event would otherwise silently skip its
+    /// replacement), the first open after an Async run that did not shut down
+    /// cleanly draws a new epoch: every client resuming then gets an `epoch`
+    /// gap instead of wrong data.
+    Async,
+}

@@ -1,0 +1,356 @@
+//! The group-commit writer: one thread owns every write transaction.
+//!
+//! Appends (and evictions) arrive over a channel. The writer takes everything
+//! pending (up to [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`] of
+//! payload), applies it in one transaction, commits once (one fsync for the
+//! whole batch under `Durability::Sync`), then tells the sink about every
+//! operation in order, then replies to each. While a commit is in progress
+//! the next batch queues up, so concurrent publishers share fsyncs.
+//!
+//! If anything in a batch fails, the transaction is rolled back, every request
+//! of the batch gets [`JournalError::Storage`], and the channel cache is
+//! reloaded from disk before the next batch, so no seq is skipped or reused.
+
+use crate::apply::{eviction_due, Ctx, Notice, Tables};
+use crate::cache::Channels;
+use crate::meta;
+use crate::options::{Durability, StoreOptions};
+use crate::tables::storage;
+use gapless_core::{Appended, CommitSink, JournalError};
+use gapless_protocol::{Epoch, NewEvent};
+use redb::Database;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Most requests applied in one transaction.
+pub(crate) const MAX_BATCH_REQUESTS: usize = 4096;
+/// Most payload bytes applied in one transaction (a batch holds at least one request).
+pub(crate) const MAX_BATCH_BYTES: usize = 16 << 20;
+/// Under `Durability::Async`, the longest a commit stays non-durable.
+const ASYNC_FLUSH: Duration = Duration::from_secs(1);
+
+/// Where a result goes.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
+
+/// A message to the writer.
+pub(crate) enum Request {
+    /// Append to a channel.
+    Append {
+        /// The channel.
+        channel: String,
+        /// The events, in order.
+        events: Vec<NewEvent>,
+        /// The idempotency key, if any.
+        key: Option<String>,
+        /// The result.
+        reply: Reply<Appended>,
+    },
+    /// Evict events older than the retention age.
+    Evict {
+        /// The current time, Unix ms.
+        now_ms: u64,
+        /// The result.
+        reply: Reply<()>,
+    },
+    /// Apply what is queued before this, commit durably, and stop.
+    Close {
+        /// The result of the final commit.
+        reply: Reply<()>,
+    },
+}
+
+/// A request of a batch, its payload moved out for applying.
+enum Op {
+    Append {
+        channel: String,
+        events: Vec<NewEvent>,
+        key: Option<String>,
+    },
+    Evict {
+        now_ms: u64,
+    },
+}
+
+/// Where a batched request's result goes.
+enum Pending {
+    Append(Reply<Appended>),
+    Evict(Reply<()>),
+}
+
+/// The writer thread's state.
+pub(crate) struct Writer {
+    db: Arc<Database>,
+    rx: Receiver<Request>,
+    sink: Arc<dyn CommitSink>,
+    epoch: Epoch,
+    options: StoreOptions,
+    /// `None` after a failed batch, until reloaded.
+    cache: Option<Channels>,
+    /// When the oldest commit not yet durable was made (`Async` only).
+    unsynced_since: Option<Instant>,
+}
+
+impl Writer {
+    /// A writer over `db`, fed by `rx`, starting from `cache`.
+    pub(crate) fn new(
+        db: Arc<Database>,
+        rx: Receiver<Request>,
+        sink: Arc<dyn CommitSink>,
+        epoch: Epoch,
+        options: StoreOptions,
+        cache: Channels,
+    ) -> Self {
+        Writer {
+            db,
+            rx,
+            sink,
+            epoch,
+            options,
+            cache: Some(cache),
+            unsynced_since: None,
+        }
+    }
+
+    /// Starts the writer thread. It stops on [`Request::Close`] or when every
+    /// sender is gone, after a final durable commit either way.
+    pub(crate) fn spawn(self) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("gapless-store-writer".into())
+            .spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        while let Some(first) = self.next_request() {
+            let mut ops = Vec::new();
+            let mut pending = Vec::new();
+            let mut bytes = 0;
+            let mut close = None;
+            let mut next = Some(first);
+            while let Some(request) = next {
+                match request {
+                    Request::Close { reply } => {
+                        close = Some(reply);
+                        break;
+                    }
+                    Request::Append {
+                        channel,
+                        events,
+                        key,
+                        reply,
+                    } => {
+                        bytes += channel.len() + key.as_ref().map_or(0, String::len);
+                        bytes += events
+                            .iter()
+                            .map(|e| e.data.len() + e.event_type.as_ref().map_or(0, String::len))
+                            .sum::<usize>();
+                        ops.push(Op::Append {
+                            channel,
+                            events,
+                            key,
+                        });
+                        pending.push(Pending::Append(reply));
+                    }
+                    Request::Evict { now_ms, reply } => {
+                        ops.push(Op::Evict { now_ms });
+                        pending.push(Pending::Evict(reply));
+                    }
+                }
+                next = if ops.len() < MAX_BATCH_REQUESTS && bytes < MAX_BATCH_BYTES {
+                    self.rx.try_recv().ok()
+                } else {
+                    None
+                };
+            }
+            if !ops.is_empty() {
+                self.process(ops, pending);
+            }
+            if let Some(reply) = close {
+                let _ = reply.send(self.shutdown());
+                return;
+            }
+        }
+        // Every sender is gone (the journal was dropped without close()).
+        if let Err(e) = self.shutdown() {
+            tracing::error!("journal final commit failed: {e}");
+        }
+    }
+
+    /// The next request, making pending `Async` commits durable when one is
+    /// due while idle. `None` when every sender is gone.
+    fn next_request(&mut self) -> Option<Request> {
+        loop {
+            let Some(since) = self.unsynced_since else {
+                return self.rx.recv().ok();
+            };
+            let wait = (since + ASYNC_FLUSH).saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(wait) {
+                Ok(request) => return Some(request),
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(e) = self.flush() {
+                        tracing::error!("journal durable commit failed (retrying in 1 s): {e}");
+                        self.unsynced_since = Some(Instant::now());
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Applies a batch, then notifies the sink and replies.
+    fn process(&mut self, ops: Vec<Op>, pending: Vec<Pending>) {
+        match self.commit(ops) {
+            Ok((results, notices)) => {
+                for notice in notices {
+                    self.notify(notice);
+                }
+                for (pending, result) in pending.into_iter().zip(results) {
+                    match (pending, result) {
+                        (Pending::Append(reply), Some(appended)) => {
+                            let _ = reply.send(Ok(appended));
+                        }
+                        (Pending::Append(reply), None) => {
+                            let msg = "journal writer lost an append result".to_owned();
+                            let _ = reply.send(Err(JournalError::Storage(msg)));
+                        }
+                        (Pending::Evict(reply), _) => {
+                            let _ = reply.send(Ok(()));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("journal commit failed: {e}");
+                // Heads in the cache may have advanced past what is on disk.
+                self.cache = None;
+                let msg = match e {
+                    JournalError::Storage(msg) => msg,
+                    other => other.to_string(),
+                };
+                for pending in pending {
+                    let err = JournalError::Storage(msg.clone());
+                    let _ = match pending {
+                        Pending::Append(reply) => reply.send(Err(err)).is_ok(),
+                        Pending::Evict(reply) => reply.send(Err(err)).is_ok(),
+                    };
+                }
+            }
+        }
+    }
+
+    /// Applies `ops` in one transaction and commits it. Returns each op's
+    /// result (`Some` for appends) and the sink notices, in order.
+    fn commit(
+        &mut self,
+        ops: Vec<Op>,
+    ) -> Result<(Vec<Option<Appended>>, Vec<Notice>), JournalError> {
+        let cache = match self.cache.take() {
+            Some(cache) => cache,
+            None => Channels::load(&self.db, self.options.retention.max_age_ms != 0)?,
+        };
+        let cache = self.cache.insert(cache);
+        let mut cx = Ctx {
+            epoch: self.epoch,
+            retention: self.options.retention,
+            cache,
+        };
+        let needs_write = ops.iter().any(|op| match op {
+            Op::Append { .. } => true,
+            Op::Evict { now_ms } => eviction_due(&cx, *now_ms),
+        });
+        if !needs_write {
+            return Ok((ops.iter().map(|_| None).collect(), Vec::new()));
+        }
+        let durable = match self.options.durability {
+            Durability::Sync => true,
+            Durability::Async => self
+                .unsynced_since
+                .is_some_and(|since| since.elapsed() >= ASYNC_FLUSH),
+        };
+        let mut txn = self.db.begin_write().map_err(storage)?;
+        txn.set_durability(if durable {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        })
+        .map_err(storage)?;
+        let mut results = Vec::with_capacity(ops.len());
+        let mut notices = Vec::new();
+        {
+            let mut tables = Tables::open(&txn)?;
+            for op in ops {
+                match op {
+                    Op::Append {
+                        channel,
+                        events,
+                        key,
+                    } => {
+                        let (appended, notice) =
+                            tables.append(&mut cx, &channel, events, key.as_deref())?;
+                        results.push(Some(appended));
+                        notices.extend(notice);
+                    }
+                    Op::Evict { now_ms } => {
+                        notices.extend(tables.evict_expired(&mut cx, now_ms)?);
+                        results.push(None);
+                    }
+                }
+            }
+        }
+        if notices.is_empty() {
+            // Only duplicates, or nothing expired after all: nothing to commit.
+            txn.abort().map_err(storage)?;
+            return Ok((results, notices));
+        }
+        txn.commit().map_err(storage)?;
+        if durable {
+            self.unsynced_since = None;
+        } else {
+            self.unsynced_since.get_or_insert_with(Instant::now);
+        }
+        Ok((results, notices))
+    }
+
+    /// Tells the sink about one committed operation. A panicking sink is
+    /// logged, not allowed to stop the writer.
+    fn notify(&self, notice: Notice) {
+        let sink = &self.sink;
+        let outcome = catch_unwind(AssertUnwindSafe(|| match &notice {
+            Notice::Committed {
+                channel,
+                state,
+                events,
+            } => sink.committed(channel, *state, events),
+            Notice::Evicted { channel, state } => sink.evicted(channel, *state),
+        }));
+        if outcome.is_err() {
+            tracing::error!("journal commit sink panicked");
+        }
+    }
+
+    /// Makes every commit so far durable, if some is not.
+    fn flush(&mut self) -> Result<(), JournalError> {
+        if self.unsynced_since.is_none() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(storage)?;
+        txn.commit().map_err(storage)?;
+        self.unsynced_since = None;
+        Ok(())
+    }
+
+    /// The final durable commit, recording a clean shutdown of an `Async` run.
+    fn shutdown(&mut self) -> Result<(), JournalError> {
+        if self.options.durability == Durability::Sync {
+            return self.flush();
+        }
+        let txn = self.db.begin_write().map_err(storage)?;
+        meta::mark_clean(&txn)?;
+        txn.commit().map_err(storage)?;
+        self.unsynced_since = None;
+        Ok(())
+    }
+}

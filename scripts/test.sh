@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit and integration tests against the
+# real binary, and the real-browser EventSource test (installs Chromium and the
+# npm packages it needs). Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== build"
+cargo build --workspace --all-targets --quiet
+
+echo "== cargo test"
+cargo test --workspace --quiet 2>&1 | tee target/cargo-test.log
+# cargo prints one "test result:" line per test binary; sum them into one closing line.
+awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' target/cargo-test.log
+
+echo "== browser"
+GAPLESS_BIN="$PWD/target/debug/gapless" scripts/browser-test.sh
