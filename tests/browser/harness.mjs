@@ -165,6 +165,18 @@ export class Gapless {
     return JSON.parse(body);
   }
 
+  /** Appends `datas` atomically, in order, with one request (POST .../batch). */
+  async publishBatch(channel, datas) {
+    const res = await fetch(`${this.base}/v1/channels/${encodeURIComponent(channel)}/batch`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(datas.map((d) => ({ data: String(d) }))),
+    });
+    const body = await res.text();
+    if (res.status !== 201) throw new Error(`batch publish to ${channel}: ${res.status} ${body}`);
+    return JSON.parse(body);
+  }
+
   async channel(channel) {
     const res = await fetch(`${this.base}/v1/channels/${encodeURIComponent(channel)}`);
     const body = await res.text();

@@ -286,6 +286,15 @@ impl CommitSink for Channels {
     }
 }
 
+/// What [`Hub::follow`] resolved.
+#[derive(Debug)]
+pub struct Followed {
+    /// The notice to send before anything else, when the start could not be served whole.
+    pub gap: Option<Gap>,
+    /// The channel's head when the follow started.
+    pub head: u64,
+}
+
 /// The hub: the journal plus the followed channels.
 pub struct Hub {
     channels: Arc<Channels>,
@@ -368,23 +377,43 @@ impl Hub {
         starts: Vec<(String, Start)>,
         batch: usize,
     ) -> Result<(Subscription, Vec<Gap>), JournalError> {
-        let mut follows = Vec::with_capacity(starts.len());
+        let mut sub = self.empty_subscription(batch);
         let mut gaps = Vec::new();
         for (channel, start) in starts {
-            let cell = self.channels.get_or_create(&channel);
-            cell.ensure_loaded(self.journal.as_ref()).await?;
-            // Watch first, then read the state: a commit after this point wakes us.
-            let head_rx = cell.watch_head();
-            let eph_rx = cell.watch_ephemeral();
-            let st = cell.state();
-            let (pos, gap) = resolve(&cell.name, st, start);
-            gaps.extend(gap);
-            follows.push(Follow::new(cell, st.epoch, pos, head_rx, eph_rx));
+            gaps.extend(self.follow(&mut sub, &channel, start).await?.gap);
         }
-        Ok((
-            Subscription::new(follows, self.journal.clone(), batch),
-            gaps,
-        ))
+        Ok((sub, gaps))
+    }
+
+    /// A subscription that follows nothing yet (channels are added with [`Hub::follow`]).
+    pub fn empty_subscription(&self, batch: usize) -> Subscription {
+        Subscription::new(Vec::new(), self.journal.clone(), batch)
+    }
+
+    /// Adds `channel` to `sub`, starting at `start`. The answer holds the gap
+    /// notice to send first when the start position cannot be served whole (the
+    /// channel then starts at its head), and the head the start was resolved
+    /// against (replay ends there). Following a channel already followed
+    /// replaces its position.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the channel's state cannot be read.
+    pub async fn follow(
+        &self,
+        sub: &mut Subscription,
+        channel: &str,
+        start: Start,
+    ) -> Result<Followed, JournalError> {
+        let cell = self.channels.get_or_create(channel);
+        cell.ensure_loaded(self.journal.as_ref()).await?;
+        // Watch first, then read the state: a commit after this point wakes us.
+        let head_rx = cell.watch_head();
+        let eph_rx = cell.watch_ephemeral();
+        let st = cell.state();
+        let (pos, gap) = resolve(&cell.name, st, start);
+        sub.unfollow(channel);
+        sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_rx));
+        Ok(Followed { gap, head: st.head })
     }
 
     /// Periodic work: evicts expired events and forgets idle cells. The server

@@ -6,6 +6,7 @@
 pub mod hub;
 pub mod journal;
 pub mod memory;
+pub mod session;
 pub mod subscription;
 
 pub use journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};

@@ -226,6 +226,36 @@ impl Subscription {
         self.follows[index].cell.name()
     }
 
+    /// The index of `channel` in this subscription (valid until the next
+    /// follow or unfollow).
+    pub fn index_of(&self, channel: &str) -> Option<usize> {
+        self.follows
+            .iter()
+            .position(|f| &**f.cell.name() == channel)
+    }
+
+    /// The position (epoch, last seq delivered) on channel number `index`.
+    pub fn position(&self, index: usize) -> (Epoch, u64) {
+        let f = &self.follows[index];
+        (f.epoch, f.pos)
+    }
+
+    /// Stops following `channel`; false if it was not followed.
+    pub fn unfollow(&mut self, channel: &str) -> bool {
+        match self.index_of(channel) {
+            Some(i) => {
+                self.follows.remove(i);
+                self.rr = 0;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, follow: Follow) {
+        self.follows.push(follow);
+    }
+
     /// The cursor of the whole subscription: every channel's position.
     pub fn cursor(&self) -> Cursor {
         let mut c = Cursor::new();
@@ -250,6 +280,9 @@ impl Subscription {
     /// # Errors
     /// [`JournalError`] when a read from the journal fails.
     pub async fn next(&mut self) -> Result<Item, JournalError> {
+        if self.follows.is_empty() {
+            return std::future::pending().await;
+        }
         loop {
             let n = self.follows.len();
             for k in 0..n {

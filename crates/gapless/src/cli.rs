@@ -83,6 +83,19 @@ pub struct ServeArgs {
     /// CORS origins: `*` for any, a comma-separated list, or empty for no CORS headers.
     #[arg(long, env = "GAPLESS_CORS_ORIGINS", default_value = "*")]
     pub cors_origins: String,
+    /// Largest WebSocket message a client may send, in bytes (close 1009 above).
+    #[arg(
+        long,
+        env = "GAPLESS_WS_MAX_MESSAGE_BYTES",
+        default_value_t = 1_114_112
+    )]
+    pub ws_max_message_bytes: usize,
+    /// Milliseconds an open session survives with no consumer attached before it is cancelled.
+    #[arg(long, env = "GAPLESS_SESSION_GRACE_MS", default_value_t = 60_000)]
+    pub session_grace_ms: u64,
+    /// Whether session consumers may resume with last_seq (false: refused with close 4400).
+    #[arg(long, env = "GAPLESS_SESSION_RESUME", default_value_t = true, action = clap::ArgAction::Set)]
+    pub session_resume: bool,
     /// Most recent events kept in memory per followed channel.
     #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
     pub window_events: usize,

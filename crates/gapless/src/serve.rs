@@ -6,6 +6,7 @@ use crate::cli::{DurabilityArg, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
+use gapless_core::session::{SessionConfig, Sessions};
 use gapless_core::{Journal, Retention};
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
@@ -70,6 +71,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tcp_keepalive_ms: args.tcp_keepalive_ms,
         tcp_user_timeout_ms: args.tcp_user_timeout_ms,
         cors_origins: args.cors_origins,
+        ws_max_message_bytes: args.ws_max_message_bytes,
         ..ServerConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -79,6 +81,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let app = Arc::new(App {
         hub: Hub::new(channels, journal.clone()),
+        sessions: Sessions::new(SessionConfig {
+            grace_ms: args.session_grace_ms,
+            resume: args.session_resume,
+        }),
         config,
         shutdown: shutdown.clone(),
     });

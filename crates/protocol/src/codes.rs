@@ -31,6 +31,23 @@ pub enum ErrorCode {
     ShuttingDown,
     /// 500: the journal failed (disk error); nothing was acknowledged.
     JournalFailed,
+    /// 400 / WebSocket error reply: a WebSocket message is not valid JSON of a known shape.
+    InvalidMessage,
+    /// WebSocket error reply: unsubscribe from a channel that is not subscribed.
+    NotSubscribed,
+    /// 404 / close 4404: no such session, or it has expired.
+    SessionNotFound,
+    /// 409: a session with this id already exists.
+    SessionExists,
+    /// 409: the session is completed or cancelled; it takes no more events.
+    SessionEnded,
+    /// Close 4409: the session is attached to another live connection.
+    SessionAttached,
+    /// Close 4410: the events after `last_seq` are not all retained, or `last_seq`
+    /// is beyond the newest event.
+    SessionNotRetained,
+    /// Close 4400: resuming sessions is turned off on this server.
+    ResumeDisabled,
 }
 
 impl ErrorCode {
@@ -49,6 +66,14 @@ impl ErrorCode {
             ErrorCode::LimitReached => "limit_reached",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::JournalFailed => "journal_failed",
+            ErrorCode::InvalidMessage => "invalid_message",
+            ErrorCode::NotSubscribed => "not_subscribed",
+            ErrorCode::SessionNotFound => "session_not_found",
+            ErrorCode::SessionExists => "session_exists",
+            ErrorCode::SessionEnded => "session_ended",
+            ErrorCode::SessionAttached => "session_attached",
+            ErrorCode::SessionNotRetained => "session_not_retained",
+            ErrorCode::ResumeDisabled => "resume_disabled",
         }
     }
 
@@ -59,8 +84,13 @@ impl ErrorCode {
             | ErrorCode::InvalidType
             | ErrorCode::InvalidUtf8
             | ErrorCode::InvalidCursor
-            | ErrorCode::InvalidRequest => 400,
-            ErrorCode::NotFound => 404,
+            | ErrorCode::InvalidRequest
+            | ErrorCode::InvalidMessage
+            | ErrorCode::NotSubscribed
+            | ErrorCode::ResumeDisabled => 400,
+            ErrorCode::NotFound | ErrorCode::SessionNotFound => 404,
+            ErrorCode::SessionExists | ErrorCode::SessionEnded | ErrorCode::SessionAttached => 409,
+            ErrorCode::SessionNotRetained => 410,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::CursorNotServed => 410,
             ErrorCode::TooLarge => 413,
@@ -99,4 +129,28 @@ impl GapReason {
             GapReason::Unknown => "unknown",
         }
     }
+}
+
+/// WebSocket close codes (RFC 6455 section 7.4; application codes in 4000-4999).
+pub mod close {
+    /// Normal closure: a session completed or was cancelled and everything was delivered.
+    pub const NORMAL: u16 = 1000;
+    /// The server is shutting down; reconnect (elsewhere) and resume.
+    pub const GOING_AWAY: u16 = 1001;
+    /// A message was larger than the limit (`--ws-max-message-bytes`).
+    pub const TOO_BIG: u16 = 1009;
+    /// Resuming sessions is turned off on this server (`--session-resume false`).
+    pub const RESUME_DISABLED: u16 = 4400;
+    /// Unknown or expired session.
+    pub const SESSION_NOT_FOUND: u16 = 4404;
+    /// No answer to a ping within the heartbeat interval.
+    pub const HEARTBEAT_TIMEOUT: u16 = 4408;
+    /// The session is attached to another live connection, or this attachment
+    /// was taken over by a newer one.
+    pub const SESSION_ATTACHED: u16 = 4409;
+    /// The events after `last_seq` are not all retained, or `last_seq` is beyond
+    /// the newest event: start over (never a partial replay).
+    pub const SESSION_NOT_RETAINED: u16 = 4410;
+    /// The client kept sending malformed messages.
+    pub const TOO_MANY_ERRORS: u16 = 4422;
 }

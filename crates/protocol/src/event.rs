@@ -67,6 +67,7 @@ struct Cache {
     plain_body: OnceLock<Bytes>,
     envelope_frame: OnceLock<Bytes>,
     envelope_body: OnceLock<Bytes>,
+    ws_message: OnceLock<Bytes>,
 }
 
 impl fmt::Debug for Event {
@@ -113,6 +114,18 @@ pub struct Envelope<'a> {
     pub data: &'a str,
     /// Unix ms.
     pub time: u64,
+}
+
+#[derive(Serialize)]
+struct WsEvent<'a> {
+    op: &'static str,
+    channel: &'a str,
+    seq: u64,
+    cursor: &'a str,
+    #[serde(rename = "type")]
+    event_type: Option<&'a str>,
+    data: &'a str,
+    time: u64,
 }
 
 impl Event {
@@ -163,6 +176,23 @@ impl Event {
             data: &self.data,
             time: self.time,
         }
+    }
+
+    /// The WebSocket message of this event (JSON text, see `docs/protocol.md`):
+    /// `{"op":"event","channel","seq","cursor","type","data","time"}`.
+    pub fn ws_message(&self) -> &Bytes {
+        self.cache.ws_message.get_or_init(|| {
+            let msg = WsEvent {
+                op: "event",
+                channel: &self.channel,
+                seq: self.seq,
+                cursor: self.cursor(),
+                event_type: self.event_type.as_deref(),
+                data: &self.data,
+                time: self.time,
+            };
+            Bytes::from(serde_json::to_vec(&msg).unwrap_or_default())
+        })
     }
 
     /// The SSE frame without an `id:` line (`event:`, `data:` lines, blank line),

@@ -33,6 +33,9 @@ pub struct ServerConfig {
     /// empty to send no CORS headers. Default `*` (browsers on any page may
     /// publish, read and subscribe).
     pub cors_origins: String,
+    /// Largest WebSocket message a client may send, in bytes; a larger one closes
+    /// the socket with 1009. Default 1114112 (`--max-event-bytes` plus 64 KiB of JSON).
+    pub ws_max_message_bytes: usize,
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
 }
@@ -50,6 +53,7 @@ impl Default for ServerConfig {
             tcp_keepalive_ms: 15_000,
             tcp_user_timeout_ms: 30_000,
             cors_origins: "*".to_owned(),
+            ws_max_message_bytes: (1 << 20) + (64 << 10),
             read_batch: 256,
         }
     }

@@ -24,7 +24,17 @@ pub async fn history(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     query::channel(&channel)?;
-    let q = Query::parse(raw.as_deref());
+    page(&app, &channel, &channel, &Query::parse(raw.as_deref())).await
+}
+
+/// One history page of journal channel `channel`; `name` is what the answer
+/// calls it (a channel name, or a session id).
+pub(crate) async fn page(
+    app: &App,
+    channel: &str,
+    name: &str,
+    q: &Query,
+) -> Result<Json<Value>, ApiError> {
     let limit = match q.get("limit") {
         None => DEFAULT_LIMIT,
         Some(v) => match v.parse::<usize>() {
@@ -55,7 +65,7 @@ pub async fn history(
             _ => None,
         };
         if let Some(reason) = reason {
-            let floor_cursor = Cursor::single(&channel, st.epoch, st.floor - 1).encode();
+            let floor_cursor = Cursor::single(channel, st.epoch, st.floor - 1).encode();
             return Err(ApiError::new(
                 ErrorCode::CursorNotServed,
                 format!(
@@ -71,11 +81,11 @@ pub async fn history(
     let done = page.events.last().is_none_or(|e| e.seq >= st.head);
     let next = match page.events.last() {
         Some(e) if !done => e.cursor().to_owned(),
-        _ => Cursor::single(&channel, st.epoch, st.head).encode(),
+        _ => Cursor::single(channel, st.epoch, st.head).encode(),
     };
     let events: Vec<_> = page.events.iter().map(|e| e.to_json()).collect();
     Ok(Json(json!({
-        "channel": channel,
+        "channel": name,
         "epoch": st.epoch,
         "floor": st.floor,
         "head": st.head,
@@ -105,7 +115,7 @@ fn channel_position(
             Some(p) => Ok((Some(p.epoch), p.seq)),
             None => Err(ApiError::new(
                 ErrorCode::InvalidCursor,
-                format!("the cursor does not name a position on channel {channel:?}"),
+                "the cursor does not name a position on this channel",
             )),
         },
         Err(CursorError::Version(_)) => Ok((None, 0)),

@@ -11,7 +11,9 @@ pub mod history;
 pub mod listener;
 pub mod publish;
 pub mod query;
+pub mod sessions;
 pub mod sse;
+pub mod ws;
 
 pub use config::ServerConfig;
 
@@ -20,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::ApiError;
 use gapless_core::hub::Hub;
+use gapless_core::session::Sessions;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::json;
 use std::sync::Arc;
@@ -30,6 +33,8 @@ use tokio_util::sync::CancellationToken;
 pub struct App {
     /// The hub.
     pub hub: Hub,
+    /// The sessions this server has touched.
+    pub sessions: Sessions,
     /// Transport settings.
     pub config: ServerConfig,
     /// Fires when the server shuts down; open streams end on it.
@@ -47,7 +52,17 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/channels/{channel}/batch", post(publish::publish_batch))
         .route("/v1/channels/{channel}/sse", get(sse::channel_sse))
-        .route("/v1/sse", get(sse::multi_sse));
+        .route("/v1/sse", get(sse::multi_sse))
+        .route("/v1/ws", get(ws::channels::handler))
+        .route("/v1/sessions", post(sessions::create))
+        .route("/v1/sessions/{id}", get(sessions::info))
+        .route(
+            "/v1/sessions/{id}/events",
+            post(sessions::append).get(sessions::history),
+        )
+        .route("/v1/sessions/{id}/complete", post(sessions::complete))
+        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
+        .route("/v1/sessions/{id}/ws", get(ws::session::handler));
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
@@ -128,6 +143,9 @@ async fn tick(app: Arc<App>) {
         every.tick().await;
         if let Err(e) = app.hub.tick(gapless_core::journal::now_ms()).await {
             tracing::error!(error = %e, "retention pass failed");
+        }
+        if let Err(e) = app.sessions.sweep(&app.hub).await {
+            tracing::error!(error = %e, "session grace pass failed");
         }
     }
 }

@@ -30,20 +30,8 @@ pub async fn publish(
 ) -> Result<Response, ApiError> {
     query::channel(&channel)?;
     let q = Query::parse(raw.as_deref());
-    let event_type = query::event_type(q.get("type"))?;
     let ephemeral = q.flag("ephemeral")?;
-    let key = idempotency_key(&headers)?;
-    let limit = app.config.max_event_bytes;
-    let bytes = read_body(&headers, body, limit, "event data", "--max-event-bytes").await?;
-    let data = String::from_utf8(bytes.to_vec()).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidUtf8,
-            format!(
-                "event data must be UTF-8 text; invalid byte at offset {}",
-                e.utf8_error().valid_up_to()
-            ),
-        )
-    })?;
+    let (NewEvent { event_type, data }, key) = read_event(&app, &q, &headers, body).await?;
     if ephemeral {
         if key.is_some() {
             return Err(ApiError::new(
@@ -77,6 +65,33 @@ pub async fn publish(
         Json(json!({"channel": channel, "seq": appended.last_seq, "cursor": cursor})),
     )
         .into_response())
+}
+
+/// Reads one event from a publish request: `?type=`, the body as data (UTF-8,
+/// at most `--max-event-bytes`), and the optional `Idempotency-Key`.
+///
+/// # Errors
+/// 400 `invalid_type`, `invalid_utf8`, `invalid_request`; 413 `too_large`.
+pub(crate) async fn read_event(
+    app: &App,
+    q: &Query,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(NewEvent, Option<String>), ApiError> {
+    let event_type = query::event_type(q.get("type"))?;
+    let key = idempotency_key(headers)?;
+    let limit = app.config.max_event_bytes;
+    let bytes = read_body(headers, body, limit, "event data", "--max-event-bytes").await?;
+    let data = String::from_utf8(bytes.to_vec()).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidUtf8,
+            format!(
+                "event data must be UTF-8 text; invalid byte at offset {}",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
+    Ok((NewEvent { event_type, data }, key))
 }
 
 /// One event of a batch publish body.
@@ -190,7 +205,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// Reads a body of at most `limit` bytes; 413 names the limit and its flag.
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,

@@ -150,17 +150,18 @@ fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Sta
         },
         (None, None) => None,
     };
-    let since =
-        match q.get("since") {
-            None | Some("live") => Start::Live,
-            Some("earliest") => Start::Earliest,
-            Some(s) => return Err(ApiError::new(
+    let since = match q.get("since") {
+        None | Some("live") => Start::Live,
+        Some("earliest") => Start::Earliest,
+        Some(s) => {
+            return Err(ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!(
                     "since={s:?} must be earliest or live (to resume, pass last_event_id=CURSOR)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     Ok(match decoded {
         None => vec![since; channels.len()],
         Some(None) => vec![Start::Unknown; channels.len()],

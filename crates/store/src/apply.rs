@@ -67,10 +67,21 @@ impl<'t> Tables<'t> {
                 .retain_in((id, from)..(id, to), |_, _| false)
                 .map_err(storage)?;
         }
+        let below = (id, 0, "")..(id, to, "");
+        if self
+            .key_order
+            .range(below.clone())
+            .map_err(storage)?
+            .next()
+            .is_none()
+        {
+            // The common case: no key to forget (a read, no page copied).
+            return Ok(());
+        }
         let mut gone = Vec::new();
         for item in self
             .key_order
-            .extract_from_if((id, 0, "")..(id, to, ""), |_, _| true)
+            .extract_from_if(below, |_, _| true)
             .map_err(storage)?
         {
             let (key, _) = item.map_err(storage)?;

@@ -103,7 +103,9 @@ pub(crate) type DecodedEvent = (u64, Option<String>, String);
 pub(crate) fn decode_event(bytes: &[u8]) -> Result<DecodedEvent, JournalError> {
     let time = event_time(bytes)?;
     let tag = u32::from_le_bytes(fixed(bytes, 8)?);
-    let rest = &bytes[HEADER..];
+    let rest = bytes
+        .get(HEADER..)
+        .ok_or_else(|| corrupt("event row too short"))?;
     let (event_type, data) = if tag == NO_TYPE {
         (None, rest)
     } else {

@@ -1,10 +1,9 @@
 //! The group-commit writer: one thread owns every write transaction.
 //!
 //! Appends (and evictions) arrive over a channel. The writer takes everything
-//! pending (up to [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`] of
-//! payload), applies it in one transaction, commits once (one fsync for the
-//! whole batch under `Durability::Sync`), then tells the sink about every
-//! operation in order, then replies to each. While a commit is in progress
+//! pending (up to a bound, see `request.rs`), applies it in one transaction,
+//! commits once (one fsync for the whole batch under `Durability::Sync`), then
+//! tells the sink about every operation in order, then replies to each. While a commit is in progress
 //! the next batch queues up, so concurrent publishers share fsyncs.
 //!
 //! If anything in a batch fails, the transaction is rolled back, every request
@@ -15,71 +14,19 @@ use crate::apply::{eviction_due, Ctx, Notice, Tables};
 use crate::cache::Channels;
 use crate::meta;
 use crate::options::{Durability, StoreOptions};
+use crate::request::{Batch, Op, Pending, Request};
 use crate::tables::storage;
 use gapless_core::{Appended, CommitSink, JournalError};
-use gapless_protocol::{Epoch, NewEvent};
+use gapless_protocol::Epoch;
 use redb::Database;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
-/// Most requests applied in one transaction.
-pub(crate) const MAX_BATCH_REQUESTS: usize = 4096;
-/// Most payload bytes applied in one transaction (a batch holds at least one request).
-pub(crate) const MAX_BATCH_BYTES: usize = 16 << 20;
 /// Under `Durability::Async`, the longest a commit stays non-durable.
 const ASYNC_FLUSH: Duration = Duration::from_secs(1);
-
-/// Where a result goes.
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
-
-/// A message to the writer.
-pub(crate) enum Request {
-    /// Append to a channel.
-    Append {
-        /// The channel.
-        channel: String,
-        /// The events, in order.
-        events: Vec<NewEvent>,
-        /// The idempotency key, if any.
-        key: Option<String>,
-        /// The result.
-        reply: Reply<Appended>,
-    },
-    /// Evict events older than the retention age.
-    Evict {
-        /// The current time, Unix ms.
-        now_ms: u64,
-        /// The result.
-        reply: Reply<()>,
-    },
-    /// Apply what is queued before this, commit durably, and stop.
-    Close {
-        /// The result of the final commit.
-        reply: Reply<()>,
-    },
-}
-
-/// A request of a batch, its payload moved out for applying.
-enum Op {
-    Append {
-        channel: String,
-        events: Vec<NewEvent>,
-        key: Option<String>,
-    },
-    Evict {
-        now_ms: u64,
-    },
-}
-
-/// Where a batched request's result goes.
-enum Pending {
-    Append(Reply<Appended>),
-    Evict(Reply<()>),
-}
 
 /// The writer thread's state.
 pub(crate) struct Writer {
@@ -92,6 +39,9 @@ pub(crate) struct Writer {
     cache: Option<Channels>,
     /// When the oldest commit not yet durable was made (`Async` only).
     unsynced_since: Option<Instant>,
+    /// Test hook: fail the next commit after applying its batch.
+    #[cfg(test)]
+    fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Writer {
@@ -112,6 +62,8 @@ impl Writer {
             options,
             cache: Some(cache),
             unsynced_since: None,
+            #[cfg(test)]
+            fail_next_commit: Arc::default(),
         }
     }
 
@@ -125,48 +77,16 @@ impl Writer {
 
     fn run(mut self) {
         while let Some(first) = self.next_request() {
-            let mut ops = Vec::new();
-            let mut pending = Vec::new();
-            let mut bytes = 0;
-            let mut close = None;
-            let mut next = Some(first);
-            while let Some(request) = next {
-                match request {
-                    Request::Close { reply } => {
-                        close = Some(reply);
-                        break;
-                    }
-                    Request::Append {
-                        channel,
-                        events,
-                        key,
-                        reply,
-                    } => {
-                        bytes += channel.len() + key.as_ref().map_or(0, String::len);
-                        bytes += events
-                            .iter()
-                            .map(|e| e.data.len() + e.event_type.as_ref().map_or(0, String::len))
-                            .sum::<usize>();
-                        ops.push(Op::Append {
-                            channel,
-                            events,
-                            key,
-                        });
-                        pending.push(Pending::Append(reply));
-                    }
-                    Request::Evict { now_ms, reply } => {
-                        ops.push(Op::Evict { now_ms });
-                        pending.push(Pending::Evict(reply));
-                    }
+            let mut batch = Batch::default();
+            let mut close = batch.push(first);
+            while close.is_none() && !batch.is_full() {
+                match self.rx.try_recv() {
+                    Ok(request) => close = batch.push(request),
+                    Err(_) => break,
                 }
-                next = if ops.len() < MAX_BATCH_REQUESTS && bytes < MAX_BATCH_BYTES {
-                    self.rx.try_recv().ok()
-                } else {
-                    None
-                };
             }
-            if !ops.is_empty() {
-                self.process(ops, pending);
+            if !batch.ops.is_empty() {
+                self.process(batch);
             }
             if let Some(reply) = close {
                 let _ = reply.send(self.shutdown());
@@ -201,7 +121,8 @@ impl Writer {
     }
 
     /// Applies a batch, then notifies the sink and replies.
-    fn process(&mut self, ops: Vec<Op>, pending: Vec<Pending>) {
+    fn process(&mut self, batch: Batch) {
+        let Batch { ops, pending, .. } = batch;
         match self.commit(ops) {
             Ok((results, notices)) => {
                 for notice in notices {
@@ -305,6 +226,13 @@ impl Writer {
             txn.abort().map_err(storage)?;
             return Ok((results, notices));
         }
+        #[cfg(test)]
+        if self
+            .fail_next_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(JournalError::Storage("injected commit failure".into()));
+        }
         txn.commit().map_err(storage)?;
         if durable {
             self.unsynced_since = None;
@@ -354,3 +282,7 @@ impl Writer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

@@ -21,7 +21,7 @@ const MODE_VAR: &str = "GAPLESS_STORE_CRASH_MODE";
 const CHANNELS: usize = 4;
 
 fn opts(mode: &str) -> gapless_store::StoreOptions {
-    let durability = if mode == "async" {
+    let durability = if mode.starts_with("async") {
         Durability::Async
     } else {
         Durability::Sync
@@ -36,6 +36,7 @@ fn crash_child() {
         return;
     };
     let mode = std::env::var(MODE_VAR).unwrap_or_default();
+    let idle = mode == "async-idle";
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -53,7 +54,8 @@ fn crash_child() {
             tasks.push(tokio::spawn(async move {
                 let channel = format!("c{}", t % CHANNELS);
                 let mut i = 0u64;
-                while Instant::now() < deadline {
+                let idle_after = if idle { 10 } else { u64::MAX };
+                while Instant::now() < deadline && i < idle_after {
                     let data = format!("{t}-{i}");
                     let a = j
                         .append(&channel, vec![ev(&data), ev(&data)], None)
@@ -67,10 +69,17 @@ fn crash_child() {
         for t in tasks {
             let _ = t.await;
         }
+        if idle {
+            // Past the async flush interval with nothing to do.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            println!("IDLE");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
     });
 }
 
-/// Runs the child on `dir` until it acknowledged `acks` appends, SIGKILLs it,
+/// Runs the child on `dir` until it acknowledged `acks` appends (or says it
+/// is idle), SIGKILLs it,
 /// and returns its epoch and every append it acknowledged.
 fn run_round(dir: &Path, mode: &str, acks: usize) -> (u64, Vec<(String, u64, String)>) {
     let exe = std::env::current_exe().expect("current exe");
@@ -106,7 +115,7 @@ fn run_round(dir: &Path, mode: &str, acks: usize) -> (u64, Vec<(String, u64, Str
             }
             _ => {}
         }
-        if !killed && acked.len() >= acks {
+        if !killed && (acked.len() >= acks || text == "IDLE") {
             child.kill().expect("SIGKILL child");
             killed = true;
         }
@@ -178,4 +187,14 @@ fn kill_9_under_async_changes_the_epoch_and_keeps_seqs_dense() {
     assert_ne!(reopened, child_epoch, "history may be lost: new epoch");
     // A clean close keeps the epoch.
     assert_eq!(verify(dir.path(), "async", &[], false), reopened);
+}
+
+#[test]
+fn async_appends_are_durable_a_second_later() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (child_epoch, acked) = run_round(dir.path(), "async-idle", usize::MAX);
+    assert_eq!(acked.len(), 16 * 10);
+    // Killed uncleanly, so a new epoch, but nothing acknowledged over a second ago is lost.
+    let reopened = verify(dir.path(), "async", &acked, true);
+    assert_ne!(reopened, child_epoch);
 }

@@ -1,0 +1,1 @@
+//! gapless client (being written).

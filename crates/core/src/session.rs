@@ -1,0 +1,523 @@
+//! Sessions: channels with one consumer at a time and a lifecycle
+//! (open, then completed or cancelled).
+//!
+//! A session's events live in the journal under the channel `session/<id>`
+//! (`/` is outside the channel alphabet, so no client channel can collide).
+//! Its lifecycle is written into the same journal as marker events of reserved
+//! types ([`OPENED`], [`COMPLETED`], [`CANCELLED`]), so it is exactly as durable
+//! as its events and a restart recovers it by reading the last event. Which
+//! connection is attached, and since when nobody is, is kept in memory: after
+//! a restart every open session counts as detached since the restart, so a
+//! consumer that reconnects within the grace window finds it intact.
+
+use crate::hub::Hub;
+use crate::journal::{Appended, JournalError};
+use crate::subscription::{Start, Subscription};
+use gapless_protocol::codes::GapReason;
+use gapless_protocol::NewEvent;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+/// Marker type of a session's first event.
+pub const OPENED: &str = "gapless.session.opened";
+/// Marker type of a completed session's last event.
+pub const COMPLETED: &str = "gapless.session.completed";
+/// Marker type of a cancelled session's last event.
+pub const CANCELLED: &str = "gapless.session.cancelled";
+/// Longest session id, in characters (`A-Z a-z 0-9 _ -`).
+pub const MAX_ID_LEN: usize = 128;
+
+/// The journal channel of session `id`.
+pub fn channel_of(id: &str) -> String {
+    format!("session/{id}")
+}
+
+/// Checks a session id: 1 to [`MAX_ID_LEN`] characters of `A-Z a-z 0-9 _ -`.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Takes events.
+    Open,
+    /// Ended by its producer after its last event.
+    Completed,
+    /// Ended by its producer, or by the grace window running out with no consumer.
+    Cancelled,
+}
+
+impl Status {
+    /// `open`, `completed` or `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Open => "open",
+            Status::Completed => "completed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// The status a marker event type stands for.
+    pub fn of_marker(event_type: Option<&str>) -> Option<Status> {
+        match event_type {
+            Some(COMPLETED) => Some(Status::Completed),
+            Some(CANCELLED) => Some(Status::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// Session settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionConfig {
+    /// Milliseconds an open session survives with no consumer attached before it
+    /// is cancelled. Default 60000.
+    pub grace_ms: u64,
+    /// Whether consumers may resume with `last_seq` (false: such a request is
+    /// refused with close 4400). Default true.
+    pub resume: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            grace_ms: 60_000,
+            resume: true,
+        }
+    }
+}
+
+/// Why a session operation was refused.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// No such session, or its events have all expired.
+    #[error("no session {0:?} (unknown, or expired)")]
+    NotFound(String),
+    /// `create` with an id that exists.
+    #[error("session {0:?} already exists")]
+    Exists(String),
+    /// The session is completed or cancelled.
+    #[error("session {id:?} is {}; it takes no more events", status.as_str())]
+    Ended {
+        /// The session.
+        id: String,
+        /// How it ended.
+        status: Status,
+    },
+    /// Another live connection holds the session.
+    #[error("session {0:?} is attached to another live connection; reconnect with takeover=true to replace it")]
+    Attached(String),
+    /// `last_seq` given while resume is turned off.
+    #[error("resuming sessions is turned off on this server (--session-resume false)")]
+    ResumeDisabled,
+    /// The events after `last_seq` are not all retained, or `last_seq` is past the head.
+    #[error("cannot resume session {id:?} after seq {last_seq}: {why}; start over")]
+    NotRetained {
+        /// The session.
+        id: String,
+        /// The seq the consumer presented.
+        last_seq: u64,
+        /// Which of the two.
+        why: &'static str,
+    },
+    /// The journal failed.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// A session as a producer or an operator sees it.
+#[derive(Debug, Clone)]
+pub struct Info {
+    /// The id.
+    pub id: String,
+    /// Its status.
+    pub status: Status,
+    /// Newest seq.
+    pub head: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+struct Entry {
+    state: Mutex<EntryState>,
+    /// Serializes appends and lifecycle changes of one session.
+    ops: tokio::sync::Mutex<()>,
+}
+
+struct EntryState {
+    status: Status,
+    attached: Option<(u64, CancellationToken)>,
+    detached_since: u64,
+}
+
+/// All sessions this server has touched since it started.
+pub struct Sessions {
+    config: SessionConfig,
+    map: Mutex<HashMap<String, Arc<Entry>>>,
+    next_conn: AtomicU64,
+}
+
+/// A consumer's hold on a session: its subscription, and a token that fires
+/// when a newer connection takes the session over. Dropping it detaches.
+pub struct Attachment {
+    /// The session's events from the start position on.
+    pub sub: Subscription,
+    /// Fires when this attachment is taken over.
+    pub kicked: CancellationToken,
+    /// The session's head when it attached: replay ends there.
+    pub head: u64,
+    /// The seq the consumer resumed after, if it asked to resume.
+    pub last_seq: Option<u64>,
+    guard: Detach,
+}
+
+impl Attachment {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.guard.id
+    }
+}
+
+struct Detach {
+    id: String,
+    conn: u64,
+    entry: Arc<Entry>,
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let mut st = self.entry.state.lock();
+        if st.attached.as_ref().is_some_and(|(c, _)| *c == self.conn) {
+            st.attached = None;
+            st.detached_since = crate::journal::now_ms();
+        }
+    }
+}
+
+impl Sessions {
+    /// An empty registry.
+    pub fn new(config: SessionConfig) -> Self {
+        Sessions {
+            config,
+            map: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> SessionConfig {
+        self.config
+    }
+
+    /// Creates a session; `id` `None` draws an unguessable one (128 random bits, hex).
+    ///
+    /// # Errors
+    /// [`SessionError::Exists`], or a journal failure.
+    pub async fn create(&self, hub: &Hub, id: Option<String>) -> Result<Info, SessionError> {
+        let id = id.unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+        let channel = channel_of(&id);
+        let entry = self.entry(&id);
+        let _ops = entry.ops.lock().await;
+        if hub.state(&channel).await?.head > 0 {
+            return Err(SessionError::Exists(id));
+        }
+        let marker = NewEvent {
+            event_type: Some(OPENED.to_owned()),
+            data: String::new(),
+        };
+        let appended = hub.publish(&channel, vec![marker], None).await?;
+        {
+            let mut st = entry.state.lock();
+            st.status = Status::Open;
+            st.detached_since = crate::journal::now_ms();
+        }
+        Ok(Info {
+            id,
+            status: Status::Open,
+            head: appended.last_seq,
+            attached: false,
+        })
+    }
+
+    /// The session's status, head and attachment.
+    ///
+    /// # Errors
+    /// [`SessionError::NotFound`], or a journal failure.
+    pub async fn info(&self, hub: &Hub, id: &str) -> Result<Info, SessionError> {
+        let entry = self.load(hub, id).await?;
+        let head = hub.state(&channel_of(id)).await?.head;
+        let st = entry.state.lock();
+        Ok(Info {
+            id: id.to_owned(),
+            status: st.status,
+            head,
+            attached: st.attached.is_some(),
+        })
+    }
+
+    /// Appends events to an open session; returns what was appended and whether
+    /// a consumer is attached right now.
+    ///
+    /// # Errors
+    /// [`SessionError::NotFound`], [`SessionError::Ended`] (also when the grace
+    /// window ran out), or a journal failure.
+    pub async fn append(
+        &self,
+        hub: &Hub,
+        id: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Appended, bool), SessionError> {
+        let entry = self.load(hub, id).await?;
+        let _ops = entry.ops.lock().await;
+        self.expire_if_due(hub, id, &entry).await?;
+        let status = entry.state.lock().status;
+        if status != Status::Open {
+            return Err(SessionError::Ended {
+                id: id.to_owned(),
+                status,
+            });
+        }
+        let appended = hub
+            .publish(&channel_of(id), events, idempotency_key)
+            .await?;
+        let attached = entry.state.lock().attached.is_some();
+        Ok((appended, attached))
+    }
+
+    /// Completes or cancels an open session.
+    ///
+    /// # Errors
+    /// [`SessionError::NotFound`], [`SessionError::Ended`], or a journal failure.
+    pub async fn end(&self, hub: &Hub, id: &str, status: Status) -> Result<Info, SessionError> {
+        let entry = self.load(hub, id).await?;
+        let _ops = entry.ops.lock().await;
+        self.expire_if_due(hub, id, &entry).await?;
+        let current = entry.state.lock().status;
+        if current != Status::Open {
+            return Err(SessionError::Ended {
+                id: id.to_owned(),
+                status: current,
+            });
+        }
+        let head = self.write_end(hub, id, &entry, status).await?;
+        let attached = entry.state.lock().attached.is_some();
+        Ok(Info {
+            id: id.to_owned(),
+            status,
+            head,
+            attached,
+        })
+    }
+
+    /// Attaches a consumer. `last_seq`: resume after that seq (strictly: every
+    /// event after it must be retained); `None`: live events only.
+    /// `takeover`: replace a live attachment instead of being refused.
+    ///
+    /// # Errors
+    /// Each refusal of the session protocol: [`SessionError::NotFound`] (also an
+    /// ended session without `last_seq`), [`SessionError::ResumeDisabled`],
+    /// [`SessionError::Attached`], [`SessionError::NotRetained`].
+    pub async fn attach(
+        &self,
+        hub: &Hub,
+        id: &str,
+        last_seq: Option<u64>,
+        takeover: bool,
+        batch: usize,
+    ) -> Result<Attachment, SessionError> {
+        let entry = self.load(hub, id).await?;
+        {
+            let _ops = entry.ops.lock().await;
+            self.expire_if_due(hub, id, &entry).await?;
+        }
+        if last_seq.is_some() && !self.config.resume {
+            return Err(SessionError::ResumeDisabled);
+        }
+        let channel = channel_of(id);
+        let st = hub.state(&channel).await?;
+        let status = entry.state.lock().status;
+        if status != Status::Open && last_seq.is_none() {
+            return Err(SessionError::NotFound(id.to_owned()));
+        }
+        if let Some(n) = last_seq {
+            let why = if n > st.head {
+                Some("it is beyond the newest event")
+            } else if n + 1 < st.floor {
+                Some("events after it are no longer retained")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SessionError::NotRetained {
+                    id: id.to_owned(),
+                    last_seq: n,
+                    why,
+                });
+            }
+        }
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let kicked = CancellationToken::new();
+        {
+            let mut es = entry.state.lock();
+            if let Some((_, old)) = &es.attached {
+                if !takeover {
+                    return Err(SessionError::Attached(id.to_owned()));
+                }
+                old.cancel();
+            }
+            es.attached = Some((conn, kicked.clone()));
+        }
+        let guard = Detach {
+            id: id.to_owned(),
+            conn,
+            entry: entry.clone(),
+        };
+        let start = match last_seq {
+            Some(seq) => Start::After {
+                epoch: st.epoch,
+                seq,
+            },
+            None => Start::Live,
+        };
+        let mut sub = hub.empty_subscription(batch);
+        if let Some(gap) = hub.follow(&mut sub, &channel, start).await?.gap {
+            // Retention moved between the check and the follow.
+            let why = match gap.reason {
+                GapReason::Ahead => "it is beyond the newest event",
+                _ => "events after it are no longer retained",
+            };
+            return Err(SessionError::NotRetained {
+                id: id.to_owned(),
+                last_seq: last_seq.unwrap_or(0),
+                why,
+            });
+        }
+        Ok(Attachment {
+            sub,
+            kicked,
+            head: st.head,
+            last_seq,
+            guard,
+        })
+    }
+
+    /// Cancels every open session that has had no consumer for the grace window.
+    /// The server calls it about every 250 ms.
+    ///
+    /// # Errors
+    /// A journal failure.
+    pub async fn sweep(&self, hub: &Hub) -> Result<(), SessionError> {
+        let entries: Vec<(String, Arc<Entry>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, entry) in entries {
+            if self.due(&entry) {
+                let _ops = entry.ops.lock().await;
+                self.expire_if_due(hub, &id, &entry).await?;
+            }
+        }
+        // Forget ended sessions nobody holds; they are reloaded from the journal if touched.
+        self.map.lock().retain(|_, e| {
+            let st = e.state.lock();
+            st.status == Status::Open || st.attached.is_some() || Arc::strong_count(e) > 1
+        });
+        Ok(())
+    }
+
+    fn due(&self, entry: &Entry) -> bool {
+        let st = entry.state.lock();
+        st.status == Status::Open
+            && st.attached.is_none()
+            && crate::journal::now_ms().saturating_sub(st.detached_since) >= self.config.grace_ms
+    }
+
+    /// Cancels the session if its grace window ran out. Caller holds `ops`.
+    async fn expire_if_due(&self, hub: &Hub, id: &str, entry: &Entry) -> Result<(), SessionError> {
+        if self.due(entry) {
+            tracing::info!(
+                session = id,
+                "cancelled: no consumer within the grace window"
+            );
+            self.write_end(hub, id, entry, Status::Cancelled).await?;
+        }
+        Ok(())
+    }
+
+    /// Appends the end marker. Caller holds `ops`.
+    async fn write_end(
+        &self,
+        hub: &Hub,
+        id: &str,
+        entry: &Entry,
+        status: Status,
+    ) -> Result<u64, SessionError> {
+        let marker = NewEvent {
+            event_type: Some(
+                match status {
+                    Status::Completed => COMPLETED,
+                    _ => CANCELLED,
+                }
+                .to_owned(),
+            ),
+            data: String::new(),
+        };
+        let appended = hub.publish(&channel_of(id), vec![marker], None).await?;
+        entry.state.lock().status = status;
+        Ok(appended.last_seq)
+    }
+
+    fn entry(&self, id: &str) -> Arc<Entry> {
+        self.map
+            .lock()
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    state: Mutex::new(EntryState {
+                        status: Status::Open,
+                        attached: None,
+                        detached_since: crate::journal::now_ms(),
+                    }),
+                    ops: tokio::sync::Mutex::new(()),
+                })
+            })
+            .clone()
+    }
+
+    /// The entry of an existing session, its status read from the journal on first touch.
+    async fn load(&self, hub: &Hub, id: &str) -> Result<Arc<Entry>, SessionError> {
+        if !valid_id(id) {
+            return Err(SessionError::NotFound(id.to_owned()));
+        }
+        if let Some(e) = self.map.lock().get(id).cloned() {
+            return Ok(e);
+        }
+        let channel = channel_of(id);
+        let st = hub.state(&channel).await?;
+        if st.head == 0 || st.floor > st.head {
+            return Err(SessionError::NotFound(id.to_owned()));
+        }
+        let page = hub.read(&channel, st.head - 1, 1).await?;
+        let status = page
+            .events
+            .last()
+            .and_then(|e| Status::of_marker(e.event_type.as_deref()))
+            .unwrap_or(Status::Open);
+        let entry = self.entry(id);
+        entry.state.lock().status = status;
+        Ok(entry)
+    }
+}

@@ -1,0 +1,414 @@
+//! `GET /v1/ws`: one socket, many channels, plus publishing.
+//!
+//! A subscribe with a cursor gets every missed event after it, in order, then
+//! its `subscribed` reply, then live events: events up to the head seen at
+//! subscribe time are the replay; the reply goes out right after the last of
+//! them. A malformed message gets an `error` reply and the socket stays open;
+//! [`MAX_ERRORS_IN_A_ROW`] malformed messages in a row close it with 4422.
+
+use super::messages::{self, ClientMessage};
+use super::{close, configure, json, text, Beat, Heartbeat};
+use crate::error::ApiError;
+use crate::App;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures::SinkExt;
+use gapless_core::subscription::{Item, Start, Subscription};
+use gapless_protocol::codes::{close as code, ErrorCode};
+use gapless_protocol::{name, Cursor, CursorError, NewEvent};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Malformed messages in a row after which the socket is closed (4422).
+pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
+
+/// The upgrade handler.
+pub async fn handler(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    super::check_subprotocol(&headers)?;
+    let ws = configure(ws, &app);
+    Ok(ws.on_upgrade(move |socket| run(app, socket)))
+}
+
+/// A subscribe whose replay is still going out.
+struct Pending {
+    channel: String,
+    id: Option<Value>,
+    head: u64,
+    replayed: u64,
+    recovered: bool,
+}
+
+struct Conn {
+    app: Arc<App>,
+    sub: Subscription,
+    pending: Vec<Pending>,
+    errors_in_row: u32,
+}
+
+enum Flow {
+    Continue,
+    Close(u16, String),
+}
+
+async fn run(app: Arc<App>, mut socket: WebSocket) {
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+    let shutdown = app.shutdown.clone();
+    let mut conn = Conn {
+        sub: app.hub.empty_subscription(app.config.read_batch),
+        app,
+        pending: Vec::new(),
+        errors_in_row: 0,
+    };
+    loop {
+        let flow = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
+            msg = socket.recv() => match msg {
+                None | Some(Ok(Message::Close(_))) => return,
+                Some(Err(e)) => match too_big(&e) {
+                    true => Flow::Close(code::TOO_BIG, format!("message larger than {} bytes", conn.app.config.ws_max_message_bytes)),
+                    false => return,
+                },
+                Some(Ok(msg)) => {
+                    hb.alive();
+                    match conn.on_message(msg, &mut socket).await {
+                        Ok(flow) => flow,
+                        Err(()) => return,
+                    }
+                }
+            },
+            item = conn.sub.next() => match item {
+                Ok(item) => match conn.deliver(item, &mut socket).await {
+                    Ok(()) => Flow::Continue,
+                    Err(()) => return,
+                },
+                Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
+            },
+            beat = hb.tick() => match beat {
+                Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
+                    Ok(()) => Flow::Continue,
+                    Err(_) => return,
+                },
+                Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
+            },
+        };
+        if let Flow::Close(c, reason) = flow {
+            close(&mut socket, c, &reason).await;
+            return;
+        }
+    }
+}
+
+/// Whether a receive error is a message over the size limit.
+pub(crate) fn too_big(e: &axum::Error) -> bool {
+    let s = e.to_string();
+    s.contains("too long") || s.contains("too big") || s.contains("Space limit")
+}
+
+impl Conn {
+    async fn on_message(&mut self, msg: Message, socket: &mut WebSocket) -> Result<Flow, ()> {
+        let text = match msg {
+            Message::Text(t) => t,
+            Message::Binary(_) => {
+                return self
+                    .malformed(
+                        socket,
+                        None,
+                        "binary frames are not accepted; send JSON text",
+                    )
+                    .await
+            }
+            _ => return Ok(Flow::Continue),
+        };
+        let parsed = match messages::parse(text.as_str()) {
+            Ok(m) => m,
+            Err((id, why)) => return self.malformed(socket, id.as_ref(), &why).await,
+        };
+        self.errors_in_row = 0;
+        let reply = match parsed {
+            ClientMessage::Subscribe {
+                id,
+                channel,
+                cursor,
+                since,
+            } => {
+                match self
+                    .subscribe(id.clone(), channel, cursor, since, socket)
+                    .await?
+                {
+                    Ok(()) => None,
+                    Err(e) => Some(messages::error(id.as_ref(), e.code, &e.message)),
+                }
+            }
+            ClientMessage::Unsubscribe { id, channel } => {
+                if self.sub.unfollow(&channel) {
+                    self.pending.retain(|p| p.channel != channel);
+                    Some(json!({"op": "unsubscribed", "id": id, "channel": channel}))
+                } else {
+                    Some(messages::error(
+                        id.as_ref(),
+                        ErrorCode::NotSubscribed,
+                        &format!("not subscribed to channel {channel:?}"),
+                    ))
+                }
+            }
+            ClientMessage::Publish {
+                id,
+                channel,
+                data,
+                event_type,
+                ephemeral,
+                idempotency_key,
+            } => Some(
+                match self
+                    .publish(&channel, data, event_type, ephemeral, idempotency_key)
+                    .await
+                {
+                    Ok(mut v) => {
+                        if let Some(o) = v.as_object_mut() {
+                            o.insert("id".into(), id.unwrap_or(Value::Null));
+                        }
+                        v
+                    }
+                    Err(e) => messages::error(id.as_ref(), e.code, &e.message),
+                },
+            ),
+        };
+        if let Some(reply) = reply {
+            socket.send(json(&reply)).await.map_err(|_| ())?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn malformed(
+        &mut self,
+        socket: &mut WebSocket,
+        id: Option<&Value>,
+        why: &str,
+    ) -> Result<Flow, ()> {
+        self.errors_in_row += 1;
+        if self.errors_in_row >= MAX_ERRORS_IN_A_ROW {
+            return Ok(Flow::Close(
+                code::TOO_MANY_ERRORS,
+                format!("{MAX_ERRORS_IN_A_ROW} malformed messages in a row"),
+            ));
+        }
+        let reply = messages::error(id, ErrorCode::InvalidMessage, why);
+        socket.send(json(&reply)).await.map_err(|_| ())?;
+        Ok(Flow::Continue)
+    }
+
+    /// Outer `Err(())`: the socket failed. Inner error: the reply to send.
+    async fn subscribe(
+        &mut self,
+        id: Option<Value>,
+        channel: String,
+        cursor: Option<String>,
+        since: Option<String>,
+        socket: &mut WebSocket,
+    ) -> Result<Result<(), ApiError>, ()> {
+        if let Err(e) = name::validate_channel(&channel) {
+            return Ok(Err(ApiError::new(ErrorCode::InvalidChannel, e.to_string())));
+        }
+        let max = self.app.config.max_subscription_channels;
+        if self.sub.index_of(&channel).is_none() && self.sub.len() >= max {
+            return Ok(Err(ApiError::new(
+                ErrorCode::LimitReached,
+                format!("a socket may follow at most {max} channels (--max-subscription-channels)"),
+            )));
+        }
+        let start = match (
+            cursor.as_deref().filter(|c| !c.is_empty()),
+            since.as_deref(),
+        ) {
+            (Some(c), _) => match Cursor::decode(c.as_bytes()) {
+                Ok(cur) => match cur.get(&channel) {
+                    Some(p) => Start::After {
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    },
+                    None => {
+                        return Ok(Err(ApiError::new(
+                            ErrorCode::InvalidCursor,
+                            format!("the cursor does not name a position on channel {channel:?}"),
+                        )))
+                    }
+                },
+                Err(CursorError::Version(_)) => Start::Unknown,
+                Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
+            },
+            (None, None | Some("live")) => Start::Live,
+            (None, Some("earliest")) => Start::Earliest,
+            (None, Some(s)) => {
+                return Ok(Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("since {s:?} must be \"earliest\" or \"live\""),
+                )))
+            }
+        };
+        let resumed = matches!(start, Start::After { .. });
+        let followed = match self.app.hub.follow(&mut self.sub, &channel, start).await {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e.into())),
+        };
+        self.pending.retain(|p| p.channel != channel);
+        if let Some(g) = &followed.gap {
+            socket.send(json(&messages::gap(g))).await.map_err(|_| ())?;
+        }
+        let pending = Pending {
+            channel,
+            id,
+            head: followed.head,
+            replayed: 0,
+            recovered: resumed && followed.gap.is_none(),
+        };
+        let pos = self
+            .sub
+            .index_of(&pending.channel)
+            .map_or(followed.head, |i| self.sub.position(i).1);
+        if pos >= pending.head {
+            socket
+                .send(json(&self.subscribed(&pending)))
+                .await
+                .map_err(|_| ())?;
+        } else {
+            self.pending.push(pending);
+        }
+        Ok(Ok(()))
+    }
+
+    fn subscribed(&self, p: &Pending) -> Value {
+        let cursor = self.sub.index_of(&p.channel).map(|i| {
+            let (epoch, seq) = self.sub.position(i);
+            Cursor::single(&p.channel, epoch, seq.min(p.head)).encode()
+        });
+        json!({
+            "op": "subscribed",
+            "id": p.id,
+            "channel": p.channel,
+            "replayed": p.replayed,
+            "recovered": p.recovered,
+            "cursor": cursor,
+        })
+    }
+
+    async fn publish(
+        &self,
+        channel: &str,
+        data: String,
+        event_type: Option<String>,
+        ephemeral: bool,
+        key: Option<String>,
+    ) -> Result<Value, ApiError> {
+        crate::query::channel(channel)?;
+        let event_type = crate::query::event_type(event_type.as_deref())?;
+        let max = self.app.config.max_event_bytes;
+        if data.len() > max {
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "event data is {} bytes; at most {max} are allowed (--max-event-bytes)",
+                    data.len()
+                ),
+            ));
+        }
+        if ephemeral {
+            let n = self.app.hub.publish_ephemeral(channel, event_type, data);
+            return Ok(
+                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": n}),
+            );
+        }
+        if let Some(k) = &key {
+            if k.is_empty()
+                || k.len() > crate::publish::MAX_IDEMPOTENCY_KEY
+                || !k.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "idempotency_key must be 1 to 256 visible ASCII characters",
+                ));
+            }
+        }
+        let a = self
+            .app
+            .hub
+            .publish(channel, vec![NewEvent { event_type, data }], key.as_deref())
+            .await?;
+        Ok(json!({
+            "op": "published",
+            "channel": channel,
+            "seq": a.last_seq,
+            "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
+            "duplicate": a.duplicate,
+        }))
+    }
+
+    async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
+        match item {
+            Item::Events { index, events } => {
+                let channel = self.sub.channel(index).clone();
+                let mut pending = self
+                    .pending
+                    .iter()
+                    .position(|p| *p.channel == *channel)
+                    .map(|i| self.pending.swap_remove(i));
+                for e in &events {
+                    if let Some(p) = &mut pending {
+                        if e.seq > p.head {
+                            let reply = self.subscribed(p);
+                            socket.feed(json(&reply)).await.map_err(|_| ())?;
+                            pending = None;
+                        } else {
+                            p.replayed += 1;
+                        }
+                    }
+                    socket
+                        .feed(text(e.ws_message().clone()))
+                        .await
+                        .map_err(|_| ())?;
+                }
+                if let Some(p) = pending {
+                    if events.last().is_some_and(|e| e.seq >= p.head) {
+                        let reply = self.subscribed(&p);
+                        socket.feed(json(&reply)).await.map_err(|_| ())?;
+                    } else {
+                        self.pending.push(p);
+                    }
+                }
+                socket.flush().await.map_err(|_| ())
+            }
+            Item::Gap(g) => {
+                // Retention passed a replay mid-way: the reply follows the notice.
+                let pending = self
+                    .pending
+                    .iter()
+                    .position(|p| *p.channel == *g.channel)
+                    .map(|i| self.pending.swap_remove(i));
+                socket
+                    .feed(json(&messages::gap(&g)))
+                    .await
+                    .map_err(|_| ())?;
+                if let Some(mut p) = pending {
+                    p.recovered = false;
+                    if g.next.1 >= p.head {
+                        let reply = self.subscribed(&p);
+                        socket.feed(json(&reply)).await.map_err(|_| ())?;
+                    } else {
+                        self.pending.push(p);
+                    }
+                }
+                socket.flush().await.map_err(|_| ())
+            }
+            Item::Ephemeral(e) => socket
+                .send(json(&messages::ephemeral(&e)))
+                .await
+                .map_err(|_| ()),
+        }
+    }
+}

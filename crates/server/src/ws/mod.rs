@@ -1,0 +1,141 @@
+//! WebSocket transport (RFC 6455), subprotocol `gapless.v1`: one socket for
+//! many channels ([`channels`], `GET /v1/ws`) and the consumer side of a
+//! session ([`session`], `GET /v1/sessions/{id}/ws`). Messages are JSON text
+//! frames, one message per frame (`docs/protocol.md`).
+//!
+//! Shared here: the handshake check, socket limits, the heartbeat (a ping
+//! every `--heartbeat-ms`; a client that has answered nothing by the next
+//! ping is closed with 4408) and the close helpers. Close frames never carry
+//! 1005 or 1006 (those are for local reporting only).
+
+pub mod channels;
+pub mod messages;
+pub mod session;
+
+use crate::error::ApiError;
+use crate::App;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use gapless_protocol::codes::ErrorCode;
+use serde_json::Value;
+use std::time::Duration;
+use tokio::time::{Instant, Interval};
+
+/// The subprotocol this server speaks.
+pub const SUBPROTOCOL: &str = "gapless.v1";
+
+/// Refuses a handshake that offers subprotocols, none of which is [`SUBPROTOCOL`].
+///
+/// # Errors
+/// 400 `invalid_request` naming the offered protocols.
+pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
+    let offered: Vec<&str> = headers
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if offered.is_empty() || offered.contains(&SUBPROTOCOL) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("this endpoint speaks the subprotocol {SUBPROTOCOL}; the client offered {offered:?}"),
+        ))
+    }
+}
+
+/// Applies the subprotocol and the socket limits to an upgrade.
+pub fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
+    let max = app.config.ws_max_message_bytes;
+    ws.protocols([SUBPROTOCOL])
+        .max_message_size(max)
+        .max_frame_size(max)
+        .read_buffer_size(16 * 1024)
+        .write_buffer_size(64 * 1024)
+        .max_write_buffer_size(max.saturating_mul(2).max(8 << 20))
+}
+
+/// A text message from pre-encoded JSON bytes.
+pub fn text(bytes: Bytes) -> Message {
+    match Utf8Bytes::try_from(bytes) {
+        Ok(t) => Message::Text(t),
+        // Our encoders only produce UTF-8; this cannot happen.
+        Err(_) => Message::Text(Utf8Bytes::from_static("{}")),
+    }
+}
+
+/// A text message from a JSON value.
+pub fn json(v: &Value) -> Message {
+    Message::Text(Utf8Bytes::from(v.to_string()))
+}
+
+/// Sends a close frame with `code` and `reason` (at most 123 bytes), ignoring errors.
+pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+    let mut reason = reason.to_owned();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    let frame = CloseFrame {
+        code,
+        reason: Utf8Bytes::from(reason),
+    };
+    let _ = socket.send(Message::Close(Some(frame))).await;
+}
+
+/// Ping schedule and liveness: the client must show it is alive (any frame,
+/// a pong included) between two pings.
+pub struct Heartbeat {
+    interval: Option<Interval>,
+    last_seen: Instant,
+    period: Duration,
+}
+
+/// What the heartbeat asks for.
+pub enum Beat {
+    /// Send a ping.
+    Ping,
+    /// The client did not answer: close it.
+    Dead,
+}
+
+impl Heartbeat {
+    /// A heartbeat of `heartbeat_ms` (0: none).
+    pub fn new(heartbeat_ms: u64) -> Self {
+        let period = Duration::from_millis(heartbeat_ms);
+        let interval = (heartbeat_ms > 0).then(|| {
+            let mut i = tokio::time::interval_at(Instant::now() + period, period);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        Heartbeat {
+            interval,
+            last_seen: Instant::now(),
+            period,
+        }
+    }
+
+    /// The client sent something.
+    pub fn alive(&mut self) {
+        self.last_seen = Instant::now();
+    }
+
+    /// Waits for the next beat (forever when heartbeats are off).
+    pub async fn tick(&mut self) -> Beat {
+        match &mut self.interval {
+            Some(i) => {
+                i.tick().await;
+                // A ping went out one period ago; nothing since then means no answer.
+                if self.last_seen.elapsed() > self.period * 2 {
+                    Beat::Dead
+                } else {
+                    Beat::Ping
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}

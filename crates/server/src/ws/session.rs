@@ -1,0 +1,199 @@
+//! `GET /v1/sessions/{id}/ws?last_seq=N&takeover=true`: the consumer side of a session.
+//!
+//! Refusals accept the socket first, send one `error` message, then close with
+//! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
+//! upgrade would collapse into a bare HTTP status that browsers do not expose.
+//! With `last_seq`, every retained event with `seq > last_seq` is replayed in
+//! order, then one `session.resumed` message, then live events. The end of
+//! the session (even one that ended while the consumer was away) is
+//! `session.completed` or `session.cancelled`, then close 1000.
+
+use super::channels::too_big;
+use super::{close, configure, json, Beat, Heartbeat};
+use crate::error::ApiError;
+use crate::query::Query;
+use crate::App;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures::SinkExt;
+use gapless_core::session::{Attachment, SessionError, Status, OPENED};
+use gapless_core::subscription::Item;
+use gapless_protocol::codes::{close as code, ErrorCode};
+use gapless_protocol::Event;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The upgrade handler. A malformed `last_seq` or `takeover` is a 400 before the upgrade.
+pub async fn handler(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    super::check_subprotocol(&headers)?;
+    let q = Query::parse(raw.as_deref());
+    let last_seq = match q.get("last_seq") {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("last_seq={v:?} must be a whole number"),
+            )
+        })?),
+    };
+    let takeover = q.flag("takeover")?;
+    let ws = configure(ws, &app);
+    Ok(ws.on_upgrade(move |socket| run(app, socket, id, last_seq, takeover)))
+}
+
+fn refusal(e: &SessionError) -> (u16, ErrorCode) {
+    match e {
+        SessionError::Attached(_) => (code::SESSION_ATTACHED, ErrorCode::SessionAttached),
+        SessionError::NotRetained { .. } => {
+            (code::SESSION_NOT_RETAINED, ErrorCode::SessionNotRetained)
+        }
+        SessionError::ResumeDisabled => (code::RESUME_DISABLED, ErrorCode::ResumeDisabled),
+        SessionError::Journal(_) => (code::GOING_AWAY, ErrorCode::JournalFailed),
+        _ => (code::SESSION_NOT_FOUND, ErrorCode::SessionNotFound),
+    }
+}
+
+async fn run(
+    app: Arc<App>,
+    mut socket: WebSocket,
+    id: String,
+    last_seq: Option<u64>,
+    takeover: bool,
+) {
+    let attach = app
+        .sessions
+        .attach(&app.hub, &id, last_seq, takeover, app.config.read_batch)
+        .await;
+    let att = match attach {
+        Ok(a) => a,
+        Err(e) => {
+            let (close_code, err) = refusal(&e);
+            let msg = json!({"op": "error", "code": err.as_str(), "message": e.to_string()});
+            let _ = socket.send(json(&msg)).await;
+            close(&mut socket, close_code, err.as_str()).await;
+            return;
+        }
+    };
+    let (c, reason) = consume(&app, &mut socket, att).await;
+    if c != 0 {
+        close(&mut socket, c, &reason).await;
+    }
+}
+
+/// Delivers the session until it ends or the socket does; returns the close
+/// code to send (0: the socket is gone, send nothing).
+async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16, String) {
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+    let id = att.id().to_owned();
+    // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
+    let mut replay: Option<u64> = att.last_seq.map(|_| 0);
+    if att.last_seq.is_some_and(|n| n >= att.head) {
+        if send(socket, &resumed(&id, 0)).await.is_err() {
+            return (0, String::new());
+        }
+        replay = None;
+    }
+    let kicked = att.kicked.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = app.shutdown.cancelled() => return (code::GOING_AWAY, "server shutting down; reconnect with last_seq".into()),
+            _ = kicked.cancelled() => {
+                let msg = json!({"op": "error", "code": ErrorCode::SessionAttached.as_str(),
+                    "message": "taken over by a newer connection"});
+                let _ = send(socket, &msg).await;
+                return (code::SESSION_ATTACHED, "taken over by a newer connection".into());
+            }
+            msg = socket.recv() => match msg {
+                None | Some(Ok(Message::Close(_))) => return (0, String::new()),
+                Some(Err(e)) if too_big(&e) => return (code::TOO_BIG, "message too big".into()),
+                Some(Err(_)) => return (0, String::new()),
+                Some(Ok(_)) => hb.alive(),
+            },
+            beat = hb.tick() => match beat {
+                Beat::Ping => if socket.send(Message::Ping(Default::default())).await.is_err() {
+                    return (0, String::new());
+                },
+                Beat::Dead => return (code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
+            },
+            item = att.sub.next() => match item {
+                Ok(Item::Events { events, .. }) => {
+                    for e in &events {
+                        if let Some(n) = replay.as_mut() {
+                            if e.seq > att.head {
+                                if socket.feed(json(&resumed(&id, *n))).await.is_err() {
+                                    return (0, String::new());
+                                }
+                                replay = None;
+                            }
+                        }
+                        if let Some(status) = Status::of_marker(e.event_type.as_deref()) {
+                            if let Some(n) = replay {
+                                let _ = socket.feed(json(&resumed(&id, n))).await;
+                            }
+                            let op = format!("session.{}", status.as_str());
+                            let _ = send(socket, &json!({"op": op, "session": id, "seq": e.seq})).await;
+                            return (code::NORMAL, format!("session {}", status.as_str()));
+                        }
+                        if e.event_type.as_deref() == Some(OPENED) {
+                            continue;
+                        }
+                        if let Some(n) = replay.as_mut() {
+                            *n += 1;
+                        }
+                        if socket.feed(json(&event(&id, e))).await.is_err() {
+                            return (0, String::new());
+                        }
+                    }
+                    if let Some(n) = replay {
+                        if events.last().is_some_and(|e| e.seq >= att.head) {
+                            if socket.feed(json(&resumed(&id, n))).await.is_err() {
+                                return (0, String::new());
+                            }
+                            replay = None;
+                        }
+                    }
+                    if socket.flush().await.is_err() {
+                        return (0, String::new());
+                    }
+                }
+                Ok(Item::Gap(g)) => {
+                    // Retention passed the consumer: a session never replays in part.
+                    let msg = json!({"op": "error", "code": ErrorCode::SessionNotRetained.as_str(),
+                        "message": format!("events after seq {} are no longer retained; start over", g.after.map_or(0, |a| a.1))});
+                    let _ = send(socket, &msg).await;
+                    return (code::SESSION_NOT_RETAINED, "events no longer retained".into());
+                }
+                Ok(Item::Ephemeral(_)) => {}
+                Err(e) => return (code::GOING_AWAY, format!("journal read failed: {e}")),
+            },
+        }
+    }
+}
+
+async fn send(socket: &mut WebSocket, v: &Value) -> Result<(), axum::Error> {
+    socket.send(json(v)).await
+}
+
+fn resumed(id: &str, n: u64) -> Value {
+    json!({"op": "session.resumed", "session": id, "replayed_events": n})
+}
+
+fn event(id: &str, e: &Event) -> Value {
+    json!({
+        "op": "event",
+        "session": id,
+        "seq": e.seq,
+        "type": e.event_type,
+        "data": e.data,
+        "time": e.time,
+    })
+}

@@ -1,0 +1,115 @@
+//! What the journal sends its writer thread, and how the writer gathers
+//! pending requests into one batch (one transaction).
+
+use gapless_core::{Appended, JournalError};
+use gapless_protocol::NewEvent;
+use tokio::sync::oneshot;
+
+/// Most requests applied in one transaction.
+pub(crate) const MAX_BATCH_REQUESTS: usize = 4096;
+/// Most payload bytes applied in one transaction (a batch holds at least one request).
+pub(crate) const MAX_BATCH_BYTES: usize = 16 << 20;
+
+/// Where a result goes.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
+
+/// A message to the writer.
+pub(crate) enum Request {
+    /// Append to a channel.
+    Append {
+        /// The channel.
+        channel: String,
+        /// The events, in order.
+        events: Vec<NewEvent>,
+        /// The idempotency key, if any.
+        key: Option<String>,
+        /// The result.
+        reply: Reply<Appended>,
+    },
+    /// Evict events older than the retention age.
+    Evict {
+        /// The current time, Unix ms.
+        now_ms: u64,
+        /// The result.
+        reply: Reply<()>,
+    },
+    /// Apply what is queued before this, commit durably, and stop.
+    Close {
+        /// The result of the final commit.
+        reply: Reply<()>,
+    },
+}
+
+/// A batched request's payload, moved out for applying.
+pub(crate) enum Op {
+    /// See [`Request::Append`].
+    Append {
+        /// The channel.
+        channel: String,
+        /// The events, in order.
+        events: Vec<NewEvent>,
+        /// The idempotency key, if any.
+        key: Option<String>,
+    },
+    /// See [`Request::Evict`].
+    Evict {
+        /// The current time, Unix ms.
+        now_ms: u64,
+    },
+}
+
+/// Where a batched request's result goes.
+pub(crate) enum Pending {
+    /// An append's reply.
+    Append(Reply<Appended>),
+    /// An eviction's reply.
+    Evict(Reply<()>),
+}
+
+/// Requests applied together in one transaction, in arrival order.
+#[derive(Default)]
+pub(crate) struct Batch {
+    /// The payloads.
+    pub ops: Vec<Op>,
+    /// The replies, one per op.
+    pub pending: Vec<Pending>,
+    /// Payload bytes so far.
+    bytes: usize,
+}
+
+impl Batch {
+    /// Adds `request`; a [`Request::Close`] is not added but returned (its reply).
+    pub(crate) fn push(&mut self, request: Request) -> Option<Reply<()>> {
+        match request {
+            Request::Close { reply } => return Some(reply),
+            Request::Append {
+                channel,
+                events,
+                key,
+                reply,
+            } => {
+                self.bytes += channel.len() + key.as_ref().map_or(0, String::len);
+                self.bytes += events
+                    .iter()
+                    .map(|e| e.data.len() + e.event_type.as_ref().map_or(0, String::len))
+                    .sum::<usize>();
+                self.ops.push(Op::Append {
+                    channel,
+                    events,
+                    key,
+                });
+                self.pending.push(Pending::Append(reply));
+            }
+            Request::Evict { now_ms, reply } => {
+                self.ops.push(Op::Evict { now_ms });
+                self.pending.push(Pending::Evict(reply));
+            }
+        }
+        None
+    }
+
+    /// True when no more requests should join this batch.
+    pub(crate) fn is_full(&self) -> bool {
+        self.ops.len() >= MAX_BATCH_REQUESTS || self.bytes >= MAX_BATCH_BYTES
+    }
+}

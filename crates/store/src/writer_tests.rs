@@ -1,0 +1,86 @@
+//! Writer tests that need its internals: a failed commit loses nothing and
+//! skips no seq.
+
+use super::Writer;
+use crate::cache::Channels;
+use crate::options::{Durability, StoreOptions};
+use crate::request::{Reply, Request};
+use crate::{meta, reader};
+use gapless_core::journal::NoSink;
+use gapless_core::{Appended, JournalError, Retention};
+use gapless_protocol::NewEvent;
+use redb::Database;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use tokio::sync::oneshot;
+
+fn append(
+    tx: &mpsc::Sender<Request>,
+    channel: &str,
+    key: Option<&str>,
+) -> Result<Appended, JournalError> {
+    let (reply, rx): (Reply<Appended>, _) = oneshot::channel();
+    let events = vec![NewEvent {
+        event_type: None,
+        data: "x".into(),
+    }];
+    let request = Request::Append {
+        channel: channel.into(),
+        events,
+        key: key.map(str::to_owned),
+        reply,
+    };
+    tx.send(request).map_err(|_| JournalError::Closed)?;
+    rx.blocking_recv().map_err(|_| JournalError::Closed)?
+}
+
+#[test]
+fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let db = Database::create(dir.path().join("j.redb")).map_err(crate::tables::storage)?;
+    let options = StoreOptions {
+        retention: Retention {
+            max_events: 2,
+            max_age_ms: 60_000,
+        },
+        durability: Durability::Sync,
+    };
+    let epoch = meta::init(&db, options.durability)?;
+    let cache = Channels::load(&db, true)?;
+    let db = Arc::new(db);
+    let (tx, rx) = mpsc::channel();
+    let writer = Writer::new(db.clone(), rx, Arc::new(NoSink), epoch, options, cache);
+    let fail = writer.fail_next_commit.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+
+    assert_eq!(append(&tx, "a", None)?.first_seq, 1);
+    assert_eq!(append(&tx, "a", Some("k"))?.first_seq, 2);
+    fail.store(true, Ordering::SeqCst);
+    // Fails after applying: seq 3, a new channel id for "b", count eviction, a key.
+    assert!(matches!(
+        append(&tx, "b", Some("k2")),
+        Err(JournalError::Storage(_))
+    ));
+    fail.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        append(&tx, "a", Some("k3")),
+        Err(JournalError::Storage(_))
+    ));
+    let state = reader::state(&db, epoch, "a")?;
+    assert_eq!((state.floor, state.head), (1, 2));
+    // Nothing was skipped, and the failed appends' keys were not kept.
+    let again = append(&tx, "a", Some("k3"))?;
+    assert_eq!((again.first_seq, again.duplicate), (3, false));
+    assert!(append(&tx, "a", Some("k"))?.duplicate);
+    assert_eq!(append(&tx, "b", Some("k2"))?.first_seq, 1);
+    let page = reader::page(&db, epoch, "a", 0, 10)?;
+    let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [2, 3]);
+    assert_eq!(reader::page(&db, epoch, "b", 0, 10)?.events.len(), 1);
+
+    drop(tx);
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    Ok(())
+}
