@@ -248,6 +248,34 @@ async fn idempotency_key_returns_original_seq_with_200_and_appends_nothing() {
 }
 
 #[tokio::test]
+async fn idempotency_key_is_forgotten_once_its_events_are_evicted() {
+    for memory in [false, true] {
+        let args = ["--retention-events", "1"];
+        let s = if memory {
+            Server::memory(&args).await
+        } else {
+            Server::start(&args).await
+        };
+        let r = s
+            .post("/v1/channels/c/events", "a", &[("Idempotency-Key", "k")])
+            .await;
+        assert_eq!(r.expect(201)["seq"], 1);
+        // Still retained: deduplicated.
+        let r = s
+            .post("/v1/channels/c/events", "a", &[("Idempotency-Key", "k")])
+            .await;
+        assert_eq!(r.expect(200)["seq"], 1);
+        s.publish("c", "b").await; // evicts seq 1
+                                   // The original is gone: the key no longer names a retained publish,
+                                   // so it must not answer with an evicted seq.
+        let r = s
+            .post("/v1/channels/c/events", "a", &[("Idempotency-Key", "k")])
+            .await;
+        assert_eq!(r.expect(201)["seq"], 3, "memory={memory}");
+    }
+}
+
+#[tokio::test]
 async fn bad_idempotency_key_or_ephemeral_flag_is_400_invalid_request() {
     let s = Server::start(&[]).await;
     let k256 = "k".repeat(256);
@@ -300,8 +328,6 @@ async fn ephemeral_is_202_delivered_live_without_id_and_never_in_history() {
         )
         .await;
     assert_eq!(r.expect(202)["subscribers"], 2);
-    let n1 = s.publish("c", "n1").await;
-
     for sub in [&mut sub, &mut sub2] {
         let e = sub.next_event().await;
         assert_eq!((e.event.as_str(), e.data.as_str()), ("typing", "e1"));
@@ -310,6 +336,11 @@ async fn ephemeral_is_202_delivered_live_without_id_and_never_in_history() {
             e.last_event_id, pre.cursor,
             "it does not move the client's cursor"
         );
+    }
+    // (Published after the ephemeral one arrived: the two kinds are not
+    // ordered with each other.)
+    let n1 = s.publish("c", "n1").await;
+    for sub in [&mut sub, &mut sub2] {
         let n = sub.next_event().await;
         assert_eq!(n.data, "n1");
         assert_eq!(n.id.as_deref(), n1["cursor"].as_str());

@@ -52,18 +52,18 @@ fn number(e: &Event) -> usize {
 
 #[tokio::test]
 async fn slow_reader_reads_from_journal_and_gets_every_event_once_in_order() {
-    // 3000 events of 4 KiB = 12 MiB while the reader reads nothing: at most the
-    // socket buffers (a few MiB) and the in-memory window (1 MiB / 1024 events)
-    // can hold what the reader lags by, so most of the backlog must be read
-    // back from the journal.
+    // 3000 events of 4 KiB = 12 MiB (more if the send buffer may grow past
+    // 4 MiB) while the reader reads nothing: at most the socket buffers and the
+    // in-memory window (1 MiB / 1024 events) can hold what the reader lags by,
+    // so most of the backlog must be read back from the journal.
     let s = Server::start(&[]).await;
     let mut sub = SseClient::connect_with(s.addr, "/v1/channels/slow/sse", &[], SMALL_RCVBUF).await;
     let pre = sub.preamble().await;
     assert_eq!(seq_of(&pre.cursor, "slow"), 0);
-    const N: usize = 3000;
-    publish_padded(&s, "slow", 0, N, 4096, 250).await;
+    let n = (((max_send_buffer() + (8 << 20)) / 4096) as usize).max(3000);
+    publish_padded(&s, "slow", 0, n, 4096, 250).await;
 
-    for i in 0..N {
+    for i in 0..n {
         let e = sub.next_event().await;
         assert!(!e.is_gap(), "a slow reader is never skipped: {}", e.data);
         assert_eq!(event_seq(&e, "slow"), i as u64 + 1);
@@ -75,21 +75,31 @@ async fn slow_reader_reads_from_journal_and_gets_every_event_once_in_order() {
         }
     }
     // Caught up: it follows live.
-    s.publish("slow", "0003000:live").await;
+    s.publish("slow", &format!("{n:07}:live")).await;
     let e = sub.next_event().await;
-    assert_eq!(
-        (event_seq(&e, "slow"), e.data.as_str()),
-        (N as u64 + 1, "0003000:live")
-    );
+    assert_eq!(event_seq(&e, "slow"), n as u64 + 1);
+    assert_eq!(number(&e), n);
+}
+
+/// The most a socket's send buffer can autotune to (`tcp_wmem` max), 4 MiB if unknown.
+fn max_send_buffer() -> u64 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2).and_then(|v| v.parse().ok()))
+        .unwrap_or(4 << 20)
 }
 
 #[tokio::test]
 async fn reader_passed_by_retention_mid_stream_gets_evicted_gap_then_continues() {
-    // 400 events of 64 KiB (25 MiB) with 20 retained: a reader that stops
-    // reading stalls the server once the socket buffers (at most a few MiB)
-    // are full, far below the final floor of 381, so retention must pass it.
-    const N: u64 = 400;
+    // A reader that stops reading stalls the server once the socket buffers
+    // are full: at most the server's send buffer (tcp_wmem max, 4 MiB by
+    // default), the client's 32 KiB receive buffer, hyper's write buffer and
+    // one journal batch (at most KEEP events). Publishing several times that
+    // in 64 KiB events, with KEEP retained, moves the floor far past where
+    // the server stopped, so retention must pass the reader: deterministic.
+    const SIZE: u64 = 64 * 1024;
     const KEEP: u64 = 20;
+    let n: u64 = ((max_send_buffer() + (4 << 20)) / SIZE + 100).max(400);
     let s = Server::start(&[
         "--retention-events",
         &KEEP.to_string(),
@@ -99,8 +109,8 @@ async fn reader_passed_by_retention_mid_stream_gets_evicted_gap_then_continues()
     .await;
     let mut sub = SseClient::connect_with(s.addr, "/v1/channels/lag/sse", &[], SMALL_RCVBUF).await;
     sub.preamble().await;
-    publish_padded(&s, "lag", 0, N as usize, 64 * 1024, 10).await;
-    assert_eq!(s.info("lag").await["floor"], N - KEEP + 1);
+    publish_padded(&s, "lag", 0, n as usize, SIZE as usize, 10).await;
+    assert_eq!(s.info("lag").await["floor"], n - KEEP + 1);
 
     let mut before = Vec::new();
     let gap = loop {
@@ -117,7 +127,7 @@ async fn reader_passed_by_retention_mid_stream_gets_evicted_gap_then_continues()
         "in order, none skipped before the gap"
     );
     assert!(
-        k < N - KEEP,
+        k < n - KEEP,
         "the reader had fallen behind the floor (read {k})"
     );
     let g = gap.json();
@@ -130,21 +140,21 @@ async fn reader_passed_by_retention_mid_stream_gets_evicted_gap_then_continues()
     );
     let next = g["next"].as_str().expect("next");
     let next_seq = seq_of(next, "lag");
-    assert_eq!(next_seq, N - KEEP, "next: the event before the floor");
+    assert_eq!(next_seq, n - KEEP, "next: the event before the floor");
     // Mid-stream, the gap is followed by an id-only frame at the new position.
     match sub.next_item().await {
         Item::IdOnly(c) => assert_eq!(c, next),
         other => panic!("expected the id frame after a gap, got {other:?}"),
     }
     // Then everything from the floor, in order.
-    for want in next_seq + 1..=N {
+    for want in next_seq + 1..=n {
         let e = sub.next_event().await;
         assert!(!e.is_gap(), "only one gap");
         assert_eq!(event_seq(&e, "lag"), want);
         assert_eq!(number(&e) as u64, want - 1);
     }
-    s.publish("lag", "0000400:live").await;
-    assert_eq!(event_seq(&sub.next_event().await, "lag"), N + 1);
+    s.publish("lag", &format!("{n:07}:live")).await;
+    assert_eq!(event_seq(&sub.next_event().await, "lag"), n + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,15 @@ fn parser_joins_data_lines_and_accepts_every_line_end() {
 fn parser_handles_crlf_split_across_reads() {
     let (items, _) = parse(&[b"data: x\r", b"\n", b"\r", b"\n"]);
     assert_eq!(items, vec![ev(None, "", "message", "x")]);
+    // A CR at the end of a read followed by something other than LF.
+    let (items, _) = parse(&[b"data: a\r", b"data: b\r", b"\rdata: c\n\n"]);
+    assert_eq!(
+        items,
+        vec![
+            ev(None, "", "message", "a\nb"),
+            ev(None, "", "message", "c")
+        ]
+    );
 }
 
 #[test]

@@ -49,11 +49,11 @@ pub(crate) async fn page(
     };
     let after = match q.get("after").filter(|s| !s.is_empty()) {
         None => None,
-        Some(s) => Some(channel_position(&channel, s)?),
+        Some(s) => Some(channel_position(channel, s)?),
     };
     let page = app
         .hub
-        .read(&channel, after.map_or(0, |p| p.1), limit)
+        .read(channel, after.map_or(0, |p| p.1), limit)
         .await?;
     let st = page.state;
     if let Some(after) = after {

@@ -86,22 +86,26 @@ impl Parser {
 
     /// Feeds bytes; complete items become available from [`Parser::pop`].
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            match b {
-                b'\r' => {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if self.after_cr {
+                // CRLF is one line end.
+                self.after_cr = false;
+                if rest[0] == b'\n' {
+                    rest = &rest[1..];
+                    continue;
+                }
+            }
+            match rest.iter().position(|&b| b == b'\r' || b == b'\n') {
+                None => {
+                    self.line.extend_from_slice(rest);
+                    return;
+                }
+                Some(i) => {
+                    self.line.extend_from_slice(&rest[..i]);
                     self.end_line();
-                    self.after_cr = true;
-                }
-                b'\n' => {
-                    if self.after_cr {
-                        self.after_cr = false;
-                    } else {
-                        self.end_line();
-                    }
-                }
-                _ => {
-                    self.after_cr = false;
-                    self.line.push(b);
+                    self.after_cr = rest[i] == b'\r';
+                    rest = &rest[i + 1..];
                 }
             }
         }
@@ -147,18 +151,16 @@ impl Parser {
                 self.data.push_str(value);
                 self.data.push('\n');
             }
-            "id" => {
-                if !value.contains('\0') {
-                    self.id_buffer = value.to_owned();
-                    self.block_id = Some(value.to_owned());
-                }
+            // An id containing NUL is ignored.
+            "id" if !value.contains('\0') => {
+                self.id_buffer = value.to_owned();
+                self.block_id = Some(value.to_owned());
             }
-            "retry" => {
-                if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-                    if let Ok(n) = value.parse() {
-                        self.retry = Some(n);
-                        self.out.push_back(Item::Retry(n));
-                    }
+            // A retry that is not all ASCII digits is ignored.
+            "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+                if let Ok(n) = value.parse() {
+                    self.retry = Some(n);
+                    self.out.push_back(Item::Retry(n));
                 }
             }
             _ => {}
@@ -369,6 +371,12 @@ impl SseClient {
         String::from_utf8_lossy(&self.raw).into_owned()
     }
 
+    /// The last 2000 bytes of the body so far, for failure messages.
+    pub fn tail(&self) -> String {
+        let from = self.raw.len().saturating_sub(2000);
+        String::from_utf8_lossy(&self.raw[from..]).into_owned()
+    }
+
     /// The client's last event ID (what an EventSource would send on reconnect).
     pub fn last_event_id(&self) -> &str {
         &self.parser.last_event_id
@@ -390,7 +398,8 @@ impl SseClient {
                 Framing::Length(n) => {
                     if !self.buf.is_empty() {
                         let take = n.min(self.buf.len());
-                        let out: Vec<u8> = self.buf.drain(..take).collect();
+                        let out = self.buf[..take].to_vec();
+                        self.buf.drain(..take);
                         self.framing = if take == n {
                             Framing::Done
                         } else {
@@ -435,7 +444,8 @@ impl SseClient {
                 Framing::ChunkData(n) => {
                     if !self.buf.is_empty() {
                         let take = n.min(self.buf.len());
-                        let out: Vec<u8> = self.buf.drain(..take).collect();
+                        let out = self.buf[..take].to_vec();
+                        self.buf.drain(..take);
                         self.framing = if take == n {
                             Framing::ChunkEnd
                         } else {
@@ -514,12 +524,12 @@ impl SseClient {
         match self.next_within(READ_TIMEOUT).await {
             Some(Next::Item(item)) => item,
             Some(other) => panic!(
-                "stream ended ({other:?}) while an item was expected; body so far: {:?}",
-                self.raw_text()
+                "stream ended ({other:?}) while an item was expected; end of body: {:?}",
+                self.tail()
             ),
             None => panic!(
-                "no item within {READ_TIMEOUT:?}; body so far: {:?}",
-                self.raw_text()
+                "no item within {READ_TIMEOUT:?}; end of body: {:?}",
+                self.tail()
             ),
         }
     }

@@ -319,6 +319,12 @@ impl Conn {
             ));
         }
         if ephemeral {
+            if key.is_some() {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "idempotency_key does not apply to ephemeral events (they are never journaled)",
+                ));
+            }
             let n = self.app.hub.publish_ephemeral(channel, event_type, data);
             return Ok(
                 json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": n}),
