@@ -163,6 +163,9 @@ struct EntryState {
 /// All sessions this server has touched since it started.
 pub struct Sessions {
     config: SessionConfig,
+    /// When this registry was created (the server's start): sessions found
+    /// open in the journal count as detached since then.
+    started_ms: u64,
     map: Mutex<HashMap<String, Arc<Entry>>>,
     next_conn: AtomicU64,
 }
@@ -209,6 +212,7 @@ impl Sessions {
     pub fn new(config: SessionConfig) -> Self {
         Sessions {
             config,
+            started_ms: crate::journal::now_ms(),
             map: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
         }
@@ -226,7 +230,7 @@ impl Sessions {
     pub async fn create(&self, hub: &Hub, id: Option<String>) -> Result<Info, SessionError> {
         let id = id.unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
         let channel = channel_of(&id);
-        let entry = self.entry(&id);
+        let entry = self.entry(&id, crate::journal::now_ms());
         let _ops = entry.ops.lock().await;
         if hub.state(&channel).await?.head > 0 {
             return Err(SessionError::Exists(id));
@@ -480,7 +484,7 @@ impl Sessions {
         Ok(appended.last_seq)
     }
 
-    fn entry(&self, id: &str) -> Arc<Entry> {
+    fn entry(&self, id: &str, detached_since: u64) -> Arc<Entry> {
         self.map
             .lock()
             .entry(id.to_owned())
@@ -489,7 +493,7 @@ impl Sessions {
                     state: Mutex::new(EntryState {
                         status: Status::Open,
                         attached: None,
-                        detached_since: crate::journal::now_ms(),
+                        detached_since,
                     }),
                     ops: tokio::sync::Mutex::new(()),
                 })
@@ -516,7 +520,7 @@ impl Sessions {
             .last()
             .and_then(|e| Status::of_marker(e.event_type.as_deref()))
             .unwrap_or(Status::Open);
-        let entry = self.entry(id);
+        let entry = self.entry(id, self.started_ms);
         entry.state.lock().status = status;
         Ok(entry)
     }

@@ -28,6 +28,7 @@ use serde_json::json;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// What every handler shares.
 pub struct App {
@@ -39,6 +40,9 @@ pub struct App {
     pub config: ServerConfig,
     /// Fires when the server shuts down; open streams end on it.
     pub shutdown: CancellationToken,
+    /// Upgraded WebSocket connections, which the HTTP server no longer tracks:
+    /// shutdown waits for them to send their close frames.
+    pub sockets: TaskTracker,
 }
 
 /// The v1 router.
@@ -120,7 +124,8 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 /// Serves `app` on `listener` until `app.shutdown` fires; open streams end then,
-/// and this returns once connections have closed.
+/// and this returns once connections have closed and every WebSocket has sent
+/// its close frame.
 ///
 /// # Errors
 /// I/O errors of the server loop.
@@ -128,10 +133,13 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let shutdown = app.shutdown.clone();
     let listener = listener::GaplessListener::new(listener, app.config.clone());
     let ticker = tokio::spawn(tick(app.clone()));
+    let sockets = app.sockets.clone();
     let result = axum::serve(listener, router(app))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     ticker.abort();
+    sockets.close();
+    sockets.wait().await;
     result
 }
 

@@ -32,7 +32,8 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
     let ws = configure(ws, &app);
-    Ok(ws.on_upgrade(move |socket| run(app, socket)))
+    let sockets = app.sockets.clone();
+    Ok(ws.on_upgrade(move |socket| sockets.track_future(run(app, socket))))
 }
 
 /// A subscribe whose replay is still going out.

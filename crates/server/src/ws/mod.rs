@@ -73,7 +73,9 @@ pub fn json(v: &Value) -> Message {
     Message::Text(Utf8Bytes::from(v.to_string()))
 }
 
-/// Sends a close frame with `code` and `reason` (at most 123 bytes), ignoring errors.
+/// Sends a close frame with `code` and `reason` (at most 123 bytes), then waits
+/// up to one second for the client's close frame so the closing handshake
+/// completes (RFC 6455 section 5.5.1). Errors are ignored: the socket is done.
 pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
     let mut reason = reason.to_owned();
     while reason.len() > 123 {
@@ -83,7 +85,17 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
         code,
         reason: Utf8Bytes::from(reason),
     };
-    let _ = socket.send(Message::Close(Some(frame))).await;
+    if socket.send(Message::Close(Some(frame))).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(msg)) = socket.recv().await {
+            if matches!(msg, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Ping schedule and liveness: the client must show it is alive (any frame,

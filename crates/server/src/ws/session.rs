@@ -46,7 +46,8 @@ pub async fn handler(
     };
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
-    Ok(ws.on_upgrade(move |socket| run(app, socket, id, last_seq, takeover)))
+    let sockets = app.sockets.clone();
+    Ok(ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, id, last_seq, takeover))))
 }
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
