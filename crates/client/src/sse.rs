@@ -353,20 +353,16 @@ impl Parser {
                 push_utf8(&mut self.data, value);
                 self.data.push('\n');
             }
-            b"id" => {
-                if !value.contains(&0) {
-                    self.id_buffer.clear();
-                    push_utf8(&mut self.id_buffer, value);
-                }
+            b"id" if !value.contains(&0) => {
+                self.id_buffer.clear();
+                push_utf8(&mut self.id_buffer, value);
             }
-            b"retry" => {
-                if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
-                    let ms = value.iter().fold(0u64, |acc, d| {
-                        acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-                    });
-                    self.retry = Some(ms);
-                    on_item(Item::Retry(ms));
-                }
+            b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
+                let ms = value.iter().fold(0u64, |acc, d| {
+                    acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+                });
+                self.retry = Some(ms);
+                on_item(Item::Retry(ms));
             }
             _ => {}
         }

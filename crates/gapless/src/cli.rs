@@ -21,6 +21,12 @@ pub struct Cli {
 pub enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Publish one event, each line of standard input, or a file of JSON lines.
+    Publish(crate::cmd::publish::PublishArgs),
+    /// Follow channels and print their events as they arrive, resuming across drops.
+    Tail(crate::cmd::tail::TailArgs),
+    /// Print a channel's retained events.
+    History(crate::cmd::history::HistoryArgs),
 }
 
 /// When a publish is acknowledged.

@@ -2,6 +2,7 @@
 //! of its own lives here.
 
 mod cli;
+mod cmd;
 mod serve;
 
 use clap::Parser;
@@ -16,5 +17,8 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+        cli::Command::Publish(args) => cmd::publish::run(args),
+        cli::Command::Tail(args) => cmd::tail::run(args),
+        cli::Command::History(args) => cmd::history::run(args),
     }
 }

@@ -87,6 +87,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }),
         config,
         shutdown: shutdown.clone(),
+        sockets: tokio_util::task::TaskTracker::new(),
     });
     let store = if args.memory {
         "in memory".to_owned()

@@ -20,7 +20,6 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use gapless_protocol::{Cursor, CursorError};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -190,6 +189,7 @@ enum Step {
     Item(Item),
     Heartbeat,
     End,
+    Fail(String),
 }
 
 fn frames(
@@ -197,7 +197,7 @@ fn frames(
     mut sub: Subscription,
     format: Format,
     head: Bytes,
-) -> impl futures::Stream<Item = Result<Bytes, Infallible>> {
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
     let heartbeat = Duration::from_millis(app.config.heartbeat_ms);
     let single = sub.len() == 1;
     async_stream::stream! {
@@ -209,15 +209,19 @@ fn frames(
                 _ = app.shutdown.cancelled() => Step::End,
                 item = sub.next() => match item {
                     Ok(item) => Step::Item(item),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "ending a stream: journal read failed");
-                        Step::End
-                    }
+                    Err(e) => Step::Fail(e.to_string()),
                 },
                 _ = tokio::time::sleep_until(deadline), if !heartbeat.is_zero() => Step::Heartbeat,
             };
             match step {
                 Step::End => break,
+                Step::Fail(e) => {
+                    // Abort the response (no clean end), so clients back off rather
+                    // than reconnect at once as after a shutdown.
+                    tracing::warn!(error = %e, "aborting a stream: journal read failed");
+                    yield Err(std::io::Error::other(e));
+                    break;
+                }
                 Step::Heartbeat => yield Ok(Bytes::from_static(sse::HEARTBEAT)),
                 Step::Item(Item::Events { index, events }) => {
                     for e in &events {

@@ -1,0 +1,551 @@
+//! [`Client`]: the entry point. Publishing and reading history are plain
+//! request/response calls made here; subscriptions and joins are built here
+//! and live in their own modules.
+
+use crate::error::{ApiError, Error};
+use crate::join::JoinBuilder;
+use crate::subscribe::SubscribeBuilder;
+use crate::types::{
+    BatchPublished, ChannelInfo, Cursor, EphemeralPublished, Event, HistoryPage, Published,
+    SeqCursor,
+};
+use futures::Stream;
+use gapless_protocol::NewEvent;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest error body read from a refusal, in bytes.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// A handle on one gapless server. Cheap to clone (it shares one connection pool).
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) http: reqwest::Client,
+    /// The base URL without a trailing slash, e.g. `http://127.0.0.1:8080`.
+    pub(crate) base: String,
+    pub(crate) request_timeout: Duration,
+}
+
+/// Settings for a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    base: String,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// How long to wait for a TCP connection. Default 10 s.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// How long a publish or history request may take in all. Default 30 s.
+    /// Streams have no such limit (see their idle timeout).
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the base URL is not `http://host[:port][/prefix]`.
+    pub fn build(self) -> Result<Client, Error> {
+        let base = self.base.trim().trim_end_matches('/').to_owned();
+        let bad = |detail: &str| Error::InvalidUrl {
+            url: self.base.clone(),
+            detail: detail.to_owned(),
+        };
+        let Some(rest) = base.strip_prefix("http://") else {
+            return Err(if base.starts_with("https://") {
+                bad("this client speaks plain http only; use http://")
+            } else {
+                bad("it must start with http://, e.g. http://127.0.0.1:8080")
+            });
+        };
+        if rest.is_empty() || rest.starts_with('/') {
+            return Err(bad("it names no host"));
+        }
+        if base.contains(['?', '#']) {
+            return Err(bad("it must not have a query or fragment"));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                request_timeout: self.request_timeout,
+            }),
+        })
+    }
+}
+
+impl Client {
+    /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`)
+    /// with default settings.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the URL is not `http://host[:port][/prefix]`.
+    pub fn new(base_url: &str) -> Result<Client, Error> {
+        Self::builder(base_url).build()
+    }
+
+    /// Settings for a client of the server at `base_url`.
+    pub fn builder(base_url: &str) -> ClientBuilder {
+        ClientBuilder {
+            base: base_url.to_owned(),
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// The server's base URL, without a trailing slash.
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// Publishes one event whose data is `data`. Set a type or an idempotency
+    /// key on the returned request, then [`PublishRequest::send`] it.
+    pub fn publish(&self, channel: &str, data: impl Into<String>) -> PublishRequest<'_> {
+        PublishRequest {
+            client: self,
+            channel: channel.to_owned(),
+            data: data.into(),
+            event_type: None,
+            key: None,
+        }
+    }
+
+    /// Publishes several events atomically and in order (consecutive seqs);
+    /// [`BatchRequest::send`] sends them.
+    pub fn publish_batch(
+        &self,
+        channel: &str,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> BatchRequest<'_> {
+        BatchRequest {
+            client: self,
+            channel: channel.to_owned(),
+            events: events.into_iter().collect(),
+            key: None,
+        }
+    }
+
+    /// Reads the channel's history: one page ([`HistoryRequest::page`]) or
+    /// every page ([`HistoryRequest::stream`]).
+    pub fn history(&self, channel: &str) -> HistoryRequest<'_> {
+        HistoryRequest {
+            client: self,
+            channel: channel.to_owned(),
+            after: None,
+            limit: None,
+        }
+    }
+
+    /// Follows `channels` over Server-Sent Events; see [`SubscribeBuilder`].
+    pub fn subscribe<I, S>(&self, channels: I) -> SubscribeBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        SubscribeBuilder::new(self.clone(), channels.into_iter().map(Into::into).collect())
+    }
+
+    /// Reads `channel`'s history then follows it live, with no event lost or
+    /// repeated between the two; see [`JoinBuilder`].
+    pub fn join(&self, channel: &str) -> JoinBuilder {
+        JoinBuilder::new(self.clone(), channel.to_owned())
+    }
+
+    /// The channel's bounds and subscriber count (`GET /v1/channels/{channel}`).
+    ///
+    /// # Errors
+    /// [`Error::Api`] (400 `invalid_channel`), or a connection error.
+    pub async fn channel_info(&self, channel: &str) -> Result<ChannelInfo, Error> {
+        let req = self
+            .inner
+            .http
+            .get(self.url(&format!("/v1/channels/{}", segment(channel))));
+        let (_, body) = self.call(req).await?;
+        self.decode(&body)
+    }
+
+    /// The URL of `path` (which starts with `/`).
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.inner.base)
+    }
+
+    /// Sends a request with the request timeout; returns the status and body
+    /// of a 2xx answer and maps everything else to [`Error`].
+    async fn call(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>), Error> {
+        let base = &self.inner.base;
+        let resp = req
+            .timeout(self.inner.request_timeout)
+            .send()
+            .await
+            .map_err(|e| Error::from_reqwest(base, &e))?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(read_refusal(base, resp).await);
+        }
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| Error::from_reqwest(base, &e))?;
+        Ok((status, body.to_vec()))
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, Error> {
+        serde_json::from_slice(body)
+            .map_err(|e| Error::protocol(&self.inner.base, format!("unexpected JSON answer: {e}")))
+    }
+}
+
+/// Reads a non-2xx answer into [`Error::Api`] (the body is read up to
+/// [`MAX_ERROR_BODY`] bytes).
+pub(crate) async fn read_refusal(base: &str, mut resp: reqwest::Response) -> Error {
+    let status = resp.status().as_u16();
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Err(e) => {
+                if body.is_empty() {
+                    return Error::from_reqwest(base, &e);
+                }
+                break;
+            }
+        }
+    }
+    Error::Api(ApiError::from_body(status, &body))
+}
+
+/// Percent-encodes a path segment (channel names need none; anything else is
+/// sent intact so that the server can say what is wrong with it).
+pub(crate) fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'@') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A single publish, ready to send. Built by [`Client::publish`].
+#[derive(Debug)]
+#[must_use = "a publish request does nothing until sent"]
+pub struct PublishRequest<'a> {
+    client: &'a Client,
+    channel: String,
+    data: String,
+    event_type: Option<String>,
+    key: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PublishAnswer {
+    channel: String,
+    seq: u64,
+    cursor: Cursor,
+}
+
+#[derive(Deserialize)]
+struct EphemeralAnswer {
+    subscribers: u64,
+}
+
+impl PublishRequest<'_> {
+    /// The event's type (`A-Z a-z 0-9 _ - . :`, 1 to 64 characters; `gap` and
+    /// `gapless.*` are reserved).
+    pub fn event_type(mut self, t: impl Into<String>) -> Self {
+        self.event_type = Some(t.into());
+        self
+    }
+
+    /// An `Idempotency-Key` (1 to 256 visible ASCII characters): a retry with
+    /// the same key on the same channel appends nothing while the first
+    /// publish's event is retained, and answers with its seq and cursor.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    fn request(&self, ephemeral: bool) -> reqwest::RequestBuilder {
+        let c = self.client;
+        let mut req = c
+            .inner
+            .http
+            .post(c.url(&format!("/v1/channels/{}/events", segment(&self.channel))))
+            .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(self.data.clone());
+        if let Some(t) = &self.event_type {
+            req = req.query(&[("type", t.as_str())]);
+        }
+        if ephemeral {
+            req = req.query(&[("ephemeral", "true")]);
+        }
+        if let Some(k) = &self.key {
+            req = req.header("idempotency-key", k.as_str());
+        }
+        req
+    }
+
+    /// Appends the event to the channel's journal.
+    ///
+    /// A connection error leaves it unknown whether the event was appended:
+    /// retry with the same idempotency key to be sure it is appended once.
+    ///
+    /// # Errors
+    /// [`Error::Api`]: 400 (`invalid_channel`, `invalid_type`,
+    /// `invalid_request`), 413 `too_large`, 500 `journal_failed` (nothing was
+    /// appended), 503; or a connection error.
+    pub async fn send(self) -> Result<Published, Error> {
+        let (status, body) = self.client.call(self.request(false)).await?;
+        let a: PublishAnswer = self.client.decode(&body)?;
+        Ok(Published {
+            channel: a.channel,
+            seq: a.seq,
+            cursor: a.cursor,
+            duplicate: status == 200,
+        })
+    }
+
+    /// Delivers the event live only, to the channel's current subscribers: no
+    /// seq, never journaled or replayed. An idempotency key is refused (400).
+    ///
+    /// # Errors
+    /// As for [`PublishRequest::send`].
+    pub async fn send_ephemeral(self) -> Result<EphemeralPublished, Error> {
+        let (_, body) = self.client.call(self.request(true)).await?;
+        let a: EphemeralAnswer = self.client.decode(&body)?;
+        Ok(EphemeralPublished {
+            subscribers: a.subscribers,
+        })
+    }
+}
+
+/// A batch publish, ready to send. Built by [`Client::publish_batch`].
+#[derive(Debug)]
+#[must_use = "a batch request does nothing until sent"]
+pub struct BatchRequest<'a> {
+    client: &'a Client,
+    channel: String,
+    events: Vec<NewEvent>,
+    key: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BatchItem<'a> {
+    data: &'a str,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    event_type: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct BatchAnswer {
+    channel: String,
+    first_seq: u64,
+    last_seq: u64,
+    cursor: Cursor,
+    events: Vec<SeqCursor>,
+}
+
+impl BatchRequest<'_> {
+    /// An `Idempotency-Key` for the whole batch (see
+    /// [`PublishRequest::idempotency_key`]).
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Appends every event, all or none, in order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty batch; [`Error::Api`]: 400
+    /// `invalid_request` / `invalid_type` (the message names the item), 413
+    /// `too_large` (over the server's `--max-batch-events`,
+    /// `--max-batch-bytes` or `--max-event-bytes`); or a connection error.
+    pub async fn send(self) -> Result<BatchPublished, Error> {
+        if self.events.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a batch needs at least one event".to_owned(),
+            ));
+        }
+        let items: Vec<BatchItem<'_>> = self
+            .events
+            .iter()
+            .map(|e| BatchItem {
+                data: &e.data,
+                event_type: e.event_type.as_deref(),
+            })
+            .collect();
+        let body = serde_json::to_vec(&items)
+            .map_err(|e| Error::InvalidArgument(format!("cannot encode the batch: {e}")))?;
+        let c = self.client;
+        let mut req = c
+            .inner
+            .http
+            .post(c.url(&format!("/v1/channels/{}/batch", segment(&self.channel))))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(k) = &self.key {
+            req = req.header("idempotency-key", k.as_str());
+        }
+        let (status, body) = c.call(req).await?;
+        let a: BatchAnswer = c.decode(&body)?;
+        Ok(BatchPublished {
+            channel: a.channel,
+            first_seq: a.first_seq,
+            last_seq: a.last_seq,
+            cursor: a.cursor,
+            events: a.events,
+            duplicate: status == 200,
+        })
+    }
+}
+
+/// A history read. Built by [`Client::history`].
+#[derive(Debug, Clone)]
+#[must_use = "a history request does nothing until read"]
+pub struct HistoryRequest<'a> {
+    client: &'a Client,
+    channel: String,
+    after: Option<Cursor>,
+    limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct PageAnswer {
+    channel: String,
+    epoch: String,
+    floor: u64,
+    head: u64,
+    events: Vec<PageEvent>,
+    next: Cursor,
+    done: bool,
+}
+
+#[derive(Deserialize)]
+struct PageEvent {
+    seq: u64,
+    cursor: Cursor,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    data: String,
+    time: u64,
+}
+
+impl<'a> HistoryRequest<'a> {
+    /// Start after this cursor (default: from the oldest retained event).
+    pub fn after(mut self, cursor: Cursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+
+    /// Start after this cursor, or from the oldest retained event when `None`.
+    pub fn after_opt(mut self, cursor: Option<Cursor>) -> Self {
+        self.after = cursor;
+        self
+    }
+
+    /// Events per page, 1 to 1000 (server default 100).
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Reads one page.
+    ///
+    /// # Errors
+    /// [`Error::Api`]: 410 `cursor_not_served` when the journal cannot serve
+    /// `after` (see [`ApiError::gap_reason`] and [`ApiError::floor_cursor`]),
+    /// 400 `invalid_cursor` / `invalid_channel` / `invalid_request`; or a
+    /// connection error.
+    pub async fn page(&self) -> Result<HistoryPage, Error> {
+        read_page(self.client, &self.channel, self.after.as_ref(), self.limit).await
+    }
+
+    /// Every event after `after` up to the head as it is when the last page is
+    /// read, page by page. The stream ends after the page that reports `done`;
+    /// an error ends it after being yielded.
+    pub fn stream(self) -> impl Stream<Item = Result<Event, Error>> + Send + 'a {
+        async_stream::stream! {
+            let mut after = self.after;
+            loop {
+                match read_page(self.client, &self.channel, after.as_ref(), self.limit).await {
+                    Ok(page) => {
+                        for e in page.events {
+                            yield Ok(e);
+                        }
+                        if page.done {
+                            return;
+                        }
+                        after = Some(page.next);
+                    }
+                    Err(e) => {
+                        yield Err(e);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `GET /v1/channels/{channel}/events?after=&limit=`.
+pub(crate) async fn read_page(
+    client: &Client,
+    channel: &str,
+    after: Option<&Cursor>,
+    limit: Option<u32>,
+) -> Result<HistoryPage, Error> {
+    let mut req = client
+        .inner
+        .http
+        .get(client.url(&format!("/v1/channels/{}/events", segment(channel))));
+    if let Some(a) = after {
+        req = req.query(&[("after", a.as_str())]);
+    }
+    if let Some(n) = limit {
+        req = req.query(&[("limit", n)]);
+    }
+    let (_, body) = client.call(req).await?;
+    let p: PageAnswer = client.decode(&body)?;
+    let events = p
+        .events
+        .into_iter()
+        .map(|e| Event {
+            channel: p.channel.clone(),
+            seq: e.seq,
+            event_type: e.event_type,
+            data: e.data,
+            time: e.time,
+            cursor: e.cursor,
+        })
+        .collect();
+    Ok(HistoryPage {
+        channel: p.channel,
+        epoch: p.epoch,
+        floor: p.floor,
+        head: p.head,
+        events,
+        next: p.next,
+        done: p.done,
+    })
+}

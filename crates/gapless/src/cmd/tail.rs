@@ -1,0 +1,132 @@
+//! `gapless tail CHANNEL…`: follows channels and prints events as they
+//! arrive, resuming from the last printed position after any drop (server
+//! restart, network failure). Gap notices and reconnections go to stderr.
+
+use super::{explain, fail, runtime, write_failed, Hint, Output, ServerArg};
+use futures::FutureExt;
+use gapless_client::{Cursor, GapReason, Reconnect, Start, Update};
+use std::io::Write;
+use std::process::ExitCode;
+
+/// `gapless tail` flags.
+#[derive(Debug, clap::Args)]
+pub struct TailArgs {
+    /// The channels to follow.
+    #[arg(required = true, value_name = "CHANNEL")]
+    pub channels: Vec<String>,
+    /// Where to start: `live` (events published from now on), `earliest`
+    /// (everything retained, then live), or a CURSOR printed by `--json` (resume after it).
+    #[arg(long, default_value = "live", value_name = "earliest|live|CURSOR")]
+    pub since: String,
+    /// Print one JSON object per line: {"channel","seq","cursor","type","data","time"}
+    /// (ephemeral events have null seq and cursor and "ephemeral": true).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub server: ServerArg,
+}
+
+/// The status for an interrupted (Ctrl-C) tail.
+const INTERRUPTED: u8 = 130;
+
+fn reconnect_line(r: &Reconnect<'_>) -> String {
+    let why = match r.error {
+        Some(e) => format!("connection lost ({e})"),
+        None => "the server closed the stream".to_owned(),
+    };
+    format!(
+        "gapless: {why}; reconnecting in {:.1} s",
+        r.delay.as_secs_f64()
+    )
+}
+
+/// Runs `gapless tail`.
+pub fn run(args: TailArgs) -> ExitCode {
+    let client = match args.server.client() {
+        Ok(c) => c,
+        Err(line) => return fail(&line),
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(line) => return fail(&line),
+    };
+    let start = match args.since.as_str() {
+        "live" => Start::Live,
+        "earliest" => Start::Earliest,
+        cursor => Start::After(Cursor::from(cursor)),
+    };
+    let output = Output::from_flag(args.json);
+    rt.block_on(async move {
+        let connected = client
+            .subscribe(args.channels.iter().map(String::as_str))
+            .start(start)
+            .on_reconnect(|r| eprintln!("{}", reconnect_line(r)))
+            .connect()
+            .await;
+        let mut sub = match connected {
+            Ok(s) => s,
+            Err(e) => return fail(&explain(&e, Hint::Since)),
+        };
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+        loop {
+            // Write everything already received, flushing only when the stream pauses.
+            let item = match sub.next().now_or_never() {
+                Some(item) => item,
+                None => {
+                    if let Err(e) = out.flush() {
+                        return write_failed(&e);
+                    }
+                    tokio::select! {
+                        item = sub.next() => item,
+                        _ = &mut ctrl_c => {
+                            if let Err(e) = out.flush() {
+                                return write_failed(&e);
+                            }
+                            if let Some(c) = sub.cursor() {
+                                eprintln!("gapless: stopped; resume with --since {c}");
+                            }
+                            return ExitCode::from(INTERRUPTED);
+                        }
+                    }
+                }
+            };
+            let written = match item {
+                None => break,
+                Some(Ok(Update::Event(e))) => output.event(&mut out, &e),
+                Some(Ok(Update::Ephemeral(e))) => output.ephemeral(&mut out, &e),
+                Some(Ok(Update::Gap(g))) => {
+                    let after = g.after.as_ref().map_or("an unreadable position".to_owned(), |a| a.to_string());
+                    match g.reason {
+                        GapReason::Evicted | GapReason::Epoch => eprintln!(
+                            "gapless: gap on {} ({}): the events after {after} up to and including {} were not delivered",
+                            g.channel,
+                            g.reason.as_str(),
+                            g.next
+                        ),
+                        _ => eprintln!(
+                            "gapless: gap on {} ({}): the position does not fit the server's journal; continuing live from {}",
+                            g.channel,
+                            g.reason.as_str(),
+                            g.next
+                        ),
+                    }
+                    Ok(())
+                }
+                Some(Err(e)) => {
+                    let _ = out.flush();
+                    return fail(&explain(&e, Hint::Since));
+                }
+            };
+            if let Err(e) = written {
+                return write_failed(&e);
+            }
+        }
+        match out.flush() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => write_failed(&e),
+        }
+    })
+}
