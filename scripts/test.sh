@@ -4,6 +4,8 @@
 # npm packages it needs). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -15,9 +17,13 @@ echo "== build"
 cargo build --workspace --all-targets --quiet
 
 echo "== cargo test"
-cargo test --workspace --quiet 2>&1 | tee target/cargo-test.log
+cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"
 # cargo prints one "test result:" line per test binary; sum them into one closing line.
-awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' target/cargo-test.log
+awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' "$target/cargo-test.log"
 
 echo "== browser"
-GAPLESS_BIN="$PWD/target/debug/gapless" scripts/browser-test.sh
+GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/browser-test.sh 2>&1 | tee "$target/browser-test.log"
+bp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/browser-test.log")
+bf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/browser-test.log")
+rp=$(awk '/^test result:/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed/) p+=$i} END {print p+0}' "$target/cargo-test.log")
+echo "all: $((rp + bp)) passed, $bf failed"

@@ -230,7 +230,7 @@ pub(crate) async fn read_refusal(base: &str, mut resp: reqwest::Response) -> Err
             }
         }
     }
-    Error::Api(ApiError::from_body(status, &body))
+    Error::Api(Box::new(ApiError::from_body(status, &body)))
 }
 
 /// Percent-encodes a path segment (channel names need none; anything else is

@@ -31,9 +31,10 @@ pub enum Error {
         /// What went wrong.
         detail: String,
     },
-    /// The server answered with an error status; see [`ApiError`].
+    /// The server answered with an error status; see [`ApiError`] (boxed: it
+    /// carries the answer's JSON fields).
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Api(Box<ApiError>),
     /// The server's answer is not what the gapless API specifies (wrong content
     /// type, JSON of another shape): most likely the URL is not a gapless server.
     #[error("{server} answered something that is not the gapless API: {detail}")]
@@ -81,7 +82,7 @@ impl Error {
     /// The server's answer, when the error is one.
     pub fn api(&self) -> Option<&ApiError> {
         match self {
-            Error::Api(a) => Some(a),
+            Error::Api(a) => Some(a.as_ref()),
             _ => None,
         }
     }
@@ -170,6 +171,12 @@ pub struct ApiError {
     pub message: String,
     /// Any other fields of the body (e.g. `reason`, `floor`, `floor_cursor`, `limit`).
     pub extra: Map<String, Value>,
+}
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Self {
+        Error::Api(Box::new(e))
+    }
 }
 
 impl ApiError {

@@ -155,6 +155,8 @@ struct Entry {
 }
 
 struct EntryState {
+    /// False until the status was read from the journal or written by `create`.
+    known: bool,
     status: Status,
     attached: Option<(u64, CancellationToken)>,
     detached_since: u64,
@@ -243,6 +245,7 @@ impl Sessions {
         {
             let mut st = entry.state.lock();
             st.status = Status::Open;
+            st.known = true;
             st.detached_since = crate::journal::now_ms();
         }
         Ok(Info {
@@ -444,7 +447,8 @@ impl Sessions {
 
     fn due(&self, entry: &Entry) -> bool {
         let st = entry.state.lock();
-        st.status == Status::Open
+        st.known
+            && st.status == Status::Open
             && st.attached.is_none()
             && crate::journal::now_ms().saturating_sub(st.detached_since) >= self.config.grace_ms
     }
@@ -491,6 +495,7 @@ impl Sessions {
             .or_insert_with(|| {
                 Arc::new(Entry {
                     state: Mutex::new(EntryState {
+                        known: false,
                         status: Status::Open,
                         attached: None,
                         detached_since,
@@ -507,7 +512,9 @@ impl Sessions {
             return Err(SessionError::NotFound(id.to_owned()));
         }
         if let Some(e) = self.map.lock().get(id).cloned() {
-            return Ok(e);
+            if e.state.lock().known {
+                return Ok(e);
+            }
         }
         let channel = channel_of(id);
         let st = hub.state(&channel).await?;
@@ -521,7 +528,13 @@ impl Sessions {
             .and_then(|e| Status::of_marker(e.event_type.as_deref()))
             .unwrap_or(Status::Open);
         let entry = self.entry(id, self.started_ms);
-        entry.state.lock().status = status;
+        {
+            let mut es = entry.state.lock();
+            if !es.known {
+                es.status = status;
+                es.known = true;
+            }
+        }
         Ok(entry)
     }
 }

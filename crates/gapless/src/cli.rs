@@ -72,8 +72,8 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216)]
     pub max_batch_bytes: usize,
     /// Most channels one SSE subscription may follow (400 above).
-    #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64)]
-    pub max_subscription_channels: usize,
+    #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
+    pub max_subscription_channels: u16,
     /// Most open client connections (503 above).
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
@@ -102,6 +102,9 @@ pub struct ServeArgs {
     /// Whether session consumers may resume with last_seq (false: refused with close 4400).
     #[arg(long, env = "GAPLESS_SESSION_RESUME", default_value_t = true, action = clap::ArgAction::Set)]
     pub session_resume: bool,
+    /// Milliseconds a client has to send a whole request head (slower ones are disconnected).
+    #[arg(long, env = "GAPLESS_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
     /// Most recent events kept in memory per followed channel.
     #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
     pub window_events: usize,

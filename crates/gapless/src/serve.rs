@@ -66,12 +66,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_event_bytes: args.max_event_bytes,
         max_batch_events: args.max_batch_events,
         max_batch_bytes: args.max_batch_bytes,
-        max_subscription_channels: args.max_subscription_channels,
+        max_subscription_channels: usize::from(args.max_subscription_channels),
         max_connections: args.max_connections,
         tcp_keepalive_ms: args.tcp_keepalive_ms,
         tcp_user_timeout_ms: args.tcp_user_timeout_ms,
         cors_origins: args.cors_origins,
         ws_max_message_bytes: args.ws_max_message_bytes,
+        header_timeout_ms: args.header_timeout_ms,
         ..ServerConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -101,10 +102,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     wait_for_signal().await;
     tracing::info!("shutting down: ending streams and flushing the journal");
     shutdown.cancel();
-    match tokio::time::timeout(Duration::from_secs(4), server).await {
+    match tokio::time::timeout(Duration::from_secs(3), server).await {
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server loop ended with an error"),
         Ok(_) => {}
-        Err(_) => tracing::warn!("connections still open after 4 s; closing anyway"),
+        Err(_) => tracing::warn!("connections still open after 3 s; closing anyway"),
     }
     journal.close().await.context("flushing the journal")?;
     Ok(())

@@ -137,6 +137,10 @@ pub mod close {
     pub const NORMAL: u16 = 1000;
     /// The server is shutting down; reconnect (elsewhere) and resume.
     pub const GOING_AWAY: u16 = 1001;
+    /// The client broke the WebSocket protocol (bad frame, bad opcode, unmasked frame…).
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    /// A text message was not valid UTF-8.
+    pub const INVALID_DATA: u16 = 1007;
     /// A message was larger than the limit (`--ws-max-message-bytes`).
     pub const TOO_BIG: u16 = 1009;
     /// Resuming sessions is turned off on this server (`--session-resume false`).

@@ -36,6 +36,9 @@ pub struct ServerConfig {
     /// Largest WebSocket message a client may send, in bytes; a larger one closes
     /// the socket with 1009. Default 1114112 (`--max-event-bytes` plus 64 KiB of JSON).
     pub ws_max_message_bytes: usize,
+    /// Milliseconds a client has to send a whole request head; a slower one is
+    /// disconnected (slowloris). Default 10000.
+    pub header_timeout_ms: u64,
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
 }
@@ -54,6 +57,7 @@ impl Default for ServerConfig {
             tcp_user_timeout_ms: 30_000,
             cors_origins: "*".to_owned(),
             ws_max_message_bytes: (1 << 20) + (64 << 10),
+            header_timeout_ms: 10_000,
             read_batch: 256,
         }
     }

@@ -60,3 +60,46 @@ impl IntoResponse for ApiError {
         (status, axum::Json(Value::Object(body))).into_response()
     }
 }
+
+/// Middleware: any error answer that is not already our JSON (an extractor's
+/// plain-text rejection, e.g. a path that is not valid UTF-8 or a WebSocket
+/// handshake without upgrade headers) becomes `{"error","message"}` with the
+/// same status and the original text as the message.
+pub async fn json_errors(resp: Response) -> Response {
+    use axum::http::header::CONTENT_TYPE;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        404 => ErrorCode::NotFound,
+        405 => ErrorCode::MethodNotAllowed,
+        413 => ErrorCode::TooLarge,
+        s if s >= 500 => ErrorCode::JournalFailed,
+        _ => ErrorCode::InvalidRequest,
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let body = serde_json::json!({"error": code.as_str(), "message": message}).to_string();
+    parts.headers.insert(
+        CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
+}

@@ -16,6 +16,10 @@ use std::sync::Arc;
 pub const DEFAULT_LIMIT: usize = 100;
 /// Largest page size.
 pub const MAX_LIMIT: usize = 1000;
+/// A page stops early (with `done: false`) once its events hold this many
+/// bytes of data, so one request cannot make the server build a huge answer.
+/// A page always holds at least one event.
+pub const PAGE_DATA_BYTES: usize = 4 << 20;
 
 /// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
 pub async fn history(
@@ -78,12 +82,20 @@ pub(crate) async fn page(
             .with("floor_cursor", floor_cursor));
         }
     }
-    let done = page.events.last().is_none_or(|e| e.seq >= st.head);
-    let next = match page.events.last() {
+    let mut events = page.events;
+    let mut bytes = 0;
+    if let Some(cut) = events.iter().position(|e| {
+        bytes += e.data.len();
+        bytes > PAGE_DATA_BYTES
+    }) {
+        events.truncate(cut.max(1));
+    }
+    let done = events.last().is_none_or(|e| e.seq >= st.head);
+    let next = match events.last() {
         Some(e) if !done => e.cursor().to_owned(),
         _ => Cursor::single(channel, st.epoch, st.head).encode(),
     };
-    let events: Vec<_> = page.events.iter().map(|e| e.to_json()).collect();
+    let events: Vec<_> = events.iter().map(|e| e.to_json()).collect();
     Ok(Json(json!({
         "channel": name,
         "epoch": st.epoch,

@@ -72,6 +72,7 @@ pub fn router(app: Arc<App>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::map_response(error::json_errors))
         .with_state(app);
     match cors {
         Some(layer) => router.layer(layer),
@@ -125,22 +126,58 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 
 /// Serves `app` on `listener` until `app.shutdown` fires; open streams end then,
 /// and this returns once connections have closed and every WebSocket has sent
-/// its close frame.
+/// its close frame. The caller bounds how long it waits.
+///
+/// Each connection is served by hyper's HTTP/1 server with a request-head
+/// timeout (`header_timeout_ms`) and upgrades (for WebSocket).
 ///
 /// # Errors
 /// I/O errors of the server loop.
 pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
     let shutdown = app.shutdown.clone();
-    let listener = listener::GaplessListener::new(listener, app.config.clone());
-    let ticker = tokio::spawn(tick(app.clone()));
     let sockets = app.sockets.clone();
-    let result = axum::serve(listener, router(app))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let header_timeout = std::time::Duration::from_millis(app.config.header_timeout_ms.max(1));
+    let mut listener = listener::GaplessListener::new(listener, app.config.clone());
+    let ticker = tokio::spawn(tick(app.clone()));
+    let service = TowerToHyperService::new(router(app));
+    let connections = TaskTracker::new();
+    loop {
+        let (io, _addr) = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            conn = listener.accept() => conn,
+        };
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(io), service.clone())
+            .with_upgrades();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = shutdown.cancelled() => {
+                    // Finish the response in flight (streams end on the same signal), then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
     ticker.abort();
     sockets.close();
     sockets.wait().await;
-    result
+    Ok(())
 }
 
 /// Retention by age and idle-channel sweeps, every 250 ms.

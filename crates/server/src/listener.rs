@@ -6,7 +6,6 @@
 //! `503` with a JSON body naming the limit, and closed.
 
 use crate::ServerConfig;
-use axum::serve::Listener;
 use socket2::{SockRef, TcpKeepalive};
 use std::io;
 use std::net::SocketAddr;
@@ -61,11 +60,9 @@ pub struct Conn {
     _permit: OwnedSemaphorePermit,
 }
 
-impl Listener for GaplessListener {
-    type Io = Conn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+impl GaplessListener {
+    /// Accepts the next connection within the limit (answering those past it with 503).
+    pub async fn accept(&mut self) -> (Conn, SocketAddr) {
         loop {
             let (tcp, addr) = match self.inner.accept().await {
                 Ok(x) => x,
@@ -97,7 +94,8 @@ impl Listener for GaplessListener {
         }
     }
 
-    fn local_addr(&self) -> io::Result<Self::Addr> {
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
 }

@@ -144,7 +144,8 @@ pub async fn publish_batch(
                 items.len(),
                 cfg.max_batch_events
             ),
-        ));
+        )
+        .with("limit", cfg.max_batch_events));
     }
     let mut events = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
@@ -156,7 +157,8 @@ pub async fn publish_batch(
                     item.data.len(),
                     cfg.max_event_bytes
                 ),
-            ));
+            )
+            .with("limit", cfg.max_event_bytes));
         }
         let event_type = query::event_type(item.event_type.as_deref())
             .map_err(|e| ApiError::new(e.code, format!("event {i} of the batch: {}", e.message)))?;
@@ -188,9 +190,16 @@ pub async fn publish_batch(
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(v) = values.next() else {
         return Ok(None);
     };
+    if values.next().is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "send one Idempotency-Key header, not several",
+        ));
+    }
     let bad = || {
         ApiError::new(
             ErrorCode::InvalidRequest,

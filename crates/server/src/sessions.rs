@@ -59,7 +59,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, 4096, "session create body", "4096 bytes").await?;
+    let bytes = read_body(&headers, body, 4096, "session create body", "a fixed limit").await?;
     let id = if bytes.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -106,6 +106,12 @@ pub async fn append(
     body: Body,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
+    if q.get("ephemeral").is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "sessions have no ephemeral events: every event is journaled for its consumer",
+        ));
+    }
     let (event, key) = read_event(&app, &q, &headers, body).await?;
     let (appended, attached) = app
         .sessions

@@ -72,9 +72,9 @@ async fn run(app: Arc<App>, mut socket: WebSocket) {
             _ = shutdown.cancelled() => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
             msg = socket.recv() => match msg {
                 None | Some(Ok(Message::Close(_))) => return,
-                Some(Err(e)) => match too_big(&e) {
-                    true => Flow::Close(code::TOO_BIG, format!("message larger than {} bytes", conn.app.config.ws_max_message_bytes)),
-                    false => return,
+                Some(Err(e)) => match receive_error(&e, conn.app.config.ws_max_message_bytes) {
+                    Some((c, reason)) => Flow::Close(c, reason),
+                    None => return,
                 },
                 Some(Ok(msg)) => {
                     hb.alive();
@@ -106,10 +106,23 @@ async fn run(app: Arc<App>, mut socket: WebSocket) {
     }
 }
 
-/// Whether a receive error is a message over the size limit.
-pub(crate) fn too_big(e: &axum::Error) -> bool {
+/// The close frame owed for a receive error: 1009 for a message over the
+/// limit, 1007 for invalid UTF-8 in a text message, 1002 for any other
+/// protocol violation; `None` when the connection itself failed (nothing can
+/// be sent).
+pub(crate) fn receive_error(e: &axum::Error, max: usize) -> Option<(u16, String)> {
     let s = e.to_string();
-    s.contains("too long") || s.contains("too big") || s.contains("Space limit")
+    if s.contains("Space limit exceeded") || s.contains("Message too long") {
+        Some((code::TOO_BIG, format!("message larger than {max} bytes")))
+    } else if s.contains("UTF-8") || s.contains("utf-8") || s.contains("utf8") {
+        Some((code::INVALID_DATA, "text message is not valid UTF-8".into()))
+    } else if s.contains("IO error") || s.contains("Connection reset") || s.contains("closed") {
+        None
+    } else {
+        let mut reason = format!("protocol error: {s}");
+        reason.truncate(100);
+        Some((code::PROTOCOL_ERROR, reason))
+    }
 }
 
 impl Conn {
@@ -148,8 +161,10 @@ impl Conn {
                 }
             }
             ClientMessage::Unsubscribe { id, channel } => {
+                if let Some(reply) = self.settle(&channel) {
+                    socket.send(json(&reply)).await.map_err(|_| ())?;
+                }
                 if self.sub.unfollow(&channel) {
-                    self.pending.retain(|p| p.channel != channel);
                     Some(json!({"op": "unsubscribed", "id": id, "channel": channel}))
                 } else {
                     Some(messages::error(
@@ -253,6 +268,10 @@ impl Conn {
                 )))
             }
         };
+        // A subscribe still replaying on this channel gets its reply before it is replaced.
+        if let Some(reply) = self.settle(&channel) {
+            socket.send(json(&reply)).await.map_err(|_| ())?;
+        }
         let resumed = matches!(start, Start::After { .. });
         let followed = match self.app.hub.follow(&mut self.sub, &channel, start).await {
             Ok(f) => f,
@@ -282,6 +301,16 @@ impl Conn {
             self.pending.push(pending);
         }
         Ok(Ok(()))
+    }
+
+    /// Ends the replay of a pending subscribe on `channel` early (it is being
+    /// unsubscribed or replaced): its `subscribed` reply, with what was replayed so
+    /// far, so that every request gets exactly one reply.
+    fn settle(&mut self, channel: &str) -> Option<Value> {
+        let i = self.pending.iter().position(|p| p.channel == channel)?;
+        let mut p = self.pending.swap_remove(i);
+        p.recovered = false;
+        Some(self.subscribed(&p))
     }
 
     fn subscribed(&self, p: &Pending) -> Value {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 /// A message from a client on `/v1/ws`. `id` is any JSON string or number,
 /// echoed in the reply.
 #[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {
     /// Follow a channel from `cursor` (resume), `since: "earliest"`, or live.
     Subscribe {
@@ -92,4 +92,23 @@ pub fn ephemeral(e: &Ephemeral) -> Value {
         "data": e.data,
         "time": e.time,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_and_ops_are_refused() {
+        assert!(parse(r#"{"op":"publish","channel":"c","data":"x","ephemeral":true}"#).is_ok());
+        let (id, why) =
+            parse(r#"{"op":"publish","id":7,"channel":"c","data":"x","ephemral":true}"#)
+                .expect_err("typo must be refused");
+        assert_eq!(id, Some(Value::from(7)));
+        assert!(why.contains("ephemral"), "{why}");
+        assert!(parse(r#"{"op":"subscribe","channel":"c","sinse":"earliest"}"#).is_err());
+        assert!(parse(r#"{"op":"nope"}"#).is_err());
+        assert!(parse(r#"[1]"#).is_err());
+        assert!(parse(r#"{"op":"subscribe","id":{},"channel":"c"}"#).is_err());
+    }
 }

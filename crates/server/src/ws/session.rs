@@ -8,7 +8,7 @@
 //! the session (even one that ended while the consumer was away) is
 //! `session.completed` or `session.cancelled`, then close 1000.
 
-use super::channels::too_big;
+use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
 use crate::error::ApiError;
 use crate::query::Query;
@@ -115,8 +115,15 @@ async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16
             }
             msg = socket.recv() => match msg {
                 None | Some(Ok(Message::Close(_))) => return (0, String::new()),
-                Some(Err(e)) if too_big(&e) => return (code::TOO_BIG, "message too big".into()),
-                Some(Err(_)) => return (0, String::new()),
+                Some(Err(e)) => return receive_error(&e, app.config.ws_max_message_bytes).unwrap_or((0, String::new())),
+                Some(Ok(Message::Text(_) | Message::Binary(_))) => {
+                    hb.alive();
+                    let msg = json!({"op": "error", "code": ErrorCode::InvalidMessage.as_str(),
+                        "message": "a session consumer socket takes no messages; it only receives"});
+                    if send(socket, &msg).await.is_err() {
+                        return (0, String::new());
+                    }
+                }
                 Some(Ok(_)) => hb.alive(),
             },
             beat = hb.tick() => match beat {

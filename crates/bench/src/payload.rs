@@ -1,0 +1,128 @@
+//! The event data the harness publishes, and reads back on the subscriber
+//! side, whatever the server: `SEQ:MICROS:` padded with `x` to the requested
+//! size, where SEQ is the event's number in its channel (from 1) and MICROS the
+//! publish time (Unix microseconds, taken just before the request is written).
+//! Warm-up events, used to learn that every subscriber is attached, are
+//! `wN:MICROS:`. Latency is the subscriber's read time minus MICROS.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Now, in Unix microseconds.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// What a subscriber read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// A measured event.
+    Event {
+        /// Its number in its channel, from 1.
+        seq: u64,
+        /// Its publish time, Unix µs.
+        sent_us: u64,
+    },
+    /// Warm-up event number N.
+    Warm(u64),
+    /// Anything else (not ours).
+    Foreign,
+}
+
+/// Writes a measured event's data into `out` (cleared first).
+pub fn encode(out: &mut Vec<u8>, seq: u64, sent_us: u64, bytes: usize) {
+    out.clear();
+    push_u64(out, seq);
+    out.push(b':');
+    push_u64(out, sent_us);
+    out.push(b':');
+    if out.len() < bytes {
+        out.resize(bytes, b'x');
+    }
+}
+
+/// Writes warm-up event `n`'s data into `out` (cleared first).
+pub fn encode_warm(out: &mut Vec<u8>, n: u64) {
+    out.clear();
+    out.push(b'w');
+    push_u64(out, n);
+    out.push(b':');
+    push_u64(out, now_us());
+    out.push(b':');
+}
+
+fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+fn parse_u64(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |acc, &d| {
+        d.is_ascii_digit().then(|| acc * 10 + u64::from(d - b'0'))
+    })
+}
+
+/// Reads event data.
+pub fn parse(data: &str) -> Payload {
+    let b = data.as_bytes();
+    let Some(c1) = memchr::memchr(b':', b) else {
+        return Payload::Foreign;
+    };
+    if let Some(w) = b[..c1].strip_prefix(b"w") {
+        return parse_u64(w).map_or(Payload::Foreign, Payload::Warm);
+    }
+    let Some(seq) = parse_u64(&b[..c1]) else {
+        return Payload::Foreign;
+    };
+    let rest = &b[c1 + 1..];
+    let Some(c2) = memchr::memchr(b':', rest) else {
+        return Payload::Foreign;
+    };
+    match parse_u64(&rest[..c2]) {
+        Some(sent_us) => Payload::Event { seq, sent_us },
+        None => Payload::Foreign,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut buf = Vec::new();
+        encode(&mut buf, 42, 1_700_000_000_123_456, 100);
+        assert_eq!(buf.len(), 100);
+        let s = std::str::from_utf8(&buf).expect("ascii");
+        assert_eq!(
+            parse(s),
+            Payload::Event {
+                seq: 42,
+                sent_us: 1_700_000_000_123_456
+            }
+        );
+        encode(&mut buf, 7, 0, 1);
+        assert_eq!(buf, b"7:0:");
+        encode_warm(&mut buf, 3);
+        assert_eq!(
+            parse(std::str::from_utf8(&buf).expect("ascii")),
+            Payload::Warm(3)
+        );
+        assert_eq!(parse("hello"), Payload::Foreign);
+        assert_eq!(parse("1:x:"), Payload::Foreign);
+    }
+}

@@ -1,0 +1,194 @@
+//! Results: one [`Record`] per scenario run, printed for people and appended
+//! as one JSON line to a file for `bench/compare`, which puts two runs side
+//! by side with their ratio ([`compare`]).
+
+use anyhow::{Context, Result};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+/// A latency histogram in microseconds, 1 µs to 1 hour, 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
+}
+
+/// One run's results.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// Scenario name.
+    pub scenario: String,
+    /// Target label (e.g. `gapless`, `nchan`).
+    pub target: String,
+    /// The scenario's parameters, as `name=value` words.
+    pub params: String,
+    /// Measured figures, in the order they were added: name (with unit) and value.
+    pub metrics: Vec<(String, f64)>,
+    /// Exactness check: every count as expected.
+    pub exact: bool,
+    /// What the check found wrong, if anything.
+    pub problems: Vec<String>,
+}
+
+impl Record {
+    /// An empty record.
+    pub fn new(scenario: &str, target: &str, params: String) -> Self {
+        Record {
+            scenario: scenario.to_owned(),
+            target: target.to_owned(),
+            params,
+            metrics: Vec::new(),
+            exact: true,
+            problems: Vec::new(),
+        }
+    }
+
+    /// Adds one figure.
+    pub fn metric(&mut self, name: &str, value: f64) {
+        self.metrics.push((name.to_owned(), value));
+    }
+
+    /// Adds p50/p90/p99/p999/max of a µs histogram, in milliseconds, as `PREFIX_p50_ms` etc.
+    pub fn latency(&mut self, prefix: &str, h: &Histogram<u64>) {
+        if h.is_empty() {
+            return;
+        }
+        for (name, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)] {
+            self.metric(
+                &format!("{prefix}_{name}_ms"),
+                h.value_at_quantile(q) as f64 / 1000.0,
+            );
+        }
+        self.metric(&format!("{prefix}_max_ms"), h.max() as f64 / 1000.0);
+    }
+
+    /// Records a failed exactness check.
+    pub fn problem(&mut self, what: String) {
+        self.exact = false;
+        self.problems.push(what);
+    }
+
+    /// Prints the record for people.
+    pub fn print(&self) {
+        println!("== {} on {} ({})", self.scenario, self.target, self.params);
+        for (k, v) in &self.metrics {
+            println!("  {k:<34} {}", fmt_num(*v));
+        }
+        if self.exact {
+            println!("  counts: exact");
+        } else {
+            for p in &self.problems {
+                println!("  COUNT PROBLEM: {p}");
+            }
+        }
+    }
+
+    /// Appends the record as one JSON line.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn append_json(&self, path: &Path) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("open {}", path.display()))?;
+        let line = serde_json::to_string(self).context("encode record")?;
+        writeln!(f, "{line}").with_context(|| format!("write {}", path.display()))
+    }
+}
+
+/// A number with sensible precision.
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".to_owned()
+    } else if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("parse {}", path.display())))
+        .collect()
+}
+
+/// The median of every figure over `records` (all of one scenario), in the
+/// order of the first record; with the runs' exactness combined.
+fn median(records: &[Record]) -> Option<Record> {
+    let first = records.first()?;
+    let mut out = Record::new(&first.scenario, &first.target, first.params.clone());
+    for (k, _) in &first.metrics {
+        let mut vals: Vec<f64> = records
+            .iter()
+            .filter_map(|r| r.metrics.iter().find(|(kr, _)| kr == k).map(|(_, v)| *v))
+            .collect();
+        vals.sort_by(f64::total_cmp);
+        let n = vals.len();
+        if n == 0 {
+            continue;
+        }
+        let m = if n % 2 == 1 {
+            vals[n / 2]
+        } else {
+            (vals[n / 2 - 1] + vals[n / 2]) / 2.0
+        };
+        out.metric(k, m);
+    }
+    for (i, r) in records.iter().enumerate() {
+        for p in &r.problems {
+            out.problem(format!("run {}: {p}", i + 1));
+        }
+    }
+    Some(out)
+}
+
+/// Prints, as a Markdown table, the records of file `a` beside those of file
+/// `b` (the median of each figure when a file holds several runs of the same
+/// scenario) with the ratio a/b for every figure both have.
+///
+/// # Errors
+/// A file is missing, empty or not made of records.
+pub fn compare(a: &Path, b: &Path) -> Result<()> {
+    let all_a = read_records(a)?;
+    let all_b = read_records(b)?;
+    let (Some(ra), Some(rb)) = (median(&all_a), median(&all_b)) else {
+        anyhow::bail!("a results file is empty");
+    };
+    let runs = if all_a.len() > 1 || all_b.len() > 1 {
+        format!(", median of {} and {} runs", all_a.len(), all_b.len())
+    } else {
+        String::new()
+    };
+    println!("### {} ({}{runs})", ra.scenario, ra.params);
+    println!();
+    println!("| figure | {} | {} | ratio |", ra.target, rb.target);
+    println!("|---|---:|---:|---:|");
+    for (k, va) in &ra.metrics {
+        let vb = rb.metrics.iter().find(|(kb, _)| kb == k).map(|(_, v)| *v);
+        let (sb, ratio) = match vb {
+            Some(vb) if vb != 0.0 => (fmt_num(vb), format!("{:.2}", va / vb)),
+            Some(vb) => (fmt_num(vb), "-".to_owned()),
+            None => ("n/a".to_owned(), "-".to_owned()),
+        };
+        println!("| {k} | {} | {sb} | {ratio} |", fmt_num(*va));
+    }
+    let verdict = |r: &Record| {
+        if r.exact {
+            "exact".to_owned()
+        } else {
+            r.problems.join("; ")
+        }
+    };
+    println!("| counts | {} | {} | |", verdict(&ra), verdict(&rb));
+    Ok(())
+}

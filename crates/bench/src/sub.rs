@@ -1,0 +1,371 @@
+//! SSE subscribers: one task per connection, each with its own parser (the
+//! project's `gapless_client::sse::Parser`, which lends events without
+//! allocating) and a [`Tracker`] that checks the events' numbers: every one
+//! exactly once, and in order when one publisher feeds the channel.
+//!
+//! Tasks report progress through a shared [`Board`]: attached count, warm-up
+//! numbers seen, unique deliveries, the time of the latest one, and latency
+//! histograms (sharded, recorded once per socket read).
+
+use crate::http::{request, Conn};
+use crate::payload::{self, Payload};
+use crate::report::histogram;
+use anyhow::{bail, Result};
+use gapless_client::sse::{Item, Parser};
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const SHARDS: usize = 16;
+
+/// What subscriber tasks share with the scenario driving them.
+#[derive(Debug)]
+pub struct Board {
+    /// Per subscriber: the highest warm-up number seen.
+    pub warm: Vec<AtomicU64>,
+    /// Measured events received for the first time, over all subscribers.
+    pub delivered: AtomicU64,
+    /// Unix µs of the latest first-time delivery.
+    pub last_delivery_us: AtomicU64,
+    /// Whether deliveries go into the latency histograms.
+    pub record_latency: AtomicBool,
+    /// Subscribers whose response head (status 200) arrived.
+    pub connected: AtomicUsize,
+    /// Subscriber tasks that ended with an error.
+    pub failed: AtomicUsize,
+    latency: Vec<Mutex<Histogram<u64>>>,
+    connect: Mutex<Histogram<u64>>,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Board {
+    /// A board for `n` subscribers.
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(Board {
+            warm: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            delivered: AtomicU64::new(0),
+            last_delivery_us: AtomicU64::new(0),
+            record_latency: AtomicBool::new(true),
+            connected: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            latency: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
+            connect: Mutex::new(histogram()),
+            first_error: Mutex::new(None),
+        })
+    }
+
+    /// Delivery latency (µs) over all subscribers.
+    pub fn latency(&self) -> Histogram<u64> {
+        let mut all = histogram();
+        for s in &self.latency {
+            // Same bounds everywhere, so adding cannot fail.
+            let _ = all.add(&*s.lock());
+        }
+        all
+    }
+
+    /// Clears the latency histograms.
+    pub fn reset_latency(&self) {
+        for s in &self.latency {
+            s.lock().reset();
+        }
+    }
+
+    /// Connect time (µs, connect to response head).
+    pub fn connect_times(&self) -> Histogram<u64> {
+        self.connect.lock().clone()
+    }
+
+    /// The first subscriber error, if any.
+    pub fn first_error(&self) -> Option<String> {
+        self.first_error.lock().clone()
+    }
+
+    /// Waits until every subscriber of `n` is attached.
+    ///
+    /// # Errors
+    /// A subscriber failed, or the timeout passed.
+    pub async fn wait_connected(&self, n: usize, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if self.failed.load(Ordering::Relaxed) > 0 {
+                bail!(
+                    "{} subscriber(s) failed; first: {}",
+                    self.failed.load(Ordering::Relaxed),
+                    self.first_error().unwrap_or_default()
+                );
+            }
+            if self.connected.load(Ordering::Relaxed) >= n {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "only {} of {n} subscribers attached within {timeout:?}",
+                    self.connected.load(Ordering::Relaxed)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Waits until `delivered` reaches `target`; false on timeout or when
+    /// every subscriber has failed.
+    pub async fn wait_delivered(&self, target: u64, timeout: Duration, subs: usize) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.delivered.load(Ordering::Acquire) >= target {
+                return true;
+            }
+            if start.elapsed() > timeout || self.failed.load(Ordering::Relaxed) >= subs {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// One subscriber's view of what it received.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    /// Index of the subscriber.
+    pub id: usize,
+    /// Index of its channel.
+    pub channel: usize,
+    seen: Vec<u64>,
+    /// Distinct measured events received.
+    pub unique: u64,
+    /// Measured events received again.
+    pub duplicates: u64,
+    /// Events that arrived after a higher number.
+    pub out_of_order: u64,
+    max_seq: u64,
+    /// Highest warm-up number seen.
+    pub warm_max: u64,
+    /// Warm-up events received again.
+    pub warm_duplicates: u64,
+    /// Events whose data is not ours.
+    pub foreign: u64,
+    /// The parser's last event ID when the connection was dropped.
+    pub last_event_id: String,
+    /// Why the connection ended, when not by our choice.
+    pub error: Option<String>,
+}
+
+impl Tracker {
+    /// A fresh tracker.
+    pub fn new(id: usize, channel: usize) -> Self {
+        Tracker {
+            id,
+            channel,
+            ..Tracker::default()
+        }
+    }
+
+    /// Records measured event `seq`; true when it is new.
+    pub fn event(&mut self, seq: u64) -> bool {
+        let (word, bit) = ((seq / 64) as usize, seq % 64);
+        if word >= self.seen.len() {
+            self.seen.resize(word + 1, 0);
+        }
+        let mask = 1u64 << bit;
+        if self.seen[word] & mask != 0 {
+            self.duplicates += 1;
+            return false;
+        }
+        self.seen[word] |= mask;
+        self.unique += 1;
+        if seq < self.max_seq {
+            self.out_of_order += 1;
+        }
+        self.max_seq = self.max_seq.max(seq);
+        true
+    }
+
+    /// How many of events `1..=expected` never arrived.
+    pub fn missing(&self, expected: u64) -> u64 {
+        expected - self.received_in(1, expected)
+    }
+
+    /// How many distinct events `from..=to` arrived.
+    pub fn received_in(&self, from: u64, to: u64) -> u64 {
+        (from..=to)
+            .filter(|&s| {
+                self.seen
+                    .get((s / 64) as usize)
+                    .is_some_and(|w| w & (1 << (s % 64)) != 0)
+            })
+            .count() as u64
+    }
+
+    /// Distinct events with numbers above `expected` (not published by us).
+    pub fn unexpected(&self, expected: u64) -> u64 {
+        self.unique - self.received_in(1, expected)
+    }
+}
+
+/// How to open one subscription.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Server address.
+    pub addr: SocketAddr,
+    /// The request, ready to write.
+    pub request: Vec<u8>,
+    /// Read buffer size.
+    pub buf_size: usize,
+}
+
+impl Target {
+    /// An SSE GET for `path`, resuming after `last_event_id` when given.
+    pub fn sse(
+        addr: SocketAddr,
+        host: &str,
+        path: &str,
+        last_event_id: Option<&str>,
+        buf_size: usize,
+    ) -> Self {
+        let mut headers = vec![
+            ("Accept", "text/event-stream"),
+            ("Cache-Control", "no-cache"),
+        ];
+        if let Some(id) = last_event_id {
+            headers.push(("Last-Event-ID", id));
+        }
+        Target {
+            addr,
+            request: request("GET", host, path, &headers, b""),
+            buf_size,
+        }
+    }
+}
+
+/// Starts one subscriber task; it returns its tracker when `stop` fires or
+/// its stream ends.
+pub fn spawn(
+    target: Target,
+    tracker: Tracker,
+    board: Arc<Board>,
+    gate: Arc<Semaphore>,
+    stop: CancellationToken,
+) -> JoinHandle<Tracker> {
+    tokio::spawn(async move {
+        let mut tracker = tracker;
+        let mut parser = Parser::new();
+        let result = tokio::select! {
+            r = run(&target, &mut tracker, &mut parser, &board, &gate) => r,
+            _ = stop.cancelled() => Ok(()),
+        };
+        if let Err(e) = result {
+            let msg = format!("{e:#}");
+            board.failed.fetch_add(1, Ordering::Relaxed);
+            board.first_error.lock().get_or_insert_with(|| msg.clone());
+            tracker.error = Some(msg);
+        }
+        tracker.last_event_id = parser.last_event_id().to_owned();
+        tracker
+    })
+}
+
+async fn run(
+    target: &Target,
+    tracker: &mut Tracker,
+    parser: &mut Parser,
+    board: &Board,
+    gate: &Semaphore,
+) -> Result<()> {
+    let permit = gate.acquire().await?;
+    let t0 = Instant::now();
+    let mut conn = Conn::connect(target.addr, target.buf_size).await?;
+    conn.send(&target.request).await?;
+    let mut head = conn.read_head().await?;
+    if head.status != 200 {
+        bail!("subscribe answered {}", head.status);
+    }
+    board
+        .connect
+        .lock()
+        .saturating_record(t0.elapsed().as_micros() as u64);
+    drop(permit);
+    board.connected.fetch_add(1, Ordering::Relaxed);
+
+    let shard = &board.latency[tracker.id % SHARDS];
+    let warm = &board.warm[tracker.id];
+    let mut latencies: Vec<u64> = Vec::with_capacity(64);
+    loop {
+        let mut fresh = 0u64;
+        let mut too_large = None;
+        let mut now = 0u64;
+        let more = conn
+            .stream_body(&mut head.body, &mut |bytes| {
+                if now == 0 {
+                    now = payload::now_us();
+                }
+                let fed = parser.feed(bytes, |item| {
+                    let Item::Event(e) = item else { return };
+                    match payload::parse(e.data) {
+                        Payload::Event { seq, sent_us } => {
+                            if tracker.event(seq) {
+                                fresh += 1;
+                                latencies.push(now.saturating_sub(sent_us));
+                            }
+                        }
+                        Payload::Warm(n) => {
+                            if n <= tracker.warm_max {
+                                tracker.warm_duplicates += 1;
+                            } else {
+                                tracker.warm_max = n;
+                                warm.fetch_max(n, Ordering::Relaxed);
+                            }
+                        }
+                        Payload::Foreign => tracker.foreign += 1,
+                    }
+                });
+                if let Err(e) = fed {
+                    too_large = Some(e);
+                }
+            })
+            .await?;
+        if let Some(e) = too_large {
+            return Err(e.into());
+        }
+        if !latencies.is_empty() {
+            if board.record_latency.load(Ordering::Relaxed) {
+                let mut h = shard.lock();
+                for &l in &latencies {
+                    h.saturating_record(l);
+                }
+            }
+            latencies.clear();
+        }
+        if fresh > 0 {
+            board.last_delivery_us.fetch_max(now, Ordering::Relaxed);
+            board.delivered.fetch_add(fresh, Ordering::Release);
+        }
+        if !more {
+            bail!("the server ended the stream");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracker_counts() {
+        let mut t = Tracker::new(0, 0);
+        for s in [1, 2, 2, 4, 3, 200] {
+            t.event(s);
+        }
+        assert_eq!(t.unique, 5);
+        assert_eq!(t.duplicates, 1);
+        assert_eq!(t.out_of_order, 1);
+        assert_eq!(t.missing(5), 1);
+        assert_eq!(t.unexpected(5), 1);
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every gapless-bench scenario at tiny sizes against gapless only, so the
+# harness cannot rot. Checks counts (nothing lost, nothing duplicated), never
+# speed: gapless-bench exits 2 when a count is not exact. Builds nothing.
+#
+# Usage: scripts/bench-smoke.sh
+#   GAPLESS_BIN    gapless binary        (default target/debug/gapless)
+#   GAPLESS_BENCH  gapless-bench binary  (default target/debug/gapless-bench)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GAPLESS_BIN=${GAPLESS_BIN:-target/debug/gapless}
+GAPLESS_BENCH=${GAPLESS_BENCH:-target/debug/gapless-bench}
+for b in "$GAPLESS_BIN" "$GAPLESS_BENCH"; do
+  [ -x "$b" ] || { echo "bench-smoke: $b not built (cargo build -p gapless -p gapless-bench)" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d)
+PID=""
+cleanup() {
+  if [ -n "$PID" ]; then
+    kill -TERM "$PID" 2>/dev/null || true
+    wait "$PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Port 0: gapless picks a free port and prints the address it bound.
+"$GAPLESS_BIN" serve --listen 127.0.0.1:0 --data-dir "$WORK/data" >"$WORK/server.log" 2>&1 &
+PID=$!
+ADDR=""
+for _ in $(seq 100); do
+  ADDR=$(grep -oE '127\.0\.0\.1:[0-9]+' "$WORK/server.log" | grep -v ':0$' | head -n1 || true)
+  [ -n "$ADDR" ] && curl -fs -o /dev/null "http://$ADDR/healthz" && break
+  ADDR=""
+  sleep 0.1
+done
+[ -n "$ADDR" ] || { echo "bench-smoke: gapless did not start" >&2; cat "$WORK/server.log" >&2; exit 1; }
+
+run() {
+  echo "== gapless-bench $*"
+  timeout 60 "$GAPLESS_BENCH" --addr "$ADDR" --server-pid "$PID" --timeout-secs 20 \
+    --json "$WORK/results.jsonl" "$@" >"$WORK/out.txt" 2>&1 || {
+    cat "$WORK/out.txt"
+    echo "bench-smoke: FAILED: $*" >&2
+    exit 1
+  }
+  grep -E 'counts|deliveries |events_acked|events_read' "$WORK/out.txt" | sed 's/^ */   /'
+}
+
+run idle --subs 4 --hold-ms 50
+run idle --subs 4 --one-channel --hold-ms 50
+run fanout --subs 4 --events 25 --bytes 100
+run fanout --subs 3 --events 20 --rate 200 --publishers 2
+run channels --channels 3 --subs-per-channel 2 --events 30 --publishers 2
+run storm --subs 4 --behind 10 --linger-ms 100
+run publish --publishers 4 --events 40
+run publish --publishers 3 --events 30 --one-channel
+run history --events 120 --page 25 --publishers 4
+echo "bench-smoke: 9 scenario runs exact"
