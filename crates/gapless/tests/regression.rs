@@ -1,0 +1,526 @@
+//! Regression tests for fixes made after an adversarial review: slowloris
+//! sockets, JSON errors on every path, duplicate idempotency keys, ephemeral
+//! session appends, re-creating an ended session, unknown WebSocket fields,
+//! one reply per WebSocket subscribe, close frames for WebSocket protocol
+//! violations, the history page byte budget, the subscription-channel flag
+//! range, and SIGTERM with a half-sent request open.
+
+mod regression_support;
+mod support;
+mod ws_support;
+
+use regression_support::{raw_status, read_until_closed, Answer, ByteWs, Ending};
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use support::Server;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use ws_support::{assert_error, Msg, Ws};
+
+// ---- 1. slowloris ----
+
+#[tokio::test]
+async fn slowloris_sockets_are_closed_by_the_header_timeout_and_free_their_slots() {
+    let s = Server::memory(&["--header-timeout-ms", "500", "--max-connections", "5"]).await;
+    let partial_heads = [
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n",
+        "POST /v1/channels/c/events HTTP/1.1\r\nHo",
+        "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+        "",
+        "",
+    ];
+    let mut socks = Vec::new();
+    for head in partial_heads {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        if !head.is_empty() {
+            tcp.write_all(head.as_bytes()).await.expect("write");
+        }
+        socks.push((head, tcp));
+    }
+    let t0 = Instant::now();
+    // The five hold every slot: a sixth connection is refused (so they count).
+    assert_eq!(
+        raw_status(s.addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await,
+        Some(503),
+        "the five slowloris sockets hold the --max-connections 5 slots"
+    );
+    let closes = futures::future::join_all(socks.iter_mut().map(|(head, tcp)| async move {
+        let ending = read_until_closed(tcp, Duration::from_millis(2500)).await;
+        (*head, ending)
+    }))
+    .await;
+    for (head, ending) in closes {
+        assert!(
+            matches!(ending, Ending::Closed(_)),
+            "a socket that sent {head:?} is still open {:?} after connecting, with \
+             --header-timeout-ms 500 (read: {ending:?})",
+            t0.elapsed()
+        );
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(2600),
+        "closed within ~2 s: {:?}",
+        t0.elapsed()
+    );
+    // The slots are free again: a normal request is served, not 503.
+    let mut last = None;
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(1) {
+        last = raw_status(s.addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        if last == Some(200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        last,
+        Some(200),
+        "a normal request after the slowloris sockets"
+    );
+    let r = s.get("/healthz").await;
+    r.expect(200);
+}
+
+// ---- 2. JSON errors everywhere ----
+
+#[track_caller]
+fn assert_utf8_error(r: &support::Resp, what: &str) {
+    r.expect_error(400, "invalid_request");
+    let m = r.message().to_ascii_lowercase();
+    assert!(
+        m.contains("utf-8") || m.contains("utf8"),
+        "{what}: the message mentions UTF-8: {}",
+        r.text
+    );
+}
+
+#[tokio::test]
+async fn a_path_that_is_not_utf8_gets_a_json_invalid_request() {
+    let s = Server::memory(&[]).await;
+    let r = s.post("/v1/channels/a%FF/events", "x", &[]).await;
+    assert_utf8_error(&r, "POST /v1/channels/a%FF/events");
+    assert_eq!(r.json["error"], "invalid_request");
+    let r = s.get("/v1/channels/a%FF/events").await;
+    assert_utf8_error(&r, "GET /v1/channels/a%FF/events");
+    let r = s.get("/v1/sessions/a%FF").await;
+    assert_utf8_error(&r, "GET /v1/sessions/a%FF");
+    let r = s.post("/v1/sessions/a%FF/events", "x", &[]).await;
+    assert_utf8_error(&r, "POST /v1/sessions/a%FF/events");
+}
+
+#[tokio::test]
+async fn websocket_paths_without_upgrade_headers_get_a_json_error() {
+    let s = Server::memory(&[]).await;
+    for path in ["/v1/ws", "/v1/sessions/a%FF/ws"] {
+        let r = s.get(path).await;
+        assert!(
+            (400..500).contains(&r.status),
+            "GET {path} without upgrade headers is a 4xx: {} {}",
+            r.status,
+            r.text
+        );
+        assert!(
+            r.header("content-type")
+                .is_some_and(|c| c.starts_with("application/json")),
+            "GET {path}: the error is JSON: {:?} {}",
+            r.headers,
+            r.text
+        );
+        assert!(
+            r.json["error"].as_str().is_some_and(|e| !e.is_empty())
+                && r.json["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "GET {path}: body {{error, message}}: {}",
+            r.text
+        );
+    }
+}
+
+// ---- 3. duplicate Idempotency-Key ----
+
+#[tokio::test]
+async fn two_idempotency_key_headers_on_one_publish_are_invalid_request() {
+    let s = Server::memory(&[]).await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.append("idempotency-key", "k1".parse().expect("value"));
+    headers.append("idempotency-key", "k2".parse().expect("value"));
+    let req = s
+        .http
+        .post(s.url("/v1/channels/c/events"))
+        .headers(headers.clone())
+        .body("x");
+    let r = s.send(req).await;
+    r.expect_error(400, "invalid_request");
+    let req = s
+        .http
+        .post(s.url("/v1/channels/c/batch"))
+        .headers(headers)
+        .body(r#"[{"data":"x"}]"#);
+    let r = s.send(req).await;
+    r.expect_error(400, "invalid_request");
+    assert_eq!(s.info("c").await["head"], 0, "nothing was appended");
+}
+
+// ---- 4. ephemeral session appends ----
+
+#[tokio::test]
+async fn an_ephemeral_session_append_is_refused_with_400() {
+    let s = Server::memory(&[]).await;
+    ws_support::new_session(&s, "s").await;
+    let r = s
+        .post("/v1/sessions/s/events?ephemeral=true", "x", &[])
+        .await;
+    r.expect_error(400, "invalid_request");
+    let info = ws_support::session_info(&s, "s").await;
+    assert_eq!(
+        info.expect(200)["head"],
+        1,
+        "nothing was appended: {info:?}"
+    );
+}
+
+// ---- 5. re-creating an ended session ----
+
+async fn assert_stays_completed(s: &Server, when: &str) {
+    let r = ws_support::create_session(s, Some("s")).await;
+    r.expect_error(409, "session_exists");
+    let info = ws_support::session_info(s, "s").await;
+    assert_eq!(
+        info.expect(200)["status"],
+        "completed",
+        "{when}: still completed after the refused re-create"
+    );
+    let r = ws_support::append(s, "s", "late").await;
+    r.expect_error(409, "session_ended");
+    assert_eq!(r.json["status"], "completed", "{when}: {}", r.text);
+}
+
+#[tokio::test]
+async fn recreating_a_completed_session_is_409_and_it_stays_completed_across_restart() {
+    let mut s = Server::start(&[]).await;
+    ws_support::new_session(&s, "s").await;
+    ws_support::append_ok(&s, "s", "one").await;
+    ws_support::end_session(&s, "s", "complete")
+        .await
+        .expect(200);
+    assert_stays_completed(&s, "before restart").await;
+    s.kill9().await;
+    s.restart().await;
+    assert_stays_completed(&s, "after kill -9 and restart").await;
+}
+
+// ---- 6. unknown WebSocket fields ----
+
+#[tokio::test]
+async fn ws_publish_with_an_unknown_field_is_invalid_message_and_journals_nothing() {
+    let s = Server::memory(&[]).await;
+    let mut ws = Ws::channels(&s).await;
+    ws.send_text(r#"{"op":"publish","id":1,"channel":"c","data":"x","ephemral":true}"#)
+        .await;
+    let r = ws.expect_op("error").await;
+    assert_error(&r, "invalid_message");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ephemral")),
+        "names the unknown field: {r}"
+    );
+    assert_eq!(s.info("c").await["head"], 0, "nothing journaled");
+    // The socket stays usable, and the next publish is the first event.
+    ws.send(&json!({"op": "publish", "id": 2, "channel": "c", "data": "y"}))
+        .await;
+    let r = ws.expect_op("published").await;
+    assert_eq!(r["seq"], 1, "{r}");
+}
+
+#[tokio::test]
+async fn ws_subscribe_with_an_unknown_field_is_invalid_message_and_subscribes_nothing() {
+    let s = Server::memory(&[]).await;
+    let mut ws = Ws::channels(&s).await;
+    ws.send_text(r#"{"op":"subscribe","id":1,"channel":"c","sinse":"earliest"}"#)
+        .await;
+    let r = ws.expect_op("error").await;
+    assert_error(&r, "invalid_message");
+    assert!(
+        r["message"].as_str().is_some_and(|m| m.contains("sinse")),
+        "names the unknown field: {r}"
+    );
+    s.publish("c", "after").await;
+    ws.expect_quiet(Duration::from_millis(300)).await;
+}
+
+// ---- 7. one reply per WebSocket subscribe ----
+
+/// Reads JSON messages until none arrives for `quiet` (at most `cap` in all).
+async fn read_until_quiet(ws: &mut Ws, quiet: Duration, cap: Duration) -> Vec<Value> {
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    loop {
+        assert!(
+            t0.elapsed() < cap,
+            "the socket never went quiet ({} messages)",
+            out.len()
+        );
+        match ws.recv(quiet).await {
+            None => return out,
+            Some(Msg::Json(v)) => out.push(v),
+            Some(other) => panic!("after {} messages: unexpected {other:?}", out.len()),
+        }
+    }
+}
+
+/// The replies (non-event messages) carrying `id`.
+fn replies<'a>(msgs: &'a [Value], id: &str) -> Vec<&'a Value> {
+    msgs.iter()
+        .filter(|m| m["op"] != "event" && m["id"] == id)
+        .collect()
+}
+
+/// How many sockets race at once in the reply tests (the race is timing-dependent).
+const RACERS: usize = 8;
+
+#[tokio::test]
+async fn a_subscribe_replaying_3000_events_then_unsubscribe_each_get_exactly_one_reply() {
+    let s = Server::memory(&[]).await;
+    s.publish_many("c", "e", 3000).await;
+    let rounds = futures::future::join_all((0..RACERS).map(|_| async {
+        let mut ws = Ws::channels(&s).await;
+        ws.send(&json!({"op": "subscribe", "id": "s", "channel": "c", "since": "earliest"}))
+            .await;
+        ws.send(&json!({"op": "unsubscribe", "id": "u", "channel": "c"}))
+            .await;
+        read_until_quiet(&mut ws, Duration::from_millis(700), Duration::from_secs(10)).await
+    }))
+    .await;
+    for (round, msgs) in rounds.iter().enumerate() {
+        let s_replies = replies(msgs, "s");
+        let u_replies = replies(msgs, "u");
+        assert_eq!(
+            s_replies.len(),
+            1,
+            "socket {round}: one reply to subscribe \"s\": {s_replies:?}"
+        );
+        assert_eq!(s_replies[0]["op"], "subscribed", "{}", s_replies[0]);
+        assert_eq!(
+            u_replies.len(),
+            1,
+            "socket {round}: one reply to unsubscribe \"u\": {u_replies:?}"
+        );
+        assert_eq!(u_replies[0]["op"], "unsubscribed", "{}", u_replies[0]);
+        let errors: Vec<_> = msgs.iter().filter(|m| m["op"] == "error").collect();
+        assert!(errors.is_empty(), "socket {round}: no errors: {errors:?}");
+    }
+}
+
+#[tokio::test]
+async fn two_quick_subscribes_to_one_channel_each_get_exactly_one_subscribed() {
+    let s = Server::memory(&[]).await;
+    s.publish_many("c", "e", 3000).await;
+    // The second subscribe replays from the floor too, or starts live.
+    let seconds: Vec<Value> = (0..RACERS)
+        .map(|i| {
+            if i % 2 == 0 {
+                json!({"since": "earliest"})
+            } else {
+                json!({})
+            }
+        })
+        .collect();
+    let rounds = futures::future::join_all(seconds.iter().map(|second| async {
+        let mut ws = Ws::channels(&s).await;
+        ws.subscribe(json!("a"), "c", json!({"since": "earliest"}))
+            .await;
+        ws.subscribe(json!("b"), "c", second.clone()).await;
+        read_until_quiet(&mut ws, Duration::from_millis(700), Duration::from_secs(10)).await
+    }))
+    .await;
+    for (msgs, second) in rounds.iter().zip(&seconds) {
+        for id in ["a", "b"] {
+            let r = replies(msgs, id);
+            assert_eq!(
+                r.len(),
+                1,
+                "subscribe {id:?} (second subscribe {second}): one reply, got {r:?}"
+            );
+            assert_eq!(r[0]["op"], "subscribed", "{}", r[0]);
+        }
+    }
+}
+
+// ---- 8. WebSocket protocol violations get a close frame ----
+
+async fn violation_answer(args: &[&str], send: impl AsyncFnOnce(&mut ByteWs)) -> Answer {
+    let s = Server::memory(args).await;
+    let mut ws = ByteWs::connect(s.addr, "/v1/ws").await;
+    send(&mut ws).await;
+    ws.close_answer(Duration::from_secs(5)).await
+}
+
+#[tokio::test]
+async fn a_text_frame_with_invalid_utf8_is_closed_1007() {
+    let a = violation_answer(&[], async |ws| {
+        ws.write_masked(0x81, b"{\"op\":\"\xff\xfe\"}").await;
+    })
+    .await;
+    assert_eq!(a, Answer::Close(Some(1007)));
+}
+
+#[tokio::test]
+async fn an_unmasked_client_frame_is_closed_1002() {
+    let a = violation_answer(&[], async |ws| {
+        let msg = br#"{"op":"subscribe","channel":"c"}"#;
+        let mut frame = vec![0x81, msg.len() as u8];
+        frame.extend_from_slice(msg);
+        ws.write_raw(&frame).await;
+    })
+    .await;
+    assert_eq!(a, Answer::Close(Some(1002)));
+}
+
+#[tokio::test]
+async fn a_frame_with_rsv_bits_set_is_closed_1002() {
+    let a = violation_answer(&[], async |ws| {
+        ws.write_masked(0x80 | 0x40 | 0x01, br#"{"op":"subscribe","channel":"c"}"#)
+            .await;
+    })
+    .await;
+    assert_eq!(a, Answer::Close(Some(1002)));
+}
+
+#[tokio::test]
+async fn a_ping_with_a_126_byte_payload_is_closed_1002_not_1009() {
+    let a = violation_answer(&[], async |ws| {
+        ws.write_masked(0x89, &[7u8; 126]).await;
+    })
+    .await;
+    assert_eq!(a, Answer::Close(Some(1002)));
+}
+
+#[tokio::test]
+async fn a_raw_message_over_ws_max_message_bytes_is_closed_1009() {
+    let a = violation_answer(&["--ws-max-message-bytes", "4096"], async |ws| {
+        let big = json!({"op": "publish", "channel": "c", "data": "b".repeat(5000)});
+        ws.write_masked(0x81, big.to_string().as_bytes()).await;
+    })
+    .await;
+    assert_eq!(a, Answer::Close(Some(1009)));
+}
+
+// ---- 9. history page byte budget ----
+
+#[tokio::test]
+async fn history_pages_of_1mb_events_stop_at_the_byte_budget_and_reach_every_event_once() {
+    let s = Server::memory(&["--max-event-bytes", "2000000"]).await;
+    for i in 1..=6u8 {
+        let data = format!("{i}{}", "x".repeat(999_999));
+        let r = s.post("/v1/channels/big/events", data, &[]).await;
+        assert_eq!(r.expect(201)["seq"], u64::from(i));
+    }
+    let first = s.history("big", "limit=1000").await;
+    let page = first.expect(200);
+    let n = page["events"].as_array().expect("events").len();
+    assert!(
+        (1..6).contains(&n),
+        "the first page stops early at the byte budget: {n} events"
+    );
+    assert_eq!(page["done"], false, "more pages follow");
+    let mut seqs = Vec::new();
+    let mut page = page.clone();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 6, "at most one page per event");
+        let events = page["events"].as_array().expect("events");
+        assert!(
+            !events.is_empty() || page["done"] == true,
+            "a page holds an event"
+        );
+        for e in events {
+            let seq = e["seq"].as_u64().expect("seq");
+            let data = e["data"].as_str().expect("data");
+            assert_eq!(data.len(), 1_000_000, "seq {seq}: whole data");
+            assert!(
+                data.starts_with(&seq.to_string()),
+                "seq {seq}: its own data"
+            );
+            seqs.push(seq);
+        }
+        if page["done"] == true {
+            break;
+        }
+        let next = page["next"].as_str().expect("next").to_owned();
+        page = s
+            .history("big", &format!("limit=1000&after={next}"))
+            .await
+            .expect(200)
+            .clone();
+    }
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6], "every event exactly once");
+}
+
+// ---- 10. --max-subscription-channels range ----
+
+#[tokio::test]
+async fn max_subscription_channels_256_is_refused_at_startup() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "--max-subscription-channels",
+            "256",
+        ])
+        .env_remove("GAPLESS_MAX_SUBSCRIPTION_CHANNELS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gapless");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("gapless exits instead of serving with --max-subscription-channels 256")
+        .expect("wait");
+    let out = child.wait_with_output().await.expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success(), "exit status {status}; stderr: {stderr}");
+    assert!(!stdout.contains("listening"), "it never listened: {stdout}");
+    assert!(
+        stderr.contains("max-subscription-channels"),
+        "stderr names the flag: {stderr}"
+    );
+    assert!(
+        stderr.contains('1') && stderr.contains("255"),
+        "stderr names the range 1 to 255: {stderr}"
+    );
+}
+
+// ---- 11. SIGTERM with a half-sent request ----
+
+#[tokio::test]
+async fn sigterm_with_half_sent_requests_open_exits_within_5_s() {
+    let mut s = Server::memory(&[]).await;
+    let mut head_half = TcpStream::connect(s.addr).await.expect("connect");
+    head_half
+        .write_all(b"POST /v1/channels/c/events HTTP/1.1\r\nHost: x\r\nContent-Le")
+        .await
+        .expect("write");
+    let mut body_half = TcpStream::connect(s.addr).await.expect("connect");
+    body_half
+        .write_all(
+            b"POST /v1/channels/c/events HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc",
+        )
+        .await
+        .expect("write");
+    // Let the server accept both and start reading them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.get("/healthz").await.expect(200);
+    let (status, took) = s.sigterm().await;
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM ({status}) with half-sent requests open"
+    );
+    drop((head_half, body_half));
+}

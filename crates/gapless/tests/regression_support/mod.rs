@@ -1,0 +1,183 @@
+//! Helpers of the regression tests that the shared modules do not have: a
+//! WebSocket over a bare TCP socket that writes arbitrary bytes (unmasked
+//! frames, RSV bits), and reads of raw TCP sockets until the server closes them.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How a raw socket read ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The server closed the connection (EOF or reset) after this many bytes.
+    Closed(Vec<u8>),
+    /// Still open when the deadline passed (with what was read).
+    Open(Vec<u8>),
+}
+
+/// Reads `tcp` until the server closes it or `within` passes.
+pub async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> Ending {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout(left, tcp.read(&mut chunk)).await {
+            Err(_) => return Ending::Open(got),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ending::Closed(got),
+            Ok(Ok(n)) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Sends a whole request (`raw`) on a new connection and returns the status of
+/// the answer's status line (`None`: the connection closed or stayed silent).
+pub async fn raw_status(addr: SocketAddr, raw: &str) -> Option<u16> {
+    let mut tcp = TcpStream::connect(addr).await.ok()?;
+    tcp.write_all(raw.as_bytes()).await.ok()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    loop {
+        if let Some(end) = got.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&got[..end]).into_owned();
+            return line.split_whitespace().nth(1)?.parse().ok();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut chunk = [0u8; 1024];
+        match tokio::time::timeout(left, tcp.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// A WebSocket on `/v1/ws` over a bare TCP socket: the test writes bytes as is.
+pub struct ByteWs {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// What the server answered a protocol violation with.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A close frame with this code (`None`: a close frame without a code).
+    Close(Option<u16>),
+    /// The connection ended without a close frame.
+    Eof,
+    /// Nothing within the deadline.
+    Silence,
+}
+
+impl ByteWs {
+    /// Upgrades `path` with subprotocol `gapless.v1`; asserts 101.
+    pub async fn connect(addr: SocketAddr, path: &str) -> ByteWs {
+        let mut tcp = TcpStream::connect(addr).await.expect("TCP connect");
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Protocol: gapless.v1\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes())
+            .await
+            .expect("write handshake");
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(left, tcp.read(&mut chunk))
+                .await
+                .expect("handshake answer timed out")
+                .expect("reading the handshake answer");
+            assert!(n > 0, "closed during the handshake: {buf:?}");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
+        let buf = buf[end..].to_vec();
+        ByteWs { tcp, buf }
+    }
+
+    /// Writes `bytes` as they are.
+    pub async fn write_raw(&mut self, bytes: &[u8]) {
+        self.tcp.write_all(bytes).await.expect("write");
+    }
+
+    /// Writes one masked frame: `first` is the first byte (FIN, RSV, opcode).
+    pub async fn write_masked(&mut self, first: u8, payload: &[u8]) {
+        let mask = [0x5au8, 0x17, 0xc3, 0x08];
+        let mut out = vec![first];
+        let n = payload.len();
+        if n < 126 {
+            out.push(0x80 | n as u8);
+        } else if n <= 0xffff {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        } else {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.write_raw(&out).await;
+    }
+
+    /// Reads frames (skipping all but close) until a close frame, EOF or `within`.
+    pub async fn close_answer(&mut self, within: Duration) -> Answer {
+        let deadline = Instant::now() + within;
+        loop {
+            while let Some((opcode, payload, used)) = parse(&self.buf) {
+                self.buf.drain(..used);
+                if opcode == 8 {
+                    return Answer::Close(
+                        (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])),
+                    );
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut chunk = [0u8; 16384];
+            match tokio::time::timeout(left, self.tcp.read(&mut chunk)).await {
+                Err(_) => return Answer::Silence,
+                Ok(Ok(0)) | Ok(Err(_)) => return Answer::Eof,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+}
+
+/// One frame from the front of `b`: opcode, payload (unmasked), bytes used.
+fn parse(b: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
+    if b.len() < 2 {
+        return None;
+    }
+    let opcode = b[0] & 0x0f;
+    let masked = b[1] & 0x80 != 0;
+    let (len, mut at) = match b[1] & 0x7f {
+        126 => (usize::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
+        127 => {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b.get(2..10)?);
+            (usize::try_from(u64::from_be_bytes(a)).ok()?, 10)
+        }
+        n => (usize::from(n), 2),
+    };
+    let mask = if masked {
+        let m: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
+        at += 4;
+        Some(m)
+    } else {
+        None
+    };
+    let mut payload = b.get(at..at + len)?.to_vec();
+    if let Some(m) = mask {
+        for (i, x) in payload.iter_mut().enumerate() {
+            *x ^= m[i % 4];
+        }
+    }
+    Some((opcode, payload, at + len))
+}
