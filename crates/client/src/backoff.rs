@@ -1,15 +1,18 @@
 //! Reconnection delays: exponential backoff with full jitter, capped, whose
-//! base is the server's `retry:` (or [`Backoff::initial`] until one arrives).
+//! base is the server's `retry:` (or [`Backoff::initial`] until one arrives;
+//! always [`Backoff::initial`] over WebSocket, which has no `retry:`).
 
 use std::time::Duration;
 
-/// How long a subscription or join waits before reconnecting after a failure.
+/// How long a subscription, join or session consumer waits before
+/// reconnecting after a failure.
 ///
 /// Retry number `n` (0 for the first after a failure) waits a uniformly random
 /// time in `[0, min(max, base × 2ⁿ)]` ("full jitter", so that many clients cut
 /// off together do not come back together). `base` is the reconnection time the
-/// server sent in its last `retry:` field, or `initial` before any. A clean
-/// close by the server reconnects at once, without waiting.
+/// server sent in its last `retry:` field, or `initial` before any (and
+/// always `initial` over WebSocket). A clean close by the server reconnects
+/// at once, without waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     /// The base before the server has sent `retry:`. Default 1 s.

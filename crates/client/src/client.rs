@@ -9,6 +9,7 @@ use crate::types::{
     BatchPublished, ChannelInfo, Cursor, EphemeralPublished, Event, HistoryPage, Published,
     SeqCursor,
 };
+use crate::ws_subscribe::WsSubscribeBuilder;
 use futures::Stream;
 use gapless_protocol::NewEvent;
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,7 @@ pub(crate) struct Inner {
     /// The base URL without a trailing slash, e.g. `http://127.0.0.1:8080`.
     pub(crate) base: String,
     pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 /// Settings for a [`Client`].
@@ -87,6 +89,7 @@ impl ClientBuilder {
                 http,
                 base,
                 request_timeout: self.request_timeout,
+                connect_timeout: self.connect_timeout,
             }),
         })
     }
@@ -163,6 +166,24 @@ impl Client {
         SubscribeBuilder::new(self.clone(), channels.into_iter().map(Into::into).collect())
     }
 
+    /// Follows `channels` over one WebSocket (`/v1/ws`); see
+    /// [`WsSubscribeBuilder`].
+    ///
+    /// A separate entry point rather than a transport option of
+    /// [`Client::subscribe`], because the two differ in what a caller
+    /// stores: an SSE subscription has one cursor for all its channels
+    /// ([`Subscription::cursor`](crate::Subscription::cursor)), a WebSocket
+    /// one has a cursor per channel
+    /// ([`WsSubscription::cursors`](crate::WsSubscription::cursors)), and
+    /// [`Event::cursor`] follows suit. Both yield the same [`Update`](crate::Update)s.
+    pub fn subscribe_ws<I, S>(&self, channels: I) -> WsSubscribeBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        WsSubscribeBuilder::new(self.clone(), channels.into_iter().map(Into::into).collect())
+    }
+
     /// Reads `channel`'s history then follows it live, with no event lost or
     /// repeated between the two; see [`JoinBuilder`].
     pub fn join(&self, channel: &str) -> JoinBuilder {
@@ -189,7 +210,7 @@ impl Client {
 
     /// Sends a request with the request timeout; returns the status and body
     /// of a 2xx answer and maps everything else to [`Error`].
-    async fn call(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>), Error> {
+    pub(crate) async fn call(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>), Error> {
         let base = &self.inner.base;
         let resp = req
             .timeout(self.inner.request_timeout)
@@ -207,7 +228,7 @@ impl Client {
         Ok((status, body.to_vec()))
     }
 
-    fn decode<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, Error> {
+    pub(crate) fn decode<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, Error> {
         serde_json::from_slice(body)
             .map_err(|e| Error::protocol(&self.inner.base, format!("unexpected JSON answer: {e}")))
     }

@@ -127,6 +127,20 @@ impl Error {
     }
 }
 
+/// A short, human description of an I/O error, the common ones named plainly.
+pub(crate) fn describe_io(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".to_owned(),
+        K::ConnectionReset => "connection reset".to_owned(),
+        K::ConnectionAborted => "connection aborted".to_owned(),
+        K::TimedOut => "timed out".to_owned(),
+        K::UnexpectedEof => "closed in the middle of a response".to_owned(),
+        K::BrokenPipe => "broken pipe".to_owned(),
+        _ => e.to_string(),
+    }
+}
+
 /// A short, human description of a reqwest error: the innermost cause, with
 /// the common operating-system errors named plainly.
 fn describe(e: &reqwest::Error) -> String {
@@ -159,10 +173,17 @@ fn describe(e: &reqwest::Error) -> String {
 
 /// The server refused a request: its status and JSON error body
 /// `{"error": code, "message": text, …}` (shapes in `docs/api.md`).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{message} ({code}, HTTP {status})")]
+///
+/// Over WebSocket the same type carries an `error` message (`{"op":"error",
+/// "code","message"}`) and the close code that followed it, if any
+/// ([`ApiError::close_code`]): a session refusal such as 4404
+/// `session_not_found` reads like the HTTP 404 of the same code.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
-    /// The HTTP status.
+    /// The HTTP status. For a WebSocket close with an application code
+    /// (4000 to 4999), that code minus 4000: the server's close codes mirror
+    /// HTTP statuses (4404 → 404, 4409 → 409, 4408 → 408), so
+    /// [`ApiError::is_terminal`] reads them the same way.
     pub status: u16,
     /// The `error` code, e.g. `invalid_channel`; `http_<status>` when the body
     /// was not a gapless error.
@@ -172,6 +193,17 @@ pub struct ApiError {
     /// Any other fields of the body (e.g. `reason`, `floor`, `floor_cursor`, `limit`).
     pub extra: Map<String, Value>,
 }
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.close_code() {
+            Some(c) => write!(f, "{} ({}, WebSocket close {c})", self.message, self.code),
+            None => write!(f, "{} ({}, HTTP {})", self.message, self.code, self.status),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
 
 impl From<ApiError> for Error {
     fn from(e: ApiError) -> Self {
@@ -230,8 +262,56 @@ impl ApiError {
             "limit_reached" => C::LimitReached,
             "shutting_down" => C::ShuttingDown,
             "journal_failed" => C::JournalFailed,
+            "invalid_message" => C::InvalidMessage,
+            "not_subscribed" => C::NotSubscribed,
+            "session_not_found" => C::SessionNotFound,
+            "session_exists" => C::SessionExists,
+            "session_ended" => C::SessionEnded,
+            "session_attached" => C::SessionAttached,
+            "session_not_retained" => C::SessionNotRetained,
+            "resume_disabled" => C::ResumeDisabled,
             _ => return None,
         })
+    }
+
+    /// The WebSocket close code that came with the refusal (e.g. 4404 for a
+    /// session that does not exist); `None` for an HTTP answer or a WebSocket
+    /// `error` reply that left the socket open.
+    pub fn close_code(&self) -> Option<u16> {
+        self.extra
+            .get("close_code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+    }
+
+    /// A refusal received over WebSocket: an `error` message (`code`,
+    /// `message`), a close frame, or both. `status` is the close code minus
+    /// 4000 for an application close code (the server's 4xxx codes mirror
+    /// HTTP statuses: 4404 → 404, 4408 → 408), otherwise the status the API
+    /// gives `code`.
+    pub(crate) fn from_ws(code: String, message: String, close_code: Option<u16>) -> Self {
+        let mut extra = Map::new();
+        let status = match close_code {
+            Some(c) if (4000..5000).contains(&c) => c - 4000,
+            _ => {
+                let probe = ApiError {
+                    status: 0,
+                    code: code.clone(),
+                    message: String::new(),
+                    extra: Map::new(),
+                };
+                probe.error_code().map_or(400, ErrorCode::status)
+            }
+        };
+        if let Some(c) = close_code {
+            extra.insert("close_code".to_owned(), Value::from(c));
+        }
+        ApiError {
+            status,
+            code,
+            message,
+            extra,
+        }
     }
 
     /// For `410 cursor_not_served`: why the cursor cannot be served.

@@ -11,15 +11,22 @@
 //! | one history page | [`Client::history`] → [`HistoryRequest::page`] | `GET /v1/channels/{c}/events` |
 //! | all history | [`HistoryRequest::stream`] | the same, page after page |
 //! | follow channels | [`Client::subscribe`] → [`Subscription`] | `GET …/sse` (Server-Sent Events) |
+//! | follow channels over WebSocket | [`Client::subscribe_ws`] → [`WsSubscription`] | `GET /v1/ws` |
 //! | history then live, exactly | [`Client::join`] → [`Join`], [`Fold`] | both |
+//! | create a session | [`Client::create_session`] | `POST /v1/sessions` |
+//! | append to a session | [`Client::append_session`] → [`AppendRequest::send`] | `POST /v1/sessions/{id}/events` |
+//! | end a session | [`Client::complete_session`], [`Client::cancel_session`] | `POST /v1/sessions/{id}/complete`, `…/cancel` |
+//! | a session's state | [`Client::session_info`] | `GET /v1/sessions/{id}` |
+//! | consume a session | [`Client::attach_session`] → [`SessionStream`] | `GET /v1/sessions/{id}/ws` |
 //!
 //! Cursors ([`Cursor`]) are opaque strings the server issues; the client only
-//! stores and relays them. Streams yield [`Update`]s: journaled events, gap
-//! notices and ephemeral events. The SSE parser ([`sse`]) is a standalone
-//! module usable on its own, e.g. by a load generator.
+//! stores and relays them. Channel streams, over SSE or WebSocket, yield
+//! [`Update`]s: journaled events, gap notices and ephemeral events; a session
+//! consumer yields [`SessionUpdate`]s. The SSE parser ([`sse`]) is a
+//! standalone module usable on its own, e.g. by a load generator.
 //!
-//! Not in this version: WebSocket transport and sessions (the server does not
-//! offer them yet).
+//! Not in this version: publishing over the WebSocket (publish over HTTP),
+//! and session history (`GET /v1/sessions/{id}/events`).
 //!
 //! # Publish
 //!
@@ -93,6 +100,92 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Subscribe over WebSocket
+//!
+//! One socket for every channel, each resumed from its own cursor after a
+//! drop ([`ws_subscribe`] has the rules).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gapless_client::Error> {
+//! use gapless_client::{Backoff, Client, Update};
+//! use std::time::Duration;
+//!
+//! let client = Client::new("http://127.0.0.1:8080")?;
+//! let mut sub = client
+//!     .subscribe_ws(["orders", "payments"])
+//!     .since_earliest()
+//!     .backoff(Backoff { initial: Duration::from_millis(200), max: Duration::from_secs(10) })
+//!     .connect()
+//!     .await?;
+//! while let Some(update) = sub.next().await {
+//!     match update? {
+//!         Update::Event(e) => println!("{} #{}: {}", e.channel, e.seq, e.data),
+//!         Update::Gap(g) => eprintln!("missed {:?} on {}: up to {}", g.reason, g.channel, g.next),
+//!         Update::Ephemeral(e) => println!("{} (live only): {}", e.channel, e.data),
+//!     }
+//! }
+//! // Each channel's position, to resume later with .cursors(saved).
+//! let saved = sub.cursors();
+//! let _later = client.subscribe_ws(["orders", "payments"]).cursors(saved).open();
+//! # Ok(()) }
+//! ```
+//!
+//! # Sessions: produce
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gapless_client::Error> {
+//! use gapless_client::{Client, SessionStatus};
+//!
+//! let client = Client::new("http://127.0.0.1:8080")?;
+//! let session = client.create_session(Some("job-42")).await?; // or None: the server draws an id
+//! assert_eq!((session.status, session.head), (SessionStatus::Open, 1)); // seq 1 opens it
+//!
+//! let sent = client.append_session(&session.id, "step 1").event_type("progress").send().await?;
+//! if !sent.attached {
+//!     eprintln!("nobody is consuming {} yet", sent.id);
+//! }
+//! let info = client.session_info(&session.id).await?;
+//! println!("head {} attached {}", info.head, info.attached);
+//!
+//! let done = client.complete_session(&session.id).await?; // or cancel_session
+//! assert_eq!(done.status, SessionStatus::Completed);
+//! # Ok(()) }
+//! ```
+//!
+//! # Sessions: consume
+//!
+//! The consumer re-attaches by itself after a drop, with the last seq it
+//! delivered and `takeover=true` ([`session`] says why), and ends after the
+//! session's end.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gapless_client::Error> {
+//! use gapless_client::{Client, ErrorCode, SessionUpdate};
+//!
+//! let client = Client::new("http://127.0.0.1:8080")?;
+//! let mut consumer = match client.attach_session("job-42").last_seq(1).connect().await {
+//!     Ok(c) => c,
+//!     Err(e) if e.api().and_then(|a| a.error_code()) == Some(ErrorCode::SessionNotFound) => {
+//!         eprintln!("no such session (close {:?})", e.api().and_then(|a| a.close_code()));
+//!         return Ok(());
+//!     }
+//!     Err(e) => return Err(e),
+//! };
+//! while let Some(update) = consumer.next().await {
+//!     match update? {
+//!         SessionUpdate::Event(e) => println!("#{} {:?}: {}", e.seq, e.event_type, e.data),
+//!         SessionUpdate::Resumed { replayed_events } => {
+//!             println!("caught up ({replayed_events} replayed)")
+//!         }
+//!         SessionUpdate::Completed { .. } => println!("done"),
+//!         SessionUpdate::Cancelled { .. } => println!("cancelled"),
+//!     }
+//! }
+//! // Where it stopped, to attach again later with .last_seq(n).
+//! println!("last seq {:?}", consumer.last_seq());
+//! # Ok(()) }
+//! ```
+//!
 //! # Join history and live exactly
 //!
 //! ```no_run
@@ -142,9 +235,12 @@ mod client;
 pub mod error;
 pub mod join;
 mod live;
+pub mod session;
 pub mod sse;
 pub mod subscribe;
 pub mod types;
+mod ws;
+pub mod ws_subscribe;
 
 pub use backoff::Backoff;
 pub use client::{BatchRequest, Client, ClientBuilder, HistoryRequest, PublishRequest};
@@ -152,8 +248,11 @@ pub use error::{ApiError, Error};
 pub use gapless_protocol::codes::{ErrorCode, GapReason};
 pub use gapless_protocol::NewEvent;
 pub use join::{Fold, Folded, Join, JoinBuilder, View};
+pub use session::{AppendRequest, AttachBuilder, SessionStream};
 pub use subscribe::{Reconnect, SubscribeBuilder, Subscription};
 pub use types::{
-    BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralPublished, Event, Gap, HistoryPage,
-    Published, SeqCursor, Start, Update,
+    Appended, BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralPublished, Event, Gap,
+    HistoryPage, Published, SeqCursor, SessionEvent, SessionInfo, SessionStatus, SessionUpdate,
+    Start, Update,
 };
+pub use ws_subscribe::{WsSubscribeBuilder, WsSubscription};

@@ -58,8 +58,9 @@ pub struct Event {
     pub data: String,
     /// Commit time, Unix milliseconds.
     pub time: u64,
-    /// Where a reader stands after this event. From history, a single-channel
-    /// cursor; from a subscription, the subscription's cursor (every channel's
+    /// Where a reader stands after this event. From history and from a
+    /// WebSocket subscription, the channel's cursor (one channel's position);
+    /// from an SSE subscription, the subscription's cursor (every channel's
     /// position), so resuming from it resumes the whole subscription.
     pub cursor: Cursor,
 }
@@ -208,4 +209,90 @@ pub enum Start {
     Earliest,
     /// After a cursor the server issued (resume).
     After(Cursor),
+}
+
+/// A session's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum SessionStatus {
+    /// Takes events.
+    Open,
+    /// Ended by its producer; it takes no more events.
+    Completed,
+    /// Cancelled by its producer, or by the server when no consumer was
+    /// attached for the grace window (`--session-grace-ms`).
+    Cancelled,
+}
+
+/// A session's state: the answer of create, complete, cancel and info.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SessionInfo {
+    /// The session's id (an identifier, never a credential).
+    pub id: String,
+    /// Open, completed or cancelled.
+    pub status: SessionStatus,
+    /// The newest seq. Seq 1 is the opening marker, so a new session's head
+    /// is 1 and its first event is seq 2.
+    pub head: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+/// The answer to a session append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The session's id.
+    pub id: String,
+    /// The event's seq.
+    pub seq: u64,
+    /// Whether a consumer is attached: a producer sees at once that nobody
+    /// is listening (and that the grace window is running).
+    pub attached: bool,
+    /// True when the server recognised the `Idempotency-Key` of an earlier
+    /// append (status 200): nothing was appended and `seq` is the original.
+    pub duplicate: bool,
+}
+
+/// An event of a session, as its consumer receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEvent {
+    /// The session's id.
+    pub session: String,
+    /// Its seq: increasing over the whole session (seq 1, the opening
+    /// marker, is never delivered, so the first event is seq 2 or later).
+    pub seq: u64,
+    /// The event's type (`None` when appended without one).
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    /// The payload, UTF-8 text as appended.
+    pub data: String,
+    /// Commit time, Unix milliseconds.
+    pub time: u64,
+}
+
+/// What a session consumer delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionUpdate {
+    /// An event; its seq is now the consumer's `last_seq`.
+    Event(SessionEvent),
+    /// An attach with `last_seq` has replayed everything after it
+    /// (`replayed_events` events, possibly 0): what follows is live.
+    Resumed {
+        /// How many events the replay delivered.
+        replayed_events: u64,
+    },
+    /// The producer completed the session and every event was delivered.
+    /// The stream ends after it.
+    Completed {
+        /// The seq of the end marker.
+        seq: u64,
+    },
+    /// The session was cancelled (by its producer, or by the server after
+    /// the grace window) and every event was delivered. The stream ends
+    /// after it.
+    Cancelled {
+        /// The seq of the end marker.
+        seq: u64,
+    },
 }

@@ -28,8 +28,10 @@ pub struct WindowLimits {
     pub max_events: usize,
     /// Most bytes of event data kept in memory per followed channel (default 1 MiB).
     pub max_bytes: usize,
-    /// Ephemeral events buffered per channel for slow readers (default 1024);
-    /// a reader further behind misses the oldest (ephemeral events are best effort).
+    /// Ephemeral events buffered per channel for slow readers (default 16); a
+    /// reader further behind misses the oldest (ephemeral events are best
+    /// effort). The buffer is allocated whole for every followed channel, so it
+    /// is kept small.
     pub ephemeral_capacity: usize,
     /// A followed channel whose last subscriber left is forgotten after this many
     /// milliseconds (default 30000).
@@ -41,7 +43,7 @@ impl Default for WindowLimits {
         WindowLimits {
             max_events: 1024,
             max_bytes: 1 << 20,
-            ephemeral_capacity: 1024,
+            ephemeral_capacity: 16,
             linger_ms: 30_000,
         }
     }

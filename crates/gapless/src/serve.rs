@@ -75,9 +75,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout_ms: args.header_timeout_ms,
         ..ServerConfig::default()
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let listener = bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let shutdown = CancellationToken::new();
     let app = Arc::new(App {
@@ -109,6 +107,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     journal.close().await.context("flushing the journal")?;
     Ok(())
+}
+
+/// Binds with a deep accept queue (4096, capped by the kernel's somaxconn), so
+/// a burst of connects (a reconnect storm) is not met with dropped SYNs.
+fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
 }
 
 async fn wait_for_signal() {
