@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::{broadcast, watch, OnceCell};
+use tokio::sync::{watch, OnceCell};
 
 /// Bounds of each channel's in-memory window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,6 @@ pub struct Cell {
     name: Arc<str>,
     window: RwLock<Window>,
     head_tx: watch::Sender<u64>,
-    ephemeral_tx: broadcast::Sender<Arc<Ephemeral>>,
     subscribers: AtomicUsize,
     idle_since_ms: AtomicU64,
     loaded: OnceCell<()>,
@@ -68,6 +67,10 @@ pub struct Cell {
 }
 
 struct Window {
+    /// Ephemeral events published to this channel, ever.
+    ephemeral_count: u64,
+    /// The newest of them (at most `ephemeral_capacity`).
+    ephemeral: VecDeque<Arc<Ephemeral>>,
     known: bool,
     state: ChannelState,
     events: VecDeque<Arc<Event>>,
@@ -93,13 +96,14 @@ impl Cell {
         Cell {
             name,
             window: RwLock::new(Window {
+                ephemeral_count: 0,
+                ephemeral: VecDeque::new(),
                 known: false,
                 state: ChannelState::empty(Epoch(0)),
                 events: VecDeque::new(),
                 bytes: 0,
             }),
             head_tx: watch::Sender::new(0),
-            ephemeral_tx: broadcast::Sender::new(limits.ephemeral_capacity.max(1)),
             subscribers: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(crate::journal::now_ms()),
             loaded: OnceCell::new(),
@@ -137,8 +141,37 @@ impl Cell {
         self.head_tx.subscribe()
     }
 
-    pub(crate) fn watch_ephemeral(&self) -> broadcast::Receiver<Arc<Ephemeral>> {
-        self.ephemeral_tx.subscribe()
+    /// The number of ephemeral events published so far (a follow starts here,
+    /// so it gets only those published after it).
+    pub(crate) fn ephemeral_count(&self) -> u64 {
+        self.window.read().ephemeral_count
+    }
+
+    /// The oldest buffered ephemeral event after number `seen`, with its number.
+    /// A reader more than the buffer behind skips to the oldest still buffered.
+    pub(crate) fn ephemeral_after(&self, seen: u64) -> Option<(u64, Arc<Ephemeral>)> {
+        let w = self.window.read();
+        if w.ephemeral_count <= seen {
+            return None;
+        }
+        let oldest = w.ephemeral_count + 1 - w.ephemeral.len() as u64;
+        let n = (seen + 1).max(oldest);
+        w.ephemeral
+            .get((n - oldest) as usize)
+            .map(|e| (n, e.clone()))
+    }
+
+    fn push_ephemeral(&self, e: Arc<Ephemeral>) {
+        {
+            let mut w = self.window.write();
+            w.ephemeral_count += 1;
+            w.ephemeral.push_back(e);
+            while w.ephemeral.len() > self.limits.ephemeral_capacity.max(1) {
+                w.ephemeral.pop_front();
+            }
+        }
+        // Wake every follower; the head did not move.
+        self.head_tx.send_modify(|_| {});
     }
 
     async fn ensure_loaded(&self, journal: &dyn Journal) -> Result<(), JournalError> {
@@ -339,7 +372,8 @@ impl Hub {
             return 0;
         };
         let e = Arc::new(Ephemeral::new(cell.name.clone(), event_type, data));
-        cell.ephemeral_tx.send(e).unwrap_or(0)
+        cell.push_ephemeral(e);
+        cell.subscribers()
     }
 
     /// One page of history (see [`Journal::read`]).
@@ -410,11 +444,11 @@ impl Hub {
         cell.ensure_loaded(self.journal.as_ref()).await?;
         // Watch first, then read the state: a commit after this point wakes us.
         let head_rx = cell.watch_head();
-        let eph_rx = cell.watch_ephemeral();
+        let eph_seen = cell.ephemeral_count();
         let st = cell.state();
         let (pos, gap) = resolve(&cell.name, st, start);
         sub.unfollow(channel);
-        sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_rx));
+        sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_seen));
         Ok(Followed { gap, head: st.head })
     }
 

@@ -18,7 +18,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
 /// Where a subscription starts on one channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +139,7 @@ pub(crate) struct Follow {
     epoch: Epoch,
     pos: u64,
     head_rx: watch::Receiver<u64>,
-    eph_rx: broadcast::Receiver<Arc<Ephemeral>>,
+    eph_seen: u64,
 }
 
 impl Follow {
@@ -148,7 +148,7 @@ impl Follow {
         epoch: Epoch,
         pos: u64,
         head_rx: watch::Receiver<u64>,
-        eph_rx: broadcast::Receiver<Arc<Ephemeral>>,
+        eph_seen: u64,
     ) -> Self {
         cell.add_subscriber();
         Follow {
@@ -156,7 +156,7 @@ impl Follow {
             epoch,
             pos,
             head_rx,
-            eph_rx,
+            eph_seen,
         }
     }
 }
@@ -292,9 +292,7 @@ impl Subscription {
                     return Ok(item);
                 }
             }
-            if let Some(e) = self.wait().await {
-                return Ok(Item::Ephemeral(e));
-            }
+            self.wait().await;
         }
     }
 
@@ -302,14 +300,9 @@ impl Subscription {
         let batch = self.batch;
         let f = &mut self.follows[i];
         f.head_rx.borrow_and_update();
-        loop {
-            match f.eph_rx.try_recv() {
-                Ok(e) => return Ok(Some(Item::Ephemeral(e))),
-                Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                    tracing::debug!(channel = %f.cell.name(), missed = n, "ephemeral events skipped for a slow reader");
-                }
-                Err(_) => break,
-            }
+        if let Some((n, e)) = f.cell.ephemeral_after(f.eph_seen) {
+            f.eph_seen = n;
+            return Ok(Some(Item::Ephemeral(e)));
         }
         let item = match f.cell.pending(f.epoch, f.pos, batch) {
             Pending::AtHead => None,
@@ -330,25 +323,28 @@ impl Subscription {
         Ok(item)
     }
 
-    /// Sleeps until any channel's head moves or an ephemeral event arrives.
-    async fn wait(&mut self) -> Option<Arc<Ephemeral>> {
-        type Wake<'a> = Pin<Box<dyn Future<Output = Option<Arc<Ephemeral>>> + Send + 'a>>;
-        let mut futs: Vec<Wake<'_>> = Vec::with_capacity(self.follows.len() * 2);
-        for f in self.follows.iter_mut() {
-            let Follow {
-                head_rx, eph_rx, ..
-            } = f;
-            futs.push(Box::pin(async move {
-                // An error means the sender is gone, which cannot happen while we hold the cell.
-                let _ = head_rx.changed().await;
-                None
-            }));
-            futs.push(Box::pin(async move { eph_rx.recv().await.ok() }));
+    /// Sleeps until any channel's head moves or an ephemeral event arrives
+    /// (both bump the channel's watch).
+    async fn wait(&mut self) {
+        if let [f] = self.follows.as_mut_slice() {
+            // An error means the sender is gone, which cannot happen while we hold the cell.
+            let _ = f.head_rx.changed().await;
+            return;
         }
+        type Wake<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+        let mut futs: Vec<Wake<'_>> = self
+            .follows
+            .iter_mut()
+            .map(|f| -> Wake<'_> {
+                Box::pin(async move {
+                    let _ = f.head_rx.changed().await;
+                })
+            })
+            .collect();
         poll_fn(|cx| {
             for fut in futs.iter_mut() {
-                if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-                    return Poll::Ready(v);
+                if fut.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
                 }
             }
             Poll::Pending

@@ -198,20 +198,25 @@ fn frames(
     format: Format,
     head: Bytes,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
-    let heartbeat = Duration::from_millis(app.config.heartbeat_ms);
+    let heartbeat_ms = app.config.heartbeat_ms;
     let single = sub.len() == 1;
     async_stream::stream! {
         yield Ok(head);
+        // Built once: a fresh timer or cancellation future per event would cost
+        // more than the event itself on the fan-out path.
+        let mut shutdown = std::pin::pin!(app.shutdown.cancelled());
+        let period = Duration::from_millis(heartbeat_ms.max(1));
+        let mut beat = tokio::time::interval_at(Instant::now() + period, period);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let deadline = Instant::now() + heartbeat;
             let step = tokio::select! {
                 biased;
-                _ = app.shutdown.cancelled() => Step::End,
+                _ = &mut shutdown => Step::End,
                 item = sub.next() => match item {
                     Ok(item) => Step::Item(item),
                     Err(e) => Step::Fail(e.to_string()),
                 },
-                _ = tokio::time::sleep_until(deadline), if !heartbeat.is_zero() => Step::Heartbeat,
+                _ = beat.tick(), if heartbeat_ms > 0 => Step::Heartbeat,
             };
             match step {
                 Step::End => break,
