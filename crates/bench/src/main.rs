@@ -102,12 +102,13 @@ enum Command {
     Publish(scenario::PublishArgs),
     /// Page through a long channel's history: events/s.
     History(scenario::HistoryArgs),
-    /// Print the last result of two JSON files side by side with the ratio A/B.
+    /// Print the results of two JSON-lines files side by side with the ratio A/B
+    /// (the median of each figure when a file holds several runs).
     Compare {
         /// Results of the first target (numerator).
         a: PathBuf,
-        /// Results of the second target (denominator).
-        b: PathBuf,
+        /// Results of the second target (denominator); without it, A alone.
+        b: Option<PathBuf>,
     },
 }
 
@@ -125,7 +126,7 @@ fn main() -> std::process::ExitCode {
 fn real_main() -> Result<bool> {
     let cli = Cli::parse();
     if let Command::Compare { a, b } = &cli.command {
-        report::compare(a, b)?;
+        report::compare(a, b.as_deref())?;
         return Ok(true);
     }
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {

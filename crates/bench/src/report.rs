@@ -154,23 +154,44 @@ fn median(records: &[Record]) -> Option<Record> {
 
 /// Prints, as a Markdown table, the records of file `a` beside those of file
 /// `b` (the median of each figure when a file holds several runs of the same
-/// scenario) with the ratio a/b for every figure both have.
+/// scenario) with the ratio a/b for every figure both have; `a` alone without `b`.
 ///
 /// # Errors
 /// A file is missing, empty or not made of records.
-pub fn compare(a: &Path, b: &Path) -> Result<()> {
+pub fn compare(a: &Path, b: Option<&Path>) -> Result<()> {
     let all_a = read_records(a)?;
-    let all_b = read_records(b)?;
-    let (Some(ra), Some(rb)) = (median(&all_a), median(&all_b)) else {
-        anyhow::bail!("a results file is empty");
+    let all_b = match b {
+        Some(b) => read_records(b)?,
+        None => Vec::new(),
     };
-    let runs = if all_a.len() > 1 || all_b.len() > 1 {
-        format!(", median of {} and {} runs", all_a.len(), all_b.len())
-    } else {
-        String::new()
+    let ra = median(&all_a).ok_or_else(|| anyhow::anyhow!("{} holds no result", a.display()))?;
+    let rb = median(&all_b);
+    if b.is_some() && rb.is_none() {
+        anyhow::bail!("the second results file holds no result");
+    }
+    let runs = match (all_a.len(), all_b.len()) {
+        (1, 0 | 1) => String::new(),
+        (na, 0) => format!(", median of {na} runs"),
+        (na, nb) => format!(", median of {na} and {nb} runs"),
+    };
+    let verdict = |r: &Record| {
+        if r.exact {
+            "exact".to_owned()
+        } else {
+            r.problems.join("; ")
+        }
     };
     println!("### {} ({}{runs})", ra.scenario, ra.params);
     println!();
+    let Some(rb) = rb else {
+        println!("| figure | {} |", ra.target);
+        println!("|---|---:|");
+        for (k, va) in &ra.metrics {
+            println!("| {k} | {} |", fmt_num(*va));
+        }
+        println!("| counts | {} |", verdict(&ra));
+        return Ok(());
+    };
     println!("| figure | {} | {} | ratio |", ra.target, rb.target);
     println!("|---|---:|---:|---:|");
     for (k, va) in &ra.metrics {
@@ -182,13 +203,6 @@ pub fn compare(a: &Path, b: &Path) -> Result<()> {
         };
         println!("| {k} | {} | {sb} | {ratio} |", fmt_num(*va));
     }
-    let verdict = |r: &Record| {
-        if r.exact {
-            "exact".to_owned()
-        } else {
-            r.problems.join("; ")
-        }
-    };
     println!("| counts | {} | {} | |", verdict(&ra), verdict(&rb));
     Ok(())
 }

@@ -866,3 +866,30 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
     delivery_problems(&mut r, &[tracker], |_| fill.issued[0], false);
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inexact_counts_fail_the_check() {
+        let mut lost = Tracker::new(0, 0);
+        lost.event(1);
+        let mut doubled = Tracker::new(1, 0);
+        for s in [1, 2, 2] {
+            doubled.event(s);
+        }
+        let mut r = Record::new("t", "x", String::new());
+        let dups = delivery_problems(&mut r, &[lost, doubled], |_| 2, true);
+        assert_eq!(dups, 1);
+        assert!(!r.exact);
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+
+        let mut whole = Tracker::new(0, 0);
+        whole.event(1);
+        whole.event(2);
+        let mut ok = Record::new("t", "x", String::new());
+        delivery_problems(&mut ok, &[whole], |_| 2, true);
+        assert!(ok.exact);
+    }
+}
