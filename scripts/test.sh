@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests against the
-# real binary, and the real-browser EventSource test (installs Chromium and the
-# npm packages it needs). Usage: scripts/test.sh
+# real binary, the benchmark harness at tiny sizes, and the real-browser tests
+# (installs Chromium and the npm packages they need). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -20,6 +20,9 @@ echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"
 # cargo prints one "test result:" line per test binary; sum them into one closing line.
 awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' "$target/cargo-test.log"
+
+echo "== bench smoke (every scenario at tiny sizes; counts must be exact)"
+GAPLESS_BIN="$target/debug/gapless" GAPLESS_BENCH="$target/debug/gapless-bench" scripts/bench-smoke.sh
 
 echo "== browser"
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/browser-test.sh 2>&1 | tee "$target/browser-test.log"

@@ -12,6 +12,7 @@
 
 mod http;
 mod payload;
+mod plot;
 mod procstat;
 mod publisher;
 mod report;
@@ -102,6 +103,21 @@ enum Command {
     Publish(scenario::PublishArgs),
     /// Page through a long channel's history: events/s.
     History(scenario::HistoryArgs),
+    /// Draw the percentile curve of the last result of each file as an SVG.
+    Plot {
+        /// The SVG file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Which curve: `latency` (fanout, channels) or `ack` (publish, fanout).
+        #[arg(long, default_value = "latency")]
+        curve: String,
+        /// The chart's title.
+        #[arg(long, default_value = "")]
+        title: String,
+        /// Results files (JSON lines), one line each.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Print the results of two JSON-lines files side by side with the ratio A/B
     /// (the median of each figure when a file holds several runs).
     Compare {
@@ -125,9 +141,21 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> Result<bool> {
     let cli = Cli::parse();
-    if let Command::Compare { a, b } = &cli.command {
-        report::compare(a, b.as_deref())?;
-        return Ok(true);
+    match &cli.command {
+        Command::Compare { a, b } => {
+            report::compare(a, b.as_deref())?;
+            return Ok(true);
+        }
+        Command::Plot {
+            out,
+            curve,
+            title,
+            files,
+        } => {
+            plot::plot(out, curve, title, files)?;
+            return Ok(true);
+        }
+        _ => {}
     }
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         eprintln!("gapless-bench: cannot raise the open-files limit: {e}");
@@ -146,7 +174,7 @@ fn real_main() -> Result<bool> {
             Command::Storm(a) => scenario::storm(&ctx, a).await,
             Command::Publish(a) => scenario::publish(&ctx, a).await,
             Command::History(a) => scenario::history(&ctx, a).await,
-            Command::Compare { .. } => unreachable!("handled above"),
+            Command::Compare { .. } | Command::Plot { .. } => unreachable!("handled above"),
         }
     })?;
     record.print();

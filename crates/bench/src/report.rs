@@ -13,6 +13,12 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
 }
 
+/// The percentiles kept for plots.
+const CURVE_PERCENTILES: [f64; 16] = [
+    0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.995, 99.999,
+    99.9995, 100.0,
+];
+
 /// One run's results.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
@@ -28,6 +34,9 @@ pub struct Record {
     pub exact: bool,
     /// What the check found wrong, if anything.
     pub problems: Vec<String>,
+    /// Percentile curves (for plots): name, then (percentile, milliseconds) points.
+    #[serde(default)]
+    pub curves: Vec<(String, Vec<(f64, f64)>)>,
 }
 
 impl Record {
@@ -40,6 +49,7 @@ impl Record {
             metrics: Vec::new(),
             exact: true,
             problems: Vec::new(),
+            curves: Vec::new(),
         }
     }
 
@@ -60,6 +70,11 @@ impl Record {
             );
         }
         self.metric(&format!("{prefix}_max_ms"), h.max() as f64 / 1000.0);
+        let points = CURVE_PERCENTILES
+            .iter()
+            .map(|&p| (p, h.value_at_percentile(p) as f64 / 1000.0))
+            .collect();
+        self.curves.push((prefix.to_owned(), points));
     }
 
     /// Records a failed exactness check.
