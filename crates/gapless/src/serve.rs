@@ -57,7 +57,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
             channels.clone(),
         )
-        .with_context(|| format!("opening the journal in {}", args.data_dir.display()))?;
+        .with_context(|| {
+            format!(
+                "opening the journal in {} (is another gapless using this directory? \
+                 stop it, or pass another --data-dir, or --memory)",
+                args.data_dir.display()
+            )
+        })?;
         Arc::new(store)
     };
     let config = ServerConfig {
@@ -75,7 +81,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout_ms: args.header_timeout_ms,
         ..ServerConfig::default()
     };
-    let listener = bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
+    let listener = bind(args.listen).with_context(|| {
+        format!(
+            "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
+            args.listen
+        )
+    })?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let shutdown = CancellationToken::new();
     let app = Arc::new(App {
