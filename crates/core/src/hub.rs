@@ -185,21 +185,11 @@ impl Cell {
         Ok(())
     }
 
-    /// Merges a state read from the journal or reported by it. Heads and floors
-    /// only move forward within an epoch; a new epoch replaces everything.
+    /// Applies a state read from or reported by the journal (see `Window::merge`)
+    /// and returns the head.
     fn observe(&self, st: ChannelState) -> u64 {
         let mut w = self.window.write();
-        if !w.known || w.state.epoch != st.epoch {
-            if w.known {
-                w.events.clear();
-                w.bytes = 0;
-            }
-            w.known = true;
-            w.state = st;
-        } else {
-            w.state.head = w.state.head.max(st.head);
-            w.state.floor = w.state.floor.max(st.floor);
-        }
+        w.merge(st);
         w.trim(&self.limits);
         w.state.head
     }
@@ -207,15 +197,7 @@ impl Cell {
     fn apply_commit(&self, st: ChannelState, events: &[Arc<Event>]) {
         let head = {
             let mut w = self.window.write();
-            if !w.known || w.state.epoch != st.epoch {
-                w.events.clear();
-                w.bytes = 0;
-                w.known = true;
-                w.state = st;
-            } else {
-                w.state.head = w.state.head.max(st.head);
-                w.state.floor = w.state.floor.max(st.floor);
-            }
+            w.merge(st);
             for e in events {
                 if let Some(last) = w.events.back() {
                     if e.seq <= last.seq {
@@ -257,6 +239,20 @@ impl Cell {
 }
 
 impl Window {
+    /// Merges a state read from or reported by the journal: within an epoch,
+    /// heads and floors only move forward; a new epoch replaces everything.
+    fn merge(&mut self, st: ChannelState) {
+        if !self.known || self.state.epoch != st.epoch {
+            self.events.clear();
+            self.bytes = 0;
+            self.known = true;
+            self.state = st;
+        } else {
+            self.state.head = self.state.head.max(st.head);
+            self.state.floor = self.state.floor.max(st.floor);
+        }
+    }
+
     fn trim(&mut self, limits: &WindowLimits) {
         while let Some(front) = self.events.front() {
             let over = self.events.len() > limits.max_events.max(1)
