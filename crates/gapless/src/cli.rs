@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Milliseconds between heartbeat comments on idle SSE streams; 0 sends none.
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,
+    /// Threads that write SSE streams, apart from the threads that serve
+    /// publishes and other requests; 0 means one per CPU core.
+    #[arg(long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0)]
+    pub fanout_threads: usize,
     /// When a publish is acknowledged.
     #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,

@@ -41,6 +41,11 @@ pub struct ServerConfig {
     pub header_timeout_ms: u64,
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
+    /// Threads of the fan-out runtime, which writes SSE streams; 0 means one
+    /// per CPU core. Publishes, history and every other request run on the main
+    /// runtime, so they are never queued behind a fan-out (docs/design.md,
+    /// "Fan-out"). Default 0.
+    pub fanout_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +64,7 @@ impl Default for ServerConfig {
             ws_max_message_bytes: (1 << 20) + (64 << 10),
             header_timeout_ms: 10_000,
             read_batch: 256,
+            fanout_threads: 0,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! ends every stream so clients reconnect and resume elsewhere.
 
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod history;
 pub mod listener;
@@ -128,52 +129,49 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// and this returns once connections have closed and every WebSocket has sent
 /// its close frame. The caller bounds how long it waits.
 ///
-/// Each connection is served by hyper's HTTP/1 server with a request-head
-/// timeout (`header_timeout_ms`) and upgrades (for WebSocket).
+/// Each connection is served by [`conn::serve`]: SSE streams opened by a
+/// connection's first request are written straight to the socket by a
+/// second runtime of `fanout_threads` threads, everything
+/// else goes to hyper's HTTP/1 server with a request-head timeout
+/// (`header_timeout_ms`) and upgrades (for WebSocket).
 ///
 /// # Errors
 /// I/O errors of the server loop.
 pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-
     let shutdown = app.shutdown.clone();
     let sockets = app.sockets.clone();
-    let header_timeout = std::time::Duration::from_millis(app.config.header_timeout_ms.max(1));
     let mut listener = listener::GaplessListener::new(listener, app.config.clone());
     let ticker = tokio::spawn(tick(app.clone()));
-    let service = TowerToHyperService::new(router(app));
+    let threads = match app.config.fanout_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let fanout = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("gapless-fanout")
+        .enable_all()
+        .build()?;
     let connections = TaskTracker::new();
+    let shared = Arc::new(conn::Shared {
+        app: app.clone(),
+        router: router(app.clone()),
+        fanout: fanout.handle().clone(),
+        tracker: connections.clone(),
+    });
     loop {
         let (io, _addr) = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(io), service.clone())
-            .with_upgrades();
-        let shutdown = shutdown.clone();
-        connections.spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = shutdown.cancelled() => {
-                    // Finish the response in flight (streams end on the same signal), then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+        connections.spawn(conn::serve(shared.clone(), io));
     }
     drop(listener);
+    drop(shared);
     connections.close();
     connections.wait().await;
+    // Every stream has ended (they are tracked above): nothing runs on it now.
+    fanout.shutdown_background();
     ticker.abort();
     sockets.close();
     sockets.wait().await;

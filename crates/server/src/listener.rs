@@ -6,6 +6,7 @@
 //! `503` with a JSON body naming the limit, and closed.
 
 use crate::ServerConfig;
+use bytes::Bytes;
 use socket2::{SockRef, TcpKeepalive};
 use std::io;
 use std::net::SocketAddr;
@@ -57,7 +58,54 @@ impl GaplessListener {
 /// An accepted connection holding its slot under the connection limit.
 pub struct Conn {
     tcp: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    /// Bytes already read that reads return first (see [`Conn::unread`]).
+    unread: Bytes,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    /// The socket, for writers that bypass the HTTP server.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Puts `bytes` back: the next reads return them before anything new
+    /// from the socket (so hyper can parse a request head read elsewhere).
+    pub fn unread(&mut self, bytes: Bytes) {
+        self.unread = bytes;
+    }
+
+    /// Takes the socket off this runtime's I/O driver (dropping any unread
+    /// bytes), to be [attached](Detached::attach) on another runtime.
+    ///
+    /// # Errors
+    /// Failing to deregister the socket.
+    pub fn detach(self) -> io::Result<Detached> {
+        Ok(Detached {
+            tcp: self.tcp.into_std()?,
+            permit: self.permit,
+        })
+    }
+}
+
+/// A connection between runtimes: still holding its slot, registered on none.
+pub struct Detached {
+    tcp: std::net::TcpStream,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Detached {
+    /// Registers the socket on the current runtime's I/O driver.
+    ///
+    /// # Errors
+    /// Failing to register the socket (outside a runtime, or out of resources).
+    pub fn attach(self) -> io::Result<Conn> {
+        Ok(Conn {
+            tcp: TcpStream::from_std(self.tcp)?,
+            unread: Bytes::new(),
+            permit: self.permit,
+        })
+    }
 }
 
 impl GaplessListener {
@@ -81,7 +129,8 @@ impl GaplessListener {
                     return (
                         Conn {
                             tcp,
-                            _permit: permit,
+                            unread: Bytes::new(),
+                            permit,
                         },
                         addr,
                     )
@@ -121,6 +170,11 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.unread.is_empty() {
+            let n = self.unread.len().min(buf.remaining());
+            buf.put_slice(&self.unread.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.tcp).poll_read(cx, buf)
     }
 }

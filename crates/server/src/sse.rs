@@ -9,11 +9,12 @@
 //! streams are the events' shared pre-encoded bytes; multi-channel streams put
 //! the subscription's cursor in a per-subscriber `id:` line before the shared body.
 
+use crate::conn::DirectSse;
 use crate::error::ApiError;
 use crate::query::{self, Query};
 use crate::App;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use gapless_core::subscription::{Item, Start, Subscription};
@@ -29,6 +30,7 @@ pub async fn channel_sse(
     State(app): State<Arc<App>>,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
+    direct: Option<Extension<DirectSse>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -38,13 +40,14 @@ pub async fn channel_sse(
             "channel= is for /v1/sse; this URL already names its channel",
         ));
     }
-    open(app, vec![channel], &q, &headers).await
+    open(app, vec![channel], &q, &headers, direct).await
 }
 
 /// `GET /v1/sse?channel=A&channel=B…`.
 pub async fn multi_sse(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
+    direct: Option<Extension<DirectSse>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -60,7 +63,7 @@ pub async fn multi_sse(
             "name at least one channel: /v1/sse?channel=A&channel=B",
         ));
     }
-    open(app, channels, &q, &headers).await
+    open(app, channels, &q, &headers, direct).await
 }
 
 async fn open(
@@ -68,6 +71,7 @@ async fn open(
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
+    direct: Option<Extension<DirectSse>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
     if channels.len() > max {
@@ -112,8 +116,11 @@ async fn open(
         head.extend_from_slice(&g.sse_frame());
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
-    let stream = frames(app, sub, format, Bytes::from(head));
-    let mut resp = Body::from_stream(stream).into_response();
+    let feed = Feed::new(app, sub, format, Bytes::from(head));
+    let mut resp = match direct {
+        Some(Extension(direct)) => direct.hand_over(feed),
+        None => feed.into_body().into_response(),
+    };
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -185,65 +192,112 @@ fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Sta
     })
 }
 
-enum Step {
-    Item(Item),
-    Heartbeat,
+/// What [`Feed::next`] left to do.
+#[derive(Debug)]
+pub enum Flow {
+    /// Frames were appended; call again.
+    More,
+    /// The stream ends cleanly (server shutdown): the client reconnects at once.
     End,
+    /// The journal failed: abort the response so the client backs off.
     Fail(String),
 }
 
-fn frames(
+/// One SSE stream's source of frames: the subscription, its heartbeat and the
+/// shutdown signal. Both transports drain it the same way: the socket writer
+/// of `conn.rs` writes each call's frames in one `writev`; a stream opened on
+/// a connection hyper already serves goes through [`Feed::into_body`].
+pub struct Feed {
     app: Arc<App>,
-    mut sub: Subscription,
+    sub: Subscription,
     format: Format,
-    head: Bytes,
-) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
-    let heartbeat_ms = app.config.heartbeat_ms;
-    let single = sub.len() == 1;
-    async_stream::stream! {
-        yield Ok(head);
-        // Built once: a fresh timer or cancellation future per event would cost
-        // more than the event itself on the fan-out path.
-        let mut shutdown = std::pin::pin!(app.shutdown.cancelled());
-        let period = Duration::from_millis(heartbeat_ms.max(1));
-        let mut beat = tokio::time::interval_at(Instant::now() + period, period);
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let step = tokio::select! {
-                biased;
-                _ = &mut shutdown => Step::End,
-                item = sub.next() => match item {
-                    Ok(item) => Step::Item(item),
-                    Err(e) => Step::Fail(e.to_string()),
-                },
-                _ = beat.tick(), if heartbeat_ms > 0 => Step::Heartbeat,
-            };
-            match step {
-                Step::End => break,
-                Step::Fail(e) => {
-                    // Abort the response (no clean end), so clients back off rather
-                    // than reconnect at once as after a shutdown.
-                    tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                    yield Err(std::io::Error::other(e));
-                    break;
-                }
-                Step::Heartbeat => yield Ok(Bytes::from_static(sse::HEARTBEAT)),
-                Step::Item(Item::Events { index, events }) => {
+    /// `retry:`, gap notices and the first `id:` frame; taken by the first call.
+    head: Option<Bytes>,
+    /// Made by the first wait, on the runtime that drives the stream.
+    beat: Option<tokio::time::Interval>,
+}
+
+impl Feed {
+    fn new(app: Arc<App>, sub: Subscription, format: Format, head: Bytes) -> Self {
+        Feed {
+            app,
+            sub,
+            format,
+            head: Some(head),
+            beat: None,
+        }
+    }
+
+    /// Waits for what is next (events, a gap, a heartbeat, shutdown) and
+    /// appends its frames to `out`: every event the subscription has ready,
+    /// up to `read_batch`, so a reader that fell behind catches up in one
+    /// write. Cancel-safe: dropping the future loses nothing.
+    pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
+        if let Some(head) = self.head.take() {
+            out.push(head);
+            return Flow::More;
+        }
+        let heartbeat_ms = self.app.config.heartbeat_ms;
+        let beat = self.beat.get_or_insert_with(|| {
+            let period = Duration::from_millis(heartbeat_ms.max(1));
+            let mut beat = tokio::time::interval_at(Instant::now() + period, period);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            beat
+        });
+        let item = tokio::select! {
+            biased;
+            _ = self.app.shutdown.cancelled() => return Flow::End,
+            item = self.sub.next() => item,
+            _ = beat.tick(), if heartbeat_ms > 0 => {
+                out.push(Bytes::from_static(sse::HEARTBEAT));
+                return Flow::More;
+            }
+        };
+        match item {
+            Err(e) => Flow::Fail(e.to_string()),
+            Ok(Item::Events { index, events }) => {
+                if self.sub.len() == 1 {
+                    out.extend(events.iter().map(|e| e.sse_frame(self.format).clone()));
+                } else {
                     for e in &events {
-                        if single {
-                            yield Ok(e.sse_frame(format).clone());
-                        } else {
-                            yield Ok(sse::id_line(&sub.cursor_at(index, e.seq).encode()));
-                            yield Ok(e.sse_body(format).clone());
-                        }
+                        out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
+                        out.push(e.sse_body(self.format).clone());
                     }
                 }
-                Step::Item(Item::Gap(g)) => {
-                    yield Ok(g.sse_frame());
-                    yield Ok(sse::id_frame(&sub.cursor().encode()));
-                }
-                Step::Item(Item::Ephemeral(e)) => yield Ok(e.sse_frame(format).clone()),
+                Flow::More
+            }
+            Ok(Item::Gap(g)) => {
+                out.push(g.sse_frame());
+                out.push(sse::id_frame(&self.sub.cursor().encode()));
+                Flow::More
+            }
+            Ok(Item::Ephemeral(e)) => {
+                out.push(e.sse_frame(self.format).clone());
+                Flow::More
             }
         }
+    }
+
+    /// The feed as a hyper response body (chunked), for a stream opened on a
+    /// connection that already carried another request.
+    pub fn into_body(mut self) -> Body {
+        Body::from_stream(async_stream::stream! {
+            let mut out = Vec::new();
+            loop {
+                match self.next(&mut out).await {
+                    Flow::More => {
+                        for frame in out.drain(..) {
+                            yield Ok(frame);
+                        }
+                    }
+                    Flow::End => break,
+                    Flow::Fail(e) => {
+                        tracing::warn!(error = %e, "aborting a stream: journal read failed");
+                        yield Err(std::io::Error::other(e));
+                        break;
+                    }
+                }
+            }
+        })
     }
 }

@@ -1,0 +1,413 @@
+//! One accepted connection, from its first request head to its close.
+//!
+//! The first request head is read here. A `GET` of an SSE URL
+//! (`/v1/sse`, `/v1/channels/{channel}/sse`) goes through the same router as
+//! any request, and if its handler opens a stream, the stream is written
+//! straight to the socket: the response head, then each [`Feed::next`]'s
+//! frames as one chunk in one `writev` (for HTTP/1.0, no chunks: the body
+//! ends with the connection, RFC 9112 §6.3 rule 8); the response says
+//! `connection: close`. Nothing else stays allocated for the stream: no HTTP
+//! read or write buffer, no chunk header per frame. The socket is also
+//! watched for the client's FIN, so a closed stream releases its subscriber at
+//! once rather than at the next write.
+//!
+//! Every other connection — and every request after the first on a keep-alive
+//! connection, SSE included — is served by hyper's HTTP/1 server, which first
+//! re-reads the bytes read here ([`Conn::unread`]).
+
+use crate::listener::Conn;
+use crate::sse::{Feed, Flow};
+use crate::App;
+use axum::body::Body;
+use axum::http::{self, HeaderName, HeaderValue, Method, Request, Version};
+use axum::Router;
+use bytes::{Buf, Bytes, BytesMut};
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tower::ServiceExt;
+
+/// Longest first request head read here; a longer one is left to hyper
+/// (which allows more, and answers 431 past its own limit).
+const HEAD_MAX: usize = 8 * 1024;
+/// Most header lines read here; more are left to hyper.
+const HEADERS_MAX: usize = 64;
+
+/// Put in the extensions of a request whose stream this module will write:
+/// the SSE handler hands its [`Feed`] over here instead of building a body.
+#[derive(Clone, Default)]
+pub struct DirectSse(Arc<Mutex<Option<Feed>>>);
+
+impl DirectSse {
+    /// Keeps `feed` for the socket writer; the response carries only the status and headers.
+    pub fn hand_over(&self, feed: Feed) -> axum::response::Response {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(feed);
+        }
+        axum::response::Response::new(Body::empty())
+    }
+
+    fn take(&self) -> Option<Feed> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
+/// What every connection task shares.
+pub(crate) struct Shared {
+    pub app: Arc<App>,
+    pub router: Router,
+    /// The runtime streams are written on (see [`ServerConfig::fanout_threads`](crate::ServerConfig::fanout_threads)).
+    pub fanout: tokio::runtime::Handle,
+    /// Every connection and stream, so shutdown can wait for them.
+    pub tracker: tokio_util::task::TaskTracker,
+}
+
+/// Serves one connection until it closes or the server shuts down.
+///
+/// Whatever this future holds across an await is allocated per stream for
+/// the stream's life, so it keeps only the connection, the feed and the
+/// write in progress (about 1.8 KB); routing and hyper run in boxes that are
+/// freed (routing) or never made (hyper) for a stream.
+pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
+    let timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
+    let mut buf = BytesMut::with_capacity(1024);
+    match tokio::time::timeout(timeout, read_head(&mut conn, &mut buf)).await {
+        // Silent or vanished before a whole head: hyper would close it too.
+        Err(_) | Ok(Ok(First::Closed)) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
+        Ok(Ok(First::Sse(req))) => {
+            drop(buf);
+            match boxed(route_sse(shared.router.clone(), *req)).await {
+                Routed::Stream {
+                    feed,
+                    head,
+                    chunked,
+                } => match conn.detach() {
+                    // The stream moves to the fan-out runtime, and this task ends.
+                    Ok(conn) => {
+                        let task = shared.tracker.track_future(async move {
+                            match conn.attach() {
+                                Ok(conn) => stream(conn, feed, head, chunked).await,
+                                Err(e) => tracing::debug!(error = %e, "could not move a stream"),
+                            }
+                        });
+                        drop(shared.fanout.spawn(task));
+                    }
+                    Err(e) => tracing::debug!(error = %e, "could not move a stream"),
+                },
+                Routed::Whole(mut out) => {
+                    if write_frames(conn.tcp(), &mut out).await.is_ok() {
+                        shut_write(conn.tcp());
+                    }
+                }
+            }
+        }
+        Ok(Ok(First::Other)) => {
+            conn.unread(buf.freeze());
+            boxed(serve_http(shared, conn)).await;
+        }
+    }
+}
+
+/// `f` on the heap. Large futures that run once (routing, hyper's
+/// connection) are boxed through here rather than with `Box::pin` inline,
+/// where the compiler may still reserve their size in the caller's state,
+/// which every stream would then carry for its whole life.
+fn boxed<F: Future + Send + 'static>(f: F) -> Pin<Box<dyn Future<Output = F::Output> + Send>> {
+    Box::pin(f)
+}
+
+/// What the first request head turned out to be.
+enum First {
+    /// A `GET` of an SSE URL, parsed.
+    Sse(Box<Request<Body>>),
+    /// Anything else (including heads this reader declines): for hyper.
+    Other,
+    /// The client closed before sending anything.
+    Closed,
+}
+
+async fn read_head(conn: &mut Conn, buf: &mut BytesMut) -> io::Result<First> {
+    loop {
+        if let Some(first) = parse_head(buf) {
+            return Ok(first);
+        }
+        buf.reserve(1024);
+        if conn.read_buf(buf).await? == 0 {
+            return Ok(if buf.is_empty() {
+                First::Closed
+            } else {
+                First::Other
+            });
+        }
+    }
+}
+
+/// What the head in `buf` is, or `None` if it is not whole yet. (A function
+/// of its own so the header array is not held across the read.)
+fn parse_head(buf: &[u8]) -> Option<First> {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut parsed = httparse::Request::new(&mut headers);
+    match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => {
+            Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
+        }
+        Ok(httparse::Status::Partial) if buf.len() < HEAD_MAX => None,
+        // Malformed or too long: hyper answers it.
+        _ => Some(First::Other),
+    }
+}
+
+/// `parsed` as a request this module serves, or `None` if it is not a plain
+/// `GET` of an SSE URL (or has anything `http` cannot hold).
+fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
+    let target = parsed.path?;
+    let path = target.split('?').next().unwrap_or(target);
+    let sse_path =
+        path == "/v1/sse" || (path.starts_with("/v1/channels/") && path.ends_with("/sse"));
+    if parsed.method != Some("GET") || !sse_path {
+        return None;
+    }
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let mut req = Request::builder()
+        .method(Method::GET)
+        .uri(target)
+        .version(version);
+    for h in parsed.headers.iter() {
+        if h.name.eq_ignore_ascii_case("upgrade") || h.name.eq_ignore_ascii_case("content-length") {
+            return None;
+        }
+        req = req.header(
+            HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+            HeaderValue::from_bytes(h.value).ok()?,
+        );
+    }
+    req.body(Body::empty()).ok()
+}
+
+/// What routing an SSE request gave.
+enum Routed {
+    /// A stream: its response head, then the feed.
+    Stream {
+        feed: Feed,
+        head: Vec<u8>,
+        chunked: bool,
+    },
+    /// Any other answer (an error), whole.
+    Whole(Vec<Bytes>),
+}
+
+/// Routes `req` like any request. (Boxed by the caller and dropped before
+/// the stream starts: the router's future is large.)
+async fn route_sse(router: Router, mut req: Request<Body>) -> Routed {
+    let version = req.version();
+    let slot = DirectSse::default();
+    req.extensions_mut().insert(slot.clone());
+    let resp = match router.oneshot(req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    let (parts, body) = resp.into_parts();
+    match slot.take() {
+        Some(feed) if parts.status == http::StatusCode::OK => {
+            let chunked = version != Version::HTTP_10;
+            Routed::Stream {
+                feed,
+                head: response_head(&parts, None, chunked),
+                chunked,
+            }
+        }
+        _ => {
+            let body = axum::body::to_bytes(body, 1 << 20)
+                .await
+                .unwrap_or_default();
+            Routed::Whole(vec![
+                Bytes::from(response_head(&parts, Some(body.len()), false)),
+                body,
+            ])
+        }
+    }
+}
+
+/// The status line and headers of `parts`, then `content-length` or
+/// `transfer-encoding: chunked` (or neither: the body runs to the close), and
+/// `connection: close`.
+fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(256);
+    let status = parts.status;
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or("")
+    );
+    for (name, value) in &parts.headers {
+        if matches!(
+            name.as_str(),
+            "content-length" | "transfer-encoding" | "connection"
+        ) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(n) = length {
+        let _ = write!(out, "content-length: {n}\r\n");
+    } else if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out
+}
+
+/// Writes the response head and then the feed's frames until the feed ends,
+/// the client goes away, or a write fails. The body is chunked for HTTP/1.1
+/// (one chunk per write, so a clean end — the last chunk — differs from a
+/// dropped connection) and runs to the close for HTTP/1.0.
+async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
+    let tcp = conn.tcp();
+    let mut first = Some(head);
+    let mut out: Vec<Bytes> = Vec::with_capacity(8);
+    loop {
+        // Slot 0: the response head (first write only) and the chunk-size line.
+        out.push(Bytes::new());
+        let flow = tokio::select! {
+            biased;
+            flow = feed.next(&mut out) => flow,
+            () = peer_closed(tcp) => return,
+        };
+        let mut lead = first.take().unwrap_or_default();
+        let body: usize = out[1..].iter().map(Bytes::len).sum();
+        if chunked && body > 0 {
+            lead.extend_from_slice(format!("{body:x}\r\n").as_bytes());
+            out.push(Bytes::from_static(b"\r\n"));
+        }
+        if chunked && matches!(flow, Flow::End) {
+            out.push(Bytes::from_static(b"0\r\n\r\n"));
+        }
+        out[0] = Bytes::from(lead);
+        let written = write_frames(tcp, &mut out).await;
+        if out.capacity() > 64 {
+            out = Vec::with_capacity(8);
+        }
+        match (flow, written) {
+            (_, Err(e)) => {
+                tracing::debug!(error = %e, "an SSE client went away");
+                return;
+            }
+            (Flow::More, Ok(())) => {}
+            (Flow::End, Ok(())) => {
+                shut_write(tcp);
+                return;
+            }
+            (Flow::Fail(e), Ok(())) => {
+                // Abort (RST, no last chunk) so the client backs off rather
+                // than reconnecting at once as after a clean end.
+                tracing::warn!(error = %e, "aborting a stream: journal read failed");
+                let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
+                return;
+            }
+        }
+    }
+}
+
+/// Resolves once the client has closed its side (or reset). Bytes it sends
+/// are read and dropped: nothing is expected after the request.
+async fn peer_closed(tcp: &TcpStream) {
+    let mut scratch = [0u8; 64];
+    loop {
+        if tcp.readable().await.is_err() {
+            return;
+        }
+        match tcp.try_read(&mut scratch) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
+async fn write_frames(tcp: &TcpStream, out: &mut Vec<Bytes>) -> io::Result<()> {
+    let mut first = 0;
+    while first < out.len() {
+        // The slices live only for the call, not across the wait for writability:
+        // whatever a future holds across an await stays allocated per stream.
+        let written = {
+            let mut slices = [IoSlice::new(&[]); 64];
+            let mut count = 0;
+            for (slot, frame) in slices.iter_mut().zip(&out[first..]) {
+                *slot = IoSlice::new(frame);
+                count += 1;
+            }
+            tcp.try_write_vectored(&slices[..count])
+        };
+        let mut n = match written {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tcp.writable().await?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        while n > 0 {
+            let frame = &mut out[first];
+            if n >= frame.len() {
+                n -= frame.len();
+                first += 1;
+            } else {
+                frame.advance(n);
+                n = 0;
+            }
+        }
+    }
+    out.clear();
+    Ok(())
+}
+
+/// Sends FIN: the end of a close-delimited body.
+fn shut_write(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
+}
+
+/// Hands the connection to hyper's HTTP/1 server (with upgrades, for
+/// WebSocket, and the request-head timeout); on shutdown, the response in
+/// flight finishes and the connection closes.
+async fn serve_http(shared: Arc<Shared>, conn: Conn) {
+    let app = &shared.app;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let header_timeout = Duration::from_millis(app.config.header_timeout_ms.max(1));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(
+            TokioIo::new(conn),
+            TowerToHyperService::new(shared.router.clone()),
+        )
+        .with_upgrades();
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = app.shutdown.cancelled() => {
+            // Finish the response in flight (streams end on the same signal), then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
