@@ -5,9 +5,14 @@
 //! could not be served whole, then an `id:`-only frame carrying the
 //! subscription's cursor (so a client that drops before any event still
 //! resumes from where it connected), then replayed events, then live ones —
-//! all from the one [`Subscription::next`] loop. Frames of single-channel
-//! streams are the events' shared pre-encoded bytes; multi-channel streams put
-//! the subscription's cursor in a per-subscriber `id:` line before the shared body.
+//! all from the one [`Subscription::next`] loop, wrapped with the heartbeat
+//! and the shutdown signal in a [`Feed`]. Frames of single-channel streams are
+//! the events' shared pre-encoded bytes; multi-channel streams put the
+//! subscription's cursor in a per-subscriber `id:` line before the shared body.
+//!
+//! The handlers validate and subscribe; who writes the frames depends on the
+//! connection (see `conn.rs`): the fan-out writer for a connection's first
+//! request, hyper otherwise ([`Feed::into_body`]).
 
 use crate::conn::DirectSse;
 use crate::error::ApiError;

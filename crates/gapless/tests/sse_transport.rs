@@ -1,0 +1,203 @@
+//! How SSE streams reach the socket (crates/server/src/conn.rs): a stream
+//! opened by a connection's first request is written straight to the socket
+//! (chunked for HTTP/1.1, to the close for HTTP/1.0, `connection: close`
+//! either way); a stream opened by a later request on a keep-alive connection
+//! is served by hyper; errors on SSE URLs are whole JSON answers; a client
+//! that closes its stream stops counting as a subscriber at once.
+
+mod support;
+
+use std::time::Duration;
+use support::{eventually, Next, Server};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Reads from `tcp` into `buf` until `buf` contains `needle` (panics after [`WAIT`]).
+async fn read_until(tcp: &mut TcpStream, buf: &mut Vec<u8>, needle: &str) {
+    let found = tokio::time::timeout(WAIT, async {
+        while !String::from_utf8_lossy(buf).contains(needle) {
+            let mut tmp = [0u8; 4096];
+            let n = tcp.read(&mut tmp).await.expect("read");
+            assert!(
+                n > 0,
+                "EOF before {needle:?}; got {:?}",
+                String::from_utf8_lossy(buf)
+            );
+            buf.extend_from_slice(&tmp[..n]);
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "no {needle:?} within {WAIT:?}; got {:?}",
+        String::from_utf8_lossy(buf)
+    );
+}
+
+/// Reads until EOF (panics after [`WAIT`]).
+async fn read_to_eof(tcp: &mut TcpStream, buf: &mut Vec<u8>) {
+    tokio::time::timeout(WAIT, tcp.read_to_end(buf))
+        .await
+        .expect("EOF in time")
+        .expect("read");
+}
+
+fn head_of(buf: &[u8]) -> String {
+    let text = String::from_utf8_lossy(buf).into_owned();
+    let end = text.find("\r\n\r\n").expect("a whole head");
+    text[..end].to_ascii_lowercase()
+}
+
+#[tokio::test]
+async fn a_first_request_stream_is_chunked_with_connection_close_and_ends_with_the_last_chunk() {
+    let mut s = Server::start(&[]).await;
+    s.publish("c", "one").await;
+    let mut c = s
+        .sse(
+            "/v1/channels/c/sse?since=earliest",
+            &[("origin", b"https://a.example")],
+        )
+        .await;
+    assert_eq!(c.status, 200);
+    // Middleware runs as for any request: CORS headers are there.
+    assert_eq!(c.header("access-control-allow-origin"), Some("*"));
+    assert_eq!(c.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(c.header("connection"), Some("close"));
+    assert_eq!(c.header("content-type"), Some("text/event-stream"));
+    assert_eq!(c.header("content-length"), None);
+    let got = c.events(1).await;
+    assert_eq!(got[0].data, "one");
+    s.publish("c", "two").await;
+    assert_eq!(c.events(1).await[0].data, "two");
+    // SIGTERM ends the body with its last chunk: a clean end, not a broken one.
+    s.sigterm().await;
+    let (_, end) = c.until_end(WAIT).await;
+    assert_eq!(end, Next::End);
+}
+
+#[tokio::test]
+async fn an_http_1_0_stream_has_no_chunks_and_runs_to_the_close() {
+    let s = Server::memory(&[]).await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(b"GET /v1/channels/c/sse HTTP/1.0\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    read_until(&mut tcp, &mut buf, "\r\n\r\nretry:").await;
+    let head = head_of(&buf);
+    assert!(head.starts_with("http/1.1 200 ok"), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    read_until(&mut tcp, &mut buf, "\nid:").await;
+    s.publish("c", "plain bytes").await;
+    read_until(&mut tcp, &mut buf, "data: plain bytes\n\n").await;
+    let body = String::from_utf8_lossy(&buf).into_owned();
+    let body = &body[body.find("\r\n\r\n").expect("head") + 4..];
+    assert!(
+        !body.contains("\r\n"),
+        "no chunk framing in the body: {body:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_opened_after_another_request_on_the_connection_is_served_too() {
+    let s = Server::memory(&[]).await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    read_until(&mut tcp, &mut buf, "\"ok\"}").await;
+    assert!(head_of(&buf).starts_with("http/1.1 200"));
+    buf.clear();
+    tcp.write_all(b"GET /v1/channels/c/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    read_until(&mut tcp, &mut buf, "\nid:").await;
+    let head = head_of(&buf);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    s.publish("c", "over keep-alive").await;
+    read_until(&mut tcp, &mut buf, "data: over keep-alive\n\n").await;
+}
+
+#[tokio::test]
+async fn an_error_on_an_sse_url_is_whole_json_then_the_connection_closes() {
+    let s = Server::memory(&[]).await;
+    for (target, status, code) in [
+        ("/v1/sse", "400", "invalid_request"),
+        ("/v1/channels/c/sse?format=xml", "400", "invalid_request"),
+        ("/v1/channels/a/b/sse", "404", "not_found"),
+        (
+            "/v1/channels/c/sse?last_event_id=%25%25",
+            "400",
+            "invalid_cursor",
+        ),
+    ] {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        tcp.write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut buf = Vec::new();
+        read_to_eof(&mut tcp, &mut buf).await;
+        let head = head_of(&buf);
+        assert!(
+            head.starts_with(&format!("http/1.1 {status}")),
+            "{target}: {head}"
+        );
+        assert!(
+            head.contains("content-type: application/json"),
+            "{target}: {head}"
+        );
+        assert!(head.contains("connection: close"), "{target}: {head}");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let body = &text[text.find("\r\n\r\n").expect("head") + 4..];
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .expect("content-length")
+            .parse()
+            .expect("a number");
+        assert_eq!(body.len(), length, "{target}");
+        let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+        assert_eq!(json["error"], code, "{target}: {json}");
+    }
+}
+
+#[tokio::test]
+async fn bytes_sent_after_the_request_are_ignored_and_the_stream_goes_on() {
+    let s = Server::memory(&[]).await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(
+        b"GET /v1/channels/c/sse HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut buf = Vec::new();
+    read_until(&mut tcp, &mut buf, "\nid:").await;
+    tcp.write_all(&[0xff; 10_000]).await.expect("write");
+    s.publish("c", "still here").await;
+    read_until(&mut tcp, &mut buf, "data: still here\n\n").await;
+    assert!(!String::from_utf8_lossy(&buf).contains("\"ok\""));
+}
+
+#[tokio::test]
+async fn closing_a_stream_releases_its_subscriber_at_once_not_at_the_next_heartbeat() {
+    let s = Server::memory(&["--heartbeat-ms", "600000"]).await;
+    let c = s.sse("/v1/channels/c/sse", &[]).await;
+    assert_eq!(c.status, 200);
+    eventually("one subscriber", WAIT, || async {
+        s.info("c").await["subscribers"] == 1
+    })
+    .await;
+    drop(c);
+    eventually(
+        "no subscriber soon after the close",
+        Duration::from_secs(2),
+        || async { s.info("c").await["subscribers"] == 0 },
+    )
+    .await;
+}
