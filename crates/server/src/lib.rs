@@ -129,7 +129,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// and this returns once connections have closed and every WebSocket has sent
 /// its close frame. The caller bounds how long it waits.
 ///
-/// Each connection is served by [`conn::serve`]: SSE streams opened by a
+/// Each connection is served by `conn::serve`: SSE streams opened by a
 /// connection's first request are written straight to the socket by a
 /// second runtime of `fanout_threads` threads, everything
 /// else goes to hyper's HTTP/1 server with a request-head timeout
