@@ -46,6 +46,9 @@ pub(crate) struct Tables<'t> {
     key_order: Table<'t, (u64, u64, &'static str), ()>,
     /// Reused for encoding event rows.
     buf: Vec<u8>,
+    /// Channel rows of the records applied since the last [`Tables::finish`],
+    /// by id: `(name, row, floor before the first of those records)`.
+    rows: HashMap<u64, (String, ChannelRow, u64)>,
 }
 
 /// What the operations need besides the tables.
@@ -67,6 +70,7 @@ impl<'t> Tables<'t> {
             keys: txn.open_table(KEYS).map_err(storage)?,
             key_order: txn.open_table(KEY_ORDER).map_err(storage)?,
             buf: Vec::new(),
+            rows: HashMap::new(),
         })
     }
 
@@ -96,16 +100,24 @@ impl<'t> Tables<'t> {
             .map_err(storage)?
         {
             let (key, _) = item.map_err(storage)?;
-            gone.push(key.value().2.to_owned());
+            let (_, last, key) = key.value();
+            gone.push((last, key.to_owned()));
         }
-        for key in gone {
-            self.keys.remove((id, key.as_str())).map_err(storage)?;
+        for (last, key) in gone {
+            // A key used again since (its events gone by then) has a newer
+            // entry: that one stays.
+            let current = self.keys.get((id, key.as_str())).map_err(storage)?;
+            if current.is_some_and(|seqs| seqs.value().1 == last) {
+                self.keys.remove((id, key.as_str())).map_err(storage)?;
+            }
         }
         Ok(())
     }
 
-    /// Applies a logged append record: inserts its events, its idempotency
-    /// key, the channel's new row, and deletes what fell below its floor.
+    /// Applies a logged append record: inserts its events and its
+    /// idempotency key. The channel's row, and the deletion of what fell below
+    /// its floor, are written by [`Tables::finish`], once per channel for all
+    /// the records applied before it.
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Result<(), JournalError> {
         let id = rec.id;
         let first_seq = rec.first_seq();
@@ -129,10 +141,28 @@ impl<'t> Tables<'t> {
             floor: rec.floor,
             last_time: rec.time,
         };
-        self.channels
-            .insert(rec.name, row.to_tuple())
-            .map_err(storage)?;
-        self.drop_below(id, rec.old_floor, rec.floor)
+        match self.rows.get_mut(&id) {
+            Some(entry) => entry.1 = row,
+            None => {
+                self.rows
+                    .insert(id, (rec.name.to_owned(), row, rec.old_floor));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the channel rows of the records applied so far, and deletes
+    /// the events and keys that fell below their floors.
+    pub(crate) fn finish(&mut self) -> Result<(), JournalError> {
+        for (id, (name, row, old_floor)) in std::mem::take(&mut self.rows) {
+            self.channels
+                .insert(name.as_str(), row.to_tuple())
+                .map_err(storage)?;
+            if old_floor < row.floor {
+                self.drop_below(id, old_floor, row.floor)?;
+            }
+        }
+        Ok(())
     }
 
     /// Evicts events with `time <= now_ms - max_age_ms` (see `Journal::evict_expired`).
@@ -145,6 +175,7 @@ impl<'t> Tables<'t> {
         if cx.retention.max_age_ms == 0 {
             return Ok(notices);
         }
+        self.finish()?;
         let cutoff = now_ms.saturating_sub(cx.retention.max_age_ms);
         for name in cx.cache.maybe_expired(cutoff) {
             let Some(ch) = cx.cache.get_mut(&name) else {

@@ -199,7 +199,7 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
-/// Applies every record of `bytes` to `tables`.
+/// Applies every record of `bytes` to `tables` (see [`Tables::finish`]).
 pub(crate) fn apply_all(tables: &mut Tables<'_>, bytes: &[u8]) -> Result<(), JournalError> {
     for record in Records::new(bytes) {
         tables.apply(&record?)?;
@@ -218,6 +218,7 @@ pub(crate) fn apply_logged(txn: &WriteTransaction) -> Result<usize, JournalError
         apply_all(&mut tables, value.value())?;
         rows += 1;
     }
+    tables.finish()?;
     if rows > 0 {
         log.retain(|_, _| false).map_err(storage)?;
     }

@@ -296,6 +296,9 @@ impl Writer {
                     }
                 }
             }
+            if let Some(tables) = tables.as_mut() {
+                tables.finish()?;
+            }
         }
         drop(snapshot);
         if notices.is_empty() {

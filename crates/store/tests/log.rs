@@ -181,3 +181,36 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
     );
     Ok(())
 }
+
+/// A key used again after its first events fell below the floor, all between
+/// two checkpoints: the new use is kept, the old one forgotten.
+#[tokio::test]
+async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
+    for checkpoint in [0, usize::MAX] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = options(2, 0, Durability::Sync);
+        let j = open(dir.path(), opts, checkpoint);
+        assert_eq!(
+            j.append("a", vec![common::ev("1")], Some("k"))
+                .await?
+                .first_seq,
+            1
+        );
+        for i in 2..=4 {
+            j.append("a", vec![common::ev(&i.to_string())], None)
+                .await?;
+        }
+        let again = j.append("a", vec![common::ev("5")], Some("k")).await?;
+        assert_eq!((again.first_seq, again.duplicate), (5, false));
+        j.close().await?;
+        drop(j);
+        let j = open(dir.path(), opts, checkpoint);
+        let retry = j.append("a", vec![common::ev("x")], Some("k")).await?;
+        assert_eq!(
+            (retry.first_seq, retry.duplicate),
+            (5, true),
+            "checkpoint {checkpoint}"
+        );
+    }
+    Ok(())
+}
