@@ -27,7 +27,7 @@ use gapless_core::JournalError;
 use redb::{Database, ReadableTable, WriteTransaction};
 
 /// Logged record bytes after which the next commit is a checkpoint.
-pub(crate) const CHECKPOINT_BYTES: usize = 1 << 20;
+pub(crate) const CHECKPOINT_BYTES: usize = 256 << 10;
 
 /// Marks an absent key or type.
 const NONE: u32 = u32::MAX;
