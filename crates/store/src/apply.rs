@@ -1,13 +1,19 @@
-//! The write operations, applied inside the writer's transaction: an append
-//! (idempotency check, seq assignment, count retention) and age eviction.
-//! Each returns what the sink must be told once the transaction commits.
+//! The write operations: an append is decided in memory (idempotency check,
+//! seq assignment, count retention) and logged as a record (`log.rs`); a
+//! record is applied to the tables at a checkpoint; age eviction runs on the
+//! tables, at a checkpoint. Appends and evictions return what the sink must be
+//! told once the transaction commits.
 
 use crate::cache::Channels;
-use crate::tables::{encode_event, event_time, storage, CHANNELS, EVENTS, KEYS, KEY_ORDER};
+use crate::log::{self, Record};
+use crate::tables::{
+    encode_event_into, event_time, storage, ChannelRow, CHANNELS, EVENTS, KEYS, KEY_ORDER,
+};
 use gapless_core::journal::now_ms;
 use gapless_core::{Appended, ChannelState, JournalError, Retention};
 use gapless_protocol::{Epoch, Event, NewEvent};
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What the sink is told about one operation after its transaction commits.
@@ -16,6 +22,8 @@ pub(crate) enum Notice {
     Committed {
         /// The channel.
         channel: Arc<str>,
+        /// Its id.
+        id: u64,
         /// Its state right after the append.
         state: ChannelState,
         /// The appended events.
@@ -36,6 +44,11 @@ pub(crate) struct Tables<'t> {
     events: Table<'t, (u64, u64), &'static [u8]>,
     keys: Table<'t, (u64, &'static str), (u64, u64)>,
     key_order: Table<'t, (u64, u64, &'static str), ()>,
+    /// Reused for encoding event rows.
+    buf: Vec<u8>,
+    /// Channel rows of the records applied since the last [`Tables::finish`],
+    /// by id: `(name, row, floor before the first of those records)`.
+    rows: HashMap<u64, (String, ChannelRow, u64)>,
 }
 
 /// What the operations need besides the tables.
@@ -56,6 +69,8 @@ impl<'t> Tables<'t> {
             events: txn.open_table(EVENTS).map_err(storage)?,
             keys: txn.open_table(KEYS).map_err(storage)?,
             key_order: txn.open_table(KEY_ORDER).map_err(storage)?,
+            buf: Vec::new(),
+            rows: HashMap::new(),
         })
     }
 
@@ -85,85 +100,69 @@ impl<'t> Tables<'t> {
             .map_err(storage)?
         {
             let (key, _) = item.map_err(storage)?;
-            gone.push(key.value().2.to_owned());
+            let (_, last, key) = key.value();
+            gone.push((last, key.to_owned()));
         }
-        for key in gone {
-            self.keys.remove((id, key.as_str())).map_err(storage)?;
+        for (last, key) in gone {
+            // A key used again since (its events gone by then) has a newer
+            // entry: that one stays.
+            let current = self.keys.get((id, key.as_str())).map_err(storage)?;
+            if current.is_some_and(|seqs| seqs.value().1 == last) {
+                self.keys.remove((id, key.as_str())).map_err(storage)?;
+            }
         }
         Ok(())
     }
 
-    /// Appends `events` to `channel` (see `Journal::append`), applying count retention.
-    pub(crate) fn append(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        channel: &str,
-        events: Vec<NewEvent>,
-        idempotency_key: Option<&str>,
-    ) -> Result<(Appended, Option<Notice>), JournalError> {
-        let epoch = cx.epoch;
-        let ch = cx.cache.get_or_create(channel);
-        let id = ch.row.id;
-        if let Some(key) = idempotency_key {
-            if let Some(seqs) = self.keys.get((id, key)).map_err(storage)? {
-                let (first_seq, last_seq) = seqs.value();
-                let appended = Appended {
-                    epoch,
-                    first_seq,
-                    last_seq,
-                    duplicate: true,
-                };
-                return Ok((appended, None));
-            }
-        }
-        let time = now_ms().max(ch.row.last_time);
-        let first_seq = ch.row.head + 1;
-        let mut head = ch.row.head;
-        let mut committed = Vec::with_capacity(events.len());
-        for ev in events {
-            head += 1;
-            let row = encode_event(time, ev.event_type.as_deref(), &ev.data);
+    /// Applies a logged append record: inserts its events and its
+    /// idempotency key. The channel's row, and the deletion of what fell below
+    /// its floor, are written by [`Tables::finish`], once per channel for all
+    /// the records applied before it.
+    pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Result<(), JournalError> {
+        let id = rec.id;
+        let first_seq = rec.first_seq();
+        for (seq, (event_type, data)) in (first_seq..).zip(&rec.events) {
+            encode_event_into(&mut self.buf, rec.time, *event_type, data);
             self.events
-                .insert((id, head), row.as_slice())
+                .insert((id, seq), self.buf.as_slice())
                 .map_err(storage)?;
-            let event = Event::new(ch.name.clone(), epoch, head, ev.event_type, ev.data, time);
-            committed.push(Arc::new(event));
         }
-        if let Some(key) = idempotency_key {
+        if let Some(key) = rec.key {
             self.keys
-                .insert((id, key), (first_seq, head))
+                .insert((id, key), (first_seq, rec.head))
                 .map_err(storage)?;
             self.key_order
-                .insert((id, head, key), ())
+                .insert((id, rec.head, key), ())
                 .map_err(storage)?;
         }
-        let old_floor = ch.row.floor;
-        let floor = old_floor.max(cx.retention.count_floor(head));
-        ch.row.head = head;
-        ch.row.floor = floor;
-        ch.row.last_time = time;
-        self.channels
-            .insert(&*ch.name, ch.row.to_tuple())
-            .map_err(storage)?;
-        let state = ch.state(epoch);
-        let name = ch.name.clone();
-        self.drop_below(id, old_floor, floor)?;
-        if head >= first_seq && floor >= first_seq {
-            // Every retained event is from this append.
-            cx.cache.set_oldest(&name, Some(time));
+        let row = ChannelRow {
+            id,
+            head: rec.head,
+            floor: rec.floor,
+            last_time: rec.time,
+        };
+        match self.rows.get_mut(&id) {
+            Some(entry) => entry.1 = row,
+            None => {
+                self.rows
+                    .insert(id, (rec.name.to_owned(), row, rec.old_floor));
+            }
         }
-        let appended = Appended {
-            epoch,
-            first_seq,
-            last_seq: head,
-            duplicate: false,
-        };
-        let notice = Notice::Committed {
-            channel: name,
-            state,
-            events: committed,
-        };
-        Ok((appended, Some(notice)))
+        Ok(())
+    }
+
+    /// Writes the channel rows of the records applied so far, and deletes
+    /// the events and keys that fell below their floors.
+    pub(crate) fn finish(&mut self) -> Result<(), JournalError> {
+        for (id, (name, row, old_floor)) in std::mem::take(&mut self.rows) {
+            self.channels
+                .insert(name.as_str(), row.to_tuple())
+                .map_err(storage)?;
+            if old_floor < row.floor {
+                self.drop_below(id, old_floor, row.floor)?;
+            }
+        }
+        Ok(())
     }
 
     /// Evicts events with `time <= now_ms - max_age_ms` (see `Journal::evict_expired`).
@@ -176,6 +175,7 @@ impl<'t> Tables<'t> {
         if cx.retention.max_age_ms == 0 {
             return Ok(notices);
         }
+        self.finish()?;
         let cutoff = now_ms.saturating_sub(cx.retention.max_age_ms);
         for name in cx.cache.maybe_expired(cutoff) {
             let Some(ch) = cx.cache.get_mut(&name) else {
@@ -220,4 +220,131 @@ pub(crate) fn eviction_due(cx: &Ctx<'_>, now_ms: u64) -> bool {
         && cx
             .cache
             .any_maybe_expired(now_ms.saturating_sub(cx.retention.max_age_ms))
+}
+
+/// Idempotency keys as the writer sees them: those logged since the last
+/// checkpoint, then the `idempotency_keys` table.
+#[derive(Default)]
+pub(crate) struct Keys {
+    /// `(channel id, key)` -> `(first_seq, last_seq)`, logged since the last checkpoint.
+    pub pending: HashMap<(u64, String), (u64, u64)>,
+}
+
+impl Keys {
+    /// The seqs of `key` on channel `id`, if it is known and its events are
+    /// still retained (`last_seq >= floor`). `snapshot` reads the tables as
+    /// of the last commit (opened on first use).
+    fn get(
+        &self,
+        db: &Database,
+        snapshot: &mut Option<ReadTransaction>,
+        id: u64,
+        key: &str,
+        floor: u64,
+    ) -> Result<Option<(u64, u64)>, JournalError> {
+        let found = match self.pending.get(&(id, key.to_owned())) {
+            Some(&seqs) => Some(seqs),
+            None => {
+                let txn = match snapshot {
+                    Some(txn) => txn,
+                    None => snapshot.insert(db.begin_read().map_err(storage)?),
+                };
+                let keys = txn.open_table(KEYS).map_err(storage)?;
+                let seqs = keys.get((id, key)).map_err(storage)?.map(|g| g.value());
+                seqs
+            }
+        };
+        // Keys below the floor are deleted when the floor rises past them;
+        // until a checkpoint applies that, they are skipped here.
+        Ok(found.filter(|&(_, last)| last >= floor))
+    }
+}
+
+/// What the writer needs to decide an append.
+pub(crate) struct AppendCx<'a> {
+    /// The database (for idempotency keys already in the tables).
+    pub db: &'a Database,
+    /// A read snapshot of the last commit, opened on first use.
+    pub snapshot: &'a mut Option<ReadTransaction>,
+    /// Keys logged since the last checkpoint.
+    pub keys: &'a mut Keys,
+    /// Where the append's record is written.
+    pub record: &'a mut Vec<u8>,
+}
+
+/// Decides an append to `channel` (see `Journal::append`): checks the
+/// idempotency key, assigns seqs and the time, applies count retention to the
+/// cache, and writes the record to `ax.record` (nothing for a duplicate).
+pub(crate) fn append(
+    cx: &mut Ctx<'_>,
+    ax: &mut AppendCx<'_>,
+    channel: &str,
+    events: Vec<NewEvent>,
+    idempotency_key: Option<&str>,
+) -> Result<(Appended, Option<Notice>), JournalError> {
+    let epoch = cx.epoch;
+    let ch = cx.cache.get_or_create(channel);
+    let id = ch.row.id;
+    if let Some(key) = idempotency_key {
+        if let Some((first_seq, last_seq)) =
+            ax.keys.get(ax.db, ax.snapshot, id, key, ch.row.floor)?
+        {
+            let appended = Appended {
+                epoch,
+                first_seq,
+                last_seq,
+                duplicate: true,
+            };
+            return Ok((appended, None));
+        }
+    }
+    let time = now_ms().max(ch.row.last_time);
+    let first_seq = ch.row.head + 1;
+    let head = ch.row.head + events.len() as u64;
+    let old_floor = ch.row.floor;
+    let floor = old_floor.max(cx.retention.count_floor(head));
+    log::put_header(
+        ax.record,
+        id,
+        &ch.name,
+        old_floor,
+        head,
+        floor,
+        time,
+        idempotency_key,
+        events.len(),
+    );
+    let mut committed = Vec::with_capacity(events.len());
+    for (seq, ev) in (first_seq..).zip(events) {
+        log::put_event(ax.record, ev.event_type.as_deref(), &ev.data);
+        let event = Event::new(ch.name.clone(), epoch, seq, ev.event_type, ev.data, time);
+        committed.push(Arc::new(event));
+    }
+    if let Some(key) = idempotency_key {
+        ax.keys
+            .pending
+            .insert((id, key.to_owned()), (first_seq, head));
+    }
+    ch.row.head = head;
+    ch.row.floor = floor;
+    ch.row.last_time = time;
+    let state = ch.state(epoch);
+    let name = ch.name.clone();
+    if head >= first_seq && floor >= first_seq {
+        // Every retained event is from this append.
+        cx.cache.set_oldest(&name, Some(time));
+    }
+    let appended = Appended {
+        epoch,
+        first_seq,
+        last_seq: head,
+        duplicate: false,
+    };
+    let notice = Notice::Committed {
+        channel: name,
+        id,
+        state,
+        events: committed,
+    };
+    Ok((appended, Some(notice)))
 }

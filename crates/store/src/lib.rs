@@ -7,8 +7,11 @@
 //!   pending in one transaction (`writer.rs`; batches in `request.rs`, the
 //!   operations in `apply.rs`, the writer's channel cache in `cache.rs`), so
 //!   concurrent publishers share each fsync;
-//! - reads run in their own read transactions, concurrently with the writer
-//!   (`reader.rs`);
+//!   appends are committed as records in a log table and applied to the
+//!   indexed tables every so often (`log.rs`);
+//! - reads run in their own read transactions, concurrently with the writer,
+//!   and see what is not yet applied through an overlay (`reader.rs`,
+//!   `overlay.rs`);
 //! - the on-disk layout is in `tables.rs`, the store's identity (epoch) in
 //!   `meta.rs`.
 //!
@@ -20,8 +23,10 @@
 
 mod apply;
 mod cache;
+mod log;
 mod meta;
 mod options;
+mod overlay;
 mod reader;
 mod request;
 mod tables;
@@ -56,6 +61,8 @@ pub const FILE_NAME: &str = "journal.redb";
 pub struct EmbeddedJournal {
     epoch: Epoch,
     db: Arc<Database>,
+    /// Appends not yet in the tables, for readers.
+    overlay: Arc<overlay::Overlay>,
     /// `None` only while dropping.
     tx: Option<mpsc::Sender<Request>>,
     closed: AtomicBool,
@@ -75,21 +82,41 @@ impl EmbeddedJournal {
         options: StoreOptions,
         sink: Arc<dyn CommitSink>,
     ) -> Result<Self, JournalError> {
+        Self::open_with_checkpoint(dir, options, sink, log::CHECKPOINT_BYTES)
+    }
+
+    /// [`EmbeddedJournal::open`] with logged appends applied to the indexed
+    /// tables once `checkpoint_bytes` of records are pending (0: at every
+    /// commit). For tests of the log; the default suits every load.
+    ///
+    /// # Errors
+    /// As [`EmbeddedJournal::open`].
+    #[doc(hidden)]
+    pub fn open_with_checkpoint(
+        dir: &Path,
+        options: StoreOptions,
+        sink: Arc<dyn CommitSink>,
+        checkpoint_bytes: usize,
+    ) -> Result<Self, JournalError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
         let db = Database::create(&path)
             .map_err(|e| JournalError::Storage(format!("cannot open {}: {e}", path.display())))?;
         let epoch = meta::init(&db, options.durability)?;
+        log::recover(&db)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
         let db = Arc::new(db);
+        let overlay = Arc::new(overlay::Overlay::default());
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache)
+        let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache, overlay.clone())
+            .checkpoint_every(checkpoint_bytes)
             .spawn()
             .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedJournal {
             epoch,
             db,
+            overlay,
             tx: Some(tx),
             closed: AtomicBool::new(false),
             writer: Some(writer),
@@ -136,17 +163,18 @@ impl Journal for EmbeddedJournal {
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
-            _ => return reader::page(&self.db, self.epoch, channel, after, limit),
+            _ => return reader::page(&self.db, &self.overlay, self.epoch, channel, after, limit),
         };
-        let (db, epoch, channel) = (self.db.clone(), self.epoch, channel.to_owned());
+        let (db, overlay) = (self.db.clone(), self.overlay.clone());
+        let (epoch, channel) = (self.epoch, channel.to_owned());
         handle
-            .spawn_blocking(move || reader::page(&db, epoch, &channel, after, limit))
+            .spawn_blocking(move || reader::page(&db, &overlay, epoch, &channel, after, limit))
             .await
             .map_err(|e| JournalError::Storage(format!("journal read task failed: {e}")))?
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        reader::state(&self.db, self.epoch, channel)
+        reader::state(&self.db, &self.overlay, self.epoch, channel)
     }
 
     /// After [`Journal::close`] this does nothing.

@@ -5,8 +5,8 @@
 
 use crate::options::Durability;
 use crate::tables::{
-    storage, CHANNELS, EVENTS, FORMAT_VERSION, KEYS, KEY_ORDER, META, META_ASYNC_OPEN, META_EPOCH,
-    META_FORMAT,
+    storage, CHANNELS, EVENTS, FORMAT_COMPATIBLE, FORMAT_VERSION, KEYS, KEY_ORDER, LOG, META,
+    META_ASYNC_OPEN, META_EPOCH, META_FORMAT,
 };
 use gapless_core::JournalError;
 use gapless_protocol::Epoch;
@@ -22,12 +22,13 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, Journ
         txn.open_table(EVENTS).map_err(storage)?;
         txn.open_table(KEYS).map_err(storage)?;
         txn.open_table(KEY_ORDER).map_err(storage)?;
+        txn.open_table(LOG).map_err(storage)?;
         let mut meta = txn.open_table(META).map_err(storage)?;
         let get = |key: &str| -> Result<Option<u64>, JournalError> {
             Ok(meta.get(key).map_err(storage)?.map(|g| g.value()))
         };
         match get(META_FORMAT)? {
-            None | Some(FORMAT_VERSION) => {}
+            None | Some(FORMAT_VERSION | FORMAT_COMPATIBLE) => {}
             Some(v) => {
                 return Err(JournalError::Storage(format!(
                     "journal format {v} is not supported (this build reads format {FORMAT_VERSION})"

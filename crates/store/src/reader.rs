@@ -1,20 +1,29 @@
-//! Reads, each in its own redb read transaction (a snapshot), concurrently
-//! with the writer: a page's state and events always come from the same
-//! committed snapshot.
+//! Reads, concurrently with the writer: each pairs a redb read transaction (a
+//! snapshot of the tables) with the overlay of events not yet in them (see
+//! `overlay.rs`), taken together under the overlay's read lock, so a page's
+//! state and events always come from the same commit.
 
+use crate::overlay::Overlay;
 use crate::tables::{decode_event, storage, ChannelRow, CHANNELS, EVENTS};
 use gapless_core::{ChannelState, JournalError, Page};
 use gapless_protocol::{Epoch, Event};
-use redb::{Database, ReadableDatabase};
+use redb::{Database, ReadTransaction, ReadableDatabase};
 use std::sync::Arc;
 
 /// The channel's bounds (empty for a channel never appended to).
 pub(crate) fn state(
     db: &Database,
+    overlay: &Overlay,
     epoch: Epoch,
     channel: &str,
 ) -> Result<ChannelState, JournalError> {
-    let txn = db.begin_read().map_err(storage)?;
+    let txn = {
+        let tails = overlay.read();
+        if let Some(tail) = tails.get(channel) {
+            return Ok(tail.state(epoch));
+        }
+        db.begin_read().map_err(storage)?
+    };
     let channels = txn.open_table(CHANNELS).map_err(storage)?;
     let row = channels.get(channel).map_err(storage)?;
     Ok(row.map_or(ChannelState::empty(epoch), |r| {
@@ -25,12 +34,54 @@ pub(crate) fn state(
 /// Up to `limit` events of `channel` with `seq > max(after, floor - 1)`, ascending.
 pub(crate) fn page(
     db: &Database,
+    overlay: &Overlay,
     epoch: Epoch,
     channel: &str,
     after: u64,
     limit: usize,
 ) -> Result<Page, JournalError> {
-    let txn = db.begin_read().map_err(storage)?;
+    let (txn, tail) = {
+        let tails = overlay.read();
+        match tails.get(channel) {
+            Some(tail) => {
+                let state = tail.state(epoch);
+                let start = after.max(tail.floor.saturating_sub(1)).saturating_add(1);
+                if limit == 0 || start > tail.head {
+                    return Ok(Page {
+                        state,
+                        events: Vec::new(),
+                    });
+                }
+                // The overlay's part: seqs max(start, base_head + 1) ..= head.
+                let skip =
+                    usize::try_from(start.saturating_sub(tail.base_head + 1)).unwrap_or(usize::MAX);
+                let from_tables = usize::try_from((tail.base_head + 1).saturating_sub(start))
+                    .unwrap_or(usize::MAX);
+                let mine: Vec<Arc<Event>> = tail
+                    .events
+                    .iter()
+                    .skip(skip)
+                    .take(limit.saturating_sub(from_tables))
+                    .cloned()
+                    .collect();
+                if from_tables == 0 {
+                    return Ok(Page {
+                        state,
+                        events: mine,
+                    });
+                }
+                let txn = db.begin_read().map_err(storage)?;
+                (txn, Some((tail.id, tail.base_head, start, state, mine)))
+            }
+            None => (db.begin_read().map_err(storage)?, None),
+        }
+    };
+    let name: Arc<str> = Arc::from(channel);
+    if let Some((id, base_head, start, state, mine)) = tail {
+        let mut events = read_events(&txn, &name, epoch, id, start, base_head, limit)?;
+        events.extend(mine);
+        return Ok(Page { state, events });
+    }
     let channels = txn.open_table(CHANNELS).map_err(storage)?;
     let Some(row) = channels.get(channel).map_err(storage)? else {
         return Ok(Page {
@@ -41,16 +92,33 @@ pub(crate) fn page(
     let row = ChannelRow::from_tuple(row.value());
     let state = to_state(epoch, row);
     let start = after.max(row.floor.saturating_sub(1)).saturating_add(1);
-    let mut events = Vec::new();
     if limit == 0 || start > row.head {
-        return Ok(Page { state, events });
+        return Ok(Page {
+            state,
+            events: Vec::new(),
+        });
     }
-    let name: Arc<str> = Arc::from(channel);
+    let events = read_events(&txn, &name, epoch, row.id, start, row.head, limit)?;
+    Ok(Page { state, events })
+}
+
+/// Up to `limit` events of channel `id` in `start..=end` from the tables.
+fn read_events(
+    txn: &ReadTransaction,
+    name: &Arc<str>,
+    epoch: Epoch,
+    id: u64,
+    start: u64,
+    end: u64,
+    limit: usize,
+) -> Result<Vec<Arc<Event>>, JournalError> {
+    let mut events = Vec::new();
+    if limit == 0 || start > end {
+        return Ok(events);
+    }
     let table = txn.open_table(EVENTS).map_err(storage)?;
-    let range = table
-        .range((row.id, start)..=(row.id, row.head))
-        .map_err(storage)?;
-    let available = usize::try_from(row.head - start + 1).unwrap_or(usize::MAX);
+    let range = table.range((id, start)..=(id, end)).map_err(storage)?;
+    let available = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
     events.reserve(limit.min(available));
     for item in range.take(limit) {
         let (key, value) = item.map_err(storage)?;
@@ -65,7 +133,7 @@ pub(crate) fn page(
             time,
         )));
     }
-    Ok(Page { state, events })
+    Ok(events)
 }
 
 fn to_state(epoch: Epoch, row: ChannelRow) -> ChannelState {

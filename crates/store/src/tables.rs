@@ -1,6 +1,6 @@
 //! The on-disk layout: redb table definitions and the encoding of rows.
 //!
-//! One redb file holds five tables:
+//! One redb file holds six tables:
 //!
 //! | table                | key                        | value                              |
 //! |----------------------|----------------------------|------------------------------------|
@@ -9,18 +9,28 @@
 //! | `events`             | `(channel id, seq)`        | encoded event (see [`encode_event`]) |
 //! | `idempotency_keys`   | `(channel id, key)`        | `(first_seq, last_seq)`            |
 //! | `idempotency_order`  | `(channel id, last_seq, key)` | `()`                            |
+//! | `log`                | commit number              | the appends of one commit (see `log.rs`) |
 //!
 //! Channels get a small numeric id on their first append so event keys stay
 //! 16 bytes whatever the name. Rows below a channel's floor are deleted in the
 //! transaction that raises the floor; `idempotency_order` finds the keys whose
 //! events went with them.
+//!
+//! An append is first committed as a record in `log` (one row per commit,
+//! written at the end of the table, so a commit dirties a few pages whatever
+//! the number of channels it touches). Every so often the writer applies the
+//! logged records to the other tables and empties `log` in one transaction (a
+//! checkpoint); opening the store does the same with whatever a crash left
+//! there. See `log.rs`.
 
 use gapless_core::JournalError;
 use redb::TableDefinition;
 use std::fmt::Display;
 
 /// Version of this layout, stored under `meta["format"]`.
-pub(crate) const FORMAT_VERSION: u64 = 1;
+pub(crate) const FORMAT_VERSION: u64 = 2;
+/// Older layout versions this build opens (format 1 is format 2 with an empty `log`).
+pub(crate) const FORMAT_COMPATIBLE: u64 = 1;
 
 /// `meta` key of the layout version.
 pub(crate) const META_FORMAT: &str = "format";
@@ -43,6 +53,9 @@ pub(crate) const KEYS: TableDefinition<(u64, &str), (u64, u64)> =
 /// `(channel id, last_seq, idempotency key)`: keys in eviction order.
 pub(crate) const KEY_ORDER: TableDefinition<(u64, u64, &str), ()> =
     TableDefinition::new("idempotency_order");
+/// Commit number -> the append records of that commit, not yet applied to
+/// the other tables.
+pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 
 /// A `channels` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +93,23 @@ const NO_TYPE: u32 = u32::MAX;
 const HEADER: usize = 12;
 
 /// Encodes an event row: `time: u64 LE | type_len: u32 LE (u32::MAX = none) | type | data`.
+#[cfg(test)]
 pub(crate) fn encode_event(time: u64, event_type: Option<&str>, data: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_event_into(&mut out, time, event_type, data);
+    out
+}
+
+/// [`encode_event`] into `out` (cleared first), reusing its allocation.
+pub(crate) fn encode_event_into(
+    out: &mut Vec<u8>,
+    time: u64,
+    event_type: Option<&str>,
+    data: &str,
+) {
+    out.clear();
     let type_len = event_type.map_or(0, str::len);
-    let mut out = Vec::with_capacity(HEADER + type_len + data.len());
+    out.reserve(HEADER + type_len + data.len());
     out.extend_from_slice(&time.to_le_bytes());
     let tag = match event_type {
         Some(t) => u32::try_from(t.len()).unwrap_or(NO_TYPE - 1),
@@ -93,7 +120,6 @@ pub(crate) fn encode_event(time: u64, event_type: Option<&str>, data: &str) -> V
         out.extend_from_slice(&t.as_bytes()[..tag as usize]);
     }
     out.extend_from_slice(data.as_bytes());
-    out
 }
 
 /// A decoded event row: `(time, type, data)`.
@@ -138,7 +164,7 @@ fn utf8(bytes: &[u8]) -> Result<String, JournalError> {
     String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("event text is not UTF-8"))
 }
 
-fn corrupt(what: &str) -> JournalError {
+pub(crate) fn corrupt(what: &str) -> JournalError {
     JournalError::Storage(format!("corrupt journal: {what}"))
 }
 

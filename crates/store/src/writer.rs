@@ -6,16 +6,24 @@
 //! tells the sink about every operation in order, then replies to each. While a commit is in progress
 //! the next batch queues up, so concurrent publishers share fsyncs.
 //!
+//! A commit writes its appends as one row of the `log` table; every
+//! [`CHECKPOINT_BYTES`] of logged records, a commit instead applies them (and
+//! its own appends) to the indexed tables and empties the log (see `log.rs`).
+//! A batch with an age eviction due is always a checkpoint.
+//!
 //! If anything in a batch fails, the transaction is rolled back, every request
-//! of the batch gets [`JournalError::Storage`], and the channel cache is
-//! reloaded from disk before the next batch, so no seq is skipped or reused.
+//! of the batch gets [`JournalError::Storage`], and before the next batch the
+//! log is applied from disk and the channel cache reloaded, so no seq is
+//! skipped or reused.
 
-use crate::apply::{eviction_due, Ctx, Notice, Tables};
+use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
+use crate::log::{self, CHECKPOINT_BYTES};
 use crate::meta;
 use crate::options::{Durability, StoreOptions};
+use crate::overlay::{self, Overlay};
 use crate::request::{Batch, Op, Pending, Request};
-use crate::tables::storage;
+use crate::tables::{storage, LOG};
 use gapless_core::{Appended, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
@@ -35,8 +43,20 @@ pub(crate) struct Writer {
     sink: Arc<dyn CommitSink>,
     epoch: Epoch,
     options: StoreOptions,
-    /// `None` after a failed batch, until reloaded.
+    /// `None` after a failed batch, until recovered from disk.
     cache: Option<Channels>,
+    /// What readers see beyond the tables (shared with them).
+    overlay: Arc<Overlay>,
+    /// Records committed to `log` but not yet applied to the tables.
+    logged: Vec<u8>,
+    /// Idempotency keys of `logged`.
+    keys: Keys,
+    /// Key of the next `log` row.
+    next_log: u64,
+    /// The current batch's records (reused).
+    record: Vec<u8>,
+    /// Logged bytes after which the next commit is a checkpoint.
+    checkpoint_bytes: usize,
     /// When the oldest commit not yet durable was made (`Async` only).
     unsynced_since: Option<Instant>,
     /// Test hook: fail the next commit after applying its batch.
@@ -53,6 +73,7 @@ impl Writer {
         epoch: Epoch,
         options: StoreOptions,
         cache: Channels,
+        overlay: Arc<Overlay>,
     ) -> Self {
         Writer {
             db,
@@ -61,10 +82,22 @@ impl Writer {
             epoch,
             options,
             cache: Some(cache),
+            overlay,
+            logged: Vec::new(),
+            keys: Keys::default(),
+            next_log: 0,
+            record: Vec::new(),
+            checkpoint_bytes: CHECKPOINT_BYTES,
             unsynced_since: None,
             #[cfg(test)]
             fail_next_commit: Arc::default(),
         }
+    }
+
+    /// Sets the logged bytes after which a commit is a checkpoint.
+    pub(crate) fn checkpoint_every(mut self, bytes: usize) -> Self {
+        self.checkpoint_bytes = bytes;
+        self
     }
 
     /// Starts the writer thread. It stops on [`Request::Close`] or when every
@@ -162,29 +195,51 @@ impl Writer {
         }
     }
 
+    /// Applies whatever `log` holds on disk to the tables and reloads the
+    /// cache: the state after opening, or after a failed batch.
+    fn recover(&mut self) -> Result<(), JournalError> {
+        {
+            let mut tails = self.overlay.write();
+            log::recover(&self.db)?;
+            tails.clear();
+        }
+        self.logged.clear();
+        self.keys.pending.clear();
+        self.next_log = 0;
+        let track_age = self.options.retention.max_age_ms != 0;
+        self.cache = Some(Channels::load(&self.db, track_age)?);
+        Ok(())
+    }
+
     /// Applies `ops` in one transaction and commits it. Returns each op's
     /// result (`Some` for appends) and the sink notices, in order.
     fn commit(
         &mut self,
         ops: Vec<Op>,
     ) -> Result<(Vec<Option<Appended>>, Vec<Notice>), JournalError> {
-        let cache = match self.cache.take() {
-            Some(cache) => cache,
-            None => Channels::load(&self.db, self.options.retention.max_age_ms != 0)?,
+        if self.cache.is_none() {
+            self.recover()?;
+        }
+        let Some(cache) = self.cache.as_mut() else {
+            return Err(JournalError::Storage("journal cache not loaded".into()));
         };
-        let cache = self.cache.insert(cache);
         let mut cx = Ctx {
             epoch: self.epoch,
             retention: self.options.retention,
             cache,
         };
-        let needs_write = ops.iter().any(|op| match op {
-            Op::Append { .. } => true,
-            Op::Evict { now_ms } => eviction_due(&cx, *now_ms),
-        });
-        if !needs_write {
+        let mut evict_due = false;
+        let mut appends = false;
+        for op in &ops {
+            match op {
+                Op::Append { .. } => appends = true,
+                Op::Evict { now_ms } => evict_due |= eviction_due(&cx, *now_ms),
+            }
+        }
+        if !appends && !evict_due {
             return Ok((ops.iter().map(|_| None).collect(), Vec::new()));
         }
+        let checkpoint = evict_due || self.logged.len() >= self.checkpoint_bytes;
         let durable = match self.options.durability {
             Durability::Sync => true,
             Durability::Async => self
@@ -200,8 +255,23 @@ impl Writer {
         .map_err(storage)?;
         let mut results = Vec::with_capacity(ops.len());
         let mut notices = Vec::new();
+        let mut record = std::mem::take(&mut self.record);
+        record.clear();
+        let mut snapshot = None;
         {
-            let mut tables = Tables::open(&txn)?;
+            let mut tables = if checkpoint {
+                let mut tables = Tables::open(&txn)?;
+                log::apply_all(&mut tables, &self.logged)?;
+                Some(tables)
+            } else {
+                None
+            };
+            let mut ax = AppendCx {
+                db: &self.db,
+                snapshot: &mut snapshot,
+                keys: &mut self.keys,
+                record: &mut record,
+            };
             for op in ops {
                 match op {
                     Op::Append {
@@ -209,22 +279,40 @@ impl Writer {
                         events,
                         key,
                     } => {
+                        let start = ax.record.len();
                         let (appended, notice) =
-                            tables.append(&mut cx, &channel, events, key.as_deref())?;
+                            apply::append(&mut cx, &mut ax, &channel, events, key.as_deref())?;
+                        if let Some(tables) = tables.as_mut() {
+                            log::apply_all(tables, &ax.record[start..])?;
+                        }
                         results.push(Some(appended));
                         notices.extend(notice);
                     }
                     Op::Evict { now_ms } => {
-                        notices.extend(tables.evict_expired(&mut cx, now_ms)?);
+                        if let Some(tables) = tables.as_mut() {
+                            notices.extend(tables.evict_expired(&mut cx, now_ms)?);
+                        }
                         results.push(None);
                     }
                 }
             }
+            if let Some(tables) = tables.as_mut() {
+                tables.finish()?;
+            }
         }
+        drop(snapshot);
         if notices.is_empty() {
             // Only duplicates, or nothing expired after all: nothing to commit.
+            self.record = record;
             txn.abort().map_err(storage)?;
             return Ok((results, notices));
+        }
+        if checkpoint {
+            log::clear(&txn)?;
+        } else {
+            let mut log = txn.open_table(LOG).map_err(storage)?;
+            log.insert(self.next_log, record.as_slice())
+                .map_err(storage)?;
         }
         #[cfg(test)]
         if self
@@ -233,7 +321,35 @@ impl Writer {
         {
             return Err(JournalError::Storage("injected commit failure".into()));
         }
-        txn.commit().map_err(storage)?;
+        if checkpoint {
+            // Readers pair the overlay with a snapshot: both change together.
+            let mut tails = self.overlay.write();
+            txn.commit().map_err(storage)?;
+            tails.clear();
+            drop(tails);
+            self.logged.clear();
+            self.keys.pending.clear();
+            self.next_log = 0;
+        } else {
+            txn.commit().map_err(storage)?;
+            {
+                let mut tails = self.overlay.write();
+                for notice in &notices {
+                    if let Notice::Committed {
+                        channel,
+                        id,
+                        state,
+                        events,
+                    } = notice
+                    {
+                        overlay::add(&mut tails, channel, *id, *state, events);
+                    }
+                }
+            }
+            self.logged.extend_from_slice(&record);
+            self.next_log += 1;
+        }
+        self.record = record;
         if durable {
             self.unsynced_since = None;
         } else {
@@ -251,6 +367,7 @@ impl Writer {
                 channel,
                 state,
                 events,
+                ..
             } => sink.committed(channel, *state, events),
             Notice::Evicted { channel, state } => sink.evicted(channel, *state),
         }));
@@ -270,14 +387,23 @@ impl Writer {
         Ok(())
     }
 
-    /// The final durable commit, recording a clean shutdown of an `Async` run.
+    /// The final durable commit: applies the log to the tables, and records
+    /// a clean shutdown of an `Async` run.
     fn shutdown(&mut self) -> Result<(), JournalError> {
-        if self.options.durability == Durability::Sync {
+        if self.options.durability == Durability::Sync && self.logged.is_empty() {
             return self.flush();
         }
+        // Readers pair the overlay with a snapshot: both change together.
+        let mut tails = self.overlay.write();
         let txn = self.db.begin_write().map_err(storage)?;
-        meta::mark_clean(&txn)?;
+        log::apply_logged(&txn)?;
+        if self.options.durability == Durability::Async {
+            meta::mark_clean(&txn)?;
+        }
         txn.commit().map_err(storage)?;
+        tails.clear();
+        self.logged.clear();
+        self.keys.pending.clear();
         self.unsynced_since = None;
         Ok(())
     }

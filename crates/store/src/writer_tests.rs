@@ -4,6 +4,7 @@
 use super::Writer;
 use crate::cache::Channels;
 use crate::options::{Durability, StoreOptions};
+use crate::overlay::Overlay;
 use crate::request::{Reply, Request};
 use crate::{meta, reader};
 use gapless_core::journal::NoSink;
@@ -49,7 +50,16 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
     let cache = Channels::load(&db, true)?;
     let db = Arc::new(db);
     let (tx, rx) = mpsc::channel();
-    let writer = Writer::new(db.clone(), rx, Arc::new(NoSink), epoch, options, cache);
+    let overlay = Arc::new(Overlay::default());
+    let writer = Writer::new(
+        db.clone(),
+        rx,
+        Arc::new(NoSink),
+        epoch,
+        options,
+        cache,
+        overlay.clone(),
+    );
     let fail = writer.fail_next_commit.clone();
     let handle = writer.spawn().map_err(crate::tables::storage)?;
 
@@ -66,17 +76,20 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
         append(&tx, "a", Some("k3")),
         Err(JournalError::Storage(_))
     ));
-    let state = reader::state(&db, epoch, "a")?;
+    let state = reader::state(&db, &overlay, epoch, "a")?;
     assert_eq!((state.floor, state.head), (1, 2));
     // Nothing was skipped, and the failed appends' keys were not kept.
     let again = append(&tx, "a", Some("k3"))?;
     assert_eq!((again.first_seq, again.duplicate), (3, false));
     assert!(append(&tx, "a", Some("k"))?.duplicate);
     assert_eq!(append(&tx, "b", Some("k2"))?.first_seq, 1);
-    let page = reader::page(&db, epoch, "a", 0, 10)?;
+    let page = reader::page(&db, &overlay, epoch, "a", 0, 10)?;
     let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [2, 3]);
-    assert_eq!(reader::page(&db, epoch, "b", 0, 10)?.events.len(), 1);
+    assert_eq!(
+        reader::page(&db, &overlay, epoch, "b", 0, 10)?.events.len(),
+        1
+    );
 
     drop(tx);
     handle

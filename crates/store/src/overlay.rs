@@ -1,0 +1,85 @@
+//! What readers see beyond the indexed tables: for every channel appended to
+//! since the last checkpoint, its bounds and the events still only in `log`
+//! (see `log.rs`).
+//!
+//! The writer adds to it after each commit that logged appends, and empties it
+//! while holding the write lock across the checkpoint's commit; readers take
+//! their redb snapshot while holding the read lock. A reader therefore pairs
+//! the overlay with a snapshot of the tables that is exactly as far as the
+//! overlay assumes: the tables hold every event of a channel up to the tail's
+//! `base_head`, the overlay the rest.
+
+use gapless_core::ChannelState;
+use gapless_protocol::{Epoch, Event};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A channel's events not yet in the tables.
+#[derive(Debug)]
+pub(crate) struct Tail {
+    /// The channel's id.
+    pub id: u64,
+    /// The newest seq in the tables (the overlay holds `base_head + 1 ..= head`).
+    pub base_head: u64,
+    /// The channel's floor.
+    pub floor: u64,
+    /// The channel's head.
+    pub head: u64,
+    /// Events `base_head + 1 ..= head`, some possibly below `floor` already.
+    pub events: Vec<Arc<Event>>,
+}
+
+impl Tail {
+    /// The channel's bounds.
+    pub(crate) fn state(&self, epoch: Epoch) -> ChannelState {
+        ChannelState {
+            epoch,
+            floor: self.floor,
+            head: self.head,
+        }
+    }
+}
+
+/// Tails by channel name.
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    tails: RwLock<HashMap<Arc<str>, Tail>>,
+}
+
+impl Overlay {
+    /// For readers.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, HashMap<Arc<str>, Tail>> {
+        self.tails
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For the writer.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, HashMap<Arc<str>, Tail>> {
+        self.tails
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Adds a logged append to `tails`: `events` (`first_seq ..= state.head`) of
+/// channel `name` (id `id`).
+pub(crate) fn add(
+    tails: &mut HashMap<Arc<str>, Tail>,
+    name: &Arc<str>,
+    id: u64,
+    state: ChannelState,
+    events: &[Arc<Event>],
+) {
+    let first_seq = state.head + 1 - events.len() as u64;
+    let tail = tails.entry(name.clone()).or_insert_with(|| Tail {
+        id,
+        base_head: first_seq - 1,
+        floor: state.floor,
+        head: first_seq - 1,
+        events: Vec::new(),
+    });
+    tail.floor = state.floor;
+    tail.head = state.head;
+    tail.events.extend(events.iter().cloned());
+}
