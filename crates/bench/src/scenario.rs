@@ -550,6 +550,7 @@ async fn spread(
     // Give late duplicates a moment to show up before the connections drop.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let delivered = group.board.delivered.load(Ordering::Acquire);
+    let reads = group.board.reads.load(Ordering::Relaxed);
     let span_us = group
         .board
         .last_delivery_us
@@ -567,6 +568,7 @@ async fn spread(
         "deliveries_per_s",
         per_s(delivered, Duration::from_micros(span_us)),
     );
+    r.metric("events_per_read", delivered as f64 / reads.max(1) as f64);
     r.latency("latency", &latency);
     r.latency("ack", &outcome.ack);
     cpu_metrics(&mut r, &usage, delivered, "delivery");

@@ -33,6 +33,8 @@ pub struct Board {
     pub delivered: AtomicU64,
     /// Unix µs of the latest first-time delivery.
     pub last_delivery_us: AtomicU64,
+    /// Socket reads that brought at least one measured event, over all subscribers.
+    pub reads: AtomicU64,
     /// Whether deliveries go into the latency histograms.
     pub record_latency: AtomicBool,
     /// Subscribers whose response head (status 200) arrived.
@@ -51,6 +53,7 @@ impl Board {
             warm: (0..n).map(|_| AtomicU64::new(0)).collect(),
             delivered: AtomicU64::new(0),
             last_delivery_us: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
             record_latency: AtomicBool::new(true),
             connected: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
@@ -343,6 +346,7 @@ async fn run(
             latencies.clear();
         }
         if fresh > 0 {
+            board.reads.fetch_add(1, Ordering::Relaxed);
             board.last_delivery_us.fetch_max(now, Ordering::Relaxed);
             board.delivered.fetch_add(fresh, Ordering::Release);
         }
