@@ -60,7 +60,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,
     /// Threads that write SSE streams, apart from the threads that serve
-    /// publishes and other requests; 0 means one per CPU core.
+    /// publishes and other requests; 0 means one per CPU core but one (at least one).
     #[arg(long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0)]
     pub fanout_threads: usize,
     /// When a publish is acknowledged.

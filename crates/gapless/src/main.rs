@@ -7,6 +7,9 @@ mod serve;
 
 use clap::Parser;
 
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     match cli.command {

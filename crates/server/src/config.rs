@@ -42,7 +42,7 @@ pub struct ServerConfig {
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
     /// Threads of the fan-out runtime, which writes SSE streams; 0 means one
-    /// per CPU core. Publishes, history and every other request run on the main
+    /// per CPU core but one (at least one). Publishes, history and every other request run on the main
     /// runtime, so they are never queued behind a fan-out (docs/design.md,
     /// "Fan-out"). Default 0.
     pub fanout_threads: usize,

@@ -278,18 +278,21 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
     let tcp = conn.tcp();
     let mut first = Some(head);
     let mut out: Vec<Bytes> = Vec::with_capacity(8);
+    // Lives as long as the stream, so its waker is registered once.
+    let mut closed = std::pin::pin!(peer_closed(tcp));
     loop {
         // Slot 0: the response head (first write only) and the chunk-size line.
         out.push(Bytes::new());
         let flow = tokio::select! {
             biased;
             flow = feed.next(&mut out) => flow,
-            () = peer_closed(tcp) => return,
+            () = closed.as_mut() => return,
         };
         let mut lead = first.take().unwrap_or_default();
         let body: usize = out[1..].iter().map(Bytes::len).sum();
         if chunked && body > 0 {
-            lead.extend_from_slice(format!("{body:x}\r\n").as_bytes());
+            use std::io::Write;
+            let _ = write!(lead, "{body:x}\r\n");
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {

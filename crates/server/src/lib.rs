@@ -143,7 +143,8 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let mut listener = listener::GaplessListener::new(listener, app.config.clone());
     let ticker = tokio::spawn(tick(app.clone()));
     let threads = match app.config.fanout_threads {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        // One core is left to the request path and the journal's writer.
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)),
         n => n,
     };
     let fanout = tokio::runtime::Builder::new_multi_thread()

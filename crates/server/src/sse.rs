@@ -26,9 +26,11 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use gapless_protocol::{Cursor, CursorError};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 /// `GET /v1/channels/{channel}/sse`.
 pub async fn channel_sse(
@@ -220,11 +222,15 @@ pub struct Feed {
     head: Option<Bytes>,
     /// Made by the first wait, on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
+    /// One for the stream's life: a fresh one per step would register with
+    /// the token (a lock every stream shares) on every event.
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl Feed {
     fn new(app: Arc<App>, sub: Subscription, format: Format, head: Bytes) -> Self {
         Feed {
+            shutdown: Box::pin(app.shutdown.clone().cancelled_owned()),
             app,
             sub,
             format,
@@ -251,7 +257,7 @@ impl Feed {
         });
         let item = tokio::select! {
             biased;
-            _ = self.app.shutdown.cancelled() => return Flow::End,
+            () = self.shutdown.as_mut() => return Flow::End,
             item = self.sub.next() => item,
             _ = beat.tick(), if heartbeat_ms > 0 => {
                 out.push(Bytes::from_static(sse::HEARTBEAT));
