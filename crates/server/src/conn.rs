@@ -276,29 +276,32 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// dropped connection) and runs to the close for HTTP/1.0.
 async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
     let tcp = conn.tcp();
-    let mut first = Some(head);
+    let mut head = Some(Bytes::from(head));
+    // Each write's chunk-size line. Reused: once a write's frames are
+    // dropped, `reserve` reclaims the space in place.
+    let mut lines = BytesMut::new();
     let mut out: Vec<Bytes> = Vec::with_capacity(8);
     // Lives as long as the stream, so its waker is registered once.
     let mut closed = std::pin::pin!(peer_closed(tcp));
     loop {
-        // Slot 0: the response head (first write only) and the chunk-size line.
+        // Slot 0: the response head (first write only); slot 1: the chunk-size line.
+        out.push(head.take().unwrap_or_default());
         out.push(Bytes::new());
         let flow = tokio::select! {
             biased;
             flow = feed.next(&mut out) => flow,
             () = closed.as_mut() => return,
         };
-        let mut lead = first.take().unwrap_or_default();
-        let body: usize = out[1..].iter().map(Bytes::len).sum();
+        let body: usize = out[2..].iter().map(Bytes::len).sum();
         if chunked && body > 0 {
-            use std::io::Write;
-            let _ = write!(lead, "{body:x}\r\n");
+            lines.reserve(CHUNK_LINE_MAX);
+            put_chunk_line(&mut lines, body);
+            out[1] = lines.split().freeze();
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        out[0] = Bytes::from(lead);
         let written = write_frames(tcp, &mut out).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
@@ -322,6 +325,27 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
             }
         }
     }
+}
+
+/// Longest chunk-size line: 16 hex digits and CRLF.
+const CHUNK_LINE_MAX: usize = 18;
+
+/// Appends `n` in hex and CRLF: a chunk-size line (RFC 9112 §7.1).
+fn put_chunk_line(out: &mut BytesMut, n: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Resolves once the client has closed its side (or reset). Bytes it sends
@@ -412,5 +436,26 @@ async fn serve_http(shared: Arc<Shared>, conn: Conn) {
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_lines_are_lower_hex_and_crlf() {
+        for (n, want) in [
+            (1usize, "1\r\n"),
+            (15, "f\r\n"),
+            (16, "10\r\n"),
+            (0x1234_abcd, "1234abcd\r\n"),
+            (usize::MAX, "ffffffffffffffff\r\n"),
+        ] {
+            let mut out = BytesMut::new();
+            put_chunk_line(&mut out, n);
+            assert_eq!(out, want.as_bytes(), "{n}");
+            assert!(out.len() <= CHUNK_LINE_MAX);
+        }
     }
 }

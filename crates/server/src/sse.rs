@@ -222,15 +222,16 @@ pub struct Feed {
     head: Option<Bytes>,
     /// Made by the first wait, on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
-    /// One for the stream's life: a fresh one per step would register with
-    /// the token (a lock every stream shares) on every event.
+    /// On a child of the server's token, made once: polling a token's future
+    /// takes the token's lock, and every stream sharing one token's lock on
+    /// every step would contend for it.
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl Feed {
     fn new(app: Arc<App>, sub: Subscription, format: Format, head: Bytes) -> Self {
         Feed {
-            shutdown: Box::pin(app.shutdown.clone().cancelled_owned()),
+            shutdown: Box::pin(app.shutdown.child_token().cancelled_owned()),
             app,
             sub,
             format,
