@@ -108,8 +108,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("gapless listening on http://{addr} ({store})");
     std::io::stdout().flush().ok();
 
-    let server = tokio::spawn(gapless_server::serve(app, listener));
-    wait_for_signal().await;
+    let mut server = tokio::spawn(gapless_server::serve(app, listener));
+    tokio::select! {
+        () = wait_for_signal() => {}
+        // The server loop ends on its own only if it failed: say so and exit.
+        ended = &mut server => {
+            shutdown.cancel();
+            journal.close().await.context("flushing the journal")?;
+            return match ended {
+                Ok(Ok(())) => Err(anyhow::anyhow!("the server loop ended unexpectedly")),
+                Ok(Err(e)) => Err(e).context("serving"),
+                Err(e) => Err(e).context("the server loop panicked"),
+            };
+        }
+    }
     tracing::info!("shutting down: ending streams and flushing the journal");
     shutdown.cancel();
     match tokio::time::timeout(Duration::from_secs(3), server).await {

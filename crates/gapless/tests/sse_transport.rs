@@ -3,12 +3,13 @@
 //! (chunked for HTTP/1.1, to the close for HTTP/1.0, `connection: close`
 //! either way); a stream opened by a later request on a keep-alive connection
 //! is served by hyper; errors on SSE URLs are whole JSON answers; a client
-//! that closes its stream stops counting as a subscriber at once.
+//! that closes its stream stops counting as a subscriber at once; clients
+//! that send junk or stop reading cannot stall other streams or shutdown.
 
 mod support;
 
 use std::time::Duration;
-use support::{eventually, Next, Server};
+use support::{eventually, ConnectOptions, Next, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -130,7 +131,7 @@ async fn an_error_on_an_sse_url_is_whole_json_then_the_connection_closes() {
     for (target, status, code) in [
         ("/v1/sse", "400", "invalid_request"),
         ("/v1/channels/c/sse?format=xml", "400", "invalid_request"),
-        ("/v1/channels/a/b/sse", "404", "not_found"),
+        ("/v1/channels/%2F/sse", "400", "invalid_channel"),
         (
             "/v1/channels/c/sse?last_event_id=%25%25",
             "400",
@@ -200,4 +201,114 @@ async fn closing_a_stream_releases_its_subscriber_at_once_not_at_the_next_heartb
         || async { s.info("c").await["subscribers"] == 0 },
     )
     .await;
+}
+
+#[tokio::test]
+async fn clients_sending_junk_after_their_request_do_not_stall_other_streams() {
+    let s = Server::memory(&[]).await;
+    // More blasters than fan-out threads: each would hold one if it were read without end.
+    let mut blasters = Vec::new();
+    for i in 0..4 {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        tcp.write_all(
+            format!("GET /v1/channels/junk{i}/sse HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        blasters.push(tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 * 1024];
+            // Ends when the server stops reading (the write then waits) or on abort.
+            while tcp.write_all(&chunk).await.is_ok() {}
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = s.sse("/v1/channels/quiet/sse", &[]).await;
+    assert_eq!(c.status, 200);
+    let t0 = std::time::Instant::now();
+    s.publish("quiet", "through").await;
+    let got = tokio::time::timeout(Duration::from_secs(2), c.events(1))
+        .await
+        .expect("delivered while the junk senders are still at it");
+    assert_eq!(got[0].data, "through");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    for b in &blasters {
+        assert!(
+            !b.is_finished(),
+            "a junk sender stopped early: the test proves nothing"
+        );
+    }
+    for b in blasters {
+        b.abort();
+    }
+}
+
+#[tokio::test]
+async fn sigterm_is_prompt_with_an_idle_connection_and_a_reader_that_stopped_reading() {
+    let mut s = Server::start(&[]).await;
+    // A connection that never sends a request head.
+    let _idle = TcpStream::connect(s.addr).await.expect("connect");
+    // A stream whose client stops reading, with megabytes waiting for it.
+    let mut stuck = SseClient::connect_with(
+        s.addr,
+        "/v1/channels/big/sse",
+        &[],
+        ConnectOptions {
+            recv_buffer: Some(4096),
+        },
+    )
+    .await;
+    assert_eq!(stuck.status, 200);
+    let _ = stuck.events(0).await;
+    let blob = "y".repeat(512 * 1024);
+    for _ in 0..8 {
+        s.publish("big", &blob).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, took) = s.sigterm().await;
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        s.log()
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "exit took {took:?}; log:\n{}",
+        s.log()
+    );
+    assert!(!s.log().contains("panicked"), "log:\n{}", s.log());
+}
+
+#[tokio::test]
+async fn a_channel_named_sse_is_not_mistaken_for_a_stream_url() {
+    let s = Server::memory(&[]).await;
+    s.publish("sse", "x").await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    let mut buf = Vec::new();
+    for _ in 0..2 {
+        // Two requests on one connection: the first answer keeps it open.
+        buf.clear();
+        tcp.write_all(b"GET /v1/channels/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        read_until(&mut tcp, &mut buf, "\"head\"").await;
+        let head = head_of(&buf);
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        read_until(&mut tcp, &mut buf, "}").await;
+    }
+}
+
+#[tokio::test]
+async fn streams_and_answers_written_here_carry_a_date() {
+    let s = Server::memory(&[]).await;
+    let c = s.sse("/v1/channels/c/sse", &[]).await;
+    let date = c.header("date").expect("a date header");
+    assert!(date.ends_with(" GMT"), "{date}");
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(b"GET /v1/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    read_to_eof(&mut tcp, &mut buf).await;
+    assert!(head_of(&buf).contains("\r\ndate: "), "{}", head_of(&buf));
 }

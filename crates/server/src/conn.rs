@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 /// Longest first request head read here; a longer one is left to hyper
@@ -36,6 +37,9 @@ use tower::ServiceExt;
 const HEAD_MAX: usize = 8 * 1024;
 /// Most header lines read here; more are left to hyper.
 const HEADERS_MAX: usize = 64;
+/// Most bytes a streaming client may send after its request that are read
+/// (and dropped) while watching for its close.
+const DISCARD_MAX: usize = 64 * 1024;
 
 /// Put in the extensions of a request whose stream this module will write:
 /// the SSE handler hands its [`Feed`] over here instead of building a body.
@@ -74,8 +78,14 @@ pub(crate) struct Shared {
 /// freed (routing) or never made (hyper) for a stream.
 pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
     let timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
+    let started = tokio::time::Instant::now();
     let mut buf = BytesMut::with_capacity(1024);
-    match tokio::time::timeout(timeout, read_head(&mut conn, &mut buf)).await {
+    let first = tokio::select! {
+        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf)) => first,
+        // Nothing has been asked yet: there is nothing to finish.
+        () = shared.app.shutdown.cancelled() => return,
+    };
+    match first {
         // Silent or vanished before a whole head: hyper would close it too.
         Err(_) | Ok(Ok(First::Closed)) => {}
         Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
@@ -89,9 +99,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
                 } => match conn.detach() {
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
+                        let stop = shared.app.shutdown.clone();
                         let task = shared.tracker.track_future(async move {
                             match conn.attach() {
-                                Ok(conn) => stream(conn, feed, head, chunked).await,
+                                Ok(conn) => stream(conn, feed, head, chunked, stop).await,
                                 Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                             }
                         });
@@ -100,7 +111,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
                     Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                 },
                 Routed::Whole(mut out) => {
-                    if write_frames(conn.tcp(), &mut out).await.is_ok() {
+                    let stop = &shared.app.shutdown;
+                    if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
                         shut_write(conn.tcp());
                     }
                 }
@@ -108,7 +120,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
         }
         Ok(Ok(First::Other)) => {
             conn.unread(buf.freeze());
-            boxed(serve_http(shared, conn)).await;
+            // hyper times the head from scratch: give it only what is left.
+            let left = timeout.saturating_sub(started.elapsed());
+            boxed(serve_http(shared, conn, left)).await;
         }
     }
 }
@@ -167,8 +181,11 @@ fn parse_head(buf: &[u8]) -> Option<First> {
 fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let target = parsed.path?;
     let path = target.split('?').next().unwrap_or(target);
-    let sse_path =
-        path == "/v1/sse" || (path.starts_with("/v1/channels/") && path.ends_with("/sse"));
+    let sse_path = path == "/v1/sse"
+        || path
+            .strip_prefix("/v1/channels/")
+            .and_then(|rest| rest.strip_suffix("/sse"))
+            .is_some_and(|channel| !channel.is_empty() && !channel.contains('/'));
     if parsed.method != Some("GET") || !sse_path {
         return None;
     }
@@ -249,10 +266,15 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
         status.as_str(),
         status.canonical_reason().unwrap_or("")
     );
+    let _ = write!(
+        out,
+        "date: {}\r\n",
+        httpdate::fmt_http_date(std::time::SystemTime::now())
+    );
     for (name, value) in &parts.headers {
         if matches!(
             name.as_str(),
-            "content-length" | "transfer-encoding" | "connection"
+            "content-length" | "transfer-encoding" | "connection" | "date"
         ) {
             continue;
         }
@@ -274,7 +296,7 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// the client goes away, or a write fails. The body is chunked for HTTP/1.1
 /// (one chunk per write, so a clean end — the last chunk — differs from a
 /// dropped connection) and runs to the close for HTTP/1.0.
-async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
+async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: CancellationToken) {
     let tcp = conn.tcp();
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
@@ -302,7 +324,7 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool) {
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let written = write_frames(tcp, &mut out).await;
+        let written = write_frames(tcp, &mut out, &stop).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
@@ -349,24 +371,38 @@ fn put_chunk_line(out: &mut BytesMut, n: usize) {
 }
 
 /// Resolves once the client has closed its side (or reset). Bytes it sends
-/// are read and dropped: nothing is expected after the request.
+/// are read and dropped, up to [`DISCARD_MAX`]: nothing is expected after the
+/// request. Past that the socket is no longer read (the sender's window
+/// fills and it must wait), so a client cannot keep a fan-out thread busy
+/// reading its junk; its close is then noticed by the next write.
 async fn peer_closed(tcp: &TcpStream) {
-    let mut scratch = [0u8; 64];
-    loop {
+    let mut scratch = [0u8; 512];
+    let mut discarded = 0usize;
+    while discarded < DISCARD_MAX {
+        // Each pass spends task budget, so a sender cannot hold the thread.
+        tokio::task::consume_budget().await;
         if tcp.readable().await.is_err() {
             return;
         }
         match tcp.try_read(&mut scratch) {
             Ok(0) => return,
-            Ok(_) => {}
+            Ok(n) => discarded += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return,
         }
     }
+    std::future::pending().await
 }
 
 /// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
-async fn write_frames(tcp: &TcpStream, out: &mut Vec<Bytes>) -> io::Result<()> {
+///
+/// A write that has to wait for the client (its window is full) gives up
+/// when `stop` fires, so a reader that stopped reading cannot hold shutdown.
+async fn write_frames(
+    tcp: &TcpStream,
+    out: &mut Vec<Bytes>,
+    stop: &CancellationToken,
+) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
         // The slices live only for the call, not across the wait for writability:
@@ -384,7 +420,12 @@ async fn write_frames(tcp: &TcpStream, out: &mut Vec<Bytes>) -> io::Result<()> {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                tcp.writable().await?;
+                tokio::select! {
+                    r = tcp.writable() => r?,
+                    () = stop.cancelled() => {
+                        return Err(io::Error::other("shutting down while the client was not reading"));
+                    }
+                }
                 continue;
             }
             Err(e) => return Err(e),
@@ -412,11 +453,13 @@ fn shut_write(tcp: &TcpStream) {
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
 /// WebSocket, and the request-head timeout); on shutdown, the response in
 /// flight finishes and the connection closes.
-async fn serve_http(shared: Arc<Shared>, conn: Conn) {
+async fn serve_http(shared: Arc<Shared>, conn: Conn, first_head_timeout: Duration) {
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
-    let header_timeout = Duration::from_millis(app.config.header_timeout_ms.max(1));
+    // The first head's clock started in `serve`; later heads get the whole
+    // timeout only if the first came in well within it (hyper has one setting).
+    let header_timeout = first_head_timeout.max(Duration::from_millis(1));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)

@@ -147,16 +147,18 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)),
         n => n,
     };
-    let fanout = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("gapless-fanout")
         .enable_all()
         .build()?;
+    let fanout_handle = runtime.handle().clone();
+    let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
     let shared = Arc::new(conn::Shared {
         app: app.clone(),
         router: router(app.clone()),
-        fanout: fanout.handle().clone(),
+        fanout: fanout_handle,
         tracker: connections.clone(),
     });
     loop {
@@ -172,11 +174,25 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     connections.close();
     connections.wait().await;
     // Every stream has ended (they are tracked above): nothing runs on it now.
-    fanout.shutdown_background();
+    drop(fanout);
     ticker.abort();
     sockets.close();
     sockets.wait().await;
     Ok(())
+}
+
+/// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the
+/// ordinary way blocks until its threads stop, which panics inside async
+/// code; the caller may drop `serve` at any point (it bounds the wait for
+/// connections), so this drops it without waiting.
+struct FanoutRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for FanoutRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Retention by age and idle-channel sweeps, every 250 ms.
