@@ -376,7 +376,8 @@ fn put_chunk_line(out: &mut BytesMut, n: usize) {
 /// fills and it must wait), so a client cannot keep a fan-out thread busy
 /// reading its junk; its close is then noticed by the next write.
 async fn peer_closed(tcp: &TcpStream) {
-    let mut scratch = [0u8; 512];
+    // Small: it lives in every stream's task for the stream's life.
+    let mut scratch = [0u8; 64];
     let mut discarded = 0usize;
     while discarded < DISCARD_MAX {
         // Each pass spends task budget, so a sender cannot hold the thread.
