@@ -70,12 +70,13 @@ pub(crate) struct Shared {
     pub tracker: tokio_util::task::TaskTracker,
 }
 
-/// Serves one connection until it closes or the server shuts down.
+/// Serves one connection until it closes or the server shuts down; a stream
+/// continues as a task of its own on the fan-out runtime, and this one ends.
 ///
-/// Whatever this future holds across an await is allocated per stream for
-/// the stream's life, so it keeps only the connection, the feed and the
-/// write in progress (about 1.8 KB); routing and hyper run in boxes that are
-/// freed (routing) or never made (hyper) for a stream.
+/// A stream's task holds only the connection, the feed and the write in
+/// progress: whatever a future holds across an await stays allocated for
+/// the stream's life, which is why routing runs in a box of its own and is
+/// freed before the stream starts.
 pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
     let timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
     let started = tokio::time::Instant::now();
@@ -130,7 +131,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
 /// `f` on the heap. Large futures that run once (routing, hyper's
 /// connection) are boxed through here rather than with `Box::pin` inline,
 /// where the compiler may still reserve their size in the caller's state,
-/// which every stream would then carry for its whole life.
+/// so a connection still waiting for its first head stays small.
 fn boxed<F: Future + Send + 'static>(f: F) -> Pin<Box<dyn Future<Output = F::Output> + Send>> {
     Box::pin(f)
 }
@@ -458,8 +459,8 @@ async fn serve_http(shared: Arc<Shared>, conn: Conn, first_head_timeout: Duratio
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
-    // The first head's clock started in `serve`; later heads get the whole
-    // timeout only if the first came in well within it (hyper has one setting).
+    // The first head's clock started in `serve`. hyper has one setting for
+    // every head of the connection, so later heads get the same, shorter, limit.
     let header_timeout = first_head_timeout.max(Duration::from_millis(1));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
