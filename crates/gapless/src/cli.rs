@@ -56,7 +56,7 @@ pub struct ServeArgs {
     /// Age in milliseconds after which events are evicted; 0 keeps them forever.
     #[arg(long, env = "GAPLESS_RETENTION_MS", default_value_t = 86_400_000)]
     pub retention_ms: u64,
-    /// Milliseconds between heartbeat comments on idle SSE streams; 0 sends none.
+    /// Milliseconds between SSE heartbeat comments and WebSocket pings (every N ms, whether or not events flow); 0 sends none.
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,
     /// Threads that write SSE streams, apart from the threads that serve
@@ -75,10 +75,10 @@ pub struct ServeArgs {
     /// Largest batch publish body, in bytes (413 above).
     #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216)]
     pub max_batch_bytes: usize,
-    /// Most channels one SSE subscription may follow (400 above).
+    /// Most channels one SSE subscription or WebSocket may follow (SSE: 400 above; WebSocket: a `limit_reached` error).
     #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
     pub max_subscription_channels: u16,
-    /// Most open client connections (503 above).
+    /// Most open client connections (above it a connection is answered 503 and closed).
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
     /// Reconnect delay sent to SSE clients in `retry:`, in milliseconds.

@@ -1,10 +1,12 @@
-//! Transport settings: limits, heartbeat and socket options. Every field is a
-//! `gapless serve` flag of the same name (see the README's settings table).
+//! Transport settings: limits, heartbeat and socket options. Every field but
+//! `read_batch` is a `gapless serve` flag of the same name (see the README's
+//! settings table).
 
 /// Settings of the HTTP/SSE transport.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Milliseconds between SSE heartbeat comments on an idle stream; 0 sends none.
+    /// Milliseconds between SSE heartbeat comments (every period, whether or not
+    /// events flow) and WebSocket pings; 0 sends none.
     /// Default 15000.
     pub heartbeat_ms: u64,
     /// Reconnection delay, in milliseconds, sent to SSE clients in the `retry:` field.
@@ -16,7 +18,8 @@ pub struct ServerConfig {
     pub max_batch_events: usize,
     /// Largest batch publish body, in bytes; larger gets 413. Default 16777216.
     pub max_batch_bytes: usize,
-    /// Most channels one SSE subscription may follow; more gets 400. Default 64.
+    /// Most channels one SSE subscription or WebSocket may follow; more gets 400
+    /// on SSE and a `limit_reached` error on WebSocket. Default 64.
     pub max_subscription_channels: usize,
     /// Most open client connections; a connection past it is answered 503 and
     /// closed. Default 10000.
