@@ -372,7 +372,8 @@ impl Hub {
         cell.subscribers()
     }
 
-    /// One page of history (see [`Journal::read`]).
+    /// One page of history: at most `limit` events and about `max_bytes` of
+    /// data (see [`Journal::read_bounded`]).
     ///
     /// # Errors
     /// [`JournalError`] when storage fails.
@@ -381,8 +382,11 @@ impl Hub {
         channel: &str,
         after: u64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        self.journal.read(channel, after, limit).await
+        self.journal
+            .read_bounded(channel, after, limit, max_bytes)
+            .await
     }
 
     /// The channel's bounds.

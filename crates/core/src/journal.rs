@@ -96,6 +96,20 @@ pub enum JournalError {
     Closed,
 }
 
+/// Keeps the leading events whose data adds up to at most `max_bytes`, and
+/// always the first: the rule of [`Journal::read_bounded`].
+pub fn cut_to_bytes(events: &mut Vec<Arc<Event>>, max_bytes: usize) {
+    let mut total = 0usize;
+    let keep = events
+        .iter()
+        .position(|e| {
+            total = total.saturating_add(e.data.len());
+            total > max_bytes
+        })
+        .map_or(events.len(), |i| i.max(1));
+    events.truncate(keep);
+}
+
 /// Receives every commit, in commit order per channel.
 pub trait CommitSink: Send + Sync + 'static {
     /// `events` were committed to `channel`; `state` is the channel's state right after.
@@ -136,6 +150,25 @@ pub trait Journal: Send + Sync + 'static {
     /// [`JournalError`] when storage fails.
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError>;
 
+    /// Like [`Journal::read`], and also stops once the events' data passes
+    /// `max_bytes` (always at least one event), so a page of large events
+    /// stays about that big. Journals that load events from storage should
+    /// stop reading there rather than cut afterwards, as this default does.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn read_bounded(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, JournalError> {
+        let mut page = self.read(channel, after, limit).await?;
+        cut_to_bytes(&mut page.events, max_bytes);
+        Ok(page)
+    }
+
     /// The channel's bounds (an empty state for a channel never published to).
     ///
     /// # Errors
@@ -162,4 +195,43 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sized(sizes: &[usize]) -> Vec<Arc<Event>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                Arc::new(Event::new(
+                    Arc::from("c"),
+                    Epoch(1),
+                    i as u64 + 1,
+                    None,
+                    "x".repeat(n),
+                    0,
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cut_to_bytes_keeps_what_fits_and_always_the_first() {
+        let cases: [(&[usize], usize, usize); 6] = [
+            (&[10, 10, 10], 30, 3),
+            (&[10, 10, 10], 29, 2),
+            (&[10, 10, 10], 0, 1),
+            (&[100], 1, 1),
+            (&[], 5, 0),
+            (&[0, 0, 7], 6, 2),
+        ];
+        for (sizes, max, keep) in cases {
+            let mut events = sized(sizes);
+            cut_to_bytes(&mut events, max);
+            assert_eq!(events.len(), keep, "{sizes:?} within {max}");
+        }
+    }
 }

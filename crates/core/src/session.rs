@@ -521,7 +521,7 @@ impl Sessions {
         if st.head == 0 || st.floor > st.head {
             return Err(SessionError::NotFound(id.to_owned()));
         }
-        let page = hub.read(&channel, st.head - 1, 1).await?;
+        let page = hub.read(&channel, st.head - 1, 1, usize::MAX).await?;
         let status = page
             .events
             .last()

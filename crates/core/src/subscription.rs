@@ -134,7 +134,8 @@ impl Ephemeral {
 }
 
 /// Event data a reader behind the window takes from the journal in one read,
-/// about: a slow reader of large events holds this much, not `batch` events.
+/// about (see [`Journal::read_bounded`]): a slow reader of large events holds
+/// this much, not `batch` events.
 pub const READ_BYTES: usize = 1 << 20;
 
 /// One channel of a subscription: a cursor and its wake-up handles.
@@ -144,8 +145,6 @@ pub(crate) struct Follow {
     pos: u64,
     head_rx: watch::Receiver<u64>,
     eph_seen: u64,
-    /// Events per journal read, sized from the last read to about [`READ_BYTES`].
-    read_limit: usize,
 }
 
 impl Follow {
@@ -163,7 +162,6 @@ impl Follow {
             pos,
             head_rx,
             eph_seen,
-            read_limit: usize::MAX,
         }
     }
 }
@@ -317,14 +315,15 @@ impl Subscription {
             Pending::Evicted(st) => Some(evicted(f, st)),
             Pending::EpochChanged(st) => Some(epoch_changed(f, st)),
             Pending::Behind => {
-                let limit = batch.min(f.read_limit).max(1);
-                let mut page = self.journal.read(f.cell.name(), f.pos, limit).await?;
+                let page = self
+                    .journal
+                    .read_bounded(f.cell.name(), f.pos, batch, READ_BYTES)
+                    .await?;
                 if page.state.epoch != f.epoch {
                     Some(epoch_changed(f, page.state))
                 } else if f.pos + 1 < page.state.floor {
                     Some(evicted(f, page.state))
                 } else {
-                    f.read_limit = fit_bytes(&mut page.events);
                     advance(f, i, page.events)
                 }
             }
@@ -362,25 +361,6 @@ impl Subscription {
     }
 }
 
-/// Keeps the leading events of `events` whose data fits in [`READ_BYTES`]
-/// (at least one), and returns how many events of this size fit: the limit
-/// for the next read.
-fn fit_bytes(events: &mut Vec<Arc<Event>>) -> usize {
-    let mut total = 0usize;
-    let mut keep = 0usize;
-    for e in events.iter() {
-        total += e.data.len();
-        if keep > 0 && total > READ_BYTES {
-            break;
-        }
-        keep += 1;
-    }
-    events.truncate(keep);
-    let bytes: usize = events.iter().map(|e| e.data.len()).sum();
-    let per_event = (bytes / keep.max(1)).max(1);
-    (READ_BYTES / per_event).max(1)
-}
-
 fn advance(f: &mut Follow, index: usize, events: Vec<Arc<Event>>) -> Option<Item> {
     let last = events.last()?.seq;
     f.pos = last;
@@ -410,42 +390,4 @@ fn epoch_changed(f: &mut Follow, st: ChannelState) -> Item {
     f.epoch = st.epoch;
     f.pos = st.head;
     Item::Gap(gap)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn events(sizes: &[usize]) -> Vec<Arc<Event>> {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                Arc::new(Event::new(
-                    Arc::from("c"),
-                    Epoch(1),
-                    i as u64 + 1,
-                    None,
-                    "x".repeat(n),
-                    0,
-                ))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_journal_page_is_cut_to_the_byte_budget_and_the_next_read_sized_from_it() {
-        let mut small = events(&[100; 10]);
-        assert_eq!(fit_bytes(&mut small), READ_BYTES / 100);
-        assert_eq!(small.len(), 10, "a page within the budget is kept whole");
-
-        let big = READ_BYTES / 4 + 1;
-        let mut large = events(&[big; 10]);
-        assert_eq!(fit_bytes(&mut large), 3);
-        assert_eq!(large.len(), 3, "cut where the budget ends");
-
-        let mut huge = events(&[READ_BYTES * 2, 10]);
-        assert_eq!(fit_bytes(&mut huge), 1);
-        assert_eq!(huge.len(), 1, "at least one event, however large");
-    }
 }

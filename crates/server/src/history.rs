@@ -57,7 +57,7 @@ pub(crate) async fn page(
     };
     let page = app
         .hub
-        .read(channel, after.map_or(0, |p| p.1), limit)
+        .read(channel, after.map_or(0, |p| p.1), limit, PAGE_DATA_BYTES)
         .await?;
     let st = page.state;
     if let Some(after) = after {
@@ -82,14 +82,7 @@ pub(crate) async fn page(
             .with("floor_cursor", floor_cursor));
         }
     }
-    let mut events = page.events;
-    let mut bytes = 0;
-    if let Some(cut) = events.iter().position(|e| {
-        bytes += e.data.len();
-        bytes > PAGE_DATA_BYTES
-    }) {
-        events.truncate(cut.max(1));
-    }
+    let events = page.events;
     let done = events.last().is_none_or(|e| e.seq >= st.head);
     let next = match events.last() {
         Some(e) if !done => e.cursor().to_owned(),

@@ -161,14 +161,27 @@ impl Journal for EmbeddedJournal {
     /// Pages of up to [`DIRECT_READ_LIMIT`] events are read on the calling task
     /// (tens of microseconds); larger ones on tokio's blocking pool.
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+        self.read_bounded(channel, after, limit, usize::MAX).await
+    }
+
+    /// Stops reading rows once the data passes `max_bytes`, so a page of
+    /// large events never loads more than one event past it.
+    async fn read_bounded(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, JournalError> {
+        let (epoch, bound) = (self.epoch, reader::Bound { limit, max_bytes });
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
-            _ => return reader::page(&self.db, &self.overlay, self.epoch, channel, after, limit),
+            _ => return reader::page(&self.db, &self.overlay, epoch, channel, after, bound),
         };
         let (db, overlay) = (self.db.clone(), self.overlay.clone());
-        let (epoch, channel) = (self.epoch, channel.to_owned());
+        let channel = channel.to_owned();
         handle
-            .spawn_blocking(move || reader::page(&db, &overlay, epoch, &channel, after, limit))
+            .spawn_blocking(move || reader::page(&db, &overlay, epoch, &channel, after, bound))
             .await
             .map_err(|e| JournalError::Storage(format!("journal read task failed: {e}")))?
     }

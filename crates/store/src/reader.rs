@@ -31,15 +31,24 @@ pub(crate) fn state(
     }))
 }
 
-/// Up to `limit` events of `channel` with `seq > max(after, floor - 1)`, ascending.
+/// How much one read may return: at most `limit` events, and no event after
+/// the data has passed `max_bytes` (the first is always returned).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bound {
+    pub limit: usize,
+    pub max_bytes: usize,
+}
+
+/// Events of `channel` with `seq > max(after, floor - 1)`, ascending, within `bound`.
 pub(crate) fn page(
     db: &Database,
     overlay: &Overlay,
     epoch: Epoch,
     channel: &str,
     after: u64,
-    limit: usize,
+    bound: Bound,
 ) -> Result<Page, JournalError> {
+    let limit = bound.limit;
     let (txn, tail) = {
         let tails = overlay.read();
         match tails.get(channel) {
@@ -57,7 +66,7 @@ pub(crate) fn page(
                     usize::try_from(start.saturating_sub(tail.base_head + 1)).unwrap_or(usize::MAX);
                 let from_tables = usize::try_from((tail.base_head + 1).saturating_sub(start))
                     .unwrap_or(usize::MAX);
-                let mine: Vec<Arc<Event>> = tail
+                let mut mine: Vec<Arc<Event>> = tail
                     .events
                     .iter()
                     .skip(skip)
@@ -65,6 +74,7 @@ pub(crate) fn page(
                     .cloned()
                     .collect();
                 if from_tables == 0 {
+                    gapless_core::journal::cut_to_bytes(&mut mine, bound.max_bytes);
                     return Ok(Page {
                         state,
                         events: mine,
@@ -78,8 +88,13 @@ pub(crate) fn page(
     };
     let name: Arc<str> = Arc::from(channel);
     if let Some((id, base_head, start, state, mine)) = tail {
-        let mut events = read_events(&txn, &name, epoch, id, start, base_head, limit)?;
-        events.extend(mine);
+        let mut events = read_events(&txn, &name, epoch, id, start, base_head, bound)?;
+        // The overlay continues the tables' part only if that part is whole.
+        let whole = events.len() as u64 == base_head + 1 - start;
+        if whole {
+            events.extend(mine);
+            gapless_core::journal::cut_to_bytes(&mut events, bound.max_bytes);
+        }
         return Ok(Page { state, events });
     }
     let channels = txn.open_table(CHANNELS).map_err(storage)?;
@@ -98,11 +113,12 @@ pub(crate) fn page(
             events: Vec::new(),
         });
     }
-    let events = read_events(&txn, &name, epoch, row.id, start, row.head, limit)?;
+    let events = read_events(&txn, &name, epoch, row.id, start, row.head, bound)?;
     Ok(Page { state, events })
 }
 
-/// Up to `limit` events of channel `id` in `start..=end` from the tables.
+/// Events of channel `id` in `start..=end` from the tables, within `bound`:
+/// rows are read until the data passes `bound.max_bytes`, no further.
 fn read_events(
     txn: &ReadTransaction,
     name: &Arc<str>,
@@ -110,8 +126,10 @@ fn read_events(
     id: u64,
     start: u64,
     end: u64,
-    limit: usize,
+    bound: Bound,
 ) -> Result<Vec<Arc<Event>>, JournalError> {
+    let limit = bound.limit;
+    let mut bytes = 0usize;
     let mut events = Vec::new();
     if limit == 0 || start > end {
         return Ok(events);
@@ -123,6 +141,10 @@ fn read_events(
     for item in range.take(limit) {
         let (key, value) = item.map_err(storage)?;
         let (time, event_type, data) = decode_event(value.value())?;
+        bytes = bytes.saturating_add(data.len());
+        if !events.is_empty() && bytes > bound.max_bytes {
+            break;
+        }
         let seq = key.value().1;
         events.push(Arc::new(Event::new(
             name.clone(),

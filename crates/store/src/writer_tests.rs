@@ -83,11 +83,33 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
     assert_eq!((again.first_seq, again.duplicate), (3, false));
     assert!(append(&tx, "a", Some("k"))?.duplicate);
     assert_eq!(append(&tx, "b", Some("k2"))?.first_seq, 1);
-    let page = reader::page(&db, &overlay, epoch, "a", 0, 10)?;
+    let page = reader::page(
+        &db,
+        &overlay,
+        epoch,
+        "a",
+        0,
+        reader::Bound {
+            limit: 10,
+            max_bytes: usize::MAX,
+        },
+    )?;
     let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [2, 3]);
     assert_eq!(
-        reader::page(&db, &overlay, epoch, "b", 0, 10)?.events.len(),
+        reader::page(
+            &db,
+            &overlay,
+            epoch,
+            "b",
+            0,
+            reader::Bound {
+                limit: 10,
+                max_bytes: usize::MAX
+            }
+        )?
+        .events
+        .len(),
         1
     );
 

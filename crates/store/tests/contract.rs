@@ -297,3 +297,56 @@ async fn close_drains_and_then_refuses_appends() -> R {
     assert_eq!(j.state("c").await?.head, acked.len() as u64);
     Ok(())
 }
+
+/// `read_bounded` stops at the byte budget (always one event), whether the
+/// events are still only in the commit log (overlay), already in the tables
+/// (checkpoint 0: every commit is a checkpoint), or split between the two.
+#[tokio::test]
+async fn bounded_reads_stop_at_the_byte_budget_in_the_log_and_in_the_tables() -> R {
+    for checkpoint in [usize::MAX, 0, 2500] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let j = gapless_store::EmbeddedJournal::open_with_checkpoint(
+            dir.path(),
+            options(1000, 0, Durability::Sync),
+            std::sync::Arc::new(gapless_core::journal::NoSink),
+            checkpoint,
+        )?;
+        for _ in 0..6 {
+            j.append("big", vec![ev(&"k".repeat(1000))], None).await?;
+        }
+        let what = format!("checkpoint every {checkpoint} bytes");
+        assert_eq!(
+            seqs(&j.read_bounded("big", 0, 100, 2500).await?),
+            [1, 2],
+            "{what}"
+        );
+        assert_eq!(
+            seqs(&j.read_bounded("big", 2, 100, 2000).await?),
+            [3, 4],
+            "{what}"
+        );
+        assert_eq!(
+            seqs(&j.read_bounded("big", 0, 100, 10).await?),
+            [1],
+            "{what}"
+        );
+        assert_eq!(
+            seqs(&j.read_bounded("big", 4, 100, 10).await?),
+            [5],
+            "{what}"
+        );
+        assert_eq!(
+            seqs(&j.read_bounded("big", 0, 3, 1 << 20).await?),
+            [1, 2, 3],
+            "{what}"
+        );
+        assert_eq!(
+            seqs(&j.read_bounded("big", 0, 100, usize::MAX).await?).len(),
+            6,
+            "{what}"
+        );
+        assert_eq!(seqs(&j.read("big", 3, 100).await?), [4, 5, 6], "{what}");
+        j.close().await?;
+    }
+    Ok(())
+}
