@@ -312,3 +312,34 @@ async fn streams_and_answers_written_here_carry_a_date() {
     read_to_eof(&mut tcp, &mut buf).await;
     assert!(head_of(&buf).contains("\r\ndate: "), "{}", head_of(&buf));
 }
+
+#[tokio::test]
+async fn a_malformed_first_request_head_gets_a_json_400_saying_what_is_wrong() {
+    let s = Server::memory(&[]).await;
+    for (head, says) in [
+        (
+            &b"GET /healthz HTTP/1.1\r\nBad Header\r\n\r\n"[..],
+            "header name",
+        ),
+        (
+            b"GET /healthz HTTP/1.1\r\nx: a\x01b\r\n\r\n",
+            "header value",
+        ),
+        (b"GET /healthz HTTP/9.9\r\n\r\n", "version"),
+        (b"GET /he\x7flthz HTTP/1.1\r\n\r\n", "token"),
+    ] {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        tcp.write_all(head).await.expect("write");
+        let mut buf = Vec::new();
+        read_to_eof(&mut tcp, &mut buf).await;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        assert!(text.starts_with("HTTP/1.1 400 "), "{head:?}: {text}");
+        let body = &text[text.find("\r\n\r\n").expect("head") + 4..];
+        let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+        assert_eq!(json["error"], "invalid_request", "{json}");
+        let message = json["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{head:?}: {message}");
+    }
+    // The server is fine afterwards.
+    assert_eq!(s.get("/healthz").await.status, 200);
+}

@@ -11,15 +11,16 @@
 //! watched for the client's FIN, so a closed stream releases its subscriber at
 //! once rather than at the next write.
 //!
-//! Every other connection — and every request after the first on a keep-alive
-//! connection, SSE included — is served by hyper's HTTP/1 server, which first
-//! re-reads the bytes read here ([`Conn::unread`]).
+//! A first head that is not HTTP/1 is answered `400 invalid_request` here,
+//! with what is wrong. Every other connection — and every request after the
+//! first on a keep-alive connection, SSE included — is served by hyper's
+//! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
 use crate::listener::Conn;
 use crate::sse::{Feed, Flow};
 use crate::App;
 use axum::body::Body;
-use axum::http::{self, HeaderName, HeaderValue, Method, Request, Version};
+use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
 use axum::Router;
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::Future;
@@ -119,6 +120,19 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
                 }
             }
         }
+        Ok(Ok(First::Malformed(e))) => {
+            let error = crate::error::ApiError::new(
+                gapless_protocol::codes::ErrorCode::InvalidRequest,
+                format!("malformed HTTP/1.1 request head: {e}"),
+            );
+            let mut out = whole(axum::response::IntoResponse::into_response(error)).await;
+            if write_frames(conn.tcp(), &mut out, &shared.app.shutdown)
+                .await
+                .is_ok()
+            {
+                shut_write(conn.tcp());
+            }
+        }
         Ok(Ok(First::Other)) => {
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
@@ -142,6 +156,8 @@ enum First {
     Sse(Box<Request<Body>>),
     /// Anything else (including heads this reader declines): for hyper.
     Other,
+    /// Not HTTP/1: answered 400 here, with what is wrong.
+    Malformed(httparse::Error),
     /// The client closed before sending anything.
     Closed,
 }
@@ -172,8 +188,9 @@ fn parse_head(buf: &[u8]) -> Option<First> {
             Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
         }
         Ok(httparse::Status::Partial) if buf.len() < HEAD_MAX => None,
-        // Malformed or too long: hyper answers it.
-        _ => Some(First::Other),
+        // Too long or too many lines for this reader: hyper allows more.
+        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => Some(First::Other),
+        Err(e) => Some(First::Malformed(e)),
     }
 }
 
@@ -242,16 +259,20 @@ async fn route_sse(router: Router, mut req: Request<Body>) -> Routed {
                 chunked,
             }
         }
-        _ => {
-            let body = axum::body::to_bytes(body, 1 << 20)
-                .await
-                .unwrap_or_default();
-            Routed::Whole(vec![
-                Bytes::from(response_head(&parts, Some(body.len()), false)),
-                body,
-            ])
-        }
+        _ => Routed::Whole(whole(Response::from_parts(parts, body)).await),
     }
+}
+
+/// A whole (non-stream) answer as bytes to write: head, then body.
+async fn whole(resp: Response<Body>) -> Vec<Bytes> {
+    let (parts, body) = resp.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    vec![
+        Bytes::from(response_head(&parts, Some(body.len()), false)),
+        body,
+    ]
 }
 
 /// The status line and headers of `parts`, then `content-length` or

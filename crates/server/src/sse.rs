@@ -243,7 +243,8 @@ impl Feed {
     /// Waits for what is next (events, a gap, a heartbeat, shutdown) and
     /// appends its frames to `out`: every event the subscription has ready,
     /// up to `read_batch` (from the journal, also about 1 MiB), so a reader
-    /// that fell behind catches up in few writes. Cancel-safe: dropping the future loses nothing.
+    /// that fell behind catches up in few writes. Cancel-safe: dropping the
+    /// future loses nothing.
     pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
         if let Some(head) = self.head.take() {
             out.push(head);
