@@ -60,9 +60,9 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,
     /// Threads that write SSE streams, apart from the threads that serve
-    /// publishes and other requests; 0 means one per CPU core but one (at least one).
-    #[arg(long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0)]
-    pub fanout_threads: usize,
+    /// publishes and other requests; 0 means one per CPU core but one (at least one); at most 1024.
+    #[arg(long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub fanout_threads: u16,
     /// When a publish is acknowledged.
     #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,

@@ -79,7 +79,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cors_origins: args.cors_origins,
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
-        fanout_threads: args.fanout_threads,
+        fanout_threads: usize::from(args.fanout_threads),
         ..ServerConfig::default()
     };
     let listener = bind(args.listen).with_context(|| {

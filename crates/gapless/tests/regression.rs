@@ -524,3 +524,41 @@ async fn sigterm_with_half_sent_requests_open_exits_within_5_s() {
     );
     drop((head_half, body_half));
 }
+
+// ---- --fanout-threads range ----
+
+#[tokio::test]
+async fn fanout_threads_over_1024_is_refused_at_startup() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "--fanout-threads",
+            "5000",
+        ])
+        .env_remove("GAPLESS_FANOUT_THREADS")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), out)
+        .await
+        .expect("gapless exits instead of serving with --fanout-threads 5000")
+        .expect("run gapless");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exit status {}; stderr: {stderr}",
+        out.status
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("listening"),
+        "it never listened"
+    );
+    assert!(
+        stderr.contains("fanout-threads"),
+        "stderr names the flag: {stderr}"
+    );
+    assert!(stderr.contains("1024"), "stderr names the limit: {stderr}");
+}

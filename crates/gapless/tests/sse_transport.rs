@@ -343,3 +343,62 @@ async fn a_malformed_first_request_head_gets_a_json_400_saying_what_is_wrong() {
     // The server is fine afterwards.
     assert_eq!(s.get("/healthz").await.status, 200);
 }
+
+#[tokio::test]
+async fn a_stream_request_with_a_head_over_8_kib_is_served_by_hyper() {
+    let s = Server::memory(&[]).await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    let filler = "f".repeat(9 * 1024);
+    tcp.write_all(
+        format!("GET /v1/channels/c/sse HTTP/1.1\r\nHost: x\r\nX-Filler: {filler}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut buf = Vec::new();
+    read_until(&mut tcp, &mut buf, "\nid:").await;
+    let head = head_of(&buf);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // hyper's answer: a keep-alive stream, not this module's `connection: close`.
+    assert!(!head.contains("connection: close"), "{head}");
+    s.publish("c", "long head").await;
+    read_until(&mut tcp, &mut buf, "data: long head\n\n").await;
+}
+
+#[tokio::test]
+async fn a_head_handed_to_hyper_keeps_the_first_heads_deadline() {
+    let s = Server::memory(&["--header-timeout-ms", "1000"]).await;
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    let t0 = std::time::Instant::now();
+    // The first 8 KiB and more arrive slowly (about 800 ms), so the head
+    // reaches hyper late; then it keeps trickling.
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nX-Filler: ")
+        .await
+        .expect("write");
+    let chunk = [b'f'; 1100];
+    let cut = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut sent = 0usize;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let piece: &[u8] = if sent < 9 * 1024 { &chunk } else { b"f" };
+            if tcp.write_all(piece).await.is_err() {
+                return;
+            }
+            sent += piece.len();
+            let mut tmp = [0u8; 256];
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut tmp)).await
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(cut.is_ok(), "the slow head was never cut off");
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "cut off after {took:?}: the 1000 ms deadline runs from the connection's start, \
+         not again from the hand-over to hyper"
+    );
+}

@@ -45,9 +45,10 @@ pub struct ServerConfig {
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
     /// Threads of the fan-out runtime, which writes SSE streams; 0 means one
-    /// per CPU core but one (at least one). Publishes, history and every other request run on the main
-    /// runtime, so they are never queued behind a fan-out (docs/design.md,
-    /// "Fan-out"). Default 0.
+    /// per CPU core but one (at least one); the flag takes 0 to 1024 and
+    /// refuses more at startup. Publishes, history and every other request
+    /// run on the main runtime, so they are never queued behind a fan-out
+    /// (docs/design.md, "Fan-out"). Default 0.
     pub fanout_threads: usize,
 }
 

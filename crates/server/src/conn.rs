@@ -112,12 +112,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
                     }
                     Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                 },
-                Routed::Whole(mut out) => {
-                    let stop = &shared.app.shutdown;
-                    if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
-                        shut_write(conn.tcp());
-                    }
-                }
+                Routed::Whole(out) => send_whole(&conn, out, &shared.app.shutdown).await,
             }
         }
         Ok(Ok(First::Malformed(e))) => {
@@ -125,13 +120,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
                 gapless_protocol::codes::ErrorCode::InvalidRequest,
                 format!("malformed HTTP/1.1 request head: {e}"),
             );
-            let mut out = whole(axum::response::IntoResponse::into_response(error)).await;
-            if write_frames(conn.tcp(), &mut out, &shared.app.shutdown)
-                .await
-                .is_ok()
-            {
-                shut_write(conn.tcp());
-            }
+            let out = whole(axum::response::IntoResponse::into_response(error)).await;
+            send_whole(&conn, out, &shared.app.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
             conn.unread(buf.freeze());
@@ -466,6 +456,14 @@ async fn write_frames(
     }
     out.clear();
     Ok(())
+}
+
+/// Writes a whole answer, then closes the sending side: no other request is
+/// read on this connection.
+async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
+    if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
+        shut_write(conn.tcp());
+    }
 }
 
 /// Sends FIN: the end of a close-delimited body.
