@@ -1,6 +1,7 @@
 //! Reading: `GET /v1/channels/{channel}/events` (one history page) and
 //! `GET /v1/channels/{channel}` (the channel's bounds).
 
+use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::query::{self, Query};
 use crate::App;
@@ -24,10 +25,12 @@ pub const PAGE_DATA_BYTES: usize = 4 << 20;
 /// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
 pub async fn history(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     query::channel(&channel)?;
+    grant.require(Action::Subscribe, &channel)?;
     page(&app, &channel, &channel, &Query::parse(raw.as_deref())).await
 }
 
@@ -134,9 +137,11 @@ fn channel_position(
 /// `GET /v1/channels/{channel}`: `{"channel","epoch","floor","head","subscribers"}`.
 pub async fn channel_info(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(channel): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     query::channel(&channel)?;
+    grant.require(Action::Subscribe, &channel)?;
     let st: ChannelState = app.hub.state(&channel).await?;
     Ok(Json(json!({
         "channel": channel,

@@ -5,6 +5,7 @@
 pub mod history;
 pub mod publish;
 pub mod tail;
+pub mod token;
 
 use gapless_client::{Client, Ephemeral, Error, Event};
 use std::io::{self, Write};

@@ -10,6 +10,7 @@
 
 use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
+use crate::auth::{Access, Action, Grant};
 use crate::error::ApiError;
 use crate::query::Query;
 use crate::App;
@@ -26,14 +27,23 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// The upgrade handler. A malformed `last_seq` or `takeover` is a 400 before the upgrade.
+///
+/// The token must allow `subscribe` on `session/ID`: a missing or invalid
+/// token is closed with 4401, a forbidden one with 4403, after the upgrade
+/// and one `error` message (the same whether or not the session exists).
 pub async fn handler(
     State(app): State<Arc<App>>,
+    access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
+    let grant = access.and_then(|Access(g)| {
+        g.require_session(Action::Subscribe, &id)?;
+        Ok(g)
+    });
     let q = Query::parse(raw.as_deref());
     let last_seq = match q.get("last_seq") {
         None => None,
@@ -47,7 +57,12 @@ pub async fn handler(
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
-    Ok(ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, id, last_seq, takeover))))
+    Ok(match grant {
+        Ok(grant) => ws.on_upgrade(move |socket| {
+            sockets.track_future(run(app, socket, id, last_seq, takeover, grant))
+        }),
+        Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
+    })
 }
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
@@ -68,6 +83,7 @@ async fn run(
     id: String,
     last_seq: Option<u64>,
     takeover: bool,
+    grant: Grant,
 ) {
     let attach = app
         .sessions
@@ -83,7 +99,7 @@ async fn run(
             return;
         }
     };
-    let (c, reason) = consume(&app, &mut socket, att).await;
+    let (c, reason) = consume(&app, &mut socket, att, &grant).await;
     if c != 0 {
         close(&mut socket, c, &reason).await;
     }
@@ -91,8 +107,14 @@ async fn run(
 
 /// Delivers the session until it ends or the socket does; returns the close
 /// code to send (0: the socket is gone, send nothing).
-async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16, String) {
+async fn consume(
+    app: &App,
+    socket: &mut WebSocket,
+    mut att: Attachment,
+    grant: &Grant,
+) -> (u16, String) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+    let mut expiry = super::Expiry::new(grant);
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
     let mut replay: Option<u64> = att.last_seq.map(|_| 0);
@@ -107,6 +129,7 @@ async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16
         tokio::select! {
             biased;
             _ = app.shutdown.cancelled() => return (code::GOING_AWAY, "server shutting down; reconnect with last_seq".into()),
+            () = expiry.wait() => return (code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
             _ = kicked.cancelled() => {
                 let msg = json!({"op": "error", "code": ErrorCode::SessionAttached.as_str(),
                     "message": "taken over by a newer connection"});
