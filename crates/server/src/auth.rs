@@ -243,7 +243,7 @@ impl Auth {
                 "the token's signature does not verify".to_owned()
             }
             Some(jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(c)) => {
-                format!("the token has no `{c}` claim; `exp` is required")
+                format!("the token has no `{c}` claim, which this server requires")
             }
             Some(jsonwebtoken::errors::ErrorKind::InvalidAudience) => {
                 "the token's `aud` does not name this server (--jwt-audience)".to_owned()
@@ -294,14 +294,19 @@ fn validation(alg: Algorithm, config: &AuthConfig) -> Validation {
     v.validate_exp = false;
     v.validate_nbf = false;
     v.leeway = 0;
-    v.set_required_spec_claims(&["exp"]);
+    let mut required = vec!["exp"];
     match &config.audience {
-        Some(a) => v.set_audience(&[a]),
+        Some(a) => {
+            v.set_audience(&[a]);
+            required.push("aud");
+        }
         None => v.validate_aud = false,
     }
     if let Some(i) = &config.issuer {
         v.set_issuer(&[i]);
+        required.push("iss");
     }
+    v.set_required_spec_claims(&required);
     v
 }
 
