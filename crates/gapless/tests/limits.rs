@@ -11,15 +11,9 @@ async fn connection_over_max_connections_is_503_limit_reached() {
     let s = Server::start(&["--max-connections", "2"]).await;
     let (a, _) = s.subscribe("c", "").await;
     let (_b, _) = s.subscribe("c", "").await;
-    let mut third = SseClient::connect(s.addr, "/v1/channels/c", &[]).await;
-    assert_eq!(third.status, 503);
-    assert!(
-        third.header("retry-after").is_some(),
-        "{:?}",
-        third.raw_text()
-    );
-    let body = third.body_json().await;
-    assert_eq!(body["error"], "limit_reached");
+    let third = s.get("/v1/channels/c").await;
+    assert!(third.header("retry-after").is_some(), "{:?}", third.headers);
+    let body = third.expect_error(503, "limit_reached");
     assert!(
         body["message"]
             .as_str()
