@@ -63,6 +63,8 @@ struct Key {
 pub struct Auth {
     keys: Vec<Key>,
     leeway_ms: u64,
+    /// What every request may do on an open server (shared, not rebuilt per request).
+    open: Arc<Grant>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -104,6 +106,7 @@ impl Auth {
         Auth {
             keys: Vec::new(),
             leeway_ms: 0,
+            open: Arc::new(Grant::all()),
         }
     }
 
@@ -153,6 +156,7 @@ impl Auth {
         Ok(Auth {
             keys,
             leeway_ms: config.leeway_ms,
+            open: Arc::new(Grant::all()),
         })
     }
 
@@ -200,9 +204,13 @@ impl Auth {
     /// # Errors
     /// 401 `unauthorized` when the server has keys and the request presents
     /// no token or one that fails verification.
-    pub fn grant_of(&self, headers: &HeaderMap, query: Option<&str>) -> Result<Grant, ApiError> {
+    pub fn grant_of(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Arc<Grant>, ApiError> {
         if self.is_open() {
-            return Ok(Grant::all());
+            return Ok(self.open.clone());
         }
         match Self::token_of(headers, query)? {
             None => Err(unauthorized(
@@ -210,7 +218,9 @@ impl Auth {
                  the gapless_token cookie, or ?access_token=",
                 false,
             )),
-            Some(t) => self.verify(&t, gapless_core::journal::now_ms()),
+            Some(t) => self
+                .verify(&t, gapless_core::journal::now_ms())
+                .map(Arc::new),
         }
     }
 
@@ -533,7 +543,7 @@ impl Grant {
 
 /// Extractor: the request's [`Grant`], or a 401 answer.
 #[derive(Debug, Clone)]
-pub struct Access(pub Grant);
+pub struct Access(pub Arc<Grant>);
 
 impl FromRequestParts<Arc<App>> for Access {
     type Rejection = ApiError;

@@ -61,7 +61,7 @@ struct Pending {
 
 struct Conn {
     app: Arc<App>,
-    grant: Grant,
+    grant: Arc<Grant>,
     peer: Option<IpAddr>,
     sub: Subscription,
     pending: Vec<Pending>,
@@ -73,7 +73,7 @@ enum Flow {
     Close(u16, String),
 }
 
-async fn run(app: Arc<App>, mut socket: WebSocket, grant: Grant, peer: Option<IpAddr>) {
+async fn run(app: Arc<App>, mut socket: WebSocket, grant: Arc<Grant>, peer: Option<IpAddr>) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms);
     let shutdown = app.shutdown.clone();
     let mut expiry = super::Expiry::new(&grant);

@@ -83,7 +83,7 @@ async fn run(
     id: String,
     last_seq: Option<u64>,
     takeover: bool,
-    grant: Grant,
+    grant: Arc<Grant>,
 ) {
     let attach = app
         .sessions
