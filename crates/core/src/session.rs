@@ -262,6 +262,13 @@ impl Sessions {
     /// [`SessionError::NotFound`], or a journal failure.
     pub async fn info(&self, hub: &Hub, id: &str) -> Result<Info, SessionError> {
         let entry = self.load(hub, id).await?;
+        // A grace window that ran out is applied before anyone sees the
+        // status, not at the next sweep: after a restart, a session nobody
+        // touched is cancelled from one grace window after the restart.
+        if self.due(&entry) {
+            let _ops = entry.ops.lock().await;
+            self.expire_if_due(hub, id, &entry).await?;
+        }
         let head = hub.state(&channel_of(id)).await?.head;
         let st = entry.state.lock();
         Ok(Info {
@@ -398,7 +405,8 @@ impl Sessions {
             None => Start::Live,
         };
         let mut sub = hub.empty_subscription(batch);
-        if let Some(gap) = hub.follow(&mut sub, &channel, start).await?.gap {
+        let followed = hub.follow(&mut sub, &channel, start).await?;
+        if let Some(gap) = followed.gap {
             // Retention moved between the check and the follow.
             let why = match gap.reason {
                 GapReason::Ahead => "it is beyond the newest event",
@@ -413,7 +421,10 @@ impl Sessions {
         Ok(Attachment {
             sub,
             kicked,
-            head: st.head,
+            // The head the follow saw: a live attach continues right after it,
+            // a resume replays up to it (an event appended since the state
+            // read above is then live, not lost).
+            head: followed.head,
             last_seq,
             guard,
         })

@@ -4,7 +4,9 @@
 //! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
 //! upgrade would collapse into a bare HTTP status that browsers do not expose.
 //! With `last_seq`, every retained event with `seq > last_seq` is replayed in
-//! order, then one `session.resumed` message, then live events. The end of
+//! order, then one `session.resumed` message, then live events; without it,
+//! `session.resumed` (0 replayed) comes first, then live events. Its `head`
+//! is the seq after which delivery continues live. The end of
 //! the session (even one that ended while the consumer was away) is
 //! `session.completed` or `session.cancelled`, then close 1000.
 
@@ -117,9 +119,12 @@ async fn consume(
     let mut expiry = super::Expiry::new(grant);
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
+    // Every attach is answered with `session.resumed`: a live attach (no
+    // `last_seq`) at once, with 0 replayed and the head it continues after.
+    let head = att.head;
     let mut replay: Option<u64> = att.last_seq.map(|_| 0);
-    if att.last_seq.is_some_and(|n| n >= att.head) {
-        if send(socket, &resumed(&id, 0)).await.is_err() {
+    if att.last_seq.is_none_or(|n| n >= att.head) {
+        if send(socket, &resumed(&id, 0, head)).await.is_err() {
             return (0, String::new());
         }
         replay = None;
@@ -160,7 +165,7 @@ async fn consume(
                     for e in &events {
                         if let Some(n) = replay.as_mut() {
                             if e.seq > att.head {
-                                if socket.feed(json(&resumed(&id, *n))).await.is_err() {
+                                if socket.feed(json(&resumed(&id, *n, head))).await.is_err() {
                                     return (0, String::new());
                                 }
                                 replay = None;
@@ -168,7 +173,7 @@ async fn consume(
                         }
                         if let Some(status) = Status::of_marker(e.event_type.as_deref()) {
                             if let Some(n) = replay {
-                                let _ = socket.feed(json(&resumed(&id, n))).await;
+                                let _ = socket.feed(json(&resumed(&id, n, head))).await;
                             }
                             let op = format!("session.{}", status.as_str());
                             let _ = send(socket, &json!({"op": op, "session": id, "seq": e.seq})).await;
@@ -186,7 +191,7 @@ async fn consume(
                     }
                     if let Some(n) = replay {
                         if events.last().is_some_and(|e| e.seq >= att.head) {
-                            if socket.feed(json(&resumed(&id, n))).await.is_err() {
+                            if socket.feed(json(&resumed(&id, n, head))).await.is_err() {
                                 return (0, String::new());
                             }
                             replay = None;
@@ -214,8 +219,10 @@ async fn send(socket: &mut WebSocket, v: &Value) -> Result<(), axum::Error> {
     socket.send(json(v)).await
 }
 
-fn resumed(id: &str, n: u64) -> Value {
-    json!({"op": "session.resumed", "session": id, "replayed_events": n})
+/// `session.resumed`: `replayed_events` were replayed (0 for a live attach)
+/// and delivery continues live after seq `head`.
+fn resumed(id: &str, n: u64, head: u64) -> Value {
+    json!({"op": "session.resumed", "session": id, "replayed_events": n, "head": head})
 }
 
 fn event(id: &str, e: &Event) -> Value {
