@@ -701,6 +701,7 @@ async fn an_untouched_session_is_cancelled_one_grace_window_after_a_restart() {
     for stop in ["kill9", "sigterm"] {
         let mut s = Server::start(&["--session-grace-ms", "2000"]).await;
         let id = new_session(&s, "idle").await;
+        let peeked = new_session(&s, "peeked").await;
         if stop == "kill9" {
             s.kill9().await;
         } else {
@@ -708,10 +709,11 @@ async fn an_untouched_session_is_cancelled_one_grace_window_after_a_restart() {
         }
         s.restart().await;
         let restarted = std::time::Instant::now();
-        // Within the grace window it is open: a consumer may still come back.
-        let early = session_info(&s, &id).await;
+        // Within the grace window a session is open: a consumer may still come back.
+        let early = session_info(&s, &peeked).await;
         assert_eq!(early.expect(200)["status"], "open", "{stop}");
         tokio::time::sleep(Duration::from_millis(2600).saturating_sub(restarted.elapsed())).await;
+        // `idle` is looked at for the first time after the window.
         let late = session_info(&s, &id).await;
         assert_eq!(
             late.expect(200)["status"],
