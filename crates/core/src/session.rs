@@ -183,6 +183,9 @@ pub struct Attachment {
     pub head: u64,
     /// The seq the consumer resumed after, if it asked to resume.
     pub last_seq: Option<u64>,
+    /// The session's status when it attached (an ended session can be
+    /// attached only with `last_seq`, to read the rest).
+    pub status: Status,
     guard: Detach,
 }
 
@@ -426,6 +429,7 @@ impl Sessions {
             // read above is then live, not lost).
             head: followed.head,
             last_seq,
+            status,
             guard,
         })
     }

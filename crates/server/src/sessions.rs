@@ -172,7 +172,8 @@ pub async fn cancel(
     Ok(Json(info_json(&info)))
 }
 
-/// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N`: history, as for channels;
+/// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N` (or `after_seq=N`,
+/// a consumer's `last_seq`, instead of a cursor): history, as for channels;
 /// lifecycle markers appear as events of types `gapless.session.*`.
 pub async fn history(
     State(app): State<Arc<App>>,
@@ -187,6 +188,7 @@ pub async fn history(
         &session::channel_of(&id),
         &id,
         &Query::parse(raw.as_deref()),
+        true,
     )
     .await
 }

@@ -128,6 +128,13 @@ async fn consume(
             return (0, String::new());
         }
         replay = None;
+        // `last_seq` at an ended session's end marker: the consumer has every
+        // event; it is told how the session ended, as if it had read the marker.
+        if att.status != Status::Open {
+            let op = format!("session.{}", att.status.as_str());
+            let _ = send(socket, &json!({"op": op, "session": id, "seq": head})).await;
+            return (code::NORMAL, format!("session {}", att.status.as_str()));
+        }
     }
     let kicked = att.kicked.clone();
     loop {
