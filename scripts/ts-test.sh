@@ -70,7 +70,7 @@ log "tsc"
 node_modules/.bin/tsc -p tsconfig.json
 log "running the SDK's tests against $GAPLESS_BIN"
 status=0
-timeout -k 10 300 node --test --test-reporter=tap \
+timeout -k 10 300 node --test --test-force-exit --test-reporter=tap \
   test/unit/*.test.mjs test/integration/*.test.mjs test/browser/*.test.mjs </dev/null || status=$?
 log "finished in $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -16,7 +16,9 @@ if (!jwt) console.log('skipped: server without --jwt-secret');
 let srv;
 after(async () => srv?.stop());
 async function server() {
-  srv ??= await Gapless.create({ extraArgs: ['--jwt-secret', SECRET] });
+  // No leeway on `exp` (the server's default honours a token 5 s past it), so that tokens
+  // minted to live 2 s expire while the test runs.
+  srv ??= await Gapless.create({ extraArgs: ['--jwt-secret', SECRET, '--jwt-leeway-ms', '0'] });
   return srv;
 }
 
@@ -41,7 +43,7 @@ test('jwt: publish needs a token that grants it; refusals are typed 401 and 403'
 });
 
 for (const transport of ['sse', 'ws']) {
-  test(`jwt ${transport}: tokens that expire mid-stream are renewed by getToken; every event once, in order`, { skip }, async () => {
+  test(`jwt ${transport}: tokens that expire mid-stream are renewed by getToken; every event once, in order`, { skip }, async (t) => {
     const s = await server();
     const channel = `auth-expiry-${transport}`;
     const pub = new Client(s.base, { token: token({ publish: ['*'] }) });
@@ -55,9 +57,11 @@ for (const transport of ['sse', 'ws']) {
       },
     });
     const sub = c.subscribe(channel, { transport });
+    t.after(() => sub.close());
     const it = sub[Symbol.asyncIterator]();
     const pending = take(it, 40, 20_000);
-    await waitFor('the subscription to register', async () => (await s.channel(channel)).subscribers === 1);
+    const admin = new Client(s.base, { token: token({ subscribe: ['*'], publish: ['*'] }) });
+    await waitFor('the subscription to register', async () => (await admin.channel(channel)).subscribers === 1);
     for (let i = 1; i <= 40; i++) {
       await pub.publish(channel, String(i));
       await sleep(100); // 4 s in all: at least one expiry
