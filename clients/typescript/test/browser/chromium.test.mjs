@@ -12,7 +12,7 @@ import { after, before, test } from 'node:test';
 import { chromium } from 'playwright-core';
 import { startExampleServer } from '../../../../examples/browser/serve.mjs';
 import { Client } from '../../dist/index.js';
-import { Gapless, range, sleep, tempDir, waitFor } from '../harness.mjs';
+import { Gapless, mintToken, range, sleep, supportsJwt, tempDir, waitFor } from '../harness.mjs';
 
 const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 let context;
@@ -169,3 +169,51 @@ test('chromium: a --memory restart shows exactly one epoch gap, then the new jou
   assert.match(await view.page.textContent('#gaps'), /epoch/);
   await view.page.close();
 });
+
+const SECRET = 'gapless-ts-browser-secret';
+const jwtSkip = supportsJwt() ? false : 'server without --jwt-secret';
+if (jwtSkip) console.log('skipped: server without --jwt-secret (chromium token tests)');
+
+for (const [name, opts] of [
+  ['fetch streaming (Authorization header, CORS preflight)', { transport: 'sse', sse: 'fetch' }],
+  ['native EventSource (access_token query)', { transport: 'sse', sse: 'eventsource' }],
+  ['WebSocket (access_token query)', { transport: 'ws' }],
+]) {
+  test(`chromium, ${name}: tokens that expire mid-stream are renewed by getToken; every event once`, { skip: jwtSkip }, async () => {
+    const origin = example.url.replace(/\/$/, '');
+    const srv = await server({ retryMs: 200, extraArgs: ['--jwt-secret', SECRET, '--jwt-leeway-ms', '0', '--cors-origin', origin] });
+    const channel = `br-auth-${opts.transport}-${opts.sse ?? 'ws'}`;
+    const mint = (grants, ttl) => mintToken(SECRET, { exp: Math.floor(Date.now() / 1000) + ttl, sub: 'browser', gapless: grants });
+    const admin = new Client(srv.base, { token: mint({ publish: ['*'], subscribe: ['*'] }, 600) });
+    const page = await context.newPage();
+    let minted = 0;
+    await page.exposeFunction('mintToken', () => {
+      minted++;
+      return mint({ subscribe: [channel] }, 2);
+    });
+    // A document of the example server's origin (a route-fulfilled page would have no
+    // address, and Chromium's local network access checks would then refuse loopback calls).
+    await page.goto(`${example.url}sdk/index.js`);
+    await page.evaluate(async ({ base, channel, opts }) => {
+      const { Client } = await import('/sdk/index.js');
+      const c = new Client(base, { getToken: () => window.mintToken(), backoff: { initialMs: 100 } });
+      window.got = [];
+      window.errs = [];
+      const sub = c.subscribe(channel, opts);
+      sub.on('event', (e) => window.got.push(e.data));
+      sub.on('error', (e) => window.errs.push(`${e.code}: ${e.message}`));
+    }, { base: srv.base, channel, opts });
+    const describe = async () => `got ${JSON.stringify(await page.evaluate(() => window.got))}, errors ${JSON.stringify(await page.evaluate(() => window.errs))}, minted ${minted}\n${srv.log.slice(-5).join('\n')}`;
+    await waitFor('the page to subscribe', async () => (await admin.channel(channel)).subscribers === 1, { describe });
+    for (let i = 1; i <= 40; i++) {
+      await admin.publish(channel, String(i));
+      await sleep(100); // 4 s: every 2 s token expires at least once
+    }
+    await waitFor('40 events', async () => (await page.evaluate(() => window.got.length)) >= 40, { describe, timeoutMs: 15_000 });
+    await sleep(200);
+    assert.deepEqual(await page.evaluate(() => window.got), range(1, 40), await describe());
+    assert.deepEqual(await page.evaluate(() => window.errs), []);
+    assert.ok(minted >= 2, `getToken called ${minted} times`);
+    await page.close();
+  });
+}
