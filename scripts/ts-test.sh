@@ -68,6 +68,8 @@ cd "$dir"
 rm -rf dist
 log "tsc"
 node_modules/.bin/tsc -p tsconfig.json
+log "tsc: the public types as the README uses them (test/types/usage.ts)"
+node_modules/.bin/tsc -p test/types/tsconfig.json
 log "running the SDK's tests against $GAPLESS_BIN"
 status=0
 timeout -k 10 300 node --test --test-force-exit --test-reporter=tap \

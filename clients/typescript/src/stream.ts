@@ -65,7 +65,8 @@ export abstract class UpdateStream<T extends { kind: string }> implements AsyncI
   /**
    * Registers `fn` for updates of `kind` (`"update"` for every update; `"error"` for the
    * terminal {@link GaplessError}, after which the stream ends; `"end"` once it has ended).
-   * The first registration starts delivery.
+   * The first registration starts delivery. A terminal error with no `"error"` listener is
+   * thrown as an uncaught error (the browser's console, Node's `uncaughtException`).
    * @returns a function that removes the listener.
    * @throws {Error} when the stream is being iterated already.
    */
@@ -128,7 +129,13 @@ export abstract class UpdateStream<T extends { kind: string }> implements AsyncI
       }
     } catch (e) {
       const err = e instanceof GaplessError ? e : new GaplessError({ code: "protocol", message: String(e), cause: e });
-      this.#emit("error", err);
+      if (this.#listeners.get("error")?.size) this.#emit("error", err);
+      else {
+        // Nobody listens for it: report it as an uncaught error rather than lose it.
+        queueMicrotask(() => {
+          throw err;
+        });
+      }
     }
     this.#ended = true;
     this.#emit("end", undefined);

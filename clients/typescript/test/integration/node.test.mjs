@@ -240,6 +240,24 @@ test('join: kill -9 and restart during the join resumes from the applied cursor;
   join.close();
 });
 
+test('join: the applied cursor persists in a store; a new join resumes right after it', async () => {
+  const srv = await server();
+  const store = memoryStore();
+  const c = client(srv, { store });
+  const channel = 'join-store';
+  await publishRange(c, channel, 1, 10);
+  const j1 = c.join(channel, { pageSize: 3 });
+  const got1 = await take(j1[Symbol.asyncIterator](), 4);
+  assert.deepEqual(datas(got1), range(1, 4));
+  assert.equal(store.map.get('join:join-store'), got1[3].cursor, 'the last delivered, not the last read');
+  j1.close();
+  await publishRange(c, channel, 11, 12);
+  const j2 = c.join(channel);
+  const got2 = await take(j2[Symbol.asyncIterator](), 8);
+  assert.deepEqual(datas(got2), range(5, 12));
+  j2.close();
+});
+
 test('sessions: a consumer resumed with lastSeq across kill -9 gets every event once, then the end', async () => {
   const srv = await server();
   const c = client(srv);
