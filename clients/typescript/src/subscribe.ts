@@ -393,12 +393,14 @@ export class Subscription extends UpdateStream<Update> {
       });
       const openedAt = Date.now();
       const touched = new Set<string>();
+      // An `error` that answers none of our requests (a refused token): its close code follows.
+      let refusal: { code: string; message: string } | undefined;
       let end: { kind: "clean" } | { kind: "error"; error: GaplessError };
       try {
         for (;;) {
           const item = await conn.next(signal);
           if (item.t === "closed") {
-            const err = closeError(item.code, item.reason, undefined);
+            const err = closeError(item.code, item.reason, refusal);
             end = err ? { kind: "error", error: err } : { kind: "clean" };
             break;
           }
@@ -407,10 +409,14 @@ export class Subscription extends UpdateStream<Update> {
           if (op === "error") {
             const i = typeof m["id"] === "number" ? m["id"] : -1;
             const ch = chans[i];
+            if (ch === undefined) {
+              refusal = { code: String(m["code"] ?? "error"), message: String(m["message"] ?? "") };
+              continue;
+            }
             const code = String(m["code"] ?? "error");
             const err = new GaplessError({
               code,
-              message: ch === undefined ? String(m["message"] ?? code) : `subscribe ${JSON.stringify(ch)}: ${String(m["message"] ?? code)}`,
+              message: `subscribe ${JSON.stringify(ch)}: ${String(m["message"] ?? code)}`,
               body: m,
             });
             // A refused subscribe (invalid_cursor, forbidden, limit_reached...) cannot be

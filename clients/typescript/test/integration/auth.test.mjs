@@ -72,3 +72,27 @@ for (const transport of ['sse', 'ws']) {
     sub.close();
   });
 }
+
+test('jwt: a refused WebSocket token and a forbidden session consumer end with typed errors', { skip }, async () => {
+  const s = await server();
+  const producer = new Client(s.base, { token: token({ publish: ['*'], subscribe: ['*'] }) });
+  const { id } = await producer.createSession();
+  let calls = 0;
+  const bad = new Client(s.base, { WebSocket, getToken: () => { calls++; return 'not.a.token'; }, backoff: { initialMs: 1 } });
+  await assert.rejects(bad.subscribe('auth-ws', { transport: 'ws' })[Symbol.asyncIterator]().next(),
+    (e) => e.code === 'unauthorized' && e.closeCode === 4401 && e.status === 401);
+  assert.equal(calls, 2, 'getToken once more after the refusal, then the error');
+  const other = new Client(s.base, { WebSocket, token: token({ subscribe: ['session/someone-else'] }) });
+  await assert.rejects(async () => {
+    for await (const u of other.attachSession(id)) assert.fail(JSON.stringify(u));
+  }, (e) => e.code === 'forbidden' && e.closeCode === 4403 && e.status === 403 && e.terminal);
+  const mine = new Client(s.base, { WebSocket, token: token({ subscribe: [`session/${id}`] }) });
+  const consumer = mine.attachSession(id, { lastSeq: 1 });
+  const it = consumer[Symbol.asyncIterator]();
+  await producer.appendSession(id, 'hello');
+  const got = await take(it, 2);
+  // Replayed before `resumed` or live after it, depending on when the attach lands.
+  assert.deepEqual(got.map((u) => u.kind).sort(), ['event', 'resumed']);
+  assert.equal(got.find((u) => u.kind === 'event').data, 'hello');
+  consumer.close();
+});

@@ -170,6 +170,11 @@ test('ws: the token goes in access_token; close 4401 "token expired" resumes eac
 test('ws: a forbidden subscribe and a 4401 without getToken are typed terminal errors', async () => {
   const base = await fakeServer(() => {}, (ws, req, url) => {
     if (url.searchParams.get('access_token') === 'expired') return ws.close(4401, 'token expired');
+    if (url.searchParams.get('access_token')?.startsWith('bad')) {
+      // As the server refuses a token: one error message, then close 4401.
+      ws.send(JSON.stringify({ op: 'error', code: 'unauthorized', message: 'invalid token: bad signature' }));
+      return ws.close(4401, 'unauthorized');
+    }
     ws.on('message', (m) => {
       const msg = JSON.parse(String(m));
       ws.send(JSON.stringify({ op: 'error', id: msg.id, code: 'forbidden', message: 'not allowed to subscribe to c' }));
@@ -179,6 +184,11 @@ test('ws: a forbidden subscribe and a 4401 without getToken are typed terminal e
   await assert.rejects(sub[Symbol.asyncIterator]().next(), (e) => e.code === 'forbidden' && e.status === 403 && e.terminal && /not allowed/.test(e.message));
   const sub2 = new Client(base, { WebSocket, token: 'expired' }).subscribe('c', { transport: 'ws' });
   await assert.rejects(sub2[Symbol.asyncIterator]().next(), (e) => e.code === 'token_expired' && e.closeCode === 4401 && e.status === 401);
+  let calls = 0;
+  const sub3 = new Client(base, { WebSocket, getToken: () => `bad${++calls}`, backoff: { initialMs: 1 } }).subscribe('c', { transport: 'ws' });
+  await assert.rejects(sub3[Symbol.asyncIterator]().next(),
+    (e) => e.code === 'unauthorized' && e.closeCode === 4401 && e.message === 'invalid token: bad signature');
+  assert.equal(calls, 2, 'a refused token: getToken once more, then the error');
 });
 
 test('sessions: 4401 re-attaches with a fresh token from the last delivered seq; 4403 is terminal', async () => {
