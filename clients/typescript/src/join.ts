@@ -255,6 +255,8 @@ export class Join extends UpdateStream<Update> {
           if (liveEnd !== undefined) {
             conn.close();
             inflight = undefined;
+            const expired = buffer.find((f) => f.t === "expired");
+            if (expired?.t === "expired" && !core.auth.canRefresh) throw expired.error;
             if (liveEnd.kind === "overflow") continue cycle;
             if (liveEnd.kind === "clean") {
               if (!reconnect) return;
@@ -309,6 +311,7 @@ export class Join extends UpdateStream<Update> {
               case "expired":
                 conn.close();
                 if (!core.auth.canRefresh) throw f.error;
+                if (!(await sleep(retrier.closed(openedAt), signal))) return;
                 continue cycle;
               case "retry":
                 retrier.baseMs = f.ms;

@@ -160,6 +160,7 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
       }
       if (end.closeCode === 4401 && core.auth.canRefresh && (end.code === "token_expired" || !authRetried)) {
         if (end.code !== "token_expired") authRetried = true;
+        else if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }
       if (end.terminal || !reconnect) throw end;

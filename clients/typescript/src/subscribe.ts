@@ -230,7 +230,10 @@ export class Subscription extends UpdateStream<Update> {
       }
       if (end.kind === "expired") {
         if (!core.auth.canRefresh) throw end.error;
-        continue; // the loop asks getToken for a fresh token and resumes from the cursor
+        // The loop asks getToken for a fresh token and resumes from the cursor: at once,
+        // unless streams keep expiring right after they open (a token that is born stale).
+        if (!(await sleep(retrier.closed(openedAt), signal))) return;
+        continue;
       }
       if (end.kind === "clean") {
         if (!reconnect) return;
@@ -265,6 +268,7 @@ export class Subscription extends UpdateStream<Update> {
       if (token !== undefined) extra.push(["access_token", token]);
       const url = sseUrl(core.base, [...this.channels], extra);
       const es = new ES(url, { withCredentials: core.withCredentials });
+      const openedAt = Date.now();
       const queue: Item[] = [];
       let wake: (() => void) | undefined;
       const push = (i: Item) => {
@@ -333,6 +337,7 @@ export class Subscription extends UpdateStream<Update> {
       if (signal.aborted || end === undefined) return;
       if (end.kind === "expired") {
         if (!core.auth.canRefresh) throw end.error;
+        if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }
       if (end.kind === "error") throw end.error;
@@ -490,6 +495,7 @@ export class Subscription extends UpdateStream<Update> {
       const err = end.error;
       if (err.closeCode === 4401 && core.auth.canRefresh && (err.code === "token_expired" || !authRetried)) {
         if (err.code !== "token_expired") authRetried = true;
+        else if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }
       if (err.terminal || !reconnect) throw err;

@@ -286,3 +286,37 @@ test('sse: the native EventSource mode puts the token in access_token and the cu
   assert.equal(url.searchParams.get('access_token'), 'tok');
   assert.equal(urls[0].withCredentials, true);
 });
+
+test('join: an expired stream is reopened with a fresh token and the join goes on from its applied cursor', async () => {
+  const sse = [];
+  const afters = [];
+  const base = await fakeServer((req, res, url) => {
+    if (url.pathname === '/v1/channels/c/sse') {
+      sse.push(bearer(req));
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      if (sse.length === 1) {
+        res.write('id: L0\n\n');
+        setTimeout(() => res.end(`${frame('L1', 1, 'one')}${EXPIRED}`), 150);
+      } else {
+        res.write(`id: L1\n\n`);
+        setTimeout(() => res.write(frame('L2', 2, 'two')), 150);
+      }
+      return;
+    }
+    if (url.pathname === '/v1/channels/c/events') {
+      const after = url.searchParams.get('after');
+      afters.push(after);
+      if (after === null) return json(res, 200, { channel: 'c', epoch: 'e', floor: 1, head: 0, events: [], next: 'H0', done: true });
+      return json(res, 200, { channel: 'c', epoch: 'e', floor: 1, head: 1, events: [], next: 'H1', done: true });
+    }
+    json(res, 404, { error: 'not_found', message: '' });
+  });
+  let calls = 0;
+  const join = new Client(base, { getToken: () => `t${++calls}` }).join('c');
+  const got = await take(join[Symbol.asyncIterator](), 2);
+  assert.deepEqual(got.map((u) => `${u.seq}:${u.data}`), ['1:one', '2:two']);
+  assert.deepEqual(afters, [null, 'L1'], 'the second walk starts at the applied cursor');
+  assert.equal(sse.length, 2);
+  assert.notEqual(sse[1], sse[0], 'a fresh token for the new stream');
+  join.close();
+});
