@@ -217,3 +217,79 @@ for (const [name, opts] of [
     await page.close();
   });
 }
+
+/** A page of the example server's origin with the SDK loaded as `window.sdk`. */
+async function sdkPage() {
+  const page = await context.newPage();
+  const logs = [];
+  page.on('pageerror', (e) => logs.push(`[pageerror] ${e.message}`));
+  await page.goto(`${example.url}sdk/index.js`);
+  await page.evaluate(async () => { window.sdk = await import('/sdk/index.js'); });
+  return { page, logs };
+}
+
+test('chromium: join under a concurrent publisher, every seq once, in order', async () => {
+  const srv = await server({ memory: true });
+  const c = new Client(srv.base);
+  const channel = 'br-join';
+  for (let i = 1; i <= 30; i++) await c.publish(channel, String(i));
+  const { page } = await sdkPage();
+  let published = 30;
+  let stop = false;
+  const publisher = (async () => {
+    while (!stop && published < 1500) {
+      await c.publish(channel, String(published + 1));
+      published++;
+    }
+  })();
+  await page.evaluate(({ base, channel }) => {
+    const client = new window.sdk.Client(base);
+    window.got = [];
+    window.errs = [];
+    const join = client.join(channel, { pageSize: 10 });
+    join.on('update', (u) => window.got.push(u.kind === 'event' ? u.seq : u.kind));
+    join.on('error', (e) => window.errs.push(e.code));
+  }, { base: srv.base, channel });
+  await waitFor('the join to deliver 200', async () => (await page.evaluate(() => window.got.length)) >= 200);
+  stop = true;
+  await publisher;
+  await c.publish(channel, 'end');
+  published++;
+  await waitFor(`${published} updates`, async () => (await page.evaluate(() => window.got.length)) >= published, { timeoutMs: 15_000 });
+  await sleep(200);
+  const got = await page.evaluate(() => window.got);
+  assert.deepEqual(got, Array.from({ length: published }, (_, i) => i + 1));
+  assert.deepEqual(await page.evaluate(() => window.errs), []);
+  await page.close();
+});
+
+test('chromium: a session consumer resumed with lastSeq across kill -9 gets every event once, then the end', async () => {
+  const srv = await server({ retryMs: 200 });
+  const c = new Client(srv.base);
+  const { id } = await c.createSession();
+  const { page } = await sdkPage();
+  await page.evaluate(({ base, id }) => {
+    const client = new window.sdk.Client(base, { backoff: { initialMs: 100, maxMs: 1000 } });
+    window.got = [];
+    window.errs = [];
+    const consumer = client.attachSession(id, { lastSeq: 1 });
+    consumer.on('update', (u) => window.got.push(u.kind === 'event' ? `${u.seq}:${u.data}` : u.kind));
+    consumer.on('error', (e) => window.errs.push(e.code));
+  }, { base: srv.base, id });
+  await waitFor('the consumer to attach', async () => (await c.sessionInfo(id)).attached);
+  for (let i = 1; i <= 5; i++) await c.appendSession(id, `e${i}`);
+  await waitFor('5 events', async () => (await page.evaluate(() => window.got.length)) >= 6);
+  await srv.kill9();
+  await srv.start();
+  for (let i = 6; i <= 10; i++) await c.appendSession(id, `e${i}`);
+  await waitFor('the consumer to re-attach', async () => (await c.sessionInfo(id)).attached, { timeoutMs: 15_000 });
+  await c.completeSession(id);
+  await waitFor('the end', async () => (await page.evaluate(() => window.got)).includes('completed'), { timeoutMs: 15_000 });
+  const got = await page.evaluate(() => window.got);
+  const events = got.filter((x) => x.includes(':'));
+  assert.deepEqual(events, Array.from({ length: 10 }, (_, i) => `${i + 2}:e${i + 1}`), JSON.stringify(got));
+  assert.equal(got.filter((x) => x === 'resumed').length, 2, 'the first attach and the re-attach each resume');
+  assert.equal(got.at(-1), 'completed');
+  assert.deepEqual(await page.evaluate(() => window.errs), []);
+  await page.close();
+});
