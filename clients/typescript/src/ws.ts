@@ -66,6 +66,9 @@ export class WsConn {
         signal.removeEventListener("abort", onAbort);
         resolve(false);
       });
+      // A failed connection also fires `close` (1006), which is what is acted on; listening
+      // here matters on Node's `ws` package, where an unheard `error` is thrown.
+      ws.addEventListener("error", () => {});
       ws.addEventListener("message", (ev: MessageEvent) => conn.#onMessage(ev));
       ws.addEventListener("close", (ev: CloseEvent) => conn.#push({ t: "closed", code: ev.code, reason: ev.reason }));
     });

@@ -168,6 +168,16 @@ export class Gapless {
     await exited;
   }
 
+  /** SIGTERM: the server ends its streams cleanly (WebSocket 1001) and exits. */
+  async term() {
+    const child = this.child;
+    this.child = null;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = once(child, 'exit');
+    child.kill('SIGTERM');
+    await exited;
+  }
+
   async stop() {
     await this.kill9();
     fs.rmSync(this.dataDir, { recursive: true, force: true });

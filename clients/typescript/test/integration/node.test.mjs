@@ -130,6 +130,22 @@ for (const transport of ['sse', 'ws']) {
   });
 }
 
+test('a graceful restart (SIGTERM: streams end cleanly, WebSocket 1001) loses and repeats nothing', async () => {
+  const srv = await server();
+  const c = client(srv);
+  const subs = [c.subscribe('term', { since: 'earliest' }), c.subscribe('term', { since: 'earliest', transport: 'ws' })];
+  const its = subs.map((s) => s[Symbol.asyncIterator]());
+  await publishRange(c, 'term', 1, 5);
+  const got = await Promise.all(its.map((it) => take(it, 5)));
+  const pending = its.map((it) => take(it, 10));
+  await srv.term();
+  await srv.start();
+  await publishRange(c, 'term', 6, 15);
+  const more = await Promise.all(pending);
+  for (const i of [0, 1]) assertExactlyOnce([...got[i], ...more[i]], 15, i === 0 ? 'sse' : 'ws');
+  subs.forEach((s) => s.close());
+});
+
 test('sse: cursors persist in a store; a new subscription resumes right after the last delivered update', async () => {
   const srv = await server();
   const c = client(srv);
