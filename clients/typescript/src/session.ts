@@ -32,7 +32,7 @@ import { WsConn, closeError, wsUrl } from "./ws.js";
 
 /** Options of {@link Client.attachSession}. */
 export interface AttachOptions {
-  /** Resume after this seq: every retained event with a greater seq, then `resumed`, then live. Without it: live only. */
+  /** Resume after this seq: every retained event with a greater seq, then `resumed`, then live. Without it: `resumed` (0 replayed) at once, then live only. */
   lastSeq?: number;
   /** Take the session over from a connection that holds it (default false: refused with 4409). */
   takeover?: boolean;
@@ -130,7 +130,11 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
             case "session.resumed":
               retrier.attempt = 0;
               authRetried = false;
-              yield { kind: "resumed", replayedEvents: Number(m["replayed_events"] ?? 0) };
+              yield {
+                kind: "resumed",
+                replayedEvents: Number(m["replayed_events"] ?? 0),
+                ...(typeof m["head"] === "number" ? { head: m["head"] } : {}),
+              };
               break;
             case "session.completed":
               yield { kind: "completed", seq: Number(m["seq"]) };

@@ -211,10 +211,15 @@ export type SessionUpdate =
       time: number;
     }
   | {
-      /** The replay of an attach with `lastSeq` is over; live events follow. */
+      /**
+       * The attach is done: after the replay of an attach with `lastSeq`, or at once for a
+       * live attach (0 replayed). Live events follow: those with seq greater than `head`.
+       */
       kind: "resumed";
       /** How many events the replay held. */
       replayedEvents: number;
+      /** The seq after which live delivery continues (`undefined` from servers before it was sent). */
+      head?: number;
     }
   | {
       /** The session completed; the consumer then ends. */

@@ -325,6 +325,11 @@ test('sessions: refusals 4404, 4409, 4410 are typed errors that do not reconnect
   const s = await c.createSession('held');
   const holder = c.attachSession(s.id);
   const hit = holder[Symbol.asyncIterator]();
+  // A live attach is answered at once, naming the head it continues after.
+  const first = (await hit.next()).value;
+  assert.equal(first.kind, 'resumed');
+  assert.equal(first.replayedEvents, 0);
+  assert.equal(first.head, 1);
   const pending = hit.next();
   await waitFor('the holder to attach', async () => (await c.sessionInfo(s.id)).attached);
   const e409 = await attempts(c.attachSession(s.id));
@@ -340,8 +345,9 @@ test('sessions: refusals 4404, 4409, 4410 are typed errors that do not reconnect
   const tit = taker[Symbol.asyncIterator]();
   const tp = tit.next();
   await assert.rejects(pending, (e) => e.code === 'session_attached' && e.closeCode === 4409);
+  assert.equal((await tp).value.kind, 'resumed');
   await c.appendSession(s.id, 'after takeover');
-  assert.equal((await tp).value.data, 'after takeover');
+  assert.equal((await tit.next()).value.data, 'after takeover');
   taker.close();
 });
 
