@@ -275,6 +275,7 @@ impl ApiError {
             "rate_limited" => C::RateLimited,
             "request_timeout" => C::RequestTimeout,
             "head_too_large" => C::HeadTooLarge,
+            "journal_full" => C::JournalFull,
             _ => return None,
         })
     }

@@ -91,6 +91,10 @@ pub enum JournalError {
     /// The storage failed (I/O, corruption); the message says how.
     #[error("journal storage failed: {0}")]
     Storage(String),
+    /// The journal's disk is full, or below its free-space reserve; nothing
+    /// was stored. Appends succeed again once space is freed.
+    #[error("the journal's disk is full: {0}")]
+    Full(String),
     /// The journal is closed (the server is shutting down).
     #[error("journal is closed")]
     Closed,

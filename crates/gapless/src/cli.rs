@@ -52,6 +52,15 @@ pub struct ServeArgs {
     /// Keep everything in memory instead of on disk (history is lost on restart).
     #[arg(long, env = "GAPLESS_MEMORY")]
     pub memory: bool,
+    /// Bytes that must stay free on the data directory's filesystem: below it
+    /// publishes are refused (507 journal_full) and resume by themselves once
+    /// space is freed; 0 turns the check off.
+    #[arg(
+        long,
+        env = "GAPLESS_MIN_FREE_DISK_BYTES",
+        default_value_t = 67_108_864
+    )]
+    pub min_free_disk_bytes: u64,
     /// Most events retained per channel.
     #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_events: u64,

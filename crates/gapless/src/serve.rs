@@ -56,6 +56,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             StoreOptions {
                 retention,
                 durability,
+                min_free_bytes: args.min_free_disk_bytes,
             },
             channels.clone(),
         )

@@ -62,6 +62,9 @@ pub enum ErrorCode {
     RequestTimeout,
     /// 431: a request head is over `--max-header-bytes` or 100 header lines.
     HeadTooLarge,
+    /// 507: the journal's disk is full or below `--min-free-disk-bytes`;
+    /// nothing was stored. Publishing resumes once space is freed.
+    JournalFull,
 }
 
 impl ErrorCode {
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::HeadTooLarge => "head_too_large",
+            ErrorCode::JournalFull => "journal_full",
         }
     }
 
@@ -120,6 +124,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::RequestTimeout => 408,
             ErrorCode::HeadTooLarge => 431,
+            ErrorCode::JournalFull => 507,
         }
     }
 }

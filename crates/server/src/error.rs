@@ -47,6 +47,14 @@ impl From<JournalError> for ApiError {
             JournalError::Closed => {
                 ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
             }
+            JournalError::Full(msg) => {
+                tracing::warn!(reason = %msg, "journal full: refusing appends");
+                ApiError::new(
+                    ErrorCode::JournalFull,
+                    format!("the journal's disk is full: {msg}"),
+                )
+                .retry_after(5)
+            }
             other => {
                 tracing::error!(error = %other, "journal failure");
                 ApiError::new(ErrorCode::JournalFailed, other.to_string())

@@ -23,6 +23,7 @@
 
 mod apply;
 mod cache;
+mod disk;
 mod log;
 mod meta;
 mod options;
@@ -59,6 +60,8 @@ pub const FILE_NAME: &str = "journal.redb";
 /// Dropping it without [`Journal::close`] also stops the writer after a final
 /// durable commit; the drop waits for that (one fsync at most).
 pub struct EmbeddedJournal {
+    /// Refuses appends while the disk is below its reserve.
+    disk: disk::DiskGuard,
     epoch: Epoch,
     db: Arc<Database>,
     /// Appends not yet in the tables, for readers.
@@ -114,6 +117,7 @@ impl EmbeddedJournal {
             .spawn()
             .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedJournal {
+            disk: disk::DiskGuard::new(dir.to_path_buf(), options.min_free_bytes),
             epoch,
             db,
             overlay,
@@ -149,6 +153,7 @@ impl Journal for EmbeddedJournal {
         if self.closed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
+        self.disk.check()?;
         self.call(|reply| Request::Append {
             channel: channel.to_owned(),
             events,

@@ -9,6 +9,11 @@ pub struct StoreOptions {
     pub retention: Retention,
     /// When an append is acknowledged relative to the disk.
     pub durability: Durability,
+    /// Bytes that must stay available on the data directory's filesystem:
+    /// below it appends fail with `JournalError::Full` (and succeed again
+    /// once space is freed); 0 turns the check off. `gapless serve` default
+    /// 67108864 (64 MiB, `--min-free-disk-bytes`).
+    pub min_free_bytes: u64,
 }
 
 /// When an append is acknowledged relative to the disk.

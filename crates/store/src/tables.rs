@@ -168,9 +168,18 @@ pub(crate) fn corrupt(what: &str) -> JournalError {
     JournalError::Storage(format!("corrupt journal: {what}"))
 }
 
-/// Wraps any storage-layer error (redb, I/O) as [`JournalError::Storage`].
+/// Wraps any storage-layer error (redb, I/O) as [`JournalError::Storage`],
+/// or [`JournalError::Full`] when the disk ran out of space (ENOSPC, EDQUOT).
 pub(crate) fn storage(e: impl Display) -> JournalError {
-    JournalError::Storage(e.to_string())
+    let text = e.to_string();
+    if text.contains("os error 28") || text.contains("os error 122") {
+        JournalError::Full(format!(
+            "{text}; nothing was stored. Free space under the data directory; if appends \
+             still fail after that, restart the server (the store stops after an I/O error)"
+        ))
+    } else {
+        JournalError::Storage(text)
+    }
 }
 
 #[cfg(test)]

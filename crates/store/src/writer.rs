@@ -180,12 +180,12 @@ impl Writer {
                 tracing::error!("journal commit failed: {e}");
                 // Heads in the cache may have advanced past what is on disk.
                 self.cache = None;
-                let msg = match e {
-                    JournalError::Storage(msg) => msg,
-                    other => other.to_string(),
-                };
                 for pending in pending {
-                    let err = JournalError::Storage(msg.clone());
+                    let err = match &e {
+                        JournalError::Full(msg) => JournalError::Full(msg.clone()),
+                        JournalError::Storage(msg) => JournalError::Storage(msg.clone()),
+                        other => JournalError::Storage(other.to_string()),
+                    };
                     let _ = match pending {
                         Pending::Append(reply) => reply.send(Err(err)).is_ok(),
                         Pending::Evict(reply) => reply.send(Err(err)).is_ok(),

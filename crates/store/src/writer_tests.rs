@@ -45,6 +45,7 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
             max_age_ms: 60_000,
         },
         durability: Durability::Sync,
+        min_free_bytes: 0,
     };
     let epoch = meta::init(&db, options.durability)?;
     let cache = Channels::load(&db, true)?;

@@ -30,6 +30,8 @@ pub struct Opts {
     pub env: Vec<(String, String)>,
     /// `--memory` instead of `--data-dir`.
     pub memory: bool,
+    /// The data directory (default: `data` in the server's temporary directory).
+    pub data_dir: Option<PathBuf>,
 }
 
 /// A running (or stopped) `gapless serve` process.
@@ -146,6 +148,9 @@ impl Server {
 
     /// The data directory (unused with `--memory`).
     pub fn data_dir(&self) -> PathBuf {
+        if let Some(d) = &self.opts.data_dir {
+            return d.clone();
+        }
         self.dir.path().join("data")
     }
 

@@ -58,6 +58,7 @@ pub fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> Stor
             max_age_ms,
         },
         durability,
+        min_free_bytes: 0,
     }
 }
 
