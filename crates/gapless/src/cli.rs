@@ -29,6 +29,9 @@ pub enum Command {
     History(crate::cmd::history::HistoryArgs),
     /// Make a signed token (JWT) for a server started with --jwt-secret or --jwt-public-key.
     Token(crate::cmd::token::TokenArgs),
+    /// Inspect the embedded journal.
+    #[command(subcommand)]
+    Journal(crate::cmd::journal::JournalCommand),
 }
 
 /// When a publish is acknowledged.

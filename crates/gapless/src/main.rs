@@ -24,5 +24,6 @@ fn main() -> std::process::ExitCode {
         cli::Command::Tail(args) => cmd::tail::run(args),
         cli::Command::History(args) => cmd::history::run(args),
         cli::Command::Token(args) => cmd::token::run(args),
+        cli::Command::Journal(c) => cmd::journal::run(c),
     }
 }

@@ -60,13 +60,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
             channels.clone(),
         )
-        .with_context(|| {
-            format!(
-                "opening the journal in {} (is another gapless using this directory? \
-                 stop it, or pass another --data-dir, or --memory)",
-                args.data_dir.display()
-            )
-        })?;
+        .with_context(|| format!("opening the journal in {}", args.data_dir.display()))?;
         Arc::new(store)
     };
     let auth = auth(&args)?;

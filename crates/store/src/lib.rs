@@ -26,6 +26,7 @@ mod cache;
 mod disk;
 mod log;
 mod meta;
+mod open;
 mod options;
 mod overlay;
 mod reader;
@@ -33,6 +34,7 @@ mod request;
 mod tables;
 mod writer;
 
+pub use open::{check, CheckReport};
 pub use options::{Durability, StoreOptions};
 
 use async_trait::async_trait;
@@ -104,8 +106,7 @@ impl EmbeddedJournal {
         std::fs::create_dir_all(dir)
             .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
-        let db = Database::create(&path)
-            .map_err(|e| JournalError::Storage(format!("cannot open {}: {e}", path.display())))?;
+        let db = open::open_db(&path)?;
         let epoch = meta::init(&db, options.durability)?;
         log::recover(&db)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;

@@ -3,6 +3,7 @@
 //! wrong and what to do, and exits with status 1.
 
 pub mod history;
+pub mod journal;
 pub mod publish;
 pub mod tail;
 pub mod token;

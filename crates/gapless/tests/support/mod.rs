@@ -146,6 +146,21 @@ impl Server {
         server
     }
 
+    /// A handle on a server started elsewhere, listening on `addr` (no process to manage).
+    pub fn attach(addr: SocketAddr) -> Server {
+        Server {
+            child: None,
+            addr,
+            dir: tempfile::tempdir().expect("tempdir"),
+            opts: Opts::default(),
+            starts: 0,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("reqwest client"),
+        }
+    }
+
     /// The data directory (unused with `--memory`).
     pub fn data_dir(&self) -> PathBuf {
         if let Some(d) = &self.opts.data_dir {
