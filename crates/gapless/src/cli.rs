@@ -1,6 +1,7 @@
 //! Command-line flags. Every flag of `gapless serve` also reads the environment
-//! variable `GAPLESS_<FLAG>` (upper case, `-` as `_`); a flag on the command
-//! line wins over the environment.
+//! variable `GAPLESS_<FLAG>` (upper case, `-` as `_`) and the `--config` file
+//! (`config.rs`); a flag on the command line wins over the environment, which
+//! wins over the file.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -32,6 +33,9 @@ pub enum Command {
     /// Inspect the embedded journal.
     #[command(subcommand)]
     Journal(crate::cmd::journal::JournalCommand),
+    /// Print the effective settings of `serve` (with --config, flags and GAPLESS_*
+    /// variables applied) and where each came from; --default prints every setting.
+    Config(ConfigArgs),
 }
 
 /// When a publish is acknowledged.
@@ -43,9 +47,24 @@ pub enum DurabilityArg {
     Async,
 }
 
+/// `gapless config` flags: the same settings as `serve`, printed instead of run.
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    /// Print a commented configuration file with every setting, its unit and its default.
+    #[arg(long)]
+    pub default: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub serve: ServeArgs,
+}
+
 /// `gapless serve` flags.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// A TOML file of settings, named as these flags with `_` for `-`
+    /// (`retention_events = 1000`). Flags and GAPLESS_* variables win over it.
+    #[arg(long, env = "GAPLESS_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (printed at start).
     #[arg(long, env = "GAPLESS_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,

@@ -3,16 +3,26 @@
 
 mod cli;
 mod cmd;
+mod config;
 mod serve;
-
-use clap::Parser;
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
-    match cli.command {
+    let parsed = config::parse();
+    if let cli::Command::Config(args) = &parsed.cli.command {
+        print!(
+            "{}",
+            if args.default {
+                config::print_default()
+            } else {
+                config::print_effective(&parsed)
+            }
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    match parsed.cli.command {
         cli::Command::Serve(args) => match serve::run(args) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -25,5 +35,6 @@ fn main() -> std::process::ExitCode {
         cli::Command::History(args) => cmd::history::run(args),
         cli::Command::Token(args) => cmd::token::run(args),
         cli::Command::Journal(c) => cmd::journal::run(c),
+        cli::Command::Config(_) => std::process::ExitCode::SUCCESS,
     }
 }
