@@ -315,6 +315,14 @@ impl CommitSink for Channels {
             cell.head_tx.send_replace(head);
         }
     }
+
+    fn follows(&self, channel: &str) -> bool {
+        self.map.read().contains_key(channel)
+    }
+
+    fn followed(&self) -> Vec<Arc<str>> {
+        self.map.read().keys().cloned().collect()
+    }
 }
 
 /// What [`Hub::follow`] resolved.

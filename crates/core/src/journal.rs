@@ -94,6 +94,12 @@ pub enum JournalError {
     /// The journal is closed (the server is shutting down).
     #[error("journal is closed")]
     Closed,
+    /// The journal's store cannot be reached now (a Redis that is down, hung or
+    /// failing over), or did not answer within its timeout. An append that
+    /// fails so may still have been applied: retrying it with the same
+    /// idempotency key answers with the original seqs, never a second copy.
+    #[error("journal unreachable: {0}")]
+    Unavailable(String),
 }
 
 /// Keeps the leading events whose data adds up to at most `max_bytes`, and
@@ -117,6 +123,17 @@ pub trait CommitSink: Send + Sync + 'static {
     /// Retention by age raised `channel`'s floor (count retention is reported
     /// through `committed`'s state).
     fn evicted(&self, channel: &str, state: ChannelState);
+    /// Whether `channel` has a window to feed (someone follows it). A journal
+    /// shared between nodes asks before reading a commit made elsewhere; the
+    /// default, true, makes it read every one.
+    fn follows(&self, _channel: &str) -> bool {
+        true
+    }
+    /// The channels that have a window now (a journal shared between nodes
+    /// re-reads their heads after losing its notifications). Default: none.
+    fn followed(&self) -> Vec<Arc<str>> {
+        Vec::new()
+    }
 }
 
 /// A sink that drops everything (for tools and tests).
@@ -181,6 +198,15 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// [`JournalError`] when storage fails.
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError>;
+
+    /// Whether the journal accepts appends now (`GET /readyz`). The default,
+    /// for journals on local storage, is always ready.
+    ///
+    /// # Errors
+    /// [`JournalError::Unavailable`] while its store cannot be reached.
+    async fn ready(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
 
     /// Makes everything acknowledged durable and stops accepting appends.
     ///

@@ -41,6 +41,13 @@ impl From<JournalError> for ApiError {
             JournalError::Closed => {
                 ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
             }
+            JournalError::Unavailable(why) => ApiError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the journal is unreachable ({why}); a publish may still have been applied: \
+                     retry it with the same Idempotency-Key, which answers with the original seq"
+                ),
+            ),
             other => {
                 tracing::error!(error = %other, "journal failure");
                 ApiError::new(ErrorCode::JournalFailed, other.to_string())

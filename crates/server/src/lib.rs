@@ -50,6 +50,7 @@ pub struct App {
 pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/channels/{channel}", get(history::channel_info))
         .route(
             "/v1/channels/{channel}/events",
@@ -112,6 +113,15 @@ fn cors(origins: &str) -> Option<tower_http::cors::CorsLayer> {
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// 200 `{"status":"ready"}` while the journal accepts appends; 503
+/// `unavailable` while it cannot (cluster mode: Redis unreachable).
+async fn readyz(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    app.hub.journal().ready().await?;
+    Ok(Json(json!({"status": "ready"})))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
