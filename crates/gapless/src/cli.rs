@@ -128,7 +128,11 @@ pub struct RedisArgs {
     #[arg(long = "redis", env = "GAPLESS_REDIS", conflicts_with = "memory")]
     pub url: Option<String>,
     /// Sentinel master name: --redis then names the Sentinels, asked for the primary at each connect.
-    #[arg(long = "redis-sentinel", env = "GAPLESS_REDIS_SENTINEL", requires = "url")]
+    #[arg(
+        long = "redis-sentinel",
+        env = "GAPLESS_REDIS_SENTINEL",
+        requires = "url"
+    )]
     pub sentinel: Option<String>,
     /// Longest wait for Redis per request, connect included, in milliseconds; a publish then
     /// fails with 503 `unavailable` (retry it with the same Idempotency-Key).
@@ -136,9 +140,18 @@ pub struct RedisArgs {
     pub timeout_ms: u64,
     /// Milliseconds between re-reads of the heads of the channels this node follows (catches a
     /// lost notification when no later one comes; applies retention by age); 0 = never.
-    #[arg(long = "redis-poll-ms", env = "GAPLESS_REDIS_POLL_MS", default_value_t = 1000)]
+    #[arg(
+        long = "redis-poll-ms",
+        env = "GAPLESS_REDIS_POLL_MS",
+        default_value_t = 1000
+    )]
     pub poll_ms: u64,
     /// Testing only: drop every Nth notification from the bus, as if it were lost; 0 = none.
-    #[arg(long = "redis-test-drop-notifications", env = "GAPLESS_REDIS_TEST_DROP_NOTIFICATIONS", default_value_t = 0, hide = true)]
+    #[arg(
+        long = "redis-test-drop-notifications",
+        env = "GAPLESS_REDIS_TEST_DROP_NOTIFICATIONS",
+        default_value_t = 0,
+        hide = true
+    )]
     pub test_drop_notifications: u64,
 }

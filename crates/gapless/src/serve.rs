@@ -168,7 +168,9 @@ async fn open_redis(
                 tracing::warn!("{w}");
             }
         }
-        Err(e) => tracing::warn!(error = %e, "Redis is unreachable at start; retrying in the background"),
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis is unreachable at start; retrying in the background")
+        }
     }
     Ok(Arc::new(journal))
 }

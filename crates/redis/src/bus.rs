@@ -124,7 +124,10 @@ impl Inner {
             floor: first,
             head: last,
         };
-        if let Err(e) = self.fill(&mut t, channel, target, first.saturating_sub(1)).await {
+        if let Err(e) = self
+            .fill(&mut t, channel, target, first.saturating_sub(1))
+            .await
+        {
             tracing::warn!(channel, error = %e, "could not read notified events; the next notification or re-read catches up");
         }
     }
@@ -202,7 +205,11 @@ impl Inner {
                     )));
                 }
                 epoch = page.state.epoch;
-                after = page.state.head.saturating_sub(FILL_MAX).max(page.state.floor.saturating_sub(1));
+                after = page
+                    .state
+                    .head
+                    .saturating_sub(FILL_MAX)
+                    .max(page.state.floor.saturating_sub(1));
                 continue;
             }
             let reported = page.events.last().map_or(page.state.head, |e| e.seq);
@@ -269,7 +276,7 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                     let Some(msg) = msg else { break };
                     let n = inner.notifications.fetch_add(1, Ordering::Relaxed) + 1;
                     let every = inner.opts.drop_notifications_every;
-                    if every > 0 && n % every == 0 {
+                    if every > 0 && n.is_multiple_of(every) {
                         tracing::debug!(n, "dropping a bus notification (testing)");
                         continue;
                     }
@@ -306,7 +313,14 @@ mod tests {
             parse_notification(b"17 1 1 session/ab"),
             Some((Epoch(17), 1, 1, "session/ab"))
         );
-        for bad in [&b""[..], b"17 3 5", b"x 3 5 c", b"17 0 5 c", b"17 5 3 c", b"17 3 5 "] {
+        for bad in [
+            &b""[..],
+            b"17 3 5",
+            b"x 3 5 c",
+            b"17 0 5 c",
+            b"17 5 3 c",
+            b"17 3 5 ",
+        ] {
             assert_eq!(parse_notification(bad), None, "{bad:?}");
         }
     }

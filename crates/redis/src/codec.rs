@@ -102,7 +102,15 @@ mod tests {
     #[test]
     fn malformed_values_are_errors_not_panics() {
         let ch: Arc<str> = Arc::from("c");
-        for v in [&b""[..], b"12", b"x:n", b"1:", b"1:q", b"1:t9:ab", b"1:tz:a"] {
+        for v in [
+            &b""[..],
+            b"12",
+            b"x:n",
+            b"1:",
+            b"1:q",
+            b"1:t9:ab",
+            b"1:tz:a",
+        ] {
             assert!(decode(&ch, Epoch(1), 1, v.to_vec()).is_err(), "{v:?}");
         }
     }

@@ -125,7 +125,9 @@ impl Connector {
             .set_response_timeout(Some(self.timeout));
         let opened = async {
             let client = self.target.client().await?;
-            client.get_multiplexed_async_connection_with_config(&cfg).await
+            client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await
         };
         match tokio::time::timeout(self.timeout, opened).await {
             Ok(Ok(c)) => {
@@ -136,7 +138,9 @@ impl Connector {
             Ok(Err(e)) => {
                 st.next_try = Instant::now() + jitter(st.backoff);
                 st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
-                Err(JournalError::Unavailable(format!("connecting to Redis: {e}")))
+                Err(JournalError::Unavailable(format!(
+                    "connecting to Redis: {e}"
+                )))
             }
             Err(_) => {
                 st.next_try = Instant::now() + jitter(st.backoff);

@@ -216,7 +216,8 @@ impl Inner {
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
-        let bad = || JournalError::Storage(format!("unexpected answer of the append script: {v:?}"));
+        let bad =
+            || JournalError::Storage(format!("unexpected answer of the append script: {v:?}"));
         let epoch = epoch_of(v.first()).ok_or_else(bad)?;
         let n = |i: usize| int_of(v.get(i)).ok_or_else(bad);
         let (first, last, dup, floor, head, time) = (n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?);
@@ -257,7 +258,9 @@ impl Inner {
             })
             .await?;
         let mut it = v.into_iter();
-        let bad = |what: &str| JournalError::Storage(format!("unexpected answer of the read script: {what}"));
+        let bad = |what: &str| {
+            JournalError::Storage(format!("unexpected answer of the read script: {what}"))
+        };
         let epoch = epoch_of(it.next().as_ref()).ok_or_else(|| bad("epoch"))?;
         let floor = int_of(it.next().as_ref()).ok_or_else(|| bad("floor"))?;
         let head = int_of(it.next().as_ref()).ok_or_else(|| bad("head"))?;
@@ -392,7 +395,9 @@ impl Journal for RedisJournal {
         if pong == "PONG" {
             Ok(())
         } else {
-            Err(JournalError::Unavailable(format!("Redis answered PING with {pong:?}")))
+            Err(JournalError::Unavailable(format!(
+                "Redis answered PING with {pong:?}"
+            )))
         }
     }
 
