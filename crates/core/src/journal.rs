@@ -208,6 +208,13 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The attach state shared between nodes, for a journal shared between
+    /// nodes (see [`crate::session::SessionRegistry`]). Default: none, so
+    /// sessions keep who is attached in this process.
+    fn session_registry(&self) -> Option<Arc<dyn crate::session::SessionRegistry>> {
+        None
+    }
+
     /// Makes everything acknowledged durable and stops accepting appends.
     ///
     /// # Errors

@@ -92,12 +92,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let shutdown = CancellationToken::new();
+    let session_config = SessionConfig {
+        grace_ms: args.session_grace_ms,
+        resume: args.session_resume,
+    };
     let app = Arc::new(App {
         hub: Hub::new(channels, journal.clone()),
-        sessions: Sessions::new(SessionConfig {
-            grace_ms: args.session_grace_ms,
-            resume: args.session_resume,
-        }),
+        sessions: match journal.session_registry() {
+            Some(registry) => Sessions::with_registry(session_config, registry),
+            None => Sessions::new(session_config),
+        },
         config,
         shutdown: shutdown.clone(),
         sockets: tokio_util::task::TaskTracker::new(),

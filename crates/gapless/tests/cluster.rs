@@ -8,11 +8,16 @@
 
 mod redis_support;
 mod support;
+mod ws_support;
 
 use redis_support::Redis;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
+use ws_support::{
+    append, append_ok, consume, end_session, new_session, session_info, Msg, Ws, WAIT,
+};
 
 const CH: &str = "c";
 
@@ -434,4 +439,104 @@ async fn cross_node_delivery_takes_a_few_milliseconds() {
     let (p50, p99) = (lat[49], lat[98]);
     println!("publish on A to receive on B, 100 sequential events: p50 {p50:?}, p99 {p99:?}");
     assert!(p50 < Duration::from_millis(50), "p50 {p50:?}");
+}
+
+fn assert_session_event(v: &Value, seq: u64, data: &str) {
+    assert_eq!(v["op"], "event", "{v}");
+    assert_eq!(
+        (v["seq"].as_u64(), v["data"].as_str()),
+        (Some(seq), Some(data)),
+        "{v}"
+    );
+}
+
+/// A refusal or a kick: one `session_attached` error message, then close 4409.
+async fn expect_4409(ws: &mut Ws) {
+    let mut saw_error = false;
+    loop {
+        match ws.recv(WAIT).await {
+            Some(Msg::Json(v)) if v["op"] == "event" => {}
+            Some(Msg::Json(v)) => {
+                assert_eq!(v["code"], "session_attached", "{v}");
+                saw_error = true;
+            }
+            Some(Msg::Close(Some((code, _)))) => {
+                assert!(saw_error, "an error message before the close");
+                assert_eq!(code, 4409);
+                return;
+            }
+            other => panic!("expected session_attached then close 4409, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn session_attach_state_is_shared_second_consumer_4409_and_takeover_across_nodes() {
+    let redis = Redis::start().await;
+    let (a, b, c) = (
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+    );
+    let id = new_session(&a, "s1").await;
+    let mut on_b = consume(&b, &id, "").await;
+    eventually("attached, as seen from another node", WAIT, || async {
+        session_info(&c, &id).await.json["attached"] == true
+    })
+    .await;
+    // A second consumer on another node is refused; the holder is unaffected.
+    let mut refused = consume(&c, &id, "").await;
+    expect_4409(&mut refused).await;
+    let r = append(&a, &id, "e2").await;
+    assert_eq!(
+        r.expect(201)["attached"],
+        true,
+        "attached on another node counts"
+    );
+    assert_session_event(&on_b.json().await, 2, "e2");
+
+    // Takeover on C closes the consumer on B, and C resumes exactly.
+    append_ok(&a, &id, "e3").await;
+    let mut on_c = consume(&c, &id, "takeover=true&last_seq=2").await;
+    expect_4409(&mut on_b).await;
+    assert_session_event(&on_c.json().await, 3, "e3");
+    assert_eq!(on_c.json().await["op"], "session.resumed");
+    append_ok(&b, &id, "e4").await;
+    assert_session_event(&on_c.json().await, 4, "e4");
+
+    // Ended on one node is ended on every node.
+    end_session(&a, &id, "complete").await.expect(200);
+    append(&b, &id, "late")
+        .await
+        .expect_error(409, "session_ended");
+}
+
+#[tokio::test]
+async fn a_session_consumer_whose_node_dies_resumes_on_another_within_the_grace_window() {
+    let redis = Redis::start().await;
+    let grace = ["--session-grace-ms", "2000"];
+    let a = node(&redis, &grace).await;
+    let mut b = node(&redis, &grace).await;
+    let c = node(&redis, &grace).await;
+    let id = new_session(&a, "s2").await;
+    let mut on_b = consume(&b, &id, "").await;
+    eventually("attached", WAIT, || async {
+        session_info(&a, &id).await.json["attached"] == true
+    })
+    .await;
+    append_ok(&a, &id, "e2").await;
+    assert_session_event(&on_b.json().await, 2, "e2");
+    b.kill9().await;
+    append_ok(&a, &id, "e3").await;
+    // The consumer comes back on another node (as the SDK does: last_seq, takeover).
+    let mut on_c = consume(&c, &id, "takeover=true&last_seq=2").await;
+    assert_session_event(&on_c.json().await, 3, "e3");
+    assert_eq!(on_c.json().await["op"], "session.resumed");
+    // Longer than the grace window: A, which created the session and has no
+    // consumer of its own, must not cancel a session attached on C.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(append_ok(&a, &id, "e4").await, 4);
+    assert_session_event(&on_c.json().await, 4, "e4");
+    let info = session_info(&a, &id).await;
+    assert_eq!(info.json["status"], "open", "{}", info.text);
 }

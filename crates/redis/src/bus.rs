@@ -1,4 +1,5 @@
-//! Fan-out between nodes: the notification listener, and the per-channel
+//! Fan-out between nodes: the notification listener (which also carries
+//! `kick <holder>` messages of session takeovers), and the per-channel
 //! tracker that feeds this node's hub every commit in seq order, whoever
 //! made it.
 //!
@@ -274,6 +275,14 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                         m = stream.next() => m,
                     };
                     let Some(msg) = msg else { break };
+                    if let Some(holder) = msg.get_payload_bytes().strip_prefix(b"kick ") {
+                        if let (Ok(holder), Some(kick)) =
+                            (std::str::from_utf8(holder), inner.kick.read().as_ref())
+                        {
+                            kick(holder);
+                        }
+                        continue;
+                    }
                     let n = inner.notifications.fetch_add(1, Ordering::Relaxed) + 1;
                     let every = inner.opts.drop_notifications_every;
                     if every > 0 && n.is_multiple_of(every) {

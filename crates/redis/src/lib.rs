@@ -22,6 +22,7 @@ mod bus;
 mod codec;
 mod conn;
 mod scripts;
+mod sessions;
 
 use async_trait::async_trait;
 use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
@@ -88,7 +89,12 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     last_poll_ms: AtomicU64,
     notifications: AtomicU64,
+    leases: sessions::LeaseScripts,
+    /// Closes a consumer of this node that another node took over.
+    kick: parking_lot::RwLock<Option<KickFn>>,
 }
+
+type KickFn = Box<dyn Fn(&str) + Send + Sync>;
 
 impl RedisJournal {
     /// Prepares the journal and starts its notification listener on the
@@ -112,6 +118,8 @@ impl RedisJournal {
             closed: AtomicBool::new(false),
             last_poll_ms: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
+            leases: sessions::LeaseScripts::new(),
+            kick: parking_lot::RwLock::new(None),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
@@ -399,6 +407,12 @@ impl Journal for RedisJournal {
                 "Redis answered PING with {pong:?}"
             )))
         }
+    }
+
+    fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {
+        Some(Arc::new(sessions::RedisSessions {
+            inner: self.inner.clone(),
+        }))
     }
 
     async fn close(&self) -> Result<(), JournalError> {
