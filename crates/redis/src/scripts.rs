@@ -27,8 +27,10 @@
 //! `INFO`, so they rely on effect replication (the default since Redis 5).
 
 /// Shared by every script: helpers and `load(k, fresh, max_age)`, which
-/// returns `epoch, floor, head, time`.
-const PRELUDE: &str = r#"
+/// returns `epoch, floor, head, time`. The `#!lua` line makes Redis refuse
+/// the whole script up front when it is out of memory, rather than fail its
+/// writes one by one, so a batch is never half applied.
+const PRELUDE: &str = r#"#!lua
 local function S(n) return string.format('%d', n) end
 local function now_ms()
   local t = redis.call('TIME')

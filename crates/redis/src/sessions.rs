@@ -14,7 +14,7 @@ use gapless_core::session::{SessionRegistry, SharedAttach};
 use gapless_core::JournalError;
 use std::sync::Arc;
 
-const TIME: &str = r#"
+const TIME: &str = r#"#!lua
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function S(n) return string.format('%d', n) end
@@ -50,7 +50,7 @@ return 1
 "#;
 
 /// KEYS = att, det. Returns {attached (0/1), detached since (-1: unknown)}.
-const STATE: &str = r#"
+const STATE: &str = r#"#!lua
 if redis.call('EXISTS', KEYS[1]) == 1 then return {1, -1} end
 local d = redis.call('GET', KEYS[2])
 if d then return {0, tonumber(d)} end
