@@ -208,6 +208,14 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether position `seq` of epoch `from` is also position `seq` of epoch
+    /// `to` of `channel`: the journal changed epoch (a Redis failover) while
+    /// keeping every event up to `seq`. A subscriber there then continues
+    /// without a gap. Default: never (a new epoch lost everything).
+    fn continues(&self, _channel: &str, _from: Epoch, _seq: u64, _to: Epoch) -> bool {
+        false
+    }
+
     /// The attach state shared between nodes, for a journal shared between
     /// nodes (see [`crate::session::SessionRegistry`]). Default: none, so
     /// sessions keep who is attached in this process.

@@ -391,11 +391,14 @@ async fn failover_to_a_replica_that_was_behind_is_an_epoch_gap_never_a_reused_se
         new_epoch,
         "seq 6 now names another event: it carries another epoch, so no client holds it"
     );
-    // A client at 5 is also moved (the limit documented in docs/cluster.md):
-    // never a different event under (old epoch, 6).
-    let (_, pre5) = b.resume(CH, &at5).await;
-    assert_eq!(pre5.gaps.len(), 1);
-    assert_eq!(pre5.gaps[0]["reason"], "epoch");
+    // A client at 5 lost nothing: the new primary has 1..5 as they were, so
+    // it continues in the new epoch with no gap, and gets the new seq 6.
+    let (mut at5_sub, pre5) = b.resume(CH, &at5).await;
+    assert!(pre5.gaps.is_empty(), "{:?}", pre5.gaps);
+    assert_eq!(epoch_of(&pre5.cursor, CH), new_epoch);
+    assert_eq!(seq_of(&pre5.cursor, CH), 5);
+    let e = at5_sub.next_event().await;
+    assert_eq!((seq(&e), e.data.as_str()), (6, "after-failover"));
     // What the new primary kept is still readable, in the new epoch.
     assert_eq!(
         b.all_data(CH).await,

@@ -92,6 +92,9 @@ pub(crate) struct Inner {
     leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
+    /// Per channel, the failover its epoch began with, when one did:
+    /// `(epoch, previous epoch, fork)` (see [`Journal::continues`]).
+    lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
 }
 
 type KickFn = Box<dyn Fn(&str) + Send + Sync>;
@@ -120,6 +123,7 @@ impl RedisJournal {
             notifications: AtomicU64::new(0),
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
+            lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
@@ -196,6 +200,21 @@ impl RedisJournal {
 }
 
 impl Inner {
+    /// Remembers the failover `channel`'s epoch began with, if the script said so.
+    fn note_lineage(
+        &self,
+        channel: &str,
+        epoch: Epoch,
+        prev: Option<&Value>,
+        fork: Option<&Value>,
+    ) {
+        if let (Some(prev), Some(fork)) = (epoch_of(prev), int_of(fork)) {
+            self.lineage
+                .lock()
+                .insert(channel.to_owned(), (epoch, prev, fork));
+        }
+    }
+
     /// The append script.
     async fn append(
         &self,
@@ -229,6 +248,7 @@ impl Inner {
         let epoch = epoch_of(v.first()).ok_or_else(bad)?;
         let n = |i: usize| int_of(v.get(i)).ok_or_else(bad);
         let (first, last, dup, floor, head, time) = (n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?);
+        self.note_lineage(channel, epoch, v.get(7), v.get(8));
         let state = ChannelState { epoch, floor, head };
         let appended = Appended {
             epoch,
@@ -272,6 +292,8 @@ impl Inner {
         let epoch = epoch_of(it.next().as_ref()).ok_or_else(|| bad("epoch"))?;
         let floor = int_of(it.next().as_ref()).ok_or_else(|| bad("floor"))?;
         let head = int_of(it.next().as_ref()).ok_or_else(|| bad("head"))?;
+        let (prev, fork) = (it.next(), it.next());
+        self.note_lineage(channel, epoch, prev.as_ref(), fork.as_ref());
         let start = int_of(it.next().as_ref()).ok_or_else(|| bad("start"))?;
         let name: Arc<str> = Arc::from(channel);
         let mut events = Vec::new();
@@ -303,11 +325,13 @@ impl Inner {
             })
             .await?;
         let bad = || JournalError::Storage(format!("unexpected answer of the state script: {v:?}"));
-        Ok(ChannelState {
+        let state = ChannelState {
             epoch: epoch_of(v.first()).ok_or_else(bad)?,
             floor: int_of(v.get(1)).ok_or_else(bad)?,
             head: int_of(v.get(2)).ok_or_else(bad)?,
-        })
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(state)
     }
 }
 
@@ -407,6 +431,14 @@ impl Journal for RedisJournal {
                 "Redis answered PING with {pong:?}"
             )))
         }
+    }
+
+    fn continues(&self, channel: &str, from: Epoch, seq: u64, to: Epoch) -> bool {
+        self.inner
+            .lineage
+            .lock()
+            .get(channel)
+            .is_some_and(|&(epoch, prev, fork)| epoch == to && prev == from && seq <= fork)
     }
 
     fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {

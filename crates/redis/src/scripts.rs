@@ -10,6 +10,7 @@
 //! | `floor`, `head` | oldest retained seq (`head + 1` when none), newest seq |
 //! | `time` | commit time of the newest event, Unix ms (times never go back) |
 //! | `lin` | `master_replid` of the Redis primary that last touched the channel |
+//! | `prev_epoch`, `fork` | after a failover: the epoch before it, and the head the new primary had; positions up to `fork` of `prev_epoch` continue in `epoch` |
 //! | `e<seq>` | one event: `<time>:` then the payload (see `codec.rs`) |
 //! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named |
 //! | `i<last>` | the key whose append ended at seq `last` (to forget it with its events) |
@@ -45,22 +46,26 @@ local function drop(k, from, to)
   end
 end
 local function load(k, fresh, max_age)
-  local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin')
+  local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork')
   local info = redis.call('INFO', 'replication')
   local rid = string.match(info, 'master_replid:(%w+)') or ''
   local rid2 = string.match(info, 'master_replid2:(%w+)') or ''
   if not m[1] then
     redis.call('DEL', k)
     redis.call('HSET', k, 'epoch', fresh, 'floor', 1, 'head', 0, 'time', 0, 'lin', rid)
-    return fresh, 1, 0, 0
+    return fresh, 1, 0, 0, '', 0
   end
   local epoch, floor, head, time = m[1], tonumber(m[2]), tonumber(m[3]), tonumber(m[4])
+  local prev, fork = m[6] or '', tonumber(m[7] or '0')
   if m[5] ~= rid then
     if m[5] == rid2 and not string.match(rid2, '^0+$') then
       -- promoted from the primary that last wrote here: it may lack that
-      -- primary's newest events, so this is another incarnation
+      -- primary's newest events, so this is another incarnation; the events
+      -- it has (up to `fork`) are the old primary's, so positions up to
+      -- `fork` of the old epoch continue in the new one
+      prev, fork = m[1], head
       epoch = fresh
-      redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', m[1], 'fork', S(head))
+      redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
     end
     redis.call('HSET', k, 'lin', rid)
   end
@@ -81,25 +86,25 @@ local function load(k, fresh, max_age)
       redis.call('HSET', k, 'floor', S(floor))
     end
   end
-  return epoch, floor, head, time
+  return epoch, floor, head, time, prev, fork
 end
 "#;
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
 /// for none), max events, max age ms, fresh epoch, bus channel, then one
 /// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
-/// head, time}`. Seq assignment, the idempotency check, retention by count
+/// head, time, prev epoch ("" for none), fork}`. Seq assignment, the idempotency check, retention by count
 /// and age, the append and the notification happen in this one step.
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
-local epoch, floor, head, last = load(k, ARGV[5], tonumber(ARGV[4]))
+local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]))
 local key = ARGV[2]
 if key ~= '' then
   local v = redis.call('HGET', k, 'k' .. key)
   if v then
     local a, b = string.match(v, '^(%d+):(%d+)$')
-    return {epoch, tonumber(a), tonumber(b), 1, floor, head, last}
+    return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork}
   end
 end
 local time = now_ms()
@@ -121,22 +126,23 @@ if cf > floor then
 end
 redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
 redis.call('PUBLISH', ARGV[6], epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1])
-return {epoch, first, head, 0, floor, head, time}
+return {epoch, first, head, 0, floor, head, time, prev, fork}
 "#;
 
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
-/// limit, max bytes. Returns `{epoch, floor, head, start, payload...}`: the
+/// limit, max bytes. Returns `{epoch, floor, head, prev epoch, fork, start,
+/// payload...}`: the
 /// events from seq `start` on, at most `limit`, stopping once their stored
 /// size passes `max bytes` (always at least one).
 const READ: &str = r#"
 local k = KEYS[1]
-local epoch, floor, head = load(k, ARGV[1], tonumber(ARGV[2]))
+local epoch, floor, head, _, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]))
 local after = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local max_bytes = tonumber(ARGV[5])
 local start = after + 1
 if start < floor then start = floor end
-local out = {epoch, floor, head, start}
+local out = {epoch, floor, head, prev, fork, start}
 local bytes = 0
 local s = start
 while s <= head and limit > 0 do
@@ -154,11 +160,11 @@ return out
 "#;
 
 /// `STATE`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms.
-/// Returns `{epoch, floor, head}` (creating the channel, and applying
+/// Returns `{epoch, floor, head, prev epoch, fork}` (creating the channel, and applying
 /// retention by age, as every script does).
 const STATE: &str = r#"
-local epoch, floor, head = load(KEYS[1], ARGV[1], tonumber(ARGV[2]))
-return {epoch, floor, head}
+local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+return {epoch, floor, head, prev, fork}
 "#;
 
 /// The three scripts, compiled once (the crate sends `EVALSHA`, and the
