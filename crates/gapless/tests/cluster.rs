@@ -543,3 +543,77 @@ async fn a_session_consumer_whose_node_dies_resumes_on_another_within_the_grace_
     let info = session_info(&a, &id).await;
     assert_eq!(info.json["status"], "open", "{}", info.text);
 }
+
+#[tokio::test]
+async fn sentinel_failover_to_a_caught_up_replica_is_seamless_for_open_streams() {
+    let mut primary = Redis::start().await;
+    let port = primary.port.to_string();
+    let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &port]).await;
+    let sentinel = Redis::sentinel(primary.port).await;
+    eventually(
+        "the sentinel knows the replica",
+        Duration::from_secs(15),
+        || async {
+            sentinel
+                .try_cli(&["SENTINEL", "REPLICAS", "mymaster"])
+                .await
+                .is_some_and(|r| r.contains(&replica.port.to_string()))
+        },
+    )
+    .await;
+    let via = [
+        "--redis-sentinel",
+        "mymaster",
+        "--redis-timeout-ms",
+        "500",
+        "--heartbeat-ms",
+        "200",
+    ];
+    let a = node_at(&sentinel.url(), &via).await;
+    let b = node_at(&sentinel.url(), &via).await;
+    let (mut sub, _) = b.subscribe(CH, "since=earliest").await;
+    a.publish_many(CH, "p", 5).await;
+    let before = sub.events(5).await;
+    assert_eq!(seqs(&before), [1, 2, 3, 4, 5]);
+    let old_epoch = epoch_of(before[4].id.as_deref().expect("id"), CH);
+    eventually("the replica has all 5", Duration::from_secs(10), || async {
+        replica
+            .try_cli(&["HGET", "gapless:{c}", "head"])
+            .await
+            .as_deref()
+            == Some("5")
+    })
+    .await;
+
+    primary.kill9().await;
+    // Sentinel promotes the replica; the nodes find it through Sentinel.
+    let mut published = false;
+    for _ in 0..150 {
+        let r = a
+            .post(
+                &format!("/v1/channels/{CH}/events"),
+                "after",
+                &[("Idempotency-Key", "after")],
+            )
+            .await;
+        if r.status == 201 || r.status == 200 {
+            published = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        published,
+        "publishing works again after the failover; log:\n{}",
+        a.log()
+    );
+    // The open stream continues exactly: nothing was lost, so no gap.
+    let e = sub.next_event().await;
+    assert!(!e.is_gap(), "a failover that lost nothing is no gap: {e:?}");
+    assert_eq!((seq(&e), e.data.as_str()), (6, "after"));
+    assert_ne!(
+        epoch_of(e.id.as_deref().expect("id"), CH),
+        old_epoch,
+        "the promoted replica is a new epoch, which positions up to 5 continue into"
+    );
+}

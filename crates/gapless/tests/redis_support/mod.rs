@@ -41,6 +41,47 @@ impl Redis {
         r
     }
 
+    /// Starts a Sentinel watching the primary on `primary_port` as `mymaster`
+    /// (quorum 1, down after 500 ms).
+    pub async fn sentinel(primary_port: u16) -> Redis {
+        let mut r = Redis {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: Vec::new(),
+        };
+        let conf = r.dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {primary_port} 1\n\
+                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 3000\n",
+                r.port,
+                r.dir.path().display()
+            ),
+        )
+        .expect("writing sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting redis-server --sentinel");
+        r.child = Some(child);
+        let t0 = Instant::now();
+        while r.try_cli(&["PING"]).await.as_deref() != Some("PONG") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "sentinel did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r
+    }
+
     async fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")
