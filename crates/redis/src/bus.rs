@@ -26,7 +26,7 @@ use gapless_core::JournalError;
 use gapless_protocol::{Epoch, Event};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -138,11 +138,21 @@ impl Inner {
     pub(crate) async fn resync(&self) {
         let followed = self.sink.followed();
         self.trackers.retain(|c| self.sink.follows(c));
+        // Once Redis is found unreachable, the rest waits for the next round
+        // (each attempt would wait the whole timeout).
+        let unreachable = AtomicBool::new(false);
+        let unreachable = &unreachable;
         futures::stream::iter(followed)
             .for_each_concurrent(RESYNC_CONCURRENCY, |channel| async move {
+                if unreachable.load(Ordering::Relaxed) {
+                    return;
+                }
                 let state = match self.state(&channel).await {
                     Ok(s) => s,
                     Err(e) => {
+                        if matches!(e, JournalError::Unavailable(_)) {
+                            unreachable.store(true, Ordering::Relaxed);
+                        }
                         tracing::debug!(channel = %channel, error = %e, "head re-read failed");
                         return;
                     }

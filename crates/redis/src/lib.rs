@@ -34,6 +34,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// The Lua source of the append script, for measuring what Redis itself can do
+/// with it (`redis-cli SCRIPT LOAD`, then `redis-benchmark … EVALSHA`; see
+/// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
+/// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
+/// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
+/// channel, then one payload (`n<data>`) per event.
+pub fn append_script() -> String {
+    scripts::append_source()
+}
+
 /// The Redis pub/sub channel that carries commit notifications between nodes.
 pub const BUS_CHANNEL: &str = "gapless:bus";
 

@@ -178,11 +178,16 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            append: redis::Script::new(&format!("{PRELUDE}{APPEND}")),
+            append: redis::Script::new(&append_source()),
             read: redis::Script::new(&format!("{PRELUDE}{READ}")),
             state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
         }
     }
+}
+
+/// The Lua source of the append script (as Redis runs it).
+pub(crate) fn append_source() -> String {
+    format!("{PRELUDE}{APPEND}")
 }
 
 /// The Redis key of `channel`'s hash.
