@@ -60,9 +60,9 @@ export GAPLESS_BIN
 
 # 4. The test (node's built-in runner; non-zero exit on any failure). The timeout only
 # guards CI against a hang: a normal run takes well under a minute.
-log "running tests/browser/eventsource.test.mjs against $GAPLESS_BIN"
+log "running tests/browser/*.test.mjs against $GAPLESS_BIN"
 cd "$dir"
 status=0
-timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs </dev/null || status=$?
+timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs auth.test.mjs </dev/null || status=$?
 log "finished in $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -32,6 +32,45 @@ pub(crate) struct Inner {
     pub(crate) base: String,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) token: Option<TokenSource>,
+}
+
+impl Inner {
+    /// The token to send now: the fixed one, or a fresh one from the
+    /// callback (called before every request and every (re)connect).
+    ///
+    /// # Errors
+    /// What the callback returned.
+    pub(crate) async fn token(&self) -> Result<Option<String>, Error> {
+        match &self.token {
+            None => Ok(None),
+            Some(TokenSource::Fixed(t)) => Ok(Some(t.clone())),
+            Some(TokenSource::Fetch(f)) => f().await.map(Some),
+        }
+    }
+}
+
+/// A callback that supplies a token: see [`ClientBuilder::token_fn`].
+pub type TokenFn = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, Error>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Where a client's token comes from.
+#[derive(Clone)]
+pub(crate) enum TokenSource {
+    Fixed(String),
+    Fetch(TokenFn),
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TokenSource::Fixed(_) => "Fixed([redacted])",
+            TokenSource::Fetch(_) => "Fetch(callback)",
+        })
+    }
 }
 
 /// Settings for a [`Client`].
@@ -40,9 +79,40 @@ pub struct ClientBuilder {
     base: String,
     connect_timeout: Duration,
     request_timeout: Duration,
+    token: Option<TokenSource>,
 }
 
 impl ClientBuilder {
+    /// A token (JWT) sent as `Authorization: Bearer` on every request and
+    /// stream, for a server started with `--jwt-secret` or
+    /// `--jwt-public-key` (`docs/security.md`). A stream whose token expires
+    /// ends; it reconnects with the same token, which the server then
+    /// refuses (401): use [`ClientBuilder::token_fn`] for long-lived streams.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(TokenSource::Fixed(token.into()));
+        self
+    }
+
+    /// A callback that supplies a token before every request and every
+    /// (re)connect of a stream, so a stream cut at its token's expiry
+    /// resumes with a fresh one from its cursor: no event lost or repeated.
+    /// Cache inside the callback; an error it returns ends the call or the
+    /// stream with that error.
+    ///
+    /// ```rust,ignore
+    /// let client = Client::builder(url)
+    ///     .token_fn(|| Box::pin(async { Ok(fetch_token_from_my_backend().await) }))
+    ///     .build()?;
+    /// ```
+    pub fn token_fn<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<String, Error>> + Send + 'static,
+    {
+        self.token = Some(TokenSource::Fetch(Arc::new(move || Box::pin(f()))));
+        self
+    }
+
     /// How long to wait for a TCP connection. Default 10 s.
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
@@ -90,6 +160,7 @@ impl ClientBuilder {
                 base,
                 request_timeout: self.request_timeout,
                 connect_timeout: self.connect_timeout,
+                token: self.token,
             }),
         })
     }
@@ -111,6 +182,7 @@ impl Client {
             base: base_url.to_owned(),
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
+            token: None,
         }
     }
 
@@ -212,6 +284,10 @@ impl Client {
     /// of a 2xx answer and maps everything else to [`Error`].
     pub(crate) async fn call(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>), Error> {
         let base = &self.inner.base;
+        let mut req = req;
+        if let Some(t) = self.inner.token().await? {
+            req = req.bearer_auth(t);
+        }
         let resp = req
             .timeout(self.inner.request_timeout)
             .send()

@@ -270,6 +270,10 @@ impl ApiError {
             "session_attached" => C::SessionAttached,
             "session_not_retained" => C::SessionNotRetained,
             "resume_disabled" => C::ResumeDisabled,
+            "unauthorized" => C::Unauthorized,
+            "forbidden" => C::Forbidden,
+            "rate_limited" => C::RateLimited,
+            "request_timeout" => C::RequestTimeout,
             _ => return None,
         })
     }

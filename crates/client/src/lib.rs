@@ -243,7 +243,7 @@ mod ws;
 pub mod ws_subscribe;
 
 pub use backoff::Backoff;
-pub use client::{BatchRequest, Client, ClientBuilder, HistoryRequest, PublishRequest};
+pub use client::{BatchRequest, Client, ClientBuilder, HistoryRequest, PublishRequest, TokenFn};
 pub use error::{ApiError, Error};
 pub use gapless_protocol::codes::{ErrorCode, GapReason};
 pub use gapless_protocol::NewEvent;

@@ -94,6 +94,9 @@ pub(crate) async fn open(t: Target<'_>) -> Result<Connection, Error> {
         (None, Start::After(cursor)) => req = req.query(&[("last_event_id", cursor.as_str())]),
     }
     let server = &c.inner.base;
+    if let Some(token) = c.inner.token().await? {
+        req = req.bearer_auth(token);
+    }
     let send = req.send();
     let resp = match t.idle_timeout {
         Some(d) => tokio::time::timeout(d, send)
@@ -239,6 +242,9 @@ fn push_item(queue: &mut VecDeque<Result<Frame, Error>>, server: &str, item: Ite
     let frame = match item {
         Item::Retry(ms) => Ok(Frame::Retry(Duration::from_millis(ms))),
         Item::LastEventId("") => return,
+        // The token ran out; the stream ends next and the subscription
+        // reconnects with a fresh token from its cursor (docs/security.md).
+        Item::Event(e) if e.event_type == "gapless.expired" => return,
         Item::LastEventId(id) => Ok(Frame::Cursor(Cursor::from(id))),
         Item::Event(e) if e.event_type == "gap" => serde_json::from_str::<GapIn>(e.data)
             .map(|g| {

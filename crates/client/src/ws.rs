@@ -25,6 +25,8 @@ pub(crate) const SUBPROTOCOL: &str = "gapless.v1";
 pub(crate) const NORMAL: u16 = 1000;
 /// Close code: the server is shutting down; reconnect and resume.
 pub(crate) const GOING_AWAY: u16 = 1001;
+/// Close code of a refused or expired token (`docs/security.md`).
+pub(crate) const UNAUTHORIZED: u16 = 4401;
 
 /// An open WebSocket.
 pub(crate) struct Socket {
@@ -77,6 +79,12 @@ pub(crate) async fn open(
         "sec-websocket-protocol",
         HeaderValue::from_static(SUBPROTOCOL),
     );
+    if let Some(token) = client.inner.token().await? {
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            Error::InvalidArgument("the token holds characters a header cannot carry".to_owned())
+        })?;
+        req.headers_mut().insert("authorization", value);
+    }
 
     let host = authority.rsplit('@').next().unwrap_or(authority);
     let addr = if host.ends_with(']') || !host.contains(':') {
@@ -308,6 +316,9 @@ pub(crate) fn close_error(
     };
     match code {
         Some(NORMAL | GOING_AWAY) => None,
+        // The token ran out mid-stream: reconnect (with a fresh token from
+        // the client's callback) and resume, as after a server restart.
+        Some(UNAUTHORIZED) if reason.starts_with("token expired") => None,
         Some(c @ 4000..=4999) => {
             let (err, message) = refusal.unwrap_or_else(|| {
                 (
@@ -365,6 +376,18 @@ mod tests {
             );
             assert_eq!(a.error_code().map(|e| e.as_str()), Some(code));
         }
+        assert!(close_error(s, Some(4401), "token expired; reconnect", None).is_none());
+        let refused = close_error(
+            s,
+            Some(4401),
+            "unauthorized",
+            Some((
+                "unauthorized".to_owned(),
+                "the token has expired".to_owned(),
+            )),
+        )
+        .expect("an error");
+        assert!(refused.is_terminal());
         let hb = close_error(s, Some(4408), "no answer to ping", None).expect("an error");
         assert!(!hb.is_terminal());
         assert_eq!(hb.api().map(|a| a.code.as_str()), Some("close_4408"));

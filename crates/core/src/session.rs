@@ -250,6 +250,9 @@ pub struct Attachment {
     pub head: u64,
     /// The seq the consumer resumed after, if it asked to resume.
     pub last_seq: Option<u64>,
+    /// The session's status when it attached (an ended session can be
+    /// attached only with `last_seq`, to read the rest).
+    pub status: Status,
     guard: Detach,
 }
 
@@ -382,6 +385,13 @@ impl Sessions {
     pub async fn info(&self, hub: &Hub, id: &str) -> Result<Info, SessionError> {
         let entry = self.load(hub, id).await?;
         self.refresh(hub, id, &entry).await?;
+        // A grace window that ran out is applied before anyone sees the
+        // status, not at the next sweep: after a restart, a session nobody
+        // touched is cancelled from one grace window after the restart.
+        if self.due(&entry) {
+            let _ops = entry.ops.lock().await;
+            self.expire_if_due(hub, id, &entry).await?;
+        }
         let head = hub.state(&channel_of(id)).await?.head;
         let attached = self.attached_anywhere(id, &entry).await?;
         let status = entry.state.lock().status;
@@ -554,7 +564,8 @@ impl Sessions {
             None => Start::Live,
         };
         let mut sub = hub.empty_subscription(batch);
-        if let Some(gap) = hub.follow(&mut sub, &channel, start).await?.gap {
+        let followed = hub.follow(&mut sub, &channel, start).await?;
+        if let Some(gap) = followed.gap {
             // Retention moved between the check and the follow.
             let why = match gap.reason {
                 GapReason::Ahead => "it is beyond the newest event",
@@ -569,8 +580,12 @@ impl Sessions {
         Ok(Attachment {
             sub,
             kicked,
-            head: st.head,
+            // The head the follow saw: a live attach continues right after it,
+            // a resume replays up to it (an event appended since the state
+            // read above is then live, not lost).
+            head: followed.head,
             last_seq,
+            status,
             guard,
         })
     }

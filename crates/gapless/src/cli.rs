@@ -17,6 +17,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server.
@@ -27,6 +29,8 @@ pub enum Command {
     Tail(crate::cmd::tail::TailArgs),
     /// Print a channel's retained events.
     History(crate::cmd::history::HistoryArgs),
+    /// Make a signed token (JWT) for a server started with --jwt-secret or --jwt-public-key.
+    Token(crate::cmd::token::TokenArgs),
 }
 
 /// When a publish is acknowledged.
@@ -90,9 +94,55 @@ pub struct ServeArgs {
     /// TCP_USER_TIMEOUT in milliseconds: unacknowledged data this old drops the connection; 0 = kernel default.
     #[arg(long, env = "GAPLESS_TCP_USER_TIMEOUT_MS", default_value_t = 30_000)]
     pub tcp_user_timeout_ms: u64,
-    /// CORS origins: `*` for any, a comma-separated list, or empty for no CORS headers.
-    #[arg(long, env = "GAPLESS_CORS_ORIGINS", default_value = "*")]
-    pub cors_origins: String,
+    /// An origin allowed to call the API and open streams from a browser
+    /// (repeatable, or comma-separated), e.g. `https://app.example.com`; listed
+    /// origins may send credentials (cookies). `*` allows any origin without
+    /// credentials. Default: `*` when the server is open, none (no
+    /// cross-origin access) once a JWT key is set.
+    #[arg(
+        long = "cors-origin",
+        alias = "cors-origins",
+        env = "GAPLESS_CORS_ORIGIN",
+        value_delimiter = ','
+    )]
+    pub cors_origin: Vec<String>,
+    /// HS256 secret that tokens are verified with (at least 32 bytes advised).
+    /// With any JWT key set, every publish, subscribe, history read, channel
+    /// read and session operation needs a token (docs/security.md).
+    #[arg(long, env = "GAPLESS_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// File holding the HS256 secret (its bytes, without a trailing newline).
+    #[arg(long, env = "GAPLESS_JWT_SECRET_FILE", conflicts_with = "jwt_secret")]
+    pub jwt_secret_file: Option<PathBuf>,
+    /// PEM file of a public key tokens are verified with: RSA (RS256) or EC P-256 (ES256).
+    #[arg(long, env = "GAPLESS_JWT_PUBLIC_KEY")]
+    pub jwt_public_key: Option<PathBuf>,
+    /// Clock skew allowed on a token's `exp` and `nbf`, in milliseconds; a
+    /// token is honoured until `exp` plus this.
+    #[arg(long, env = "GAPLESS_JWT_LEEWAY_MS", default_value_t = 5000)]
+    pub jwt_leeway_ms: u64,
+    /// When set, a token's `aud` must contain this.
+    #[arg(long, env = "GAPLESS_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// When set, a token's `iss` must be this.
+    #[arg(long, env = "GAPLESS_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Most open connections from one client IP address (past it: refused
+    /// like past --max-connections); 0 = no limit. Behind a proxy every
+    /// client shares the proxy's address: set 0 there and limit at the proxy.
+    #[arg(long, env = "GAPLESS_MAX_CONNECTIONS_PER_IP", default_value_t = 1000)]
+    pub max_connections_per_ip: usize,
+    /// Publish rate per publisher (token `sub`, else client IP), in events per
+    /// second (past it: 429 with Retry-After); 0 = no limit.
+    #[arg(long, env = "GAPLESS_PUBLISH_RATE", default_value_t = 0)]
+    pub publish_rate: u32,
+    /// Events a publisher may send in a burst above --publish-rate; 0 = the same as the rate.
+    #[arg(long, env = "GAPLESS_PUBLISH_BURST", default_value_t = 0)]
+    pub publish_burst: u32,
+    /// Slowest accepted request body, in bytes per second on average after
+    /// --header-timeout-ms (slower: 408 and close); 0 = no limit.
+    #[arg(long, env = "GAPLESS_MIN_BODY_RATE", default_value_t = 4096)]
+    pub min_body_rate: u64,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
     #[arg(
         long,

@@ -23,5 +23,6 @@ fn main() -> std::process::ExitCode {
         cli::Command::Publish(args) => cmd::publish::run(args),
         cli::Command::Tail(args) => cmd::tail::run(args),
         cli::Command::History(args) => cmd::history::run(args),
+        cli::Command::Token(args) => cmd::token::run(args),
     }
 }

@@ -8,6 +8,8 @@ use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
 use gapless_core::session::{SessionConfig, Sessions};
 use gapless_core::{Journal, Retention};
+use gapless_server::auth::{Auth, AuthConfig};
+use gapless_server::limits::PublishLimiter;
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use std::io::Write;
@@ -68,6 +70,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })?;
         Arc::new(store)
     };
+    let auth = auth(&args)?;
+    let cors_origins = if args.cors_origin.is_empty() {
+        if auth.is_open() {
+            vec!["*".to_owned()]
+        } else {
+            Vec::new()
+        }
+    } else {
+        args.cors_origin.clone()
+    };
+    if cors_origins.iter().any(|o| o.trim() == "*") && cors_origins.len() > 1 {
+        anyhow::bail!(
+            "--cors-origin: `*` (any origin, without credentials) cannot be combined with listed origins; give either `*` or the list"
+        );
+    }
     let config = ServerConfig {
         heartbeat_ms: args.heartbeat_ms,
         retry_ms: args.retry_ms,
@@ -78,7 +95,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         tcp_keepalive_ms: args.tcp_keepalive_ms,
         tcp_user_timeout_ms: args.tcp_user_timeout_ms,
-        cors_origins: args.cors_origins,
+        cors_origins,
+        max_connections_per_ip: args.max_connections_per_ip,
+        publish_rate: args.publish_rate,
+        publish_burst: args.publish_burst,
+        min_body_rate: args.min_body_rate,
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
         fanout_threads: usize::from(args.fanout_threads),
@@ -105,6 +126,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config,
         shutdown: shutdown.clone(),
         sockets: tokio_util::task::TaskTracker::new(),
+        publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
+        auth,
     });
     let store = if args.redis.url.is_some() {
         "journal in Redis".to_owned()
@@ -115,6 +138,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     println!("gapless listening on http://{addr} ({store})");
     std::io::stdout().flush().ok();
+    if app.auth.is_open() {
+        tracing::warn!(
+            "running open: no --jwt-secret or --jwt-public-key, so anyone who can reach {addr} may publish to and read every channel (docs/security.md)"
+        );
+    }
 
     let mut server = tokio::spawn(gapless_server::serve(app, listener));
     tokio::select! {
@@ -177,6 +205,30 @@ async fn open_redis(
         }
     }
     Ok(Arc::new(journal))
+}
+
+/// The token verifier from the `--jwt-*` flags (open when none names a key).
+fn auth(args: &ServeArgs) -> anyhow::Result<Auth> {
+    let secret = match (&args.jwt_secret, &args.jwt_secret_file) {
+        (Some(s), _) => Some(s.as_bytes().to_vec()),
+        (None, Some(path)) => {
+            let mut bytes = std::fs::read(path)
+                .with_context(|| format!("reading --jwt-secret-file {}", path.display()))?;
+            while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                bytes.pop();
+            }
+            Some(bytes)
+        }
+        (None, None) => None,
+    };
+    Auth::new(&AuthConfig {
+        secret,
+        public_key: args.jwt_public_key.clone(),
+        leeway_ms: args.jwt_leeway_ms,
+        audience: args.jwt_audience.clone(),
+        issuer: args.jwt_issuer.clone(),
+    })
+    .context("setting up token verification")
 }
 
 /// Binds with a deep accept queue (4096, capped by the kernel's somaxconn), so

@@ -389,6 +389,11 @@ async fn takeover_moves_the_session_and_the_old_consumer_ends_with_4409() {
         .connect()
         .await
         .expect("take over");
+    // A live attach is answered at once.
+    assert_eq!(
+        next(&mut old).await,
+        SessionUpdate::Resumed { replayed_events: 0 }
+    );
     // The old consumer is told, and does not fight back: a terminal error, then the end.
     let err = timeout(Duration::from_secs(10), old.next())
         .await

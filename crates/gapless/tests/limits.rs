@@ -11,14 +11,19 @@ async fn connection_over_max_connections_is_503_limit_reached() {
     let s = Server::start(&["--max-connections", "2"]).await;
     let (a, _) = s.subscribe("c", "").await;
     let (_b, _) = s.subscribe("c", "").await;
-    let mut third = SseClient::connect(s.addr, "/healthz", &[]).await;
-    assert_eq!(third.status, 503);
-    let body = third.body_json().await;
-    assert_eq!(body["error"], "limit_reached");
+    let third = s.get("/v1/channels/c").await;
+    assert!(third.header("retry-after").is_some(), "{:?}", third.headers);
+    let body = third.expect_error(503, "limit_reached");
     assert!(
-        body["message"].as_str().is_some_and(|m| m.contains('2')),
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains('2') && m.contains("--max-connections")),
         "names the limit: {body}"
     );
+    // Probes keep answering at the cap.
+    let mut probe = SseClient::connect(s.addr, "/healthz", &[]).await;
+    assert_eq!(probe.status, 200);
+    assert_eq!(probe.body_json().await["status"], "ok");
     drop(a);
     // A slot frees when a connection closes.
     let client = reqwest::Client::builder()
@@ -105,7 +110,7 @@ async fn cors_origins_any_list_or_none() {
         Some("*")
     );
 
-    let list = Server::memory(&["--cors-origins", "https://a.example,https://b.example"]).await;
+    let list = Server::memory(&["--cors-origin", "https://a.example,https://b.example"]).await;
     assert_eq!(
         allow_origin(&list, "https://b.example").await.as_deref(),
         Some("https://b.example")
@@ -129,7 +134,7 @@ async fn cors_origins_any_list_or_none() {
         r.headers
     );
 
-    let none = Server::memory(&["--cors-origins", ""]).await;
+    let none = Server::memory(&["--cors-origin", ""]).await;
     assert_eq!(allow_origin(&none, "https://a.example").await, None);
 }
 

@@ -176,6 +176,12 @@ async fn consumer_without_last_seq_gets_live_events_only_then_the_end_and_close_
     let id = new_session(&s, "live").await;
     append_ok(&s, &id, "before").await; // seq 2: not for a live consumer
     let mut c = consume(&s, &id, "").await;
+    // The attach is answered at once, saying where live delivery starts.
+    assert_eq!(
+        c.live_after,
+        Some(2),
+        "session.resumed names the head it continues after"
+    );
     wait_attached(&s, &id, true).await;
 
     let r = s.post("/v1/sessions/live/events?type=t", "e3", &[]).await;
@@ -228,7 +234,7 @@ async fn consumer_with_last_seq_gets_the_rest_in_order_then_resumed_then_live() 
     }
     assert_eq!(
         c.json().await,
-        json!({"op": "session.resumed", "session": "r", "replayed_events": 3})
+        json!({"op": "session.resumed", "session": "r", "replayed_events": 3, "head": 6})
     );
     append_ok(&s, &id, "e7").await;
     assert_event(&c.json().await, &id, 7, "e7");
@@ -249,7 +255,7 @@ async fn consumer_with_last_seq_gets_the_rest_in_order_then_resumed_then_live() 
     let mut c = consume(&s, &id, "last_seq=7").await;
     assert_eq!(
         c.json().await,
-        json!({"op": "session.resumed", "session": "r", "replayed_events": 0})
+        json!({"op": "session.resumed", "session": "r", "replayed_events": 0, "head": 7})
     );
     append_ok(&s, &id, "e8").await;
     assert_event(&c.json().await, &id, 8, "e8");
@@ -406,7 +412,7 @@ async fn a_session_that_ends_while_the_consumer_is_away_is_delivered_on_resume()
         assert_event(&back.json().await, id, 5, "e5");
         assert_eq!(
             back.json().await,
-            json!({"op": "session.resumed", "session": id, "replayed_events": 2})
+            json!({"op": "session.resumed", "session": id, "replayed_events": 2, "head": 6})
         );
         assert_eq!(
             back.json().await,
@@ -511,7 +517,7 @@ async fn restart_within_the_grace_window_resumes_across_it() {
     assert_event(&back.json().await, &id, 6, "e6");
     assert_eq!(
         back.json().await,
-        json!({"op": "session.resumed", "session": "rs", "replayed_events": 2})
+        json!({"op": "session.resumed", "session": "rs", "replayed_events": 2, "head": 6})
     );
     let r = append(&s, &id, "e7").await;
     assert_eq!(r.expect(201)["attached"], true);
@@ -684,5 +690,56 @@ async fn resuming_while_the_producer_appends_delivers_each_seq_once_in_order() {
         got,
         (2..=LAST).collect::<Vec<_>>(),
         "every seq once, in order"
+    );
+}
+
+/// Clocks that run from a restart: a session nobody touches after a restart is
+/// cancelled one grace window after it, and the first look at it says so
+/// (not only after a later sweep); the same after SIGTERM.
+#[tokio::test]
+async fn an_untouched_session_is_cancelled_one_grace_window_after_a_restart() {
+    for stop in ["kill9", "sigterm"] {
+        let mut s = Server::start(&["--session-grace-ms", "2000"]).await;
+        let id = new_session(&s, "idle").await;
+        let peeked = new_session(&s, "peeked").await;
+        if stop == "kill9" {
+            s.kill9().await;
+        } else {
+            s.sigterm().await;
+        }
+        s.restart().await;
+        let restarted = std::time::Instant::now();
+        // Within the grace window a session is open: a consumer may still come back.
+        let early = session_info(&s, &peeked).await;
+        assert_eq!(early.expect(200)["status"], "open", "{stop}");
+        tokio::time::sleep(Duration::from_millis(2600).saturating_sub(restarted.elapsed())).await;
+        // `idle` is looked at for the first time after the window.
+        let late = session_info(&s, &id).await;
+        assert_eq!(
+            late.expect(200)["status"],
+            "cancelled",
+            "{stop}: the first look after the grace window shows it cancelled"
+        );
+        assert_eq!(
+            late.json["head"], 2,
+            "{stop}: the cancel marker was written"
+        );
+    }
+}
+
+/// Retention by age runs from the events' times, across a restart, for
+/// channels nobody touched since.
+#[tokio::test]
+async fn age_retention_applies_to_channels_untouched_since_a_restart() {
+    let mut s = Server::start(&["--retention-ms", "1500"]).await;
+    s.publish("quiet", "old").await;
+    s.kill9().await;
+    s.restart().await;
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let info = s.info("quiet").await;
+    assert_eq!(
+        (info["floor"].clone(), info["head"].clone()),
+        (json!(2), json!(1)),
+        "the old event is gone: {info}"
     );
 }

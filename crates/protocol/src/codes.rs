@@ -52,6 +52,18 @@ pub enum ErrorCode {
     SessionNotRetained,
     /// Close 4400: resuming sessions is turned off on this server.
     ResumeDisabled,
+    /// 401 / close 4401: no token, or a token that fails verification (bad
+    /// signature, expired, not yet valid, wrong audience or issuer, malformed
+    /// `gapless` claim). `docs/security.md`.
+    Unauthorized,
+    /// 403 / close 4403: a valid token that does not allow this operation on
+    /// this channel or session. The same answer whether or not the channel exists.
+    Forbidden,
+    /// 429: the publisher's rate limit (`--publish-rate`) is used up; retry
+    /// after the `Retry-After` seconds.
+    RateLimited,
+    /// 408: a request body arrived slower than `--min-body-rate` allows.
+    RequestTimeout,
 }
 
 impl ErrorCode {
@@ -79,6 +91,10 @@ impl ErrorCode {
             ErrorCode::SessionAttached => "session_attached",
             ErrorCode::SessionNotRetained => "session_not_retained",
             ErrorCode::ResumeDisabled => "resume_disabled",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::RequestTimeout => "request_timeout",
         }
     }
 
@@ -101,6 +117,10 @@ impl ErrorCode {
             ErrorCode::TooLarge => 413,
             ErrorCode::LimitReached | ErrorCode::ShuttingDown | ErrorCode::Unavailable => 503,
             ErrorCode::JournalFailed => 500,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::RequestTimeout => 408,
         }
     }
 }
@@ -150,6 +170,12 @@ pub mod close {
     pub const TOO_BIG: u16 = 1009;
     /// Resuming sessions is turned off on this server (`--session-resume false`).
     pub const RESUME_DISABLED: u16 = 4400;
+    /// The token is missing or fails verification at connect, or it expired
+    /// while the socket was open (reason `token expired`): connect again with
+    /// a fresh token (and, on `/v1/ws`, the cursors held).
+    pub const UNAUTHORIZED: u16 = 4401;
+    /// The token does not allow attaching to this session.
+    pub const FORBIDDEN: u16 = 4403;
     /// Unknown or expired session.
     pub const SESSION_NOT_FOUND: u16 = 4404;
     /// No answer to a ping within the heartbeat interval.

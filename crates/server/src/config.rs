@@ -32,10 +32,28 @@ pub struct ServerConfig {
     /// default (about 16 minutes). Default 30000. With the keepalive default, a
     /// client that vanishes without a FIN is dropped within 60 seconds.
     pub tcp_user_timeout_ms: u64,
-    /// Origins allowed by CORS: `*` (any), a comma-separated list of origins, or
-    /// empty to send no CORS headers. Default `*` (browsers on any page may
-    /// publish, read and subscribe).
-    pub cors_origins: String,
+    /// Origins allowed by CORS (`--cors-origin`, repeatable): `["*"]` lets any
+    /// page call the API without credentials (cookies); listed origins (e.g.
+    /// `https://app.example.com`) may also send credentials, so
+    /// `new EventSource(url, {withCredentials: true})` works from them; empty
+    /// sends no CORS headers (no cross-origin access). `gapless serve`
+    /// defaults to `*` on an open server and to none once tokens are on.
+    pub cors_origins: Vec<String>,
+    /// Most open connections from one client IP address; past it a new
+    /// connection is refused like one past `max_connections`. 0 = no limit.
+    /// Default 1000.
+    pub max_connections_per_ip: usize,
+    /// Publish rate per publisher (token `sub`, or client IP), in events per
+    /// second; 0 = no limit. Past it: 429 `rate_limited` with `Retry-After`.
+    /// Default 0.
+    pub publish_rate: u32,
+    /// Events a publisher may send at once above `publish_rate` (the bucket
+    /// size); 0 = the same as `publish_rate`. Default 0.
+    pub publish_burst: u32,
+    /// Slowest accepted request body, in bytes per second on average, counted
+    /// after `header_timeout_ms`; a slower body is answered 408
+    /// `request_timeout` and the connection closed. 0 = no limit. Default 4096.
+    pub min_body_rate: u64,
     /// Largest WebSocket message a client may send, in bytes; a larger one closes
     /// the socket with 1009. Default 1114112 (`--max-event-bytes` plus 64 KiB of JSON).
     pub ws_max_message_bytes: usize,
@@ -64,11 +82,25 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             tcp_keepalive_ms: 15_000,
             tcp_user_timeout_ms: 30_000,
-            cors_origins: "*".to_owned(),
+            cors_origins: vec!["*".to_owned()],
+            max_connections_per_ip: 1000,
+            publish_rate: 0,
+            publish_burst: 0,
+            min_body_rate: 4096,
             ws_max_message_bytes: (1 << 20) + (64 << 10),
             header_timeout_ms: 10_000,
             read_batch: 256,
             fanout_threads: 0,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The pace a request body must keep (see [`ServerConfig::min_body_rate`]).
+    pub fn body_pace(&self) -> crate::limits::BodyPace {
+        crate::limits::BodyPace {
+            grace_ms: self.header_timeout_ms,
+            min_rate: self.min_body_rate,
         }
     }
 }

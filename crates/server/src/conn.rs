@@ -16,15 +16,16 @@
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
-use crate::listener::Conn;
+use crate::listener::{Conn, Refused};
 use crate::sse::{Feed, Flow};
-use crate::App;
+use crate::{App, Peer};
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
 use axum::Router;
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +34,8 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+/// How long a refused connection has to send its one request head.
+const REFUSED_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest first request head read here; a longer one is left to hyper
 /// (which allows more, and answers 431 past its own limit).
 const HEAD_MAX: usize = 8 * 1024;
@@ -78,8 +81,13 @@ pub(crate) struct Shared {
 /// progress: whatever a future holds across an await stays allocated for
 /// the stream's life, which is why routing runs in a box of its own and is
 /// freed before the stream starts.
-pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
-    let timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
+pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr) {
+    let refused = conn.refused().cloned();
+    let mut timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
+    if refused.is_some() {
+        // A refused connection is answered promptly or dropped.
+        timeout = timeout.min(REFUSED_HEAD_TIMEOUT);
+    }
     let started = tokio::time::Instant::now();
     let mut buf = BytesMut::with_capacity(1024);
     let first = tokio::select! {
@@ -91,8 +99,12 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
         // Silent or vanished before a whole head: hyper would close it too.
         Err(_) | Ok(Ok(First::Closed)) => {}
         Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
-        Ok(Ok(First::Sse(req))) => {
+        Ok(Ok(First::Sse(mut req))) => {
             drop(buf);
+            req.extensions_mut().insert(Peer(peer));
+            if let Some(r) = refused {
+                req.extensions_mut().insert(r);
+            }
             match boxed(route_sse(shared.router.clone(), *req)).await {
                 Routed::Stream {
                     feed,
@@ -127,7 +139,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn) {
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            boxed(serve_http(shared, conn, left)).await;
+            boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
 }
@@ -474,20 +486,34 @@ fn shut_write(tcp: &TcpStream) {
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
 /// WebSocket, and the request-head timeout); on shutdown, the response in
 /// flight finishes and the connection closes.
-async fn serve_http(shared: Arc<Shared>, conn: Conn, first_head_timeout: Duration) {
+async fn serve_http(
+    shared: Arc<Shared>,
+    conn: Conn,
+    first_head_timeout: Duration,
+    peer: SocketAddr,
+    refused: Option<Refused>,
+) {
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     // The first head's clock started in `serve`. hyper has one setting for
     // every head of the connection, so later heads get the same, shorter, limit.
     let header_timeout = first_head_timeout.max(Duration::from_millis(1));
+    let router = shared.router.clone();
+    // A refused connection carries one request (`busy.rs`), then closes.
+    let keep_alive = refused.is_none();
+    let service = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(Peer(peer));
+        if let Some(r) = &refused {
+            req.extensions_mut().insert(r.clone());
+        }
+        router.clone().oneshot(req)
+    });
     let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(keep_alive)
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .serve_connection(
-            TokioIo::new(conn),
-            TowerToHyperService::new(shared.router.clone()),
-        )
+        .serve_connection(TokioIo::new(conn), TowerToHyperService::new(service))
         .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {

@@ -1,7 +1,7 @@
 //! API errors: every failure answers JSON `{"error": code, "message": text}`
 //! with the status of its code (registry: `gapless_protocol::codes`).
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gapless_core::JournalError;
 use gapless_protocol::codes::ErrorCode;
@@ -14,7 +14,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     /// What is wrong, for a person.
     pub message: String,
-    /// Extra fields merged into the JSON body.
+    /// Extra fields merged into the JSON body. A `retry_after` field (whole
+    /// seconds) is also sent as the `Retry-After` header.
     pub extra: Map<String, Value>,
 }
 
@@ -26,6 +27,11 @@ impl ApiError {
             message: message.into(),
             extra: Map::new(),
         }
+    }
+
+    /// Adds `Retry-After: seconds` (at least 1) and `"retry_after": seconds` to the body.
+    pub fn retry_after(self, seconds: u64) -> Self {
+        self.with("retry_after", seconds.max(1))
     }
 
     /// Adds a field to the JSON body.
@@ -63,8 +69,29 @@ impl IntoResponse for ApiError {
         let mut body = Map::new();
         body.insert("error".into(), self.code.as_str().into());
         body.insert("message".into(), self.message.into());
-        body.extend(self.extra);
-        (status, axum::Json(Value::Object(body))).into_response()
+        let mut extra = self.extra;
+        // RFC 6750 section 3: a 401 names the scheme; `error="invalid_token"`
+        // when a token was presented and failed (not when none was sent).
+        let invalid = extra.remove("token_error").is_some();
+        let retry_after = extra.get("retry_after").and_then(Value::as_u64);
+        body.extend(extra);
+        let mut resp = (status, axum::Json(Value::Object(body))).into_response();
+        if self.code == ErrorCode::Unauthorized {
+            let challenge = if invalid {
+                "Bearer realm=\"gapless\", error=\"invalid_token\""
+            } else {
+                "Bearer realm=\"gapless\""
+            };
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
     }
 }
 

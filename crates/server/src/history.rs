@@ -1,6 +1,7 @@
 //! Reading: `GET /v1/channels/{channel}/events` (one history page) and
 //! `GET /v1/channels/{channel}` (the channel's bounds).
 
+use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::query::{self, Query};
 use crate::App;
@@ -24,20 +25,31 @@ pub const PAGE_DATA_BYTES: usize = 4 << 20;
 /// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
 pub async fn history(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     query::channel(&channel)?;
-    page(&app, &channel, &channel, &Query::parse(raw.as_deref())).await
+    grant.require(Action::Subscribe, &channel)?;
+    page(
+        &app,
+        &channel,
+        &channel,
+        &Query::parse(raw.as_deref()),
+        false,
+    )
+    .await
 }
 
 /// One history page of journal channel `channel`; `name` is what the answer
-/// calls it (a channel name, or a session id).
+/// calls it (a channel name, or a session id). `by_seq`: `after_seq=N` is
+/// accepted instead of a cursor (sessions, whose consumers hold a `last_seq`).
 pub(crate) async fn page(
     app: &App,
     channel: &str,
     name: &str,
     q: &Query,
+    by_seq: bool,
 ) -> Result<Json<Value>, ApiError> {
     let limit = match q.get("limit") {
         None => DEFAULT_LIMIT,
@@ -51,15 +63,38 @@ pub(crate) async fn page(
             }
         },
     };
-    let after = match q.get("after").filter(|s| !s.is_empty()) {
+    let after_seq = match q.get("after_seq") {
+        Some(_) if !by_seq => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                "after_seq is for session history; a channel's history takes after=CURSOR",
+            ))
+        }
+        Some(_) if q.get("after").is_some() => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                "give after=CURSOR or after_seq=N, not both",
+            ))
+        }
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("after_seq={v:?} must be a whole number (a session's last_seq)"),
+            )
+        })?),
+        None => None,
+    };
+    let mut after = match q.get("after").filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(channel_position(channel, s)?),
     };
-    let page = app
-        .hub
-        .read(channel, after.map_or(0, |p| p.1), limit, PAGE_DATA_BYTES)
-        .await?;
+    let from = after.map_or(after_seq.unwrap_or(0), |p| p.1);
+    let page = app.hub.read(channel, from, limit, PAGE_DATA_BYTES).await?;
     let st = page.state;
+    if let Some(n) = after_seq {
+        // A seq has no epoch of its own: it is read in the journal's current one.
+        after = Some((Some(st.epoch), n));
+    }
     if let Some(after) = after {
         let reason = match after {
             (None, _) => Some(GapReason::Unknown),
@@ -134,9 +169,11 @@ fn channel_position(
 /// `GET /v1/channels/{channel}`: `{"channel","epoch","floor","head","subscribers"}`.
 pub async fn channel_info(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(channel): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     query::channel(&channel)?;
+    grant.require(Action::Subscribe, &channel)?;
     let st: ChannelState = app.hub.state(&channel).await?;
     Ok(Json(json!({
         "channel": channel,

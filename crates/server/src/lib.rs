@@ -5,10 +5,13 @@
 //! connection limit; [`serve`] runs it all until the shutdown token fires, then
 //! ends every stream so clients reconnect and resume elsewhere.
 
+pub mod auth;
+pub mod busy;
 pub mod config;
 pub mod conn;
 pub mod error;
 pub mod history;
+pub mod limits;
 pub mod listener;
 pub mod publish;
 pub mod query;
@@ -44,7 +47,16 @@ pub struct App {
     /// Upgraded WebSocket connections, which the HTTP server no longer tracks:
     /// shutdown waits for them to send their close frames.
     pub sockets: TaskTracker,
+    /// Token verification; open when no key is configured (`auth.rs`).
+    pub auth: auth::Auth,
+    /// The publish rate limit (`limits.rs`).
+    pub publish_limiter: limits::PublishLimiter,
 }
+
+/// The client's address, put in every request's extensions by the
+/// connection that carries it (the key of per-IP limits on an open server).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
 
 /// The v1 router.
 pub fn router(app: Arc<App>) -> Router {
@@ -75,6 +87,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::map_response(error::json_errors))
+        .layer(axum::middleware::from_fn(busy::busy))
         .with_state(app);
     match cors {
         Some(layer) => router.layer(layer),
@@ -82,33 +95,45 @@ pub fn router(app: Arc<App>) -> Router {
     }
 }
 
-/// The CORS layer for `--cors-origins` (see [`ServerConfig::cors_origins`]).
-fn cors(origins: &str) -> Option<tower_http::cors::CorsLayer> {
+/// The CORS layer for `--cors-origin` (see [`ServerConfig::cors_origins`]):
+/// `*` answers any origin without credentials; listed origins are echoed
+/// with `Access-Control-Allow-Credentials: true`. Preflights allow the
+/// headers gapless reads and the ones EventSource polyfills add.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     use axum::http::{header, HeaderName, HeaderValue, Method};
     use tower_http::cors::{AllowOrigin, CorsLayer};
-    let origins = origins.trim();
+    let origins: Vec<&str> = origins
+        .iter()
+        .map(|o| o.trim())
+        .filter(|o| !o.is_empty())
+        .collect();
     if origins.is_empty() {
         return None;
     }
-    let allow = if origins == "*" {
-        AllowOrigin::any()
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            header::CACHE_CONTROL,
+            header::ACCEPT,
+            HeaderName::from_static("last-event-id"),
+            HeaderName::from_static("idempotency-key"),
+            HeaderName::from_static("x-requested-with"),
+        ])
+        .expose_headers([header::RETRY_AFTER, header::WWW_AUTHENTICATE])
+        .max_age(std::time::Duration::from_secs(600));
+    Some(if origins.contains(&"*") {
+        layer.allow_origin(AllowOrigin::any())
     } else {
-        AllowOrigin::list(
-            origins
-                .split(',')
-                .filter_map(|o| HeaderValue::from_str(o.trim()).ok()),
-        )
-    };
-    Some(
-        CorsLayer::new()
-            .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST])
-            .allow_headers([
-                header::CONTENT_TYPE,
-                HeaderName::from_static("last-event-id"),
-                HeaderName::from_static("idempotency-key"),
-            ]),
-    )
+        layer
+            .allow_origin(AllowOrigin::list(
+                origins
+                    .iter()
+                    .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok()),
+            ))
+            .allow_credentials(true)
+    })
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -172,12 +197,12 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         tracker: connections.clone(),
     });
     loop {
-        let (io, _addr) = tokio::select! {
+        let (io, addr) = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        connections.spawn(conn::serve(shared.clone(), io));
+        connections.spawn(conn::serve(shared.clone(), io, addr));
     }
     drop(listener);
     drop(shared);
@@ -217,5 +242,6 @@ async fn tick(app: Arc<App>) {
         if let Err(e) = app.sessions.sweep(&app.hub).await {
             tracing::error!(error = %e, "session grace pass failed");
         }
+        app.publish_limiter.sweep();
     }
 }

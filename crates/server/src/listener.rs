@@ -1,28 +1,92 @@
-//! The accept side: socket options and the connection limit.
+//! The accept side: socket options and the connection limits.
 //!
 //! Every accepted socket gets TCP keepalive and `TCP_USER_TIMEOUT` (so a client
 //! that vanishes without a FIN is dropped, whether or not heartbeats are in
-//! flight) and `TCP_NODELAY`. Past `max_connections`, a connection is answered
-//! `503` with a JSON body naming the limit, and closed.
+//! flight) and `TCP_NODELAY`. A connection past `max_connections`, or past
+//! `max_connections_per_ip` for its address, is still accepted but marked
+//! [`Refused`]: it may carry one request, which is answered by the router's
+//! busy rule (`busy.rs`: probes served, SSE told to retry, the rest 503) and
+//! the connection is closed. At most [`REFUSING_MAX`] refusals are in
+//! flight; past that a connection is closed at once.
 
 use crate::ServerConfig;
 use bytes::Bytes;
 use socket2::{SockRef, TcpKeepalive};
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// A TCP listener that applies socket options and the connection limit.
+/// Most refused connections answered at once; more are closed unanswered.
+pub const REFUSING_MAX: usize = 256;
+
+/// A TCP listener that applies socket options and the connection limits.
 pub struct GaplessListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+    per_ip: Arc<PerIp>,
     config: ServerConfig,
+}
+
+/// Open connections per client address.
+#[derive(Default)]
+struct PerIp(parking_lot::Mutex<HashMap<IpAddr, usize>>);
+
+impl PerIp {
+    /// Counts a connection from `ip` unless it already holds `max` (0: no limit).
+    fn enter(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<IpGuard> {
+        if max == 0 {
+            return Some(IpGuard(None));
+        }
+        let mut map = self.0.lock();
+        let n = map.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(IpGuard(Some((self.clone(), ip))))
+    }
+}
+
+/// Releases a connection's count for its address.
+struct IpGuard(Option<(Arc<PerIp>, IpAddr)>);
+
+impl Drop for IpGuard {
+    fn drop(&mut self) {
+        if let Some((per_ip, ip)) = self.0.take() {
+            let mut map = per_ip.0.lock();
+            if let Some(n) = map.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection was refused: the limit and its flag, for the answer.
+#[derive(Debug, Clone)]
+pub struct Refused(pub String);
+
+/// What holds a connection's place: its slot under the limits, or its place
+/// among the refusals being answered.
+enum Slot {
+    Admitted {
+        _permit: OwnedSemaphorePermit,
+        _ip: IpGuard,
+    },
+    Refused {
+        _permit: OwnedSemaphorePermit,
+        why: Refused,
+    },
 }
 
 impl GaplessListener {
@@ -31,7 +95,28 @@ impl GaplessListener {
         GaplessListener {
             inner,
             permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
+            refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
+            per_ip: Arc::new(PerIp::default()),
             config,
+        }
+    }
+
+    fn admit(&self, ip: IpAddr) -> Result<Slot, Refused> {
+        let Some(ip_guard) = self.per_ip.enter(ip, self.config.max_connections_per_ip) else {
+            return Err(Refused(format!(
+                "this address holds the maximum of {} connections (--max-connections-per-ip); retry later",
+                self.config.max_connections_per_ip
+            )));
+        };
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Slot::Admitted {
+                _permit: permit,
+                _ip: ip_guard,
+            }),
+            Err(_) => Err(Refused(format!(
+                "the server holds its maximum of {} connections (--max-connections); retry later",
+                self.config.max_connections
+            ))),
         }
     }
 
@@ -55,15 +140,24 @@ impl GaplessListener {
     }
 }
 
-/// An accepted connection holding its slot under the connection limit.
+/// An accepted connection holding its slot under the connection limits
+/// (or its place among the refusals).
 pub struct Conn {
     tcp: TcpStream,
     /// Bytes already read that reads return first (see [`Conn::unread`]).
     unread: Bytes,
-    permit: OwnedSemaphorePermit,
+    slot: Slot,
 }
 
 impl Conn {
+    /// Why this connection is refused (`None`: it is admitted).
+    pub fn refused(&self) -> Option<&Refused> {
+        match &self.slot {
+            Slot::Refused { why, .. } => Some(why),
+            Slot::Admitted { .. } => None,
+        }
+    }
+
     /// The socket, for writers that bypass the HTTP server.
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
@@ -83,7 +177,7 @@ impl Conn {
     pub fn detach(self) -> io::Result<Detached> {
         Ok(Detached {
             tcp: self.tcp.into_std()?,
-            permit: self.permit,
+            slot: self.slot,
         })
     }
 }
@@ -91,7 +185,7 @@ impl Conn {
 /// A connection between runtimes: still holding its slot, registered on none.
 pub struct Detached {
     tcp: std::net::TcpStream,
-    permit: OwnedSemaphorePermit,
+    slot: Slot,
 }
 
 impl Detached {
@@ -103,13 +197,14 @@ impl Detached {
         Ok(Conn {
             tcp: TcpStream::from_std(self.tcp)?,
             unread: Bytes::new(),
-            permit: self.permit,
+            slot: self.slot,
         })
     }
 }
 
 impl GaplessListener {
-    /// Accepts the next connection within the limit (answering those past it with 503).
+    /// Accepts the next connection: admitted within the limits, or marked
+    /// [`Refused`] past them (see the module doc).
     pub async fn accept(&mut self) -> (Conn, SocketAddr) {
         loop {
             let (tcp, addr) = match self.inner.accept().await {
@@ -124,22 +219,25 @@ impl GaplessListener {
             if let Err(e) = self.tune(&tcp) {
                 tracing::debug!(error = %e, "could not set socket options");
             }
-            match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    return (
-                        Conn {
-                            tcp,
-                            unread: Bytes::new(),
-                            permit,
-                        },
-                        addr,
-                    )
-                }
-                Err(_) => {
-                    let max = self.config.max_connections;
-                    tokio::spawn(refuse(tcp, max));
-                }
-            }
+            let slot = match self.admit(addr.ip()) {
+                Ok(slot) => slot,
+                Err(why) => match self.refusing.clone().try_acquire_owned() {
+                    Ok(permit) => Slot::Refused {
+                        _permit: permit,
+                        why,
+                    },
+                    // Too many refusals in flight: close without an answer.
+                    Err(_) => continue,
+                },
+            };
+            return (
+                Conn {
+                    tcp,
+                    unread: Bytes::new(),
+                    slot,
+                },
+                addr,
+            );
         }
     }
 
@@ -147,21 +245,6 @@ impl GaplessListener {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
-}
-
-async fn refuse(mut tcp: TcpStream, max: usize) {
-    let body = format!(
-        "{{\"error\":\"limit_reached\",\"message\":\"the server holds its maximum of {max} connections (--max-connections); retry later\"}}"
-    );
-    let resp = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        let _ = tcp.write_all(resp.as_bytes()).await;
-        let _ = tcp.shutdown().await;
-    })
-    .await;
 }
 
 impl AsyncRead for Conn {

@@ -3,11 +3,13 @@
 //!
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
+use crate::auth::{Access, Action};
 use crate::error::ApiError;
+use crate::limits::BodyPace;
 use crate::query::{self, Query};
-use crate::App;
+use crate::{App, Peer};
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -23,15 +25,20 @@ pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// `POST /v1/channels/{channel}/events`.
 pub async fn publish(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
+    peer: Option<Extension<Peer>>,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     query::channel(&channel)?;
+    grant.require(Action::Publish, &channel)?;
     let q = Query::parse(raw.as_deref());
     let ephemeral = q.flag("ephemeral")?;
     let (NewEvent { event_type, data }, key) = read_event(&app, &q, &headers, body).await?;
+    app.publish_limiter
+        .take(&grant, peer.map(|Extension(p)| p.0.ip()), 1)?;
     if ephemeral {
         if key.is_some() {
             return Err(ApiError::new(
@@ -81,7 +88,15 @@ pub(crate) async fn read_event(
     let event_type = query::event_type(q.get("type"))?;
     let key = idempotency_key(headers)?;
     let limit = app.config.max_event_bytes;
-    let bytes = read_body(headers, body, limit, "event data", "--max-event-bytes").await?;
+    let bytes = read_body(
+        app.config.body_pace(),
+        headers,
+        body,
+        limit,
+        "event data",
+        "--max-event-bytes",
+    )
+    .await?;
     let data = String::from_utf8(bytes.to_vec()).map_err(|e| {
         ApiError::new(
             ErrorCode::InvalidUtf8,
@@ -107,14 +122,18 @@ struct BatchEvent {
 /// `{"data": text, "type": optional name}`; all are appended atomically, in order.
 pub async fn publish_batch(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
+    peer: Option<Extension<Peer>>,
     Path(channel): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     query::channel(&channel)?;
+    grant.require(Action::Publish, &channel)?;
     let key = idempotency_key(&headers)?;
     let cfg = &app.config;
     let bytes = read_body(
+        cfg.body_pace(),
         &headers,
         body,
         cfg.max_batch_bytes,
@@ -167,6 +186,8 @@ pub async fn publish_batch(
             data: item.data,
         });
     }
+    app.publish_limiter
+        .take(&grant, peer.map(|Extension(p)| p.0.ip()), events.len())?;
     let appended = app.hub.publish(&channel, events, key.as_deref()).await?;
     let status = if appended.duplicate {
         StatusCode::OK
@@ -213,14 +234,17 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(s.to_owned()))
 }
 
-/// Reads a body of at most `limit` bytes; 413 names the limit and its flag.
+/// Reads a body of at most `limit` bytes, at the pace `pace` allows; 413
+/// names the limit and its flag, 408 a body that arrived too slowly.
 pub(crate) async fn read_body(
+    pace: BodyPace,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
     what: &str,
     flag: &str,
 ) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
     let too_large = |len: Option<u64>| {
         let size = len.map_or_else(
             || "more than the limit".to_owned(),
@@ -241,18 +265,31 @@ pub(crate) async fn read_body(
             return Err(too_large(Some(len)));
         }
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let inner = e.into_inner();
-        if inner
-            .downcast_ref::<http_body_util::LengthLimitError>()
-            .is_some()
-        {
-            too_large(None)
-        } else {
+    let start = tokio::time::Instant::now();
+    let mut body = body;
+    let mut out = bytes::BytesMut::new();
+    loop {
+        let next = body.frame();
+        let frame = match pace.deadline(start, out.len()) {
+            None => next.await,
+            Some(at) => match tokio::time::timeout_at(at, next).await {
+                Ok(f) => f,
+                Err(_) => return Err(pace.refusal(out.len())),
+            },
+        };
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
-                format!("could not read the request body: {inner}"),
+                format!("could not read the request body: {e}"),
             )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(too_large(None));
+            }
+            out.extend_from_slice(&data);
         }
-    })
+    }
+    Ok(out.freeze())
 }

@@ -1,13 +1,14 @@
 //! The producer side of sessions over HTTP: create, append, complete, cancel,
 //! inspect, and read history. The consumer side is `ws::session`.
 
+use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::history;
 use crate::publish::{read_body, read_event};
 use crate::query::Query;
-use crate::App;
+use crate::{App, Peer};
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -56,10 +57,19 @@ struct CreateBody {
 /// 201 `{"id","status","head","attached"}`; 409 `session_exists`.
 pub async fn create(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, 4096, "session create body", "a fixed limit").await?;
+    let bytes = read_body(
+        app.config.body_pace(),
+        &headers,
+        body,
+        4096,
+        "session create body",
+        "a fixed limit",
+    )
+    .await?;
     let id = if bytes.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -71,6 +81,10 @@ pub async fn create(
         })?;
         b.id
     };
+    match &id {
+        Some(id) => grant.require_session(Action::Publish, id)?,
+        None => grant.require_any_session()?,
+    }
     if let Some(id) = &id {
         if !session::valid_id(id) {
             return Err(ApiError::new(
@@ -89,8 +103,10 @@ pub async fn create(
 /// `GET /v1/sessions/{id}`: `{"id","status","head","attached"}`.
 pub async fn info(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    grant.require_session(Action::Subscribe, &id)?;
     let info = app.sessions.info(&app.hub, &id).await?;
     Ok(Json(info_json(&info)))
 }
@@ -100,11 +116,14 @@ pub async fn info(
 /// idempotent retry); 409 `session_ended` once completed or cancelled.
 pub async fn append(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
+    peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    grant.require_session(Action::Publish, &id)?;
     let q = Query::parse(raw.as_deref());
     if q.get("ephemeral").is_some() {
         return Err(ApiError::new(
@@ -113,6 +132,8 @@ pub async fn append(
         ));
     }
     let (event, key) = read_event(&app, &q, &headers, body).await?;
+    app.publish_limiter
+        .take(&grant, peer.map(|Extension(p)| p.0.ip()), 1)?;
     let (appended, attached) = app
         .sessions
         .append(&app.hub, &id, vec![event], key.as_deref())
@@ -132,8 +153,10 @@ pub async fn append(
 /// `POST /v1/sessions/{id}/complete`.
 pub async fn complete(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Completed).await?;
     Ok(Json(info_json(&info)))
 }
@@ -141,25 +164,31 @@ pub async fn complete(
 /// `POST /v1/sessions/{id}/cancel`.
 pub async fn cancel(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Cancelled).await?;
     Ok(Json(info_json(&info)))
 }
 
-/// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N`: history, as for channels;
+/// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N` (or `after_seq=N`,
+/// a consumer's `last_seq`, instead of a cursor): history, as for channels;
 /// lifecycle markers appear as events of types `gapless.session.*`.
 pub async fn history(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
+    grant.require_session(Action::Subscribe, &id)?;
     app.sessions.info(&app.hub, &id).await?;
     history::page(
         &app,
         &session::channel_of(&id),
         &id,
         &Query::parse(raw.as_deref()),
+        true,
     )
     .await
 }

@@ -14,6 +14,7 @@
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).
 
+use crate::auth::{Access, Action, Grant};
 use crate::conn::DirectSse;
 use crate::error::ApiError;
 use crate::query::{self, Query};
@@ -35,6 +36,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 /// `GET /v1/channels/{channel}/sse`.
 pub async fn channel_sse(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
     direct: Option<Extension<DirectSse>>,
@@ -47,12 +49,13 @@ pub async fn channel_sse(
             "channel= is for /v1/sse; this URL already names its channel",
         ));
     }
-    open(app, vec![channel], &q, &headers, direct).await
+    open(app, &grant, vec![channel], &q, &headers, direct).await
 }
 
 /// `GET /v1/sse?channel=A&channel=B…`.
 pub async fn multi_sse(
     State(app): State<Arc<App>>,
+    Access(grant): Access,
     RawQuery(raw): RawQuery,
     direct: Option<Extension<DirectSse>>,
     headers: HeaderMap,
@@ -70,11 +73,12 @@ pub async fn multi_sse(
             "name at least one channel: /v1/sse?channel=A&channel=B",
         ));
     }
-    open(app, channels, &q, &headers, direct).await
+    open(app, &grant, channels, &q, &headers, direct).await
 }
 
 async fn open(
     app: Arc<App>,
+    grant: &Grant,
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
@@ -92,6 +96,10 @@ async fn open(
     }
     for c in &channels {
         query::channel(c)?;
+    }
+    // Refused whole: one forbidden channel refuses the stream.
+    for c in &channels {
+        grant.require(Action::Subscribe, c)?;
     }
     let format = match q.get("format") {
         None | Some("plain") => Format::Plain,
@@ -123,7 +131,10 @@ async fn open(
         head.extend_from_slice(&g.sse_frame());
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
-    let feed = Feed::new(app, sub, format, Bytes::from(head));
+    let expires = grant
+        .remaining()
+        .map(|left| std::time::Instant::now() + left);
+    let feed = Feed::new(app, sub, format, Bytes::from(head), expires);
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed.into_body().into_response(),
@@ -199,6 +210,12 @@ fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Sta
     })
 }
 
+/// The last frame of a stream whose token expired: an event of the reserved
+/// type `gapless.expired`, with no `id:` (the client's cursor stays the last
+/// event's), after which the stream ends. The client reconnects with a fresh
+/// token and its cursor (`docs/security.md`).
+pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
+
 /// What [`Feed::next`] left to do.
 #[derive(Debug)]
 pub enum Flow {
@@ -226,10 +243,20 @@ pub struct Feed {
     /// takes the token's lock, and every stream sharing one token's lock on
     /// every step would contend for it.
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// When the token that opened the stream stops being honoured; the
+    /// timer is made by the first wait (on the runtime that drives it).
+    expires: Option<std::time::Instant>,
+    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Feed {
-    fn new(app: Arc<App>, sub: Subscription, format: Format, head: Bytes) -> Self {
+    fn new(
+        app: Arc<App>,
+        sub: Subscription,
+        format: Format,
+        head: Bytes,
+        expires: Option<std::time::Instant>,
+    ) -> Self {
         Feed {
             shutdown: Box::pin(app.shutdown.child_token().cancelled_owned()),
             app,
@@ -237,6 +264,8 @@ impl Feed {
             format,
             head: Some(head),
             beat: None,
+            expires,
+            expiry: None,
         }
     }
 
@@ -257,9 +286,18 @@ impl Feed {
             beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             beat
         });
+        if self.expiry.is_none() {
+            if let Some(at) = self.expires {
+                self.expiry = Some(Box::pin(tokio::time::sleep_until(Instant::from_std(at))));
+            }
+        }
         let item = tokio::select! {
             biased;
             () = self.shutdown.as_mut() => return Flow::End,
+            () = async { if let Some(e) = self.expiry.as_mut() { e.await } }, if self.expiry.is_some() => {
+                out.push(Bytes::from_static(EXPIRED_FRAME));
+                return Flow::End;
+            }
             item = self.sub.next() => item,
             _ = beat.tick(), if heartbeat_ms > 0 => {
                 out.push(Bytes::from_static(sse::HEARTBEAT));

@@ -5,6 +5,7 @@
 pub mod history;
 pub mod publish;
 pub mod tail;
+pub mod token;
 
 use gapless_client::{Client, Ephemeral, Error, Event};
 use std::io::{self, Write};
@@ -16,12 +17,20 @@ pub struct ServerArg {
     /// Base URL of the gapless server.
     #[arg(long, env = "GAPLESS_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
+    /// Token (JWT) to send, for a server started with --jwt-secret or
+    /// --jwt-public-key (make one with `gapless token`).
+    #[arg(long, env = "GAPLESS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 impl ServerArg {
     /// A client for the server, or the line explaining why the URL is unusable.
     pub fn client(&self) -> Result<Client, String> {
-        Client::new(&self.server).map_err(|e| explain(&e, Hint::None))
+        let mut b = Client::builder(&self.server);
+        if let Some(t) = &self.token {
+            b = b.token(t.trim());
+        }
+        b.build().map_err(|e| explain(&e, Hint::None))
     }
 }
 
@@ -84,6 +93,11 @@ pub fn explain(e: &Error, hint: Hint) -> String {
                 "not_found" | "method_not_allowed" => format!(
                     "the server has no such endpoint ({msg}): is --server the base URL of a gapless server?"
                 ),
+                "unauthorized" => format!(
+                    "the server wants a valid token ({msg}): pass --token (or GAPLESS_TOKEN); `gapless token` makes one"
+                ),
+                "forbidden" => format!("the token does not allow this ({msg}): use a token whose patterns name the channel"),
+                "rate_limited" => format!("the server's publish rate limit was reached ({msg}): slow down and retry"),
                 "limit_reached" | "shutting_down" => {
                     format!("the server is not taking requests ({msg}): try again in a moment")
                 }

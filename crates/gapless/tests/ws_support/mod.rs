@@ -54,6 +54,10 @@ pub struct Ws {
     pub protocol: Option<String>,
     /// Pings received so far.
     pub pings: usize,
+    /// A message read ahead (by [`consume`]) that the next read returns.
+    unread: Option<Msg>,
+    /// The `head` of the `session.resumed` that answered a live attach.
+    pub live_after: Option<u64>,
 }
 
 impl Ws {
@@ -116,6 +120,8 @@ impl Ws {
             .expect("WebSocket handshake timed out");
         match res {
             Ok((inner, resp)) => Ok(Ws {
+                unread: None,
+                live_after: None,
                 inner,
                 protocol: resp
                     .headers()
@@ -169,6 +175,9 @@ impl Ws {
 
     /// The next message within `within` (`None`: nothing came).
     pub async fn recv(&mut self, within: Duration) -> Option<Msg> {
+        if let Some(m) = self.unread.take() {
+            return Some(m);
+        }
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -595,8 +604,26 @@ pub async fn session_info(server: &Server, id: &str) -> Resp {
 }
 
 /// Opens the consumer socket of session `id` with `query` (without `?`).
+/// A live attach (no `last_seq`) is answered first with `session.resumed`
+/// (0 replayed, and the `head` it continues after, kept in
+/// [`Ws::live_after`]); this checks and consumes it. A refusal (an `error`
+/// first) is left for the test to read.
 pub async fn consume(server: &Server, id: &str, query: &str) -> Ws {
-    Ws::connect(server.addr, &consumer_path(id, query)).await
+    let mut ws = Ws::connect(server.addr, &consumer_path(id, query)).await;
+    if !query.contains("last_seq") {
+        match ws.recv(WAIT).await {
+            Some(Msg::Json(v)) if v["op"] == "session.resumed" => {
+                assert_eq!(
+                    v["replayed_events"], 0,
+                    "a live attach replays nothing: {v}"
+                );
+                assert_eq!(v["session"], id, "{v}");
+                ws.live_after = Some(v["head"].as_u64().expect("session.resumed has a head"));
+            }
+            other => ws.unread = other,
+        }
+    }
+    ws
 }
 
 /// `/v1/sessions/{id}/ws[?query]`.

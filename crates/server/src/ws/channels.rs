@@ -8,10 +8,11 @@
 
 use super::messages::{self, ClientMessage};
 use super::{close, configure, json, text, Beat, Heartbeat};
+use crate::auth::{Access, Action, Grant};
 use crate::error::ApiError;
-use crate::App;
+use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::SinkExt;
@@ -19,21 +20,34 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::{close as code, ErrorCode};
 use gapless_protocol::{name, Cursor, CursorError, NewEvent};
 use serde_json::{json, Value};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Malformed messages in a row after which the socket is closed (4422).
 pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
 
 /// The upgrade handler.
+///
+/// A token that is missing or fails verification is refused after the
+/// upgrade (browsers do not show a handshake's HTTP status): one `error`
+/// message `unauthorized`, then close 4401.
 pub async fn handler(
     State(app): State<Arc<App>>,
+    access: Result<Access, ApiError>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
-    Ok(ws.on_upgrade(move |socket| sockets.track_future(run(app, socket))))
+    let peer = peer.map(|Extension(p)| p.0.ip());
+    Ok(match access {
+        Ok(Access(grant)) => {
+            ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer)))
+        }
+        Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
+    })
 }
 
 /// A subscribe whose replay is still going out.
@@ -47,6 +61,8 @@ struct Pending {
 
 struct Conn {
     app: Arc<App>,
+    grant: Arc<Grant>,
+    peer: Option<IpAddr>,
     sub: Subscription,
     pending: Vec<Pending>,
     errors_in_row: u32,
@@ -57,11 +73,14 @@ enum Flow {
     Close(u16, String),
 }
 
-async fn run(app: Arc<App>, mut socket: WebSocket) {
+async fn run(app: Arc<App>, mut socket: WebSocket, grant: Arc<Grant>, peer: Option<IpAddr>) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms);
     let shutdown = app.shutdown.clone();
+    let mut expiry = super::Expiry::new(&grant);
     let mut conn = Conn {
         sub: app.hub.empty_subscription(app.config.read_batch),
+        grant,
+        peer,
         app,
         pending: Vec::new(),
         errors_in_row: 0,
@@ -70,6 +89,7 @@ async fn run(app: Arc<App>, mut socket: WebSocket) {
         let flow = tokio::select! {
             biased;
             _ = shutdown.cancelled() => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
+            () = expiry.wait() => Flow::Close(code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
             msg = socket.recv() => match msg {
                 None | Some(Ok(Message::Close(_))) => return,
                 Some(Err(e)) => match receive_error(&e, conn.app.config.ws_max_message_bytes) {
@@ -232,6 +252,9 @@ impl Conn {
         if let Err(e) = name::validate_channel(&channel) {
             return Ok(Err(ApiError::new(ErrorCode::InvalidChannel, e.to_string())));
         }
+        if let Err(e) = self.grant.require(Action::Subscribe, &channel) {
+            return Ok(Err(e));
+        }
         let max = self.app.config.max_subscription_channels;
         if self.sub.index_of(&channel).is_none() && self.sub.len() >= max {
             return Ok(Err(ApiError::new(
@@ -337,6 +360,7 @@ impl Conn {
         key: Option<String>,
     ) -> Result<Value, ApiError> {
         crate::query::channel(channel)?;
+        self.grant.require(Action::Publish, channel)?;
         let event_type = crate::query::event_type(event_type.as_deref())?;
         let max = self.app.config.max_event_bytes;
         if data.len() > max {
@@ -348,6 +372,7 @@ impl Conn {
                 ),
             ));
         }
+        self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
         if ephemeral {
             if key.is_some() {
                 return Err(ApiError::new(

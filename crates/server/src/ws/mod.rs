@@ -12,6 +12,7 @@ pub mod channels;
 pub mod messages;
 pub mod session;
 
+use crate::auth::Grant;
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -71,6 +72,45 @@ pub fn text(bytes: Bytes) -> Message {
 /// A text message from a JSON value.
 pub fn json(v: &Value) -> Message {
     Message::Text(Utf8Bytes::from(v.to_string()))
+}
+
+/// The close reason when a socket's token expires (code 4401).
+pub const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
+
+/// The end of a socket's token: a timer that fires when the token stops
+/// being honoured, and never on an open server.
+pub struct Expiry(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
+
+impl Expiry {
+    /// The timer for `grant`'s token.
+    pub fn new(grant: &Grant) -> Self {
+        Expiry(
+            grant
+                .remaining()
+                .map(|left| Box::pin(tokio::time::sleep(left))),
+        )
+    }
+
+    /// Resolves when the token expires (never without one).
+    pub async fn wait(&mut self) {
+        match &mut self.0 {
+            Some(s) => s.as_mut().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Refuses an upgraded socket: one `error` message with the refusal's code
+/// and message, then close with 4401 (`unauthorized`) or 4403 (`forbidden`).
+pub async fn refuse(mut socket: WebSocket, e: ApiError) {
+    let close_code = if e.code == ErrorCode::Forbidden {
+        gapless_protocol::codes::close::FORBIDDEN
+    } else {
+        gapless_protocol::codes::close::UNAUTHORIZED
+    };
+    let msg = serde_json::json!({"op": "error", "code": e.code.as_str(), "message": e.message});
+    let _ = socket.send(json(&msg)).await;
+    close(&mut socket, close_code, e.code.as_str()).await;
 }
 
 /// Sends a close frame with `code` and `reason` (at most 123 bytes), then waits

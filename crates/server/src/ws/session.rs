@@ -4,12 +4,15 @@
 //! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
 //! upgrade would collapse into a bare HTTP status that browsers do not expose.
 //! With `last_seq`, every retained event with `seq > last_seq` is replayed in
-//! order, then one `session.resumed` message, then live events. The end of
+//! order, then one `session.resumed` message, then live events; without it,
+//! `session.resumed` (0 replayed) comes first, then live events. Its `head`
+//! is the seq after which delivery continues live. The end of
 //! the session (even one that ended while the consumer was away) is
 //! `session.completed` or `session.cancelled`, then close 1000.
 
 use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
+use crate::auth::{Access, Action, Grant};
 use crate::error::ApiError;
 use crate::query::Query;
 use crate::App;
@@ -26,14 +29,23 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// The upgrade handler. A malformed `last_seq` or `takeover` is a 400 before the upgrade.
+///
+/// The token must allow `subscribe` on `session/ID`: a missing or invalid
+/// token is closed with 4401, a forbidden one with 4403, after the upgrade
+/// and one `error` message (the same whether or not the session exists).
 pub async fn handler(
     State(app): State<Arc<App>>,
+    access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
+    let grant = access.and_then(|Access(g)| {
+        g.require_session(Action::Subscribe, &id)?;
+        Ok(g)
+    });
     let q = Query::parse(raw.as_deref());
     let last_seq = match q.get("last_seq") {
         None => None,
@@ -47,7 +59,12 @@ pub async fn handler(
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
-    Ok(ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, id, last_seq, takeover))))
+    Ok(match grant {
+        Ok(grant) => ws.on_upgrade(move |socket| {
+            sockets.track_future(run(app, socket, id, last_seq, takeover, grant))
+        }),
+        Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
+    })
 }
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
@@ -68,6 +85,7 @@ async fn run(
     id: String,
     last_seq: Option<u64>,
     takeover: bool,
+    grant: Arc<Grant>,
 ) {
     let attach = app
         .sessions
@@ -83,7 +101,7 @@ async fn run(
             return;
         }
     };
-    let (c, reason) = consume(&app, &mut socket, att).await;
+    let (c, reason) = consume(&app, &mut socket, att, &grant).await;
     if c != 0 {
         close(&mut socket, c, &reason).await;
     }
@@ -91,22 +109,39 @@ async fn run(
 
 /// Delivers the session until it ends or the socket does; returns the close
 /// code to send (0: the socket is gone, send nothing).
-async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16, String) {
+async fn consume(
+    app: &App,
+    socket: &mut WebSocket,
+    mut att: Attachment,
+    grant: &Grant,
+) -> (u16, String) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+    let mut expiry = super::Expiry::new(grant);
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
+    // Every attach is answered with `session.resumed`: a live attach (no
+    // `last_seq`) at once, with 0 replayed and the head it continues after.
+    let head = att.head;
     let mut replay: Option<u64> = att.last_seq.map(|_| 0);
-    if att.last_seq.is_some_and(|n| n >= att.head) {
-        if send(socket, &resumed(&id, 0)).await.is_err() {
+    if att.last_seq.is_none_or(|n| n >= att.head) {
+        if send(socket, &resumed(&id, 0, head)).await.is_err() {
             return (0, String::new());
         }
         replay = None;
+        // `last_seq` at an ended session's end marker: the consumer has every
+        // event; it is told how the session ended, as if it had read the marker.
+        if att.status != Status::Open {
+            let op = format!("session.{}", att.status.as_str());
+            let _ = send(socket, &json!({"op": op, "session": id, "seq": head})).await;
+            return (code::NORMAL, format!("session {}", att.status.as_str()));
+        }
     }
     let kicked = att.kicked.clone();
     loop {
         tokio::select! {
             biased;
             _ = app.shutdown.cancelled() => return (code::GOING_AWAY, "server shutting down; reconnect with last_seq".into()),
+            () = expiry.wait() => return (code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
             _ = kicked.cancelled() => {
                 let msg = json!({"op": "error", "code": ErrorCode::SessionAttached.as_str(),
                     "message": "taken over by a newer connection"});
@@ -137,7 +172,7 @@ async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16
                     for e in &events {
                         if let Some(n) = replay.as_mut() {
                             if e.seq > att.head {
-                                if socket.feed(json(&resumed(&id, *n))).await.is_err() {
+                                if socket.feed(json(&resumed(&id, *n, head))).await.is_err() {
                                     return (0, String::new());
                                 }
                                 replay = None;
@@ -145,7 +180,7 @@ async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16
                         }
                         if let Some(status) = Status::of_marker(e.event_type.as_deref()) {
                             if let Some(n) = replay {
-                                let _ = socket.feed(json(&resumed(&id, n))).await;
+                                let _ = socket.feed(json(&resumed(&id, n, head))).await;
                             }
                             let op = format!("session.{}", status.as_str());
                             let _ = send(socket, &json!({"op": op, "session": id, "seq": e.seq})).await;
@@ -163,7 +198,7 @@ async fn consume(app: &App, socket: &mut WebSocket, mut att: Attachment) -> (u16
                     }
                     if let Some(n) = replay {
                         if events.last().is_some_and(|e| e.seq >= att.head) {
-                            if socket.feed(json(&resumed(&id, n))).await.is_err() {
+                            if socket.feed(json(&resumed(&id, n, head))).await.is_err() {
                                 return (0, String::new());
                             }
                             replay = None;
@@ -191,8 +226,10 @@ async fn send(socket: &mut WebSocket, v: &Value) -> Result<(), axum::Error> {
     socket.send(json(v)).await
 }
 
-fn resumed(id: &str, n: u64) -> Value {
-    json!({"op": "session.resumed", "session": id, "replayed_events": n})
+/// `session.resumed`: `replayed_events` were replayed (0 for a live attach)
+/// and delivery continues live after seq `head`.
+fn resumed(id: &str, n: u64, head: u64) -> Value {
+    json!({"op": "session.resumed", "session": id, "replayed_events": n, "head": head})
 }
 
 fn event(id: &str, e: &Event) -> Value {

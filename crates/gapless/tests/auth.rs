@@ -1,0 +1,718 @@
+//! Authorization against the real binary (`docs/security.md`): where tokens
+//! are read, what each refusal looks like, that a refusal never tells whether
+//! a channel exists, patterns, sessions, WebSocket, RS256 and ES256 keys,
+//! and a token that expires mid-stream replaced with no loss and no repeat.
+
+mod support;
+mod ws_support;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use support::{Item, Next, Server, SseClient};
+use ws_support::{Msg, Ws};
+
+const SECRET: &str = "a-test-secret-that-is-long-enough-32";
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}
+
+fn sign(claims: &Value) -> String {
+    sign_with(
+        claims,
+        Algorithm::HS256,
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+}
+
+fn sign_with(claims: &Value, alg: Algorithm, key: &EncodingKey) -> String {
+    jsonwebtoken::encode(&Header::new(alg), claims, key).expect("signing")
+}
+
+fn claims(subscribe: &[&str], publish: &[&str], ttl_s: i64) -> Value {
+    json!({"exp": now_s() + ttl_s, "gapless": {"subscribe": subscribe, "publish": publish}})
+}
+
+/// A token with these rights, valid for an hour.
+fn token(subscribe: &[&str], publish: &[&str]) -> String {
+    sign(&claims(subscribe, publish, 3600))
+}
+
+async fn secured(extra: &[&str]) -> Server {
+    let mut args = vec!["--jwt-secret", SECRET];
+    args.extend_from_slice(extra);
+    Server::memory(&args).await
+}
+
+async fn get_as(s: &Server, path: &str, t: &str) -> support::Resp {
+    s.send(s.http.get(s.url(path)).bearer_auth(t)).await
+}
+
+async fn post_as(s: &Server, path: &str, body: &str, t: &str) -> support::Resp {
+    s.send(
+        s.http
+            .post(s.url(path))
+            .body(body.to_owned())
+            .bearer_auth(t),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn an_open_server_says_so_and_a_secured_one_refuses_without_a_token() {
+    let open = Server::memory(&[]).await;
+    open.publish("c", "x").await;
+    assert!(
+        open.log().contains("running open"),
+        "one line at start says the server is open: {}",
+        open.log()
+    );
+
+    let s = secured(&[]).await;
+    assert!(!s.log().contains("running open"), "{}", s.log());
+    let r = s.post("/v1/channels/c/events", "x", &[]).await;
+    r.expect_error(401, "unauthorized");
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Bearer realm=\"gapless\"")
+    );
+    for path in [
+        "/v1/channels/c/events",
+        "/v1/channels/c",
+        "/v1/channels/c/sse",
+        "/v1/sse?channel=c",
+        "/v1/sessions/abc",
+        "/v1/sessions/abc/events",
+    ] {
+        s.get(path).await.expect_error(401, "unauthorized");
+    }
+    // Liveness stays open.
+    s.get("/healthz").await.expect(200);
+}
+
+#[tokio::test]
+async fn each_bad_token_is_a_401_saying_what_is_wrong() {
+    let s = secured(&["--jwt-leeway-ms", "0", "--jwt-audience", "gapless-test"]).await;
+    let good = |mut c: Value| {
+        c["aud"] = "gapless-test".into();
+        c
+    };
+    let bad_sig = sign_with(
+        &good(claims(&["*"], &["*"], 60)),
+        Algorithm::HS256,
+        &EncodingKey::from_secret(b"another-secret-another-secret-xx").expect("key"),
+    );
+    let expired = sign(&good(claims(&["*"], &["*"], -60)));
+    let mut early = good(claims(&["*"], &["*"], 3600));
+    early["nbf"] = (now_s() + 600).into();
+    let not_yet = sign(&early);
+    let wrong_aud = sign(&claims(&["*"], &["*"], 60));
+    let no_exp = sign(&json!({"aud": "gapless-test", "gapless": {"subscribe": ["*"]}}));
+    let bad_claim = sign(&good(
+        json!({"exp": now_s() + 60, "gapless": {"read": ["*"]}}),
+    ));
+    let bad_pattern = sign(&good(claims(&["a*b"], &[], 60)));
+    let cases = [
+        ("not a JWT", "garbage", "not a JWT"),
+        ("bad signature", bad_sig.as_str(), "signature"),
+        ("expired", expired.as_str(), "expired"),
+        ("not yet valid", not_yet.as_str(), "not valid yet"),
+        ("wrong audience", wrong_aud.as_str(), "aud"),
+        ("no exp", no_exp.as_str(), "exp"),
+        ("malformed gapless claim", bad_claim.as_str(), "gapless"),
+        ("bad pattern", bad_pattern.as_str(), "*"),
+    ];
+    for (what, t, says) in cases {
+        let r = get_as(&s, "/v1/channels/c", t).await;
+        r.expect_error(401, "unauthorized");
+        assert!(
+            r.message().contains(says),
+            "{what}: the message says what is wrong: {}",
+            r.text
+        );
+        assert_eq!(
+            r.header("www-authenticate"),
+            Some("Bearer realm=\"gapless\", error=\"invalid_token\""),
+            "{what}"
+        );
+    }
+    let ok = sign(&good(claims(&["c"], &[], 60)));
+    get_as(&s, "/v1/channels/c", &ok).await.expect(200);
+    // A valid token without the right: 403, not 401.
+    get_as(&s, "/v1/channels/d", &ok)
+        .await
+        .expect_error(403, "forbidden");
+    let r = s
+        .send(
+            s.http
+                .get(s.url("/v1/channels/c"))
+                .header("Authorization", "Basic dTpw"),
+        )
+        .await;
+    r.expect_error(401, "unauthorized");
+}
+
+#[tokio::test]
+async fn a_forbidden_channel_with_history_and_one_never_used_get_the_same_answer() {
+    let s = secured(&[]).await;
+    let admin = token(&["*"], &["*"]);
+    for i in 0..3 {
+        post_as(&s, "/v1/channels/secret/events", &format!("e{i}"), &admin)
+            .await
+            .expect(201);
+    }
+    let reader = token(&["news"], &["news"]);
+    let cursor = post_as(&s, "/v1/channels/news/events", "n", &reader)
+        .await
+        .json["cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_owned();
+    let requests = [
+        ("GET", "/v1/channels/{}/events"),
+        ("GET", "/v1/channels/{}/events?after=garbage"),
+        ("GET", "/v1/channels/{}"),
+        ("GET", "/v1/channels/{}/sse"),
+        ("GET", "/v1/channels/{}/sse?since=earliest"),
+        ("GET", "/v1/sse?channel={}"),
+        ("POST", "/v1/channels/{}/events"),
+        ("POST", "/v1/channels/{}/events?ephemeral=true"),
+        ("POST", "/v1/channels/{}/batch"),
+    ];
+    for (method, template) in requests {
+        let mut answers = Vec::new();
+        for channel in ["secret", "never-used"] {
+            let path = template.replace("{}", channel);
+            let req = match method {
+                "GET" => s.http.get(s.url(&path)),
+                _ => s.http.post(s.url(&path)).body(r#"[{"data":"x"}]"#),
+            };
+            let r = s
+                .send(
+                    req.bearer_auth(&reader)
+                        .header("Last-Event-ID", cursor.as_str()),
+                )
+                .await;
+            r.expect_error(403, "forbidden");
+            answers.push((r.status, r.text.replace(channel, "CHANNEL")));
+        }
+        assert_eq!(answers[0], answers[1], "{method} {template}");
+    }
+    // Nothing was appended by the refused publishes.
+    let h = get_as(&s, "/v1/channels/secret", &admin).await;
+    assert_eq!(h.expect(200)["head"], 3);
+}
+
+#[tokio::test]
+async fn tokens_are_read_from_header_then_cookie_then_query() {
+    let s = secured(&[]).await;
+    let good = token(&["c"], &["c"]);
+    let bad = "not-a-token";
+    let ask = |header: Option<&str>, cookie: Option<&str>, query: Option<&str>| {
+        let path = match query {
+            Some(q) => format!("/v1/channels/c?access_token={q}"),
+            None => "/v1/channels/c".to_owned(),
+        };
+        let mut req = s.http.get(s.url(&path));
+        if let Some(h) = header {
+            req = req.bearer_auth(h);
+        }
+        if let Some(c) = cookie {
+            req = req.header("Cookie", format!("theme=dark; gapless_token={c}"));
+        }
+        let s = &s;
+        async move { s.send(req).await.status }
+    };
+    assert_eq!(ask(Some(&good), None, None).await, 200, "header");
+    assert_eq!(ask(None, Some(&good), None).await, 200, "cookie");
+    assert_eq!(ask(None, None, Some(&good)).await, 200, "query");
+    // The first place in the order wins, even when a later one holds a good token.
+    assert_eq!(ask(Some(bad), Some(&good), Some(&good)).await, 401);
+    assert_eq!(ask(Some(&good), Some(bad), Some(bad)).await, 200);
+    assert_eq!(ask(None, Some(bad), Some(&good)).await, 401);
+    assert_eq!(ask(None, Some(&good), Some(bad)).await, 200);
+    // SSE with the query token (what a browser's EventSource can do).
+    let (mut sse, _) = s.subscribe("c", &format!("access_token={good}")).await;
+    post_as(&s, "/v1/channels/c/events", "hello", &good)
+        .await
+        .expect(201);
+    assert_eq!(sse.next_event().await.data, "hello");
+}
+
+#[tokio::test]
+async fn patterns_name_prefix_and_star() {
+    let s = secured(&[]).await;
+    let rooms = token(&["rooms:*"], &["rooms:1"]);
+    for (channel, read) in [
+        ("rooms:42", 200),
+        ("rooms:", 200),
+        ("room", 403),
+        ("xrooms:1", 403),
+        ("rooms", 403),
+    ] {
+        assert_eq!(
+            get_as(&s, &format!("/v1/channels/{channel}"), &rooms)
+                .await
+                .status,
+            read,
+            "subscribe {channel}"
+        );
+    }
+    assert_eq!(
+        post_as(&s, "/v1/channels/rooms:1/events", "x", &rooms)
+            .await
+            .status,
+        201
+    );
+    // An exact name is exact: rooms:1 gives nothing of rooms:10.
+    for (channel, status) in [("rooms:10", 403), ("rooms:1x", 403), ("rooms:", 403)] {
+        assert_eq!(
+            post_as(&s, &format!("/v1/channels/{channel}/events"), "x", &rooms)
+                .await
+                .status,
+            status,
+            "publish {channel}"
+        );
+    }
+    let one = token(&["rooms:1"], &[]);
+    get_as(&s, "/v1/channels/rooms:10/events", &one)
+        .await
+        .expect_error(403, "forbidden");
+    let all = token(&["*"], &[]);
+    get_as(&s, "/v1/channels/anything.at_all", &all)
+        .await
+        .expect(200);
+    // A token with no gapless claim allows nothing.
+    let none = sign(&json!({"exp": now_s() + 60, "sub": "u"}));
+    get_as(&s, "/v1/channels/c", &none)
+        .await
+        .expect_error(403, "forbidden");
+}
+
+#[tokio::test]
+async fn a_multi_channel_stream_with_one_forbidden_channel_is_refused_whole() {
+    let s = secured(&[]).await;
+    let t = token(&["a", "b"], &[]);
+    let mut ok = s
+        .sse(
+            &format!("/v1/sse?channel=a&channel=b&access_token={t}"),
+            &[],
+        )
+        .await;
+    ok.preamble().await;
+    let mut refused = s
+        .sse(
+            &format!("/v1/sse?channel=a&channel=b&channel=c&access_token={t}"),
+            &[],
+        )
+        .await;
+    assert_eq!(refused.status, 403);
+    let body = refused.body_json().await;
+    assert_eq!(body["error"], "forbidden");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"c\"")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn adversarial_names_reach_no_other_channel() {
+    let s = secured(&[]).await;
+    let admin = token(&["*"], &["*"]);
+    let t = token(&["rooms:1"], &["rooms:1"]);
+    post_as(&s, "/v1/channels/rooms:10/events", "ten", &admin)
+        .await
+        .expect(201);
+    // Percent-encoding is decoded once: rooms%3A1 is rooms:1 itself.
+    post_as(&s, "/v1/channels/rooms%3A1/events", "one", &t)
+        .await
+        .expect(201);
+    let h = get_as(&s, "/v1/channels/rooms:1/events", &t).await;
+    assert_eq!(h.expect(200)["events"][0]["data"], "one");
+    for path in [
+        "/v1/channels/rooms%3A10/events",
+        "/v1/channels/rooms:1%30/events",
+        "/v1/channels/../events",
+        "/v1/channels/rooms:*/events",
+    ] {
+        let r = get_as(&s, path, &t).await;
+        assert!(
+            r.status == 403 || r.status == 400 || r.status == 404,
+            "{path}: {} {}",
+            r.status,
+            r.text
+        );
+        assert!(!r.text.contains("ten"), "{path} leaked: {}", r.text);
+    }
+    for path in [
+        "/v1/channels/rooms:1%2F..%2Frooms:10/events",
+        "/v1/channels/rooms:1%252Frooms:10/events",
+        "/v1/channels/rooms%EF%BC%9A1/events",
+        "/v1/channels/r%D0%BEoms:1/events",
+    ] {
+        get_as(&s, path, &admin)
+            .await
+            .expect_error(400, "invalid_channel");
+    }
+    let long = "a".repeat(200);
+    get_as(&s, &format!("/v1/channels/{long}/events"), &admin)
+        .await
+        .expect(200);
+    get_as(&s, &format!("/v1/channels/{long}a/events"), &admin)
+        .await
+        .expect_error(400, "invalid_channel");
+    // Channels named like routes are channels like any other.
+    for name in ["sse", "events", "batch"] {
+        post_as(&s, &format!("/v1/channels/{name}/events"), name, &admin)
+            .await
+            .expect(201);
+    }
+    for name in ["sse", "events", "batch"] {
+        let h = get_as(&s, &format!("/v1/channels/{name}/events"), &admin).await;
+        let events = h.expect(200)["events"].as_array().expect("events").clone();
+        assert_eq!(events.len(), 1, "{name}: {events:?}");
+        assert_eq!(events[0]["data"], name);
+    }
+}
+
+#[tokio::test]
+async fn sessions_need_publish_or_subscribe_on_session_slash_id() {
+    let s = secured(&[]).await;
+    let producer = token(&[], &["session/*"]);
+    let created = post_as(&s, "/v1/sessions", "", &producer).await;
+    let id = created.expect(201)["id"].as_str().expect("id").to_owned();
+    post_as(&s, &format!("/v1/sessions/{id}/events"), "step", &producer)
+        .await
+        .expect(201);
+    // A producer of one named session cannot draw ids nor touch others.
+    let one = token(&[], &["session/mine"]);
+    post_as(&s, "/v1/sessions", "", &one)
+        .await
+        .expect_error(403, "forbidden");
+    post_as(&s, "/v1/sessions", r#"{"id":"mine"}"#, &one)
+        .await
+        .expect(201);
+    post_as(&s, &format!("/v1/sessions/{id}/events"), "x", &one)
+        .await
+        .expect_error(403, "forbidden");
+    post_as(&s, &format!("/v1/sessions/{id}/complete"), "", &one)
+        .await
+        .expect_error(403, "forbidden");
+
+    // The consumer holds subscribe on this session only: the id alone is not the key.
+    let consumer = token(&[&format!("session/{id}")], &[]);
+    get_as(&s, &format!("/v1/sessions/{id}"), &consumer)
+        .await
+        .expect(200);
+    get_as(&s, &format!("/v1/sessions/{id}/events"), &consumer)
+        .await
+        .expect(200);
+    post_as(&s, &format!("/v1/sessions/{id}/events"), "x", &consumer)
+        .await
+        .expect_error(403, "forbidden");
+    get_as(&s, "/v1/sessions/mine", &consumer)
+        .await
+        .expect_error(403, "forbidden");
+    // The same refusal for a session that does not exist.
+    let a = get_as(&s, "/v1/sessions/mine", &consumer).await;
+    let b = get_as(&s, "/v1/sessions/nope", &consumer).await;
+    assert_eq!(a.text.replace("mine", "X"), b.text.replace("nope", "X"));
+
+    let mut ws = Ws::connect(
+        s.addr,
+        &format!("/v1/sessions/{id}/ws?last_seq=1&access_token={consumer}"),
+    )
+    .await;
+    let ev = ws.expect_op("event").await;
+    assert_eq!(ev["data"], "step");
+    ws.expect_op("session.resumed").await;
+
+    for (who, t, code, close) in [
+        ("no token", String::new(), "unauthorized", 4401),
+        (
+            "another session's token",
+            token(&["session/mine"], &[]),
+            "forbidden",
+            4403,
+        ),
+        ("a bad token", "x.y.z".to_owned(), "unauthorized", 4401),
+    ] {
+        let mut ws = Ws::connect(s.addr, &format!("/v1/sessions/{id}/ws?access_token={t}")).await;
+        let err = ws.expect_op("error").await;
+        assert_eq!(err["code"], code, "{who}");
+        let (c, _) = ws.expect_close().await;
+        assert_eq!(c, close, "{who}");
+    }
+    post_as(&s, &format!("/v1/sessions/{id}/complete"), "", &producer)
+        .await
+        .expect(200);
+}
+
+#[tokio::test]
+async fn websocket_refuses_a_bad_connect_with_4401_and_a_forbidden_subscribe_with_an_error() {
+    let s = secured(&[]).await;
+    let mut ws = Ws::connect(s.addr, "/v1/ws").await;
+    let err = ws.expect_op("error").await;
+    assert_eq!(err["code"], "unauthorized");
+    assert_eq!(ws.expect_close().await.0, 4401);
+
+    let t = token(&["a"], &["a"]);
+    let mut ws = Ws::connect(s.addr, &format!("/v1/ws?access_token={t}")).await;
+    ws.subscribe(json!(1), "b", json!({})).await;
+    let err = ws.expect_op("error").await;
+    assert_eq!(
+        (err["id"].clone(), err["code"].clone()),
+        (json!(1), json!("forbidden"))
+    );
+    ws.send(&json!({"op": "publish", "id": 2, "channel": "b", "data": "x"}))
+        .await;
+    let err = ws.expect_op("error").await;
+    assert_eq!(
+        (err["id"].clone(), err["code"].clone()),
+        (json!(2), json!("forbidden"))
+    );
+    // The socket stays open and serves what is allowed.
+    ws.subscribe_live("a").await;
+    ws.send(&json!({"op": "publish", "id": 3, "channel": "a", "data": "y"}))
+        .await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(ws.json().await["op"].as_str().unwrap_or("").to_owned());
+    }
+    got.sort();
+    assert_eq!(got, ["event", "published"]);
+    let admin = token(&["*"], &["*"]);
+    let head = get_as(&s, "/v1/channels/b", &admin).await;
+    assert_eq!(
+        head.expect(200)["head"],
+        0,
+        "the refused publish appended nothing"
+    );
+}
+
+/// Generates a key pair with openssl: (private PKCS#8 PEM, public PEM).
+fn keypair(dir: &std::path::Path, kind: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let private = dir.join(format!("{kind}.key"));
+    let public = dir.join(format!("{kind}.pub"));
+    let gen: &[&str] = match kind {
+        "rsa" => &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ],
+        _ => &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ],
+    };
+    let ok = std::process::Command::new("openssl")
+        .args(gen)
+        .arg("-out")
+        .arg(&private)
+        .status()
+        .expect("running openssl");
+    assert!(ok.success(), "openssl genpkey {kind}");
+    let ok = std::process::Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&private)
+        .arg("-out")
+        .arg(&public)
+        .status()
+        .expect("running openssl");
+    assert!(ok.success(), "openssl pkey -pubout {kind}");
+    (private, public)
+}
+
+#[tokio::test]
+async fn rs256_and_es256_public_keys_and_a_secret_beside_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (kind, alg) in [("rsa", Algorithm::RS256), ("ec", Algorithm::ES256)] {
+        let (private, public) = keypair(dir.path(), kind);
+        let pem = std::fs::read(&private).expect("private key");
+        let key = match kind {
+            "rsa" => EncodingKey::from_rsa_pem(&pem),
+            _ => EncodingKey::from_ec_pem(&pem),
+        }
+        .expect("encoding key");
+        let public = public.to_str().expect("utf-8 path").to_owned();
+        // The public key alone: its algorithm verifies, HS256 does not.
+        let s = Server::memory(&["--jwt-public-key", &public]).await;
+        let t = sign_with(&claims(&["c"], &["c"], 60), alg, &key);
+        post_as(&s, "/v1/channels/c/events", "x", &t)
+            .await
+            .expect(201);
+        post_as(&s, "/v1/channels/c/events", "x", &token(&["c"], &["c"]))
+            .await
+            .expect_error(401, "unauthorized");
+        // Tampered payload: the signature no longer verifies.
+        let mut parts: Vec<String> = t.split('.').map(str::to_owned).collect();
+        let forged = sign(&claims(&["*"], &["*"], 60));
+        parts[1] = forged.split('.').nth(1).expect("payload").to_owned();
+        post_as(&s, "/v1/channels/d/events", "x", &parts.join("."))
+            .await
+            .expect_error(401, "unauthorized");
+        // Both configured: either verifies.
+        let both = Server::memory(&["--jwt-public-key", &public, "--jwt-secret", SECRET]).await;
+        post_as(&both, "/v1/channels/c/events", "x", &t)
+            .await
+            .expect(201);
+        post_as(&both, "/v1/channels/c/events", "x", &token(&["c"], &["c"]))
+            .await
+            .expect(201);
+    }
+    // A file that is not a key: the server refuses to start, naming it.
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "not a key").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args([
+            "serve",
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--jwt-public-key",
+        ])
+        .arg(&bad)
+        .output()
+        .expect("run gapless");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.pem") && err.contains("public key"),
+        "{err}"
+    );
+}
+
+/// Publishes `n` events to `channel` in the background, one every `every`.
+fn publish_in_background(
+    s: &Server,
+    channel: &str,
+    n: u64,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let url = s.url(&format!("/v1/channels/{channel}/events"));
+    let http = s.http.clone();
+    let t = token(&[], &[channel]);
+    tokio::spawn(async move {
+        for i in 1..=n {
+            let r = http
+                .post(&url)
+                .bearer_auth(&t)
+                .body(format!("e{i}"))
+                .send()
+                .await
+                .expect("publish");
+            assert_eq!(r.status(), 201);
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn sse_ends_at_expiry_and_a_fresh_token_resumes_with_no_loss_and_no_repeat() {
+    let s = secured(&["--jwt-leeway-ms", "0"]).await;
+    let n = 60;
+    let publisher = publish_in_background(&s, "c", n, Duration::from_millis(50));
+    let mut seen: Vec<String> = Vec::new();
+    let mut last_id = String::new();
+    let mut expiries = 0;
+    while seen.len() < n as usize {
+        // Each token lives 1 s: the stream is cut at least twice while events flow.
+        let t = sign(&claims(&["c"], &[], 1));
+        let target = format!("/v1/channels/c/sse?access_token={t}&since=earliest");
+        let headers: Vec<(&str, &[u8])> = if last_id.is_empty() {
+            vec![]
+        } else {
+            vec![("Last-Event-ID", last_id.as_bytes())]
+        };
+        let mut c = SseClient::connect(s.addr, &target, &headers).await;
+        assert_eq!(c.status, 200, "{}", c.raw_text());
+        loop {
+            match c.next_within(Duration::from_secs(5)).await {
+                Some(Next::Item(Item::Event(e))) if e.event == "gapless.expired" => {
+                    assert_eq!(e.id, None, "the expiry notice carries no id");
+                    assert_eq!(e.json()["error"], "token_expired");
+                    expiries += 1;
+                }
+                Some(Next::Item(Item::Event(e))) => {
+                    assert!(!e.is_gap(), "no gap across a refresh: {e:?}");
+                    seen.push(e.data.clone());
+                    last_id = e.last_event_id.clone();
+                }
+                Some(Next::Item(Item::IdOnly(id))) => last_id = id,
+                Some(Next::Item(_)) => {}
+                Some(Next::End) => break,
+                Some(Next::Broken(e)) => panic!("stream broke: {e}"),
+                None => break,
+            }
+        }
+    }
+    publisher.await.expect("publisher");
+    let want: Vec<String> = (1..=n).map(|i| format!("e{i}")).collect();
+    assert_eq!(seen, want, "every event once, in order");
+    assert!(
+        expiries >= 2,
+        "the token expired mid-stream ({expiries} times)"
+    );
+}
+
+#[tokio::test]
+async fn websocket_closes_4401_at_expiry_and_resumes_from_its_cursor() {
+    let s = secured(&["--jwt-leeway-ms", "0"]).await;
+    let n = 40;
+    let publisher = publish_in_background(&s, "c", n, Duration::from_millis(50));
+    let mut seqs: Vec<u64> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut expiries = 0;
+    while seqs.len() < n as usize {
+        let t = sign(&claims(&["c"], &[], 1));
+        let mut ws = Ws::connect(s.addr, &format!("/v1/ws?access_token={t}")).await;
+        let extra = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({"since": "earliest"}),
+        };
+        ws.subscribe(json!(1), "c", extra).await;
+        loop {
+            match ws.recv(Duration::from_secs(5)).await {
+                Some(Msg::Json(v)) if v["op"] == "event" => {
+                    seqs.push(v["seq"].as_u64().expect("seq"));
+                    cursor = v["cursor"].as_str().map(str::to_owned);
+                }
+                Some(Msg::Json(v)) if v["op"] == "gap" => panic!("no gap across a refresh: {v}"),
+                Some(Msg::Json(_)) => {}
+                Some(Msg::Close(Some((code, reason)))) => {
+                    assert_eq!(code, 4401, "{reason}");
+                    assert!(reason.contains("expired"), "{reason}");
+                    expiries += 1;
+                    break;
+                }
+                other => {
+                    if seqs.len() < n as usize {
+                        panic!("unexpected {other:?}");
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    publisher.await.expect("publisher");
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+    assert!(expiries >= 1, "the token expired mid-stream");
+    let distinct: BTreeSet<_> = seqs.iter().collect();
+    assert_eq!(distinct.len(), seqs.len());
+}

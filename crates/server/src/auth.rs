@@ -1,0 +1,618 @@
+//! Authorization: who may read or write which channel or session
+//! (`docs/security.md`).
+//!
+//! With no key configured the server runs open: every request holds a
+//! [`Grant`] that allows everything. With a key, every request must present
+//! a JWT (read by [`Auth::token_of`]: the `Authorization: Bearer` header, the
+//! `gapless_token` cookie, or the `access_token` query parameter, first found
+//! wins), verified by [`Auth::verify`] into a [`Grant`]; handlers then ask the
+//! grant with [`Grant::require`] before they touch the hub, so a refusal
+//! never depends on whether a channel exists.
+//!
+//! What a token allows is its one claim `gapless`:
+//! `{"subscribe": [pattern…], "publish": [pattern…]}`. A pattern is a name, a
+//! prefix followed by one `*` at its end (`rooms:*` matches `rooms:42` and
+//! `rooms:`, not `room`), or `*` alone (everything). Sessions are named
+//! `session/ID` in patterns (`/` is outside the channel alphabet, so no
+//! channel can take a session's name): producers need `publish` on it,
+//! consumers `subscribe`.
+
+use crate::error::ApiError;
+use crate::App;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::HeaderMap;
+use gapless_protocol::codes::ErrorCode;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Name of the cookie a browser may carry its token in.
+pub const COOKIE: &str = "gapless_token";
+/// Name of the query parameter that may carry a token (for clients that can
+/// set neither a header nor a cookie; it can land in access logs).
+pub const QUERY: &str = "access_token";
+/// The prefix of a session's name in patterns: `session/ID`.
+pub const SESSION_PREFIX: &str = "session/";
+
+/// Token settings: the `--jwt-*` flags of `gapless serve`.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// HS256 shared secret (`--jwt-secret`, `--jwt-secret-file`); `None`: no HMAC key.
+    pub secret: Option<Vec<u8>>,
+    /// PEM file of an RSA (RS256) or EC P-256 (ES256) public key (`--jwt-public-key`).
+    pub public_key: Option<PathBuf>,
+    /// Clock skew allowed on `exp` and `nbf`, in milliseconds (`--jwt-leeway-ms`).
+    /// A token is honoured until `exp` plus this; default 5000.
+    pub leeway_ms: u64,
+    /// When set, a token's `aud` must contain this (`--jwt-audience`).
+    pub audience: Option<String>,
+    /// When set, a token's `iss` must be this (`--jwt-issuer`).
+    pub issuer: Option<String>,
+}
+
+/// A key a token may verify with.
+struct Key {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+/// The verifier: the configured keys (none: the server is open).
+pub struct Auth {
+    keys: Vec<Key>,
+    leeway_ms: u64,
+    /// What every request may do on an open server (shared, not rebuilt per request).
+    open: Arc<Grant>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("keys", &self.keys.len())
+            .field("leeway_ms", &self.leeway_ms)
+            .finish()
+    }
+}
+
+/// Why the token settings cannot be used (at startup).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSetupError {
+    /// The public key file could not be read.
+    #[error("reading the public key {path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        error: std::io::Error,
+    },
+    /// The file is not a PEM RSA or EC public key.
+    #[error("{path} is not a PEM public key of RSA (RS256) or EC P-256 (ES256) type: {error}")]
+    Key {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        error: String,
+    },
+    /// The secret is empty.
+    #[error("the JWT secret is empty; give at least 32 bytes")]
+    EmptySecret,
+}
+
+impl Auth {
+    /// An open server: every request may do everything.
+    pub fn open() -> Self {
+        Auth {
+            keys: Vec::new(),
+            leeway_ms: 0,
+            open: Arc::new(Grant::all()),
+        }
+    }
+
+    /// A verifier for `config`; open when it names no key.
+    ///
+    /// # Errors
+    /// [`AuthSetupError`] for an unreadable or unusable key.
+    pub fn new(config: &AuthConfig) -> Result<Self, AuthSetupError> {
+        let mut keys = Vec::new();
+        if let Some(secret) = &config.secret {
+            if secret.is_empty() {
+                return Err(AuthSetupError::EmptySecret);
+            }
+            keys.push(Key {
+                key: DecodingKey::from_secret(secret).map_err(|e| AuthSetupError::Key {
+                    path: PathBuf::from("--jwt-secret"),
+                    error: e.to_string(),
+                })?,
+                validation: validation(Algorithm::HS256, config),
+            });
+        }
+        if let Some(path) = &config.public_key {
+            let pem = std::fs::read(path).map_err(|error| AuthSetupError::Read {
+                path: path.clone(),
+                error,
+            })?;
+            let key = match DecodingKey::from_rsa_pem(&pem) {
+                Ok(k) => Key {
+                    key: k,
+                    validation: validation(Algorithm::RS256, config),
+                },
+                Err(rsa) => match DecodingKey::from_ec_pem(&pem) {
+                    Ok(k) => Key {
+                        key: k,
+                        validation: validation(Algorithm::ES256, config),
+                    },
+                    Err(ec) => {
+                        return Err(AuthSetupError::Key {
+                            path: path.clone(),
+                            error: format!("as RSA: {rsa}; as EC: {ec}"),
+                        })
+                    }
+                },
+            };
+            keys.push(key);
+        }
+        Ok(Auth {
+            keys,
+            leeway_ms: config.leeway_ms,
+            open: Arc::new(Grant::all()),
+        })
+    }
+
+    /// True when no key is configured: every request is allowed everything.
+    pub fn is_open(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The token a request presents: `Authorization: Bearer`, else the
+    /// [`COOKIE`] cookie, else the [`QUERY`] parameter of `query`.
+    ///
+    /// # Errors
+    /// 401 for an `Authorization` header that is not `Bearer <token>`.
+    pub fn token_of(headers: &HeaderMap, query: Option<&str>) -> Result<Option<String>, ApiError> {
+        if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
+            let v = v.to_str().unwrap_or("");
+            let token = v
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim())
+                .filter(|t| !t.is_empty());
+            return match token {
+                Some(t) => Ok(Some(t.to_owned())),
+                None => Err(unauthorized(
+                    "the Authorization header must be `Bearer <token>`",
+                    true,
+                )),
+            };
+        }
+        for v in headers.get_all(axum::http::header::COOKIE) {
+            let Ok(v) = v.to_str() else { continue };
+            for c in cookie::Cookie::split_parse(v).flatten() {
+                if c.name() == COOKIE && !c.value().is_empty() {
+                    return Ok(Some(c.value().to_owned()));
+                }
+            }
+        }
+        Ok(form_urlencoded::parse(query.unwrap_or("").as_bytes())
+            .find(|(k, v)| k == QUERY && !v.is_empty())
+            .map(|(_, v)| v.into_owned()))
+    }
+
+    /// What the request with `headers` and `query` may do.
+    ///
+    /// # Errors
+    /// 401 `unauthorized` when the server has keys and the request presents
+    /// no token or one that fails verification.
+    pub fn grant_of(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Arc<Grant>, ApiError> {
+        if self.is_open() {
+            return Ok(self.open.clone());
+        }
+        match Self::token_of(headers, query)? {
+            None => Err(unauthorized(
+                "this server requires a token: send `Authorization: Bearer <token>`, \
+                 the gapless_token cookie, or ?access_token=",
+                false,
+            )),
+            Some(t) => self
+                .verify(&t, gapless_core::journal::now_ms())
+                .map(Arc::new),
+        }
+    }
+
+    /// Verifies `token` at `now_ms` (Unix milliseconds): signature with any
+    /// configured key, `exp` required and `nbf` honoured with the leeway,
+    /// `aud` and `iss` when configured, and the `gapless` claim's shape.
+    ///
+    /// # Errors
+    /// 401 `unauthorized` saying what is wrong.
+    pub fn verify(&self, token: &str, now_ms: u64) -> Result<Grant, ApiError> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| unauthorized(&format!("the token is not a JWT: {e}"), true))?;
+        let mut last = None;
+        for k in self
+            .keys
+            .iter()
+            .filter(|k| k.validation.algorithms.contains(&header.alg))
+        {
+            match jsonwebtoken::decode::<Claims>(token, &k.key, &k.validation) {
+                Ok(data) => return self.grant(data.claims, now_ms),
+                Err(e) => last = Some(e),
+            }
+        }
+        let why = match last.as_ref().map(jsonwebtoken::errors::Error::kind) {
+            None => format!(
+                "the token is signed with {:?}, which no configured key verifies",
+                header.alg
+            ),
+            Some(jsonwebtoken::errors::ErrorKind::InvalidSignature) => {
+                "the token's signature does not verify".to_owned()
+            }
+            Some(jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(c)) => {
+                format!("the token has no `{c}` claim, which this server requires")
+            }
+            Some(jsonwebtoken::errors::ErrorKind::InvalidAudience) => {
+                "the token's `aud` does not name this server (--jwt-audience)".to_owned()
+            }
+            Some(jsonwebtoken::errors::ErrorKind::InvalidIssuer) => {
+                "the token's `iss` is not the expected issuer (--jwt-issuer)".to_owned()
+            }
+            Some(jsonwebtoken::errors::ErrorKind::Json(e)) => format!(
+                "the token's claims are malformed: {e}; the gapless claim must be \
+                 {{\"subscribe\": [pattern], \"publish\": [pattern]}}"
+            ),
+            Some(other) => format!("the token does not verify: {other:?}"),
+        };
+        Err(unauthorized(&why, true))
+    }
+
+    fn grant(&self, claims: Claims, now_ms: u64) -> Result<Grant, ApiError> {
+        let exp_ms = seconds_to_ms(claims.exp);
+        if now_ms > exp_ms.saturating_add(self.leeway_ms) {
+            return Err(unauthorized("the token has expired", true));
+        }
+        if let Some(nbf) = claims.nbf {
+            if now_ms.saturating_add(self.leeway_ms) < seconds_to_ms(nbf) {
+                return Err(unauthorized("the token is not valid yet (nbf)", true));
+            }
+        }
+        let rights = claims.gapless.unwrap_or_default();
+        let parse = |list: Vec<String>, what: &str| {
+            list.into_iter()
+                .map(|p| Pattern::parse(&p))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Patterns)
+                .map_err(|e| unauthorized(&format!("gapless.{what}: {e}"), true))
+        };
+        Ok(Grant {
+            subject: claims.sub,
+            subscribe: parse(rights.subscribe, "subscribe")?,
+            publish: parse(rights.publish, "publish")?,
+            expires_ms: Some(exp_ms.saturating_add(self.leeway_ms)),
+        })
+    }
+}
+
+fn validation(alg: Algorithm, config: &AuthConfig) -> Validation {
+    let mut v = Validation::new(alg);
+    // exp and nbf are checked in `Auth::grant`, in milliseconds, with the
+    // configured leeway; the crate checks presence, signature, aud and iss.
+    v.validate_exp = false;
+    v.validate_nbf = false;
+    v.leeway = 0;
+    let mut required = vec!["exp"];
+    match &config.audience {
+        Some(a) => {
+            v.set_audience(&[a]);
+            required.push("aud");
+        }
+        None => v.validate_aud = false,
+    }
+    if let Some(i) = &config.issuer {
+        v.set_issuer(&[i]);
+        required.push("iss");
+    }
+    v.set_required_spec_claims(&required);
+    v
+}
+
+fn seconds_to_ms(s: f64) -> u64 {
+    if s.is_finite() && s > 0.0 {
+        (s * 1000.0).min(u64::MAX as f64) as u64
+    } else {
+        0
+    }
+}
+
+/// The claims gapless reads; others are ignored.
+#[derive(Debug, Deserialize)]
+struct Claims {
+    exp: f64,
+    nbf: Option<f64>,
+    sub: Option<String>,
+    gapless: Option<Rights>,
+}
+
+/// The `gapless` claim, exactly this shape.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rights {
+    #[serde(default)]
+    subscribe: Vec<String>,
+    #[serde(default)]
+    publish: Vec<String>,
+}
+
+/// A 401 answer. `invalid` says a token was presented and failed (RFC 6750
+/// section 3.1 `invalid_token`) rather than missing.
+pub fn unauthorized(message: &str, invalid: bool) -> ApiError {
+    let mut e = ApiError::new(ErrorCode::Unauthorized, message);
+    if invalid {
+        e = e.with("token_error", "invalid_token");
+    }
+    e
+}
+
+/// One pattern of a token's `subscribe` or `publish` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// Exactly this name.
+    Exact(String),
+    /// Any name that starts with this.
+    Prefix(String),
+    /// Every name (`*`).
+    All,
+}
+
+impl Pattern {
+    /// Parses a pattern: a name, a prefix ending in one `*`, or `*`.
+    ///
+    /// # Errors
+    /// A `*` anywhere but at the end, or an empty pattern.
+    pub fn parse(p: &str) -> Result<Pattern, String> {
+        match p.find('*') {
+            _ if p.is_empty() => Err("a pattern is empty".to_owned()),
+            None => Ok(Pattern::Exact(p.to_owned())),
+            Some(i) if i + 1 == p.len() => Ok(if i == 0 {
+                Pattern::All
+            } else {
+                Pattern::Prefix(p[..i].to_owned())
+            }),
+            Some(_) => Err(format!(
+                "pattern {p:?} has a `*` before its end; only one trailing `*` is allowed"
+            )),
+        }
+    }
+
+    /// Whether this pattern matches `name`.
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Pattern::Exact(n) => n == name,
+            Pattern::Prefix(p) => name.starts_with(p.as_str()),
+            Pattern::All => true,
+        }
+    }
+
+    /// Whether this pattern matches every name that starts with `prefix`.
+    pub fn covers_prefix(&self, prefix: &str) -> bool {
+        match self {
+            Pattern::Exact(_) => false,
+            Pattern::Prefix(p) => prefix.starts_with(p.as_str()),
+            Pattern::All => true,
+        }
+    }
+}
+
+/// A list of patterns; it allows a name when any pattern matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Patterns(pub Vec<Pattern>);
+
+impl Patterns {
+    /// Whether any pattern matches `name`.
+    pub fn allows(&self, name: &str) -> bool {
+        self.0.iter().any(|p| p.matches(name))
+    }
+}
+
+/// An operation a token may be allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Follow (SSE, WebSocket), read history, read a channel's bounds;
+    /// attach to a session, read its state or history.
+    Subscribe,
+    /// Publish (one, batch, ephemeral); create, append to, complete or
+    /// cancel a session.
+    Publish,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Subscribe => "subscribe",
+            Action::Publish => "publish",
+        }
+    }
+}
+
+/// What one request may do: everything on an open server, else what its token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The token's `sub`, if any (the key of the publish rate limit).
+    pub subject: Option<String>,
+    /// Patterns of what it may follow and read.
+    pub subscribe: Patterns,
+    /// Patterns of what it may publish to.
+    pub publish: Patterns,
+    /// Unix milliseconds after which the token is no longer honoured (`exp`
+    /// plus the leeway); `None` on an open server. Streams end then.
+    pub expires_ms: Option<u64>,
+}
+
+impl Grant {
+    /// Everything, forever (an open server).
+    pub fn all() -> Self {
+        Grant {
+            subject: None,
+            subscribe: Patterns(vec![Pattern::All]),
+            publish: Patterns(vec![Pattern::All]),
+            expires_ms: None,
+        }
+    }
+
+    fn patterns(&self, action: Action) -> &Patterns {
+        match action {
+            Action::Subscribe => &self.subscribe,
+            Action::Publish => &self.publish,
+        }
+    }
+
+    /// Whether `action` is allowed on the channel `name`.
+    pub fn may(&self, action: Action, name: &str) -> bool {
+        self.patterns(action).allows(name)
+    }
+
+    /// Allows `action` on channel `name`, or refuses.
+    ///
+    /// # Errors
+    /// 403 `forbidden` naming the action and the channel (the same answer
+    /// whether or not the channel exists).
+    pub fn require(&self, action: Action, name: &str) -> Result<(), ApiError> {
+        if self.may(action, name) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "this token does not allow {} on channel {name:?}",
+                    action.as_str()
+                ),
+            ))
+        }
+    }
+
+    /// Allows `action` on session `id` (named `session/ID` in patterns), or refuses.
+    ///
+    /// # Errors
+    /// 403 `forbidden`, the same whether or not the session exists.
+    pub fn require_session(&self, action: Action, id: &str) -> Result<(), ApiError> {
+        if self.may(action, &format!("{SESSION_PREFIX}{id}")) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "this token does not allow {} on session {id:?} (pattern session/{id})",
+                    action.as_str()
+                ),
+            ))
+        }
+    }
+
+    /// Allows creating a session whose id the server draws: the token must
+    /// allow `publish` on every session (`session/*` or `*`).
+    ///
+    /// # Errors
+    /// 403 `forbidden`.
+    pub fn require_any_session(&self) -> Result<(), ApiError> {
+        if self
+            .publish
+            .0
+            .iter()
+            .any(|p| p.covers_prefix(SESSION_PREFIX))
+        {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                "creating a session with a server-drawn id needs publish on session/*; \
+                 or name the id in the body ({\"id\": ...}) and hold publish on session/ID",
+            ))
+        }
+    }
+
+    /// How long until the token stops being honoured (`None`: never).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.expires_ms
+            .map(|ms| Duration::from_millis(ms.saturating_sub(gapless_core::journal::now_ms())))
+    }
+}
+
+/// Extractor: the request's [`Grant`], or a 401 answer.
+#[derive(Debug, Clone)]
+pub struct Access(pub Arc<Grant>);
+
+impl FromRequestParts<Arc<App>> for Access {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        app.auth
+            .grant_of(&parts.headers, parts.uri.query())
+            .map(Access)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_names_prefixes_and_all() {
+        let p = |s: &str| Pattern::parse(s).expect(s);
+        assert!(p("rooms:*").matches("rooms:42"));
+        assert!(p("rooms:*").matches("rooms:"));
+        assert!(!p("rooms:*").matches("room"));
+        assert!(!p("rooms:*").matches("xrooms:1"));
+        assert!(p("rooms:1").matches("rooms:1"));
+        assert!(!p("rooms:1").matches("rooms:10"));
+        assert!(p("*").matches("anything"));
+        assert!(p("*").matches("session/abc"));
+        assert!(p("session/*").covers_prefix("session/"));
+        assert!(p("s*").covers_prefix("session/"));
+        assert!(!p("session/a*").covers_prefix("session/"));
+        assert!(!p("session/abc").covers_prefix("session/"));
+        assert!(Pattern::parse("a*b").is_err());
+        assert!(Pattern::parse("**").is_err());
+        assert!(Pattern::parse("").is_err());
+    }
+
+    #[test]
+    fn tokens_are_found_in_order_header_cookie_query() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "cookie",
+            "a=1; gapless_token=from-cookie".parse().expect("v"),
+        );
+        let q = Some("access_token=from-query&x=1");
+        assert_eq!(
+            Auth::token_of(&h, q).expect("ok").as_deref(),
+            Some("from-cookie")
+        );
+        h.insert("authorization", "Bearer from-header".parse().expect("v"));
+        assert_eq!(
+            Auth::token_of(&h, q).expect("ok").as_deref(),
+            Some("from-header")
+        );
+        assert_eq!(
+            Auth::token_of(&HeaderMap::new(), q).expect("ok").as_deref(),
+            Some("from-query")
+        );
+        assert_eq!(Auth::token_of(&HeaderMap::new(), None).expect("ok"), None);
+        let mut basic = HeaderMap::new();
+        basic.insert("authorization", "Basic abc".parse().expect("v"));
+        assert!(Auth::token_of(&basic, q).is_err());
+    }
+
+    #[test]
+    fn open_grants_everything_forever() {
+        let g = Auth::open()
+            .grant_of(&HeaderMap::new(), None)
+            .expect("open");
+        assert!(g.may(Action::Publish, "x"));
+        assert!(g.require_any_session().is_ok());
+        assert_eq!(g.remaining(), None);
+    }
+}

@@ -1,0 +1,70 @@
+//! The one request a refused connection may carry (`listener.rs`: past
+//! `--max-connections` or `--max-connections-per-ip`).
+//!
+//! - `/healthz` and `/readyz` are served as usual, so a liveness probe does
+//!   not restart a busy server and set off a reconnect storm.
+//! - An SSE request gets `200 text/event-stream` carrying only a jittered
+//!   `retry:` and a comment, then the end of the stream: a browser's
+//!   `EventSource` treats any other status as final and never reconnects,
+//!   but it reconnects after `retry:` from a stream that ends, keeping its
+//!   `Last-Event-ID` (the answer has no `id:`).
+//! - Anything else gets `503 limit_reached` with a jittered `Retry-After`.
+//!
+//! The connection is closed after the answer.
+
+use crate::error::ApiError;
+use crate::listener::Refused;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use gapless_protocol::codes::ErrorCode;
+
+/// Middleware: answers requests of refused connections (see the module doc);
+/// passes every other request on.
+pub async fn busy(req: Request, next: Next) -> Response {
+    let Some(Refused(why)) = req.extensions().get::<Refused>().cloned() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/healthz" || path == "/readyz" {
+        return next.run(req).await;
+    }
+    let mut resp = if req.method() == Method::GET && wants_sse(&req) {
+        let retry_ms = rand::random_range(1_000..=10_000u64);
+        let body = format!("retry: {retry_ms}\n: busy: {why}\n\n");
+        let mut r = Response::new(Body::from(body));
+        *r.status_mut() = StatusCode::OK;
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache, no-transform"),
+        );
+        r
+    } else {
+        ApiError::new(ErrorCode::LimitReached, why)
+            .retry_after(rand::random_range(1..=5u64))
+            .into_response()
+    };
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// An SSE URL, or a request that accepts `text/event-stream`.
+fn wants_sse(req: &Request) -> bool {
+    let path = req.uri().path();
+    let sse_path =
+        path == "/v1/sse" || (path.starts_with("/v1/channels/") && path.ends_with("/sse"));
+    sse_path
+        || req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/event-stream"))
+}
