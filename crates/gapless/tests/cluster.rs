@@ -617,3 +617,18 @@ async fn sentinel_failover_to_a_caught_up_replica_is_seamless_for_open_streams()
         "the promoted replica is a new epoch, which positions up to 5 continue into"
     );
 }
+
+#[tokio::test]
+async fn readyz_needs_no_token_where_everything_else_does() {
+    let redis = Redis::start().await;
+    let a = node(
+        &redis,
+        &["--jwt-secret", "a-secret-of-at-least-thirty-two-bytes!!"],
+    )
+    .await;
+    let r = a.get("/readyz").await;
+    assert_eq!(r.expect(200)["status"], "ready");
+    a.post(&format!("/v1/channels/{CH}/events"), "x", &[])
+        .await
+        .expect_error(401, "unauthorized");
+}
