@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests against the
 # real binary (and, for cluster mode, real redis-server processes: installed with
-# apt-get when missing), the benchmark harness at tiny sizes, and the real-browser tests
-# (installs Chromium and the npm packages they need). Usage: scripts/test.sh
+# apt-get when missing), the benchmark harness at tiny sizes, the real-browser tests, and the
+# TypeScript SDK's tests (installs Chromium and the npm packages they need).
+# Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -44,5 +45,10 @@ echo "== browser"
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/browser-test.sh 2>&1 | tee "$target/browser-test.log"
 bp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/browser-test.log")
 bf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/browser-test.log")
+
+echo "== typescript sdk (clients/typescript: unit, Node against the binary, Chromium)"
+GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ts-test.sh 2>&1 | tee "$target/ts-test.log"
+tp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/ts-test.log")
+tf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/ts-test.log")
 rp=$(awk '/^test result:/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed/) p+=$i} END {print p+0}' "$target/cargo-test.log")
-echo "all: $((rp + bp)) passed, $bf failed"
+echo "all: $((rp + bp + tp)) passed, $((bf + tf)) failed"

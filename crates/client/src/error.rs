@@ -274,6 +274,7 @@ impl ApiError {
             "forbidden" => C::Forbidden,
             "rate_limited" => C::RateLimited,
             "request_timeout" => C::RequestTimeout,
+            "head_too_large" => C::HeadTooLarge,
             _ => return None,
         })
     }

@@ -159,6 +159,9 @@ pub struct ServeArgs {
     /// Milliseconds a client has to send a whole request head (slower ones are disconnected).
     #[arg(long, env = "GAPLESS_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
+    /// Largest request head (request line and headers), in bytes (431 above); 8192 to 1048576.
+    #[arg(long, env = "GAPLESS_MAX_HEADER_BYTES", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(8192..=1_048_576))]
+    pub max_header_bytes: u64,
     /// Most recent events kept in memory per followed channel.
     #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
     pub window_events: usize,

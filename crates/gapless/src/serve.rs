@@ -102,6 +102,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         min_body_rate: args.min_body_rate,
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
+        max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),
         fanout_threads: usize::from(args.fanout_threads),
         ..ServerConfig::default()
     };

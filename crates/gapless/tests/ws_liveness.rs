@@ -57,6 +57,8 @@ async fn silent_until_close(raw: &mut RawWs, t0: Instant) -> (usize, Frame, Dura
     loop {
         match raw.read_frame(WAIT).await {
             Ok(Some(f)) if f.opcode == 9 => pings += 1,
+            // A text message (a session consumer's `session.resumed`) is not an answer.
+            Ok(Some(f)) if f.opcode == 1 => {}
             Ok(Some(f)) if f.opcode == 8 => {
                 let at = t0.elapsed();
                 let end = match raw.read_frame(Duration::from_secs(3)).await {

@@ -64,6 +64,8 @@ pub enum ErrorCode {
     RateLimited,
     /// 408: a request body arrived slower than `--min-body-rate` allows.
     RequestTimeout,
+    /// 431: a request head is over `--max-header-bytes` or 100 header lines.
+    HeadTooLarge,
 }
 
 impl ErrorCode {
@@ -95,6 +97,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::HeadTooLarge => "head_too_large",
         }
     }
 
@@ -121,6 +124,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::RateLimited => 429,
             ErrorCode::RequestTimeout => 408,
+            ErrorCode::HeadTooLarge => 431,
         }
     }
 }

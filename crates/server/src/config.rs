@@ -60,6 +60,10 @@ pub struct ServerConfig {
     /// Milliseconds a client has to send a whole request head; a slower one is
     /// disconnected (slowloris). Default 10000.
     pub header_timeout_ms: u64,
+    /// Largest request head (request line and headers), in bytes; a larger
+    /// one is answered 431 and the connection closed. 8192 to 1048576
+    /// (hyper's read buffer cannot be smaller). Default 16384.
+    pub max_header_bytes: usize,
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
     /// Threads of the fan-out runtime, which writes SSE streams; 0 means one
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             min_body_rate: 4096,
             ws_max_message_bytes: (1 << 20) + (64 << 10),
             header_timeout_ms: 10_000,
+            max_header_bytes: 16 * 1024,
             read_batch: 256,
             fanout_threads: 0,
         }

@@ -12,7 +12,8 @@
 //! once rather than at the next write.
 //!
 //! A first head that is not HTTP/1 is answered `400 invalid_request` here,
-//! with what is wrong. Every other connection — and every request after the
+//! with what is wrong; one over `--max-header-bytes` (or 100 header lines),
+//! `431 too_large`. Every other connection — and every request after the
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
@@ -36,11 +37,9 @@ use tower::ServiceExt;
 
 /// How long a refused connection has to send its one request head.
 const REFUSED_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest first request head read here; a longer one is left to hyper
-/// (which allows more, and answers 431 past its own limit).
-const HEAD_MAX: usize = 8 * 1024;
-/// Most header lines read here; more are left to hyper.
-const HEADERS_MAX: usize = 64;
+/// Most header lines in a request head (hyper's own limit, for the requests
+/// it reads): more are answered 431.
+pub const HEADERS_MAX: usize = 100;
 /// Most bytes a streaming client may send after its request that are read
 /// (and dropped) while watching for its close.
 const DISCARD_MAX: usize = 64 * 1024;
@@ -91,7 +90,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
     let started = tokio::time::Instant::now();
     let mut buf = BytesMut::with_capacity(1024);
     let first = tokio::select! {
-        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf)) => first,
+        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf, shared.app.config.max_header_bytes)) => first,
         // Nothing has been asked yet: there is nothing to finish.
         () = shared.app.shutdown.cancelled() => return,
     };
@@ -127,6 +126,18 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                 Routed::Whole(out) => send_whole(&conn, out, &shared.app.shutdown).await,
             }
         }
+        Ok(Ok(First::TooLarge)) => {
+            let max = shared.app.config.max_header_bytes;
+            let error = crate::error::ApiError::new(
+                gapless_protocol::codes::ErrorCode::HeadTooLarge,
+                format!(
+                    "the request head is over {max} bytes or {HEADERS_MAX} header lines (--max-header-bytes)"
+                ),
+            )
+            .with("limit", max);
+            let out = whole(axum::response::IntoResponse::into_response(error)).await;
+            send_whole(&conn, out, &shared.app.shutdown).await;
+        }
         Ok(Ok(First::Malformed(e))) => {
             let error = crate::error::ApiError::new(
                 gapless_protocol::codes::ErrorCode::InvalidRequest,
@@ -160,13 +171,15 @@ enum First {
     Other,
     /// Not HTTP/1: answered 400 here, with what is wrong.
     Malformed(httparse::Error),
+    /// Over `--max-header-bytes` or [`HEADERS_MAX`] lines: answered 431 here.
+    TooLarge,
     /// The client closed before sending anything.
     Closed,
 }
 
-async fn read_head(conn: &mut Conn, buf: &mut BytesMut) -> io::Result<First> {
+async fn read_head(conn: &mut Conn, buf: &mut BytesMut, max: usize) -> io::Result<First> {
     loop {
-        if let Some(first) = parse_head(buf) {
+        if let Some(first) = parse_head(buf, max) {
             return Ok(first);
         }
         buf.reserve(1024);
@@ -182,16 +195,17 @@ async fn read_head(conn: &mut Conn, buf: &mut BytesMut) -> io::Result<First> {
 
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
 /// of its own so the header array is not held across the read.)
-fn parse_head(buf: &[u8]) -> Option<First> {
+fn parse_head(buf: &[u8], max: usize) -> Option<First> {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut parsed = httparse::Request::new(&mut headers);
     match parsed.parse(buf) {
         Ok(httparse::Status::Complete(_)) => {
             Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
         }
-        Ok(httparse::Status::Partial) if buf.len() < HEAD_MAX => None,
-        // Too long or too many lines for this reader: hyper allows more.
-        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => Some(First::Other),
+        Ok(httparse::Status::Partial) if buf.len() < max => None,
+        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+            Some(First::TooLarge)
+        }
         Err(e) => Some(First::Malformed(e)),
     }
 }
@@ -472,11 +486,38 @@ async fn write_frames(
 
 /// Writes a whole answer, then closes the sending side: no other request is
 /// read on this connection.
+///
+/// Then it reads and drops what the client still sends (up to
+/// [`LINGER_BYTES`] or [`LINGER`]) before closing: closing a socket with
+/// unread bytes sends a reset, which can make the client lose the answer
+/// before it reads it (a refused oversized head, say).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
     if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
         shut_write(conn.tcp());
+        let tcp = conn.tcp();
+        let _ = tokio::time::timeout(LINGER, async {
+            let mut scratch = [0u8; 4096];
+            let mut drained = 0usize;
+            while drained < LINGER_BYTES {
+                if tcp.readable().await.is_err() {
+                    return;
+                }
+                match tcp.try_read(&mut scratch) {
+                    Ok(0) => return,
+                    Ok(n) => drained += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        })
+        .await;
     }
 }
+
+/// How long a whole answer's connection keeps draining the client's bytes.
+const LINGER: Duration = Duration::from_secs(1);
+/// Most bytes drained after a whole answer.
+const LINGER_BYTES: usize = 1 << 20;
 
 /// Sends FIN: the end of a close-delimited body.
 fn shut_write(tcp: &TcpStream) {
@@ -511,6 +552,9 @@ async fn serve_http(
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(keep_alive)
+        // Later heads on this connection: the same limit, answered 431 by hyper.
+        .max_buf_size(shared.app.config.max_header_bytes.max(8192))
+        .max_headers(HEADERS_MAX)
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(conn), TowerToHyperService::new(service))
