@@ -632,3 +632,20 @@ async fn readyz_needs_no_token_where_everything_else_does() {
         .await
         .expect_error(401, "unauthorized");
 }
+
+#[tokio::test]
+async fn after_losing_its_bus_connection_a_node_rereads_the_heads_it_follows() {
+    let redis = Redis::start().await;
+    let a = node(&redis, &[]).await;
+    // No periodic re-read: only the re-read after the reconnect can deliver.
+    let b = node(&redis, &["--redis-poll-ms", "0"]).await;
+    let (mut sub, _) = b.subscribe(CH, "since=earliest").await;
+    a.publish(CH, "before").await;
+    assert_eq!(sub.next_event().await.data, "before");
+    // Drop every pub/sub connection, then publish at once: b reconnects only
+    // after its backoff (25 ms at least), so it cannot hear this notification.
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    a.publish(CH, "while b was deaf").await;
+    let e = sub.next_event().await;
+    assert_eq!((seq(&e), e.data.as_str()), (2, "while b was deaf"));
+}
