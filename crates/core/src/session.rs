@@ -16,7 +16,9 @@
 //! takeover on one node closes the holder on another, the grace window counts
 //! from the moment the last holder anywhere left (or its node died and its
 //! lease ran out), and the status is re-read from the journal before each
-//! append or end, since another node may have ended the session.
+//! append or end, since another node may have ended the session (the
+//! journal also refuses an append after an end marker, so a race between
+//! the two is [`SessionError::Ended`] too).
 
 use crate::hub::Hub;
 use crate::journal::{Appended, JournalError};
@@ -427,9 +429,10 @@ impl Sessions {
                 status,
             });
         }
-        let appended = hub
-            .publish(&channel_of(id), events, idempotency_key)
-            .await?;
+        let appended = match hub.publish(&channel_of(id), events, idempotency_key).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.ended_meanwhile(hub, id, &entry, e).await),
+        };
         let attached = self.attached_anywhere(id, &entry).await?;
         Ok((appended, attached))
     }
@@ -668,6 +671,31 @@ impl Sessions {
         Ok(())
     }
 
+    /// Cluster mode: a journal shared between nodes refuses an append after
+    /// a session's end marker (another node ended it between our status
+    /// read and our append); such a refusal becomes [`SessionError::Ended`].
+    /// Any other failure is returned as it is.
+    async fn ended_meanwhile(
+        &self,
+        hub: &Hub,
+        id: &str,
+        entry: &Entry,
+        e: JournalError,
+    ) -> SessionError {
+        if self.registry.is_some() && matches!(e, JournalError::Storage(_)) {
+            if let Ok(Some(status)) = read_status(hub, id).await {
+                if status != Status::Open {
+                    entry.state.lock().status = status;
+                    return SessionError::Ended {
+                        id: id.to_owned(),
+                        status,
+                    };
+                }
+            }
+        }
+        e.into()
+    }
+
     /// Appends the end marker. Caller holds `ops`.
     async fn write_end(
         &self,
@@ -686,7 +714,10 @@ impl Sessions {
             ),
             data: String::new(),
         };
-        let appended = hub.publish(&channel_of(id), vec![marker], None).await?;
+        let appended = match hub.publish(&channel_of(id), vec![marker], None).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.ended_meanwhile(hub, id, entry, e).await),
+        };
         entry.state.lock().status = status;
         Ok(appended.last_seq)
     }

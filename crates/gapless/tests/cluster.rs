@@ -649,3 +649,47 @@ async fn after_losing_its_bus_connection_a_node_rereads_the_heads_it_follows() {
     let e = sub.next_event().await;
     assert_eq!((seq(&e), e.data.as_str()), (2, "while b was deaf"));
 }
+
+#[tokio::test]
+async fn no_session_event_lands_after_an_end_written_on_another_node() {
+    let redis = Redis::start().await;
+    let (a, b) = (node(&redis, &[]).await, node(&redis, &[]).await);
+    let id = new_session(&a, "s3").await;
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let http = b.http.clone();
+        let url = b.url(&format!("/v1/sessions/{id}/events"));
+        writers.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for k in 0..30 {
+                let r = http
+                    .post(&url)
+                    .body(format!("w{w}k{k}"))
+                    .send()
+                    .await
+                    .expect("append");
+                let status = r.status().as_u16();
+                let body: Value = r.json().await.unwrap_or(Value::Null);
+                answers.push((status, body));
+            }
+            answers
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let end = end_session(&a, &id, "complete").await;
+    let end_seq = end.expect(200)["head"].as_u64().expect("head");
+    for w in writers {
+        for (status, body) in w.await.expect("writer") {
+            match status {
+                201 => assert!(body["seq"].as_u64().expect("seq") < end_seq, "{body}"),
+                409 => assert_eq!(body["error"], "session_ended", "{body}"),
+                other => panic!("append answered {other}: {body}"),
+            }
+        }
+    }
+    let info = session_info(&b, &id).await;
+    assert_eq!(
+        (info.json["status"].as_str(), info.json["head"].as_u64()),
+        (Some("completed"), Some(end_seq))
+    );
+}

@@ -107,6 +107,15 @@ if key ~= '' then
     return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork}
   end
 end
+-- a session's journal takes nothing after its end marker (types of 25
+-- characters `gapless.session.completed` / `.cancelled`; the `gapless.` prefix
+-- is reserved, so no publisher can write one)
+if head > 0 and string.sub(ARGV[1], 1, 8) == 'session/' then
+  local v = redis.call('HGET', k, 'e' .. S(head))
+  if v and string.match(v, '^%d+:t25:gapless%.session%.') then
+    return redis.error_reply('gapless: session ' .. ARGV[1] .. ' has ended; it takes no more events')
+  end
+end
 local time = now_ms()
 if last > time then time = last end
 local first = head + 1
@@ -193,4 +202,19 @@ pub(crate) fn append_source() -> String {
 /// The Redis key of `channel`'s hash.
 pub(crate) fn key_of(channel: &str) -> String {
     format!("gapless:{{{channel}}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use gapless_core::session::{CANCELLED, COMPLETED, OPENED};
+
+    #[test]
+    fn the_append_script_knows_the_end_markers_by_their_length() {
+        // APPEND matches `^%d+:t25:gapless%.session%.`: only the two end markers.
+        assert_eq!((COMPLETED.len(), CANCELLED.len()), (25, 25));
+        assert_ne!(OPENED.len(), 25);
+        for m in [COMPLETED, CANCELLED, OPENED] {
+            assert!(m.starts_with("gapless.session."));
+        }
+    }
 }
