@@ -693,3 +693,77 @@ async fn no_session_event_lands_after_an_end_written_on_another_node() {
         (Some("completed"), Some(end_seq))
     );
 }
+
+#[tokio::test]
+async fn rediss_with_a_verified_certificate_and_a_password() {
+    // A self-signed certificate for 127.0.0.1, trusted through SSL_CERT_FILE.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("running openssl");
+    assert!(ok.success(), "openssl req failed");
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+        .to_string();
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let redis = Redis::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert_s,
+        "--tls-key-file",
+        &key_s,
+        "--tls-auth-clients",
+        "no",
+    ])
+    .await;
+    redis.cli(&["CONFIG", "SET", "requirepass", "s3cret"]).await;
+    let url = format!("rediss://:s3cret@127.0.0.1:{tls_port}");
+    let start = |url: String| {
+        let cert_s = cert_s.clone();
+        async move {
+            Server::with(Opts {
+                args: vec!["--redis".to_owned(), url],
+                env: vec![("SSL_CERT_FILE".to_owned(), cert_s)],
+                ..Opts::default()
+            })
+            .await
+        }
+    };
+    let a = start(url.clone()).await;
+    let b = start(url).await;
+    let (mut sub, _) = b.subscribe(CH, "since=earliest").await;
+    a.publish(CH, "over tls").await;
+    assert_eq!(sub.next_event().await.data, "over tls");
+    // A wrong password is refused: not ready, and publishes answer 503.
+    let wrong = start(format!("rediss://:wrong@127.0.0.1:{tls_port}")).await;
+    wrong.get("/readyz").await.expect_error(503, "unavailable");
+    wrong
+        .post(&format!("/v1/channels/{CH}/events"), "x", &[])
+        .await
+        .expect_error(503, "unavailable");
+    // The certificate is verified: without the trusted file, no connection.
+    let untrusting = node_at(&format!("rediss://:s3cret@127.0.0.1:{tls_port}"), &[]).await;
+    untrusting
+        .get("/readyz")
+        .await
+        .expect_error(503, "unavailable");
+}
