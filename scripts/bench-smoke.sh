@@ -57,4 +57,30 @@ run storm --subs 4 --behind 10 --linger-ms 100
 run publish --publishers 4 --events 40
 run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
-echo "bench-smoke: 9 scenario runs exact"
+
+# Cluster mode (--nodes): two nodes on one Redis, subscribers and publishers spread over both.
+REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$WORK/redis"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK/redis" --save '' \
+  --appendonly yes --appendfsync always --logfile "$WORK/redis.log" &
+RPID=$!
+trap 'kill -TERM "$RPID" ${N2:-} 2>/dev/null || true; cleanup' EXIT
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.05; done
+kill -TERM "$PID"; wait "$PID" 2>/dev/null || true
+start_node() {
+  "$GAPLESS_BIN" serve --listen 127.0.0.1:0 --redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/$1.log" 2>&1 &
+  eval "$2=\$!"
+  local a=""
+  for _ in $(seq 100); do
+    a=$(grep -oE '127\.0\.0\.1:[0-9]+' "$WORK/$1.log" | grep -v ':0$' | head -n1 || true)
+    [ -n "$a" ] && curl -fs -o /dev/null "http://$a/readyz" && break
+    a=""; sleep 0.1
+  done
+  [ -n "$a" ] || { echo "bench-smoke: cluster node did not start" >&2; cat "$WORK/$1.log" >&2; exit 1; }
+  eval "$3=$a"
+}
+start_node n1 PID ADDR
+start_node n2 N2 ADDR2
+run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
+run publish --publishers 4 --events 40 --nodes "$ADDR2"
+echo "bench-smoke: 11 scenario runs exact"

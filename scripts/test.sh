@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests against the
-# real binary, the benchmark harness at tiny sizes, the real-browser tests, and the
+# real binary (and, for cluster mode, real redis-server processes: installed with
+# apt-get when missing), the benchmark harness at tiny sizes, the real-browser tests, and the
 # TypeScript SDK's tests (installs Chromium and the npm packages they need).
 # Usage: scripts/test.sh
 set -euo pipefail
@@ -16,6 +17,21 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== build"
 cargo build --workspace --all-targets --quiet
+
+echo "== redis-server (the cluster tests start real ones)"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+  apt_log="$(mktemp)"
+  if ! { as_root apt-get update -qq &&
+         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } \
+       >"$apt_log" 2>&1 </dev/null; then
+    tail -n 30 "$apt_log" >&2
+    echo "installing redis-server failed" >&2
+    exit 1
+  fi
+  rm -f "$apt_log"
+fi
+# Debian's package starts a system redis on 6379; the tests use their own ports and do not need it.
 
 echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"

@@ -51,6 +51,10 @@ pub struct Common {
     /// Target address for the preset templates.
     #[arg(long, global = true, default_value = "127.0.0.1:8080")]
     pub addr: String,
+    /// More nodes of one cluster (`host:port`, comma-separated; gapless cluster mode): subscriber
+    /// connections and publishers are spread round robin over `--addr` and these. Default: none.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub nodes: Vec<String>,
     /// Subscribe URL template, e.g. `http://127.0.0.1:8080/v1/channels/{channel}/sse`.
     #[arg(long, global = true)]
     pub sub_url: Option<String>,

@@ -21,6 +21,8 @@ pub struct Plan {
     pub addr: SocketAddr,
     /// `Host` header.
     pub host: String,
+    /// Cluster mode: publisher `k` uses node `k % len` (address, `Host`) instead; empty: `addr`.
+    pub nodes: Vec<(SocketAddr, String)>,
     /// Publish path of every channel.
     pub paths: Arc<Vec<String>>,
     /// Events to publish in all.
@@ -65,7 +67,15 @@ pub async fn run(plan: Plan) -> Outcome {
     });
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..plan.publishers.max(1))
-        .map(|_| tokio::spawn(publisher(plan.clone(), shared.clone(), t0)))
+        .map(|k| {
+            let mut plan = plan.clone();
+            if !plan.nodes.is_empty() {
+                let (addr, host) = plan.nodes[k % plan.nodes.len()].clone();
+                plan.addr = addr;
+                plan.host = host;
+            }
+            tokio::spawn(publisher(plan, shared.clone(), t0))
+        })
         .collect();
     let mut out = Outcome {
         issued: Vec::new(),

@@ -36,6 +36,9 @@ pub struct Ctx {
     gate: Arc<Semaphore>,
     timeout: Duration,
     read_buffer: usize,
+    /// Cluster mode: every node's address and `Host` (the first is `--addr`);
+    /// empty: the templates' own address.
+    nodes: Vec<(std::net::SocketAddr, String)>,
 }
 
 impl Ctx {
@@ -92,6 +95,17 @@ impl Ctx {
             gate: Arc::new(Semaphore::new(c.connect_concurrency.max(1))),
             timeout: Duration::from_secs(c.timeout_secs.max(1)),
             read_buffer: c.read_buffer,
+            nodes: if c.nodes.is_empty() {
+                Vec::new()
+            } else {
+                std::iter::once(a)
+                    .chain(c.nodes.iter())
+                    .map(|n| {
+                        let t = UrlTemplate::parse(&format!("http://{n}/"))?;
+                        Ok((t.addr, t.host))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            },
         })
     }
 
@@ -115,6 +129,7 @@ impl Ctx {
         Plan {
             addr: self.publ.addr,
             host: self.publ.host.clone(),
+            nodes: self.nodes.clone(),
             paths,
             total,
             rate,
@@ -144,16 +159,15 @@ impl Group {
         let stop = CancellationToken::new();
         let tasks = trackers
             .into_iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
                 let path = ctx.sub.path_for(&names[t.channel], 0);
                 let last = (resume && !t.last_event_id.is_empty()).then(|| t.last_event_id.clone());
-                let target = sub::Target::sse(
-                    ctx.sub.addr,
-                    &ctx.sub.host,
-                    &path,
-                    last.as_deref(),
-                    ctx.read_buffer,
-                );
+                let (addr, host) = match ctx.nodes.len() {
+                    0 => (ctx.sub.addr, &ctx.sub.host),
+                    n => (ctx.nodes[i % n].0, &ctx.nodes[i % n].1),
+                };
+                let target = sub::Target::sse(addr, host, &path, last.as_deref(), ctx.read_buffer);
                 sub::spawn(target, t, board.clone(), ctx.gate.clone(), stop.clone())
             })
             .collect();

@@ -315,6 +315,14 @@ impl CommitSink for Channels {
             cell.head_tx.send_replace(head);
         }
     }
+
+    fn follows(&self, channel: &str) -> bool {
+        self.map.read().contains_key(channel)
+    }
+
+    fn followed(&self) -> Vec<Arc<str>> {
+        self.map.read().keys().cloned().collect()
+    }
 }
 
 /// What [`Hub::follow`] resolved.
@@ -446,6 +454,19 @@ impl Hub {
         let head_rx = cell.watch_head();
         let eph_seen = cell.ephemeral_count();
         let st = cell.state();
+        let start = match start {
+            // A position the journal carried into its new epoch (a failover
+            // that kept it) is the same position there.
+            Start::After { epoch, seq }
+                if epoch != st.epoch && self.journal.continues(channel, epoch, seq, st.epoch) =>
+            {
+                Start::After {
+                    epoch: st.epoch,
+                    seq,
+                }
+            }
+            other => other,
+        };
         let (pos, gap) = resolve(&cell.name, st, start);
         sub.unfollow(channel);
         sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_seen));

@@ -98,6 +98,12 @@ pub enum JournalError {
     /// The journal is closed (the server is shutting down).
     #[error("journal is closed")]
     Closed,
+    /// The journal's store cannot be reached now (a Redis that is down, hung or
+    /// failing over), or did not answer within its timeout. An append that
+    /// fails so may still have been applied: retrying it with the same
+    /// idempotency key answers with the original seqs, never a second copy.
+    #[error("journal unreachable: {0}")]
+    Unavailable(String),
 }
 
 /// Keeps the leading events whose data adds up to at most `max_bytes`, and
@@ -121,6 +127,17 @@ pub trait CommitSink: Send + Sync + 'static {
     /// Retention by age raised `channel`'s floor (count retention is reported
     /// through `committed`'s state).
     fn evicted(&self, channel: &str, state: ChannelState);
+    /// Whether `channel` has a window to feed (someone follows it). A journal
+    /// shared between nodes asks before reading a commit made elsewhere; the
+    /// default, true, makes it read every one.
+    fn follows(&self, _channel: &str) -> bool {
+        true
+    }
+    /// The channels that have a window now (a journal shared between nodes
+    /// re-reads their heads after losing its notifications). Default: none.
+    fn followed(&self) -> Vec<Arc<str>> {
+        Vec::new()
+    }
 }
 
 /// A sink that drops everything (for tools and tests).
@@ -185,6 +202,30 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// [`JournalError`] when storage fails.
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError>;
+
+    /// Whether the journal accepts appends now (`GET /readyz`). The default,
+    /// for journals on local storage, is always ready.
+    ///
+    /// # Errors
+    /// [`JournalError::Unavailable`] while its store cannot be reached.
+    async fn ready(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    /// Whether position `seq` of epoch `from` is also position `seq` of epoch
+    /// `to` of `channel`: the journal changed epoch (a Redis failover) while
+    /// keeping every event up to `seq`. A subscriber there then continues
+    /// without a gap. Default: never (a new epoch lost everything).
+    fn continues(&self, _channel: &str, _from: Epoch, _seq: u64, _to: Epoch) -> bool {
+        false
+    }
+
+    /// The attach state shared between nodes, for a journal shared between
+    /// nodes (see [`crate::session::SessionRegistry`]). Default: none, so
+    /// sessions keep who is attached in this process.
+    fn session_registry(&self) -> Option<Arc<dyn crate::session::SessionRegistry>> {
+        None
+    }
 
     /// Makes everything acknowledged durable and stops accepting appends.
     ///

@@ -9,6 +9,16 @@
 //! connection is attached, and since when nobody is, is kept in memory: after
 //! a restart every open session counts as detached since the restart, so a
 //! consumer that reconnects within the grace window finds it intact.
+//!
+//! In cluster mode the journal also offers a [`SessionRegistry`]: who is
+//! attached is then a lease shared by every node (renewed while the consumer
+//! is connected), so a second consumer on another node is refused, a
+//! takeover on one node closes the holder on another, the grace window counts
+//! from the moment the last holder anywhere left (or its node died and its
+//! lease ran out), and the status is re-read from the journal before each
+//! append or end, since another node may have ended the session (the
+//! journal also refuses an append after an end marker, so a race between
+//! the two is [`SessionError::Ended`] too).
 
 use crate::hub::Hub;
 use crate::journal::{Appended, JournalError};
@@ -96,6 +106,59 @@ impl Default for SessionConfig {
     }
 }
 
+/// How long a consumer's attach lease lasts in a [`SessionRegistry`], in
+/// milliseconds; it is renewed every third of that while the consumer is
+/// connected, so a node that dies frees its sessions within this time.
+pub const LEASE_MS: u64 = 10_000;
+
+/// What a [`SessionRegistry`] knows of a session's consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedAttach {
+    /// Whether a live consumer holds the session on some node.
+    pub attached: bool,
+    /// Unix ms since which nobody holds it (the release, or the end of the
+    /// last lease), when known.
+    pub detached_since: Option<u64>,
+}
+
+/// Attach state shared between nodes (cluster mode): one lease per session,
+/// naming its holder (`<node>:<connection>`, unique across nodes).
+#[async_trait::async_trait]
+pub trait SessionRegistry: Send + Sync + 'static {
+    /// Claims session `id` for `holder` for `lease_ms`. When another holder has
+    /// a live lease: with `takeover` the claim replaces it and that holder's
+    /// node is told (its kick callback fires); without, nothing changes and
+    /// this returns false.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn claim(
+        &self,
+        id: &str,
+        holder: &str,
+        takeover: bool,
+        lease_ms: u64,
+    ) -> Result<bool, JournalError>;
+    /// Extends `holder`'s lease by `lease_ms`; false when it no longer holds
+    /// the session (taken over elsewhere).
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn renew(&self, id: &str, holder: &str, lease_ms: u64) -> Result<bool, JournalError>;
+    /// Releases the session if `holder` has it; nobody holds it from now.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn release(&self, id: &str, holder: &str) -> Result<(), JournalError>;
+    /// The shared attach state of `id`.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn state(&self, id: &str) -> Result<SharedAttach, JournalError>;
+    /// Sets what to call with a holder of this node that another node took over.
+    fn on_kick(&self, kick: Box<dyn Fn(&str) + Send + Sync>);
+}
+
 /// Why a session operation was refused.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -170,6 +233,12 @@ pub struct Sessions {
     started_ms: u64,
     map: Mutex<HashMap<String, Arc<Entry>>>,
     next_conn: AtomicU64,
+    /// Cluster mode: the shared attach leases.
+    registry: Option<Arc<dyn SessionRegistry>>,
+    /// This process's part of a holder name (random).
+    node: String,
+    /// Holders attached through this node -> their kick token.
+    held: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
 /// A consumer's hold on a session: its subscription, and a token that fires
@@ -200,14 +269,38 @@ struct Detach {
     id: String,
     conn: u64,
     entry: Arc<Entry>,
+    shared: Option<SharedHold>,
+}
+
+/// A lease held in the [`SessionRegistry`] for one attachment.
+struct SharedHold {
+    registry: Arc<dyn SessionRegistry>,
+    holder: String,
+    held: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// Stops the renewal task.
+    done: CancellationToken,
 }
 
 impl Drop for Detach {
     fn drop(&mut self) {
-        let mut st = self.entry.state.lock();
-        if st.attached.as_ref().is_some_and(|(c, _)| *c == self.conn) {
-            st.attached = None;
-            st.detached_since = crate::journal::now_ms();
+        {
+            let mut st = self.entry.state.lock();
+            if st.attached.as_ref().is_some_and(|(c, _)| *c == self.conn) {
+                st.attached = None;
+                st.detached_since = crate::journal::now_ms();
+            }
+        }
+        if let Some(h) = self.shared.take() {
+            h.done.cancel();
+            h.held.lock().remove(&h.holder);
+            let id = self.id.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if let Err(e) = h.registry.release(&id, &h.holder).await {
+                        tracing::warn!(session = %id, error = %e, "could not release the attach lease; it lapses by itself");
+                    }
+                });
+            }
         }
     }
 }
@@ -220,6 +313,34 @@ impl Sessions {
             started_ms: crate::journal::now_ms(),
             map: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
+            registry: None,
+            node: format!("{:016x}", rand::random::<u64>()),
+            held: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A registry whose attach state is shared through `registry` (cluster
+    /// mode; see the module doc).
+    pub fn with_registry(config: SessionConfig, registry: Arc<dyn SessionRegistry>) -> Self {
+        let mut s = Self::new(config);
+        let held = s.held.clone();
+        registry.on_kick(Box::new(move |holder| {
+            if let Some(t) = held.lock().get(holder) {
+                t.cancel();
+            }
+        }));
+        s.registry = Some(registry);
+        s
+    }
+
+    /// Whether a consumer is attached: here, or (cluster mode) on any node.
+    async fn attached_anywhere(&self, id: &str, entry: &Entry) -> Result<bool, SessionError> {
+        if entry.state.lock().attached.is_some() {
+            return Ok(true);
+        }
+        match &self.registry {
+            Some(r) => Ok(r.state(id).await?.attached),
+            None => Ok(false),
         }
     }
 
@@ -265,6 +386,7 @@ impl Sessions {
     /// [`SessionError::NotFound`], or a journal failure.
     pub async fn info(&self, hub: &Hub, id: &str) -> Result<Info, SessionError> {
         let entry = self.load(hub, id).await?;
+        self.refresh(hub, id, &entry).await?;
         // A grace window that ran out is applied before anyone sees the
         // status, not at the next sweep: after a restart, a session nobody
         // touched is cancelled from one grace window after the restart.
@@ -273,12 +395,13 @@ impl Sessions {
             self.expire_if_due(hub, id, &entry).await?;
         }
         let head = hub.state(&channel_of(id)).await?.head;
-        let st = entry.state.lock();
+        let attached = self.attached_anywhere(id, &entry).await?;
+        let status = entry.state.lock().status;
         Ok(Info {
             id: id.to_owned(),
-            status: st.status,
+            status,
             head,
-            attached: st.attached.is_some(),
+            attached,
         })
     }
 
@@ -297,6 +420,7 @@ impl Sessions {
     ) -> Result<(Appended, bool), SessionError> {
         let entry = self.load(hub, id).await?;
         let _ops = entry.ops.lock().await;
+        self.refresh(hub, id, &entry).await?;
         self.expire_if_due(hub, id, &entry).await?;
         let status = entry.state.lock().status;
         if status != Status::Open {
@@ -305,10 +429,11 @@ impl Sessions {
                 status,
             });
         }
-        let appended = hub
-            .publish(&channel_of(id), events, idempotency_key)
-            .await?;
-        let attached = entry.state.lock().attached.is_some();
+        let appended = match hub.publish(&channel_of(id), events, idempotency_key).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.ended_meanwhile(hub, id, &entry, e).await),
+        };
+        let attached = self.attached_anywhere(id, &entry).await?;
         Ok((appended, attached))
     }
 
@@ -319,6 +444,7 @@ impl Sessions {
     pub async fn end(&self, hub: &Hub, id: &str, status: Status) -> Result<Info, SessionError> {
         let entry = self.load(hub, id).await?;
         let _ops = entry.ops.lock().await;
+        self.refresh(hub, id, &entry).await?;
         self.expire_if_due(hub, id, &entry).await?;
         let current = entry.state.lock().status;
         if current != Status::Open {
@@ -328,7 +454,7 @@ impl Sessions {
             });
         }
         let head = self.write_end(hub, id, &entry, status).await?;
-        let attached = entry.state.lock().attached.is_some();
+        let attached = self.attached_anywhere(id, &entry).await?;
         Ok(Info {
             id: id.to_owned(),
             status,
@@ -385,6 +511,44 @@ impl Sessions {
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let kicked = CancellationToken::new();
+        if entry.state.lock().attached.is_some() && !takeover {
+            return Err(SessionError::Attached(id.to_owned()));
+        }
+        let shared = match &self.registry {
+            None => None,
+            Some(registry) => {
+                let holder = format!("{}:{conn}", self.node);
+                // Registered before the claim, so a kick that follows it at once is not missed.
+                self.held.lock().insert(holder.clone(), kicked.clone());
+                let claimed = registry.claim(id, &holder, takeover, LEASE_MS).await;
+                if !matches!(claimed, Ok(true)) {
+                    self.held.lock().remove(&holder);
+                    claimed?;
+                    return Err(SessionError::Attached(id.to_owned()));
+                }
+                let done = CancellationToken::new();
+                tokio::spawn(renew(
+                    registry.clone(),
+                    id.to_owned(),
+                    holder.clone(),
+                    kicked.clone(),
+                    done.clone(),
+                ));
+                Some(SharedHold {
+                    registry: registry.clone(),
+                    holder,
+                    held: self.held.clone(),
+                    done,
+                })
+            }
+        };
+        // From here on, dropping `guard` releases what was claimed.
+        let guard = Detach {
+            id: id.to_owned(),
+            conn,
+            entry: entry.clone(),
+            shared,
+        };
         {
             let mut es = entry.state.lock();
             if let Some((_, old)) = &es.attached {
@@ -395,11 +559,6 @@ impl Sessions {
             }
             es.attached = Some((conn, kicked.clone()));
         }
-        let guard = Detach {
-            id: id.to_owned(),
-            conn,
-            entry: entry.clone(),
-        };
         let start = match last_seq {
             Some(seq) => Start::After {
                 epoch: st.epoch,
@@ -470,7 +629,7 @@ impl Sessions {
 
     /// Cancels the session if its grace window ran out. Caller holds `ops`.
     async fn expire_if_due(&self, hub: &Hub, id: &str, entry: &Entry) -> Result<(), SessionError> {
-        if self.due(entry) {
+        if self.due(entry) && self.shared_due(id, entry).await? {
             tracing::info!(
                 session = id,
                 "cancelled: no consumer within the grace window"
@@ -478,6 +637,63 @@ impl Sessions {
             self.write_end(hub, id, entry, Status::Cancelled).await?;
         }
         Ok(())
+    }
+
+    /// Cluster mode: whether the grace window also ran out for every node
+    /// (nobody attached anywhere, and nobody since the grace window), moving
+    /// this node's `detached_since` to what the registry knows.
+    async fn shared_due(&self, id: &str, entry: &Entry) -> Result<bool, SessionError> {
+        let Some(registry) = &self.registry else {
+            return Ok(true);
+        };
+        let shared = registry.state(id).await?;
+        let now = crate::journal::now_ms();
+        let mut st = entry.state.lock();
+        if shared.attached {
+            st.detached_since = now;
+            return Ok(false);
+        }
+        if let Some(t) = shared.detached_since {
+            st.detached_since = st.detached_since.max(t);
+        }
+        Ok(now.saturating_sub(st.detached_since) >= self.config.grace_ms)
+    }
+
+    /// Cluster mode: re-reads the status from the journal (another node may
+    /// have ended the session). Caller holds `ops` when it is about to write.
+    async fn refresh(&self, hub: &Hub, id: &str, entry: &Entry) -> Result<(), SessionError> {
+        if self.registry.is_none() || entry.state.lock().status != Status::Open {
+            return Ok(());
+        }
+        if let Some(status) = read_status(hub, id).await? {
+            entry.state.lock().status = status;
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: a journal shared between nodes refuses an append after
+    /// a session's end marker (another node ended it between our status
+    /// read and our append); such a refusal becomes [`SessionError::Ended`].
+    /// Any other failure is returned as it is.
+    async fn ended_meanwhile(
+        &self,
+        hub: &Hub,
+        id: &str,
+        entry: &Entry,
+        e: JournalError,
+    ) -> SessionError {
+        if self.registry.is_some() && matches!(e, JournalError::Storage(_)) {
+            if let Ok(Some(status)) = read_status(hub, id).await {
+                if status != Status::Open {
+                    entry.state.lock().status = status;
+                    return SessionError::Ended {
+                        id: id.to_owned(),
+                        status,
+                    };
+                }
+            }
+        }
+        e.into()
     }
 
     /// Appends the end marker. Caller holds `ops`.
@@ -498,7 +714,10 @@ impl Sessions {
             ),
             data: String::new(),
         };
-        let appended = hub.publish(&channel_of(id), vec![marker], None).await?;
+        let appended = match hub.publish(&channel_of(id), vec![marker], None).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.ended_meanwhile(hub, id, entry, e).await),
+        };
         entry.state.lock().status = status;
         Ok(appended.last_seq)
     }
@@ -531,17 +750,9 @@ impl Sessions {
                 return Ok(e);
             }
         }
-        let channel = channel_of(id);
-        let st = hub.state(&channel).await?;
-        if st.head == 0 || st.floor > st.head {
+        let Some(status) = read_status(hub, id).await? else {
             return Err(SessionError::NotFound(id.to_owned()));
-        }
-        let page = hub.read(&channel, st.head - 1, 1, usize::MAX).await?;
-        let status = page
-            .events
-            .last()
-            .and_then(|e| Status::of_marker(e.event_type.as_deref()))
-            .unwrap_or(Status::Open);
+        };
         let entry = self.entry(id, self.started_ms);
         {
             let mut es = entry.state.lock();
@@ -551,5 +762,49 @@ impl Sessions {
             }
         }
         Ok(entry)
+    }
+}
+
+/// The status the journal holds for session `id` (its last event); `None`
+/// when it has no retained event.
+async fn read_status(hub: &Hub, id: &str) -> Result<Option<Status>, SessionError> {
+    let channel = channel_of(id);
+    let st = hub.state(&channel).await?;
+    if st.head == 0 || st.floor > st.head {
+        return Ok(None);
+    }
+    let page = hub.read(&channel, st.head - 1, 1, usize::MAX).await?;
+    Ok(Some(
+        page.events
+            .last()
+            .and_then(|e| Status::of_marker(e.event_type.as_deref()))
+            .unwrap_or(Status::Open),
+    ))
+}
+
+/// Keeps `holder`'s lease alive until `done` fires; fires `kicked` when the
+/// registry says another holder has the session.
+async fn renew(
+    registry: Arc<dyn SessionRegistry>,
+    id: String,
+    holder: String,
+    kicked: CancellationToken,
+    done: CancellationToken,
+) {
+    let every = std::time::Duration::from_millis(LEASE_MS / 3);
+    loop {
+        tokio::select! {
+            () = done.cancelled() => return,
+            () = kicked.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match registry.renew(&id, &holder, LEASE_MS).await {
+            Ok(true) => {}
+            Ok(false) => {
+                kicked.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(session = %id, error = %e, "could not renew the attach lease"),
+        }
     }
 }

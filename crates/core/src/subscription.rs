@@ -313,12 +313,29 @@ impl Subscription {
             Pending::AtHead => None,
             Pending::Events(events) => advance(f, i, events),
             Pending::Evicted(st) => Some(evicted(f, st)),
+            Pending::EpochChanged(st)
+                if self
+                    .journal
+                    .continues(f.cell.name(), f.epoch, f.pos, st.epoch) =>
+            {
+                // The journal kept every event up to our position: same place, new epoch.
+                f.epoch = st.epoch;
+                return Box::pin(self.poll_follow(i)).await;
+            }
             Pending::EpochChanged(st) => Some(epoch_changed(f, st)),
             Pending::Behind => {
                 let page = self
                     .journal
                     .read_bounded(f.cell.name(), f.pos, batch, READ_BYTES)
                     .await?;
+                if page.state.epoch != f.epoch
+                    && self
+                        .journal
+                        .continues(f.cell.name(), f.epoch, f.pos, page.state.epoch)
+                {
+                    f.epoch = page.state.epoch;
+                    return Box::pin(self.poll_follow(i)).await;
+                }
                 if page.state.epoch != f.epoch {
                     Some(epoch_changed(f, page.state))
                 } else if f.pos + 1 < page.state.floor {

@@ -18,6 +18,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server.
@@ -197,4 +199,43 @@ pub struct ServeArgs {
     /// Most bytes of recent event data kept in memory per followed channel.
     #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576)]
     pub window_bytes: usize,
+    /// Cluster mode (docs/cluster.md).
+    #[command(flatten)]
+    pub redis: RedisArgs,
+}
+
+/// Cluster mode: the journal in Redis, shared by every node (docs/cluster.md).
+#[derive(Debug, clap::Args)]
+pub struct RedisArgs {
+    /// Keep the journal in Redis: `redis://[user:password@]host:port[/db]` or `rediss://…`
+    /// (TLS); with --redis-sentinel, comma-separated Sentinel URLs. Default: none (embedded journal).
+    #[arg(long = "redis", env = "GAPLESS_REDIS", conflicts_with = "memory")]
+    pub url: Option<String>,
+    /// Sentinel master name: --redis then names the Sentinels, asked for the primary at each connect.
+    #[arg(
+        long = "redis-sentinel",
+        env = "GAPLESS_REDIS_SENTINEL",
+        requires = "url"
+    )]
+    pub sentinel: Option<String>,
+    /// Longest wait for Redis per request, connect included, in milliseconds; a publish then
+    /// fails with 503 `unavailable` (retry it with the same Idempotency-Key).
+    #[arg(long = "redis-timeout-ms", env = "GAPLESS_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+    /// Milliseconds between re-reads of the heads of the channels this node follows (catches a
+    /// lost notification when no later one comes; applies retention by age); 0 = never.
+    #[arg(
+        long = "redis-poll-ms",
+        env = "GAPLESS_REDIS_POLL_MS",
+        default_value_t = 1000
+    )]
+    pub poll_ms: u64,
+    /// Testing only: drop every Nth notification from the bus, as if it were lost; 0 = none.
+    #[arg(
+        long = "redis-test-drop-notifications",
+        env = "GAPLESS_REDIS_TEST_DROP_NOTIFICATIONS",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub test_drop_notifications: u64,
 }

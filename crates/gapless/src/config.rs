@@ -110,7 +110,7 @@ fn serve_command() -> Command {
 fn settings(serve: &Command) -> Vec<&clap::Arg> {
     serve
         .get_arguments()
-        .filter(|a| !NOT_SETTINGS.contains(&a.get_id().as_str()))
+        .filter(|a| !NOT_SETTINGS.contains(&a.get_id().as_str()) && !a.is_hide_set())
         .collect()
 }
 

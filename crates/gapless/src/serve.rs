@@ -44,7 +44,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_bytes: args.window_bytes,
         ..WindowLimits::default()
     }));
-    let journal: Arc<dyn Journal> = if args.memory {
+    let journal: Arc<dyn Journal> = if let Some(url) = &args.redis.url {
+        open_redis(url, &args, retention, channels.clone()).await?
+    } else if args.memory {
         Arc::new(MemoryJournal::new(retention, channels.clone()))
     } else {
         let durability = match args.durability {
@@ -107,19 +109,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let shutdown = CancellationToken::new();
+    let session_config = SessionConfig {
+        grace_ms: args.session_grace_ms,
+        resume: args.session_resume,
+    };
     let app = Arc::new(App {
         hub: Hub::new(channels, journal.clone()),
-        sessions: Sessions::new(SessionConfig {
-            grace_ms: args.session_grace_ms,
-            resume: args.session_resume,
-        }),
+        sessions: match journal.session_registry() {
+            Some(registry) => Sessions::with_registry(session_config, registry),
+            None => Sessions::new(session_config),
+        },
         config,
         shutdown: shutdown.clone(),
         sockets: tokio_util::task::TaskTracker::new(),
         publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
         auth,
     });
-    let store = if args.memory {
+    let store = if args.redis.url.is_some() {
+        "journal in Redis".to_owned()
+    } else if args.memory {
         "in memory".to_owned()
     } else {
         format!("journal in {}", args.data_dir.display())
@@ -155,6 +163,44 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     journal.close().await.context("flushing the journal")?;
     Ok(())
+}
+
+/// Cluster mode: the journal in Redis. Warns, naming the setting, when Redis
+/// cannot give the durability asked for; starts even while Redis is down
+/// (publishes answer 503 and `/readyz` 503 until it is back).
+async fn open_redis(
+    url: &str,
+    args: &ServeArgs,
+    retention: Retention,
+    channels: Arc<Channels>,
+) -> anyhow::Result<Arc<dyn Journal>> {
+    let r = &args.redis;
+    let journal = gapless_redis::RedisJournal::open(
+        gapless_redis::RedisOptions {
+            url: url.to_owned(),
+            sentinel_master: r.sentinel.clone(),
+            timeout_ms: r.timeout_ms,
+            retention,
+            poll_ms: r.poll_ms,
+            drop_notifications_every: r.test_drop_notifications,
+        },
+        channels,
+    )
+    .context("opening the Redis journal")?;
+    match journal
+        .check_settings(args.durability == DurabilityArg::Sync)
+        .await
+    {
+        Ok(warnings) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis is unreachable at start; retrying in the background")
+        }
+    }
+    Ok(Arc::new(journal))
 }
 
 /// The token verifier from the `--jwt-*` flags (open when none names a key).

@@ -76,6 +76,13 @@ async fn a_full_disk_refuses_publishes_loses_nothing_and_recovers_without_a_rest
         "names the cause: {body}"
     );
     assert!(refusal.header("retry-after").is_some());
+    // Readiness says so (a 503 with the reason), liveness does not.
+    let ready = s.get("/readyz").await;
+    assert_eq!(
+        ready.expect_error(503, "unavailable")["reason"],
+        "journal_full"
+    );
+    s.get("/healthz").await.expect(200);
     assert!(
         !acked.is_empty(),
         "some publishes landed before the disk filled"
@@ -114,6 +121,7 @@ async fn a_full_disk_refuses_publishes_loses_nothing_and_recovers_without_a_rest
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    s.get("/readyz").await.expect(200);
     let e = stream.next_event().await;
     assert_eq!(e.data, "after");
     assert_eq!(Some(support::seq_of(&e.last_event_id, "c")), resumed);

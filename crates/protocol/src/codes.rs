@@ -31,6 +31,10 @@ pub enum ErrorCode {
     ShuttingDown,
     /// 500: the journal failed (disk error); nothing was acknowledged.
     JournalFailed,
+    /// 503: the journal's store (Redis, in cluster mode) is unreachable or did
+    /// not answer in time; a publish may still have been applied, so retry it
+    /// with the same `Idempotency-Key`.
+    Unavailable,
     /// 400 / WebSocket error reply: a WebSocket message is not valid JSON of a known shape.
     InvalidMessage,
     /// WebSocket error reply: unsubscribe from a channel that is not subscribed.
@@ -83,6 +87,7 @@ impl ErrorCode {
             ErrorCode::LimitReached => "limit_reached",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::JournalFailed => "journal_failed",
+            ErrorCode::Unavailable => "unavailable",
             ErrorCode::InvalidMessage => "invalid_message",
             ErrorCode::NotSubscribed => "not_subscribed",
             ErrorCode::SessionNotFound => "session_not_found",
@@ -117,7 +122,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::CursorNotServed => 410,
             ErrorCode::TooLarge => 413,
-            ErrorCode::LimitReached | ErrorCode::ShuttingDown => 503,
+            ErrorCode::LimitReached | ErrorCode::ShuttingDown | ErrorCode::Unavailable => 503,
             ErrorCode::JournalFailed => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,

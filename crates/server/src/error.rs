@@ -55,6 +55,14 @@ impl From<JournalError> for ApiError {
                 )
                 .retry_after(5)
             }
+            JournalError::Unavailable(why) => ApiError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the journal is unreachable ({why}); a publish may still have been applied: \
+                     retry it with the same Idempotency-Key, which answers with the original seq"
+                ),
+            )
+            .retry_after(1),
             other => {
                 tracing::error!(error = %other, "journal failure");
                 ApiError::new(ErrorCode::JournalFailed, other.to_string())

@@ -62,6 +62,7 @@ pub struct Peer(pub std::net::SocketAddr);
 pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/channels/{channel}", get(history::channel_info))
         .route(
             "/v1/channels/{channel}/events",
@@ -137,6 +138,24 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// 200 `{"status":"ready"}` while the journal accepts appends; 503
+/// `unavailable` while it cannot (cluster mode: Redis unreachable).
+async fn readyz(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    // Not ready is always a 503 (what load balancers and probes expect); the
+    // journal's own code is kept as `reason` (e.g. `journal_full`, `unavailable`).
+    if let Err(e) = app.hub.journal().ready().await {
+        let inner = ApiError::from(e);
+        return Err(if inner.code.status() == 503 {
+            inner
+        } else {
+            ApiError::new(ErrorCode::Unavailable, inner.message).with("reason", inner.code.as_str())
+        });
+    }
+    Ok(Json(json!({"status": "ready"})))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

@@ -197,6 +197,14 @@ impl Journal for EmbeddedJournal {
     }
 
     /// After [`Journal::close`] this does nothing.
+    /// Ready while the disk holds its free-space reserve (`--min-free-disk-bytes`).
+    async fn ready(&self) -> Result<(), JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.disk.check()
+    }
+
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());

@@ -1,0 +1,471 @@
+//! The cluster journal: channels kept in Redis, shared by every gapless node
+//! (`gapless serve --redis URL`). Design and limits: `docs/cluster.md`.
+//!
+//! [`RedisJournal`] implements the same [`Journal`] trait as the embedded
+//! store, so the hub, the transports and the sessions do not know which one
+//! they use. Every change to a channel is one Lua script (`scripts.rs`): seq
+//! assignment, the idempotency check, retention, the append and the
+//! notification to the other nodes happen in one atomic step, and a batch is
+//! all or nothing.
+//!
+//! Fan-out between nodes (`bus.rs`): the append script publishes
+//! `<epoch> <first> <last> <channel>` on the Redis pub/sub channel
+//! `gapless:bus`. A node that follows the channel reads the events it does
+//! not have yet from Redis (once per node, not per subscriber) and feeds them
+//! to its hub through the [`CommitSink`], exactly as its own commits. A node
+//! that sees a hole (a lost or late notification) reads the whole missing
+//! range first, so the order is exact even when the bus drops a message;
+//! after losing its bus connection, and every `poll_ms` anyway, it re-reads
+//! the heads of the channels it follows.
+
+mod bus;
+mod codec;
+mod conn;
+mod scripts;
+mod sessions;
+
+use async_trait::async_trait;
+use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
+use gapless_core::JournalError;
+use gapless_protocol::{Epoch, Event, NewEvent};
+use redis::Value;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The Lua source of the append script, for measuring what Redis itself can do
+/// with it (`redis-cli SCRIPT LOAD`, then `redis-benchmark … EVALSHA`; see
+/// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
+/// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
+/// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
+/// channel, then one payload (`n<data>`) per event.
+pub fn append_script() -> String {
+    scripts::append_source()
+}
+
+/// The Redis pub/sub channel that carries commit notifications between nodes.
+pub const BUS_CHANNEL: &str = "gapless:bus";
+
+/// How the cluster journal connects and what it keeps.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://…` (TLS); with
+    /// [`RedisOptions::sentinel_master`], one or more comma-separated Sentinel
+    /// URLs instead (their password, if any, is also used for the primary).
+    pub url: String,
+    /// The Sentinel master name; `None` connects to `url` directly.
+    pub sentinel_master: Option<String>,
+    /// Longest wait for Redis per request, connect included, in milliseconds
+    /// (default 2000): a publish fails with [`JournalError::Unavailable`] after it.
+    pub timeout_ms: u64,
+    /// Retention by count and age, applied by the scripts.
+    pub retention: Retention,
+    /// How often, in milliseconds, a node re-reads the heads of the channels
+    /// it follows (catching a notification the bus lost when no later one
+    /// comes), and applies retention by age to them (default 1000; 0 = never).
+    pub poll_ms: u64,
+    /// Testing only: drop every Nth notification received from the bus, as if
+    /// the bus had lost it (0, the default, drops none).
+    pub drop_notifications_every: u64,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            sentinel_master: None,
+            timeout_ms: 2000,
+            retention: Retention::default(),
+            poll_ms: 1000,
+            drop_notifications_every: 0,
+        }
+    }
+}
+
+/// The journal in Redis (see the crate doc).
+pub struct RedisJournal {
+    inner: Arc<Inner>,
+    tasks: CancellationToken,
+}
+
+pub(crate) struct Inner {
+    conn: conn::Connector,
+    scripts: scripts::Scripts,
+    sink: Arc<dyn CommitSink>,
+    retention: Retention,
+    opts: RedisOptions,
+    trackers: bus::Trackers,
+    closed: AtomicBool,
+    last_poll_ms: AtomicU64,
+    notifications: AtomicU64,
+    leases: sessions::LeaseScripts,
+    /// Closes a consumer of this node that another node took over.
+    kick: parking_lot::RwLock<Option<KickFn>>,
+    /// Per channel, the failover its epoch began with, when one did:
+    /// `(epoch, previous epoch, fork)` (see [`Journal::continues`]).
+    lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
+}
+
+type KickFn = Box<dyn Fn(&str) + Send + Sync>;
+
+impl RedisJournal {
+    /// Prepares the journal and starts its notification listener on the
+    /// current tokio runtime. It does not wait for Redis: while Redis is
+    /// unreachable, requests fail with [`JournalError::Unavailable`] and
+    /// connection attempts continue with backoff.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the URL (or a Sentinel URL) is invalid.
+    pub fn open(opts: RedisOptions, sink: Arc<dyn CommitSink>) -> Result<Self, JournalError> {
+        let target = conn::Target::new(&opts.url, opts.sentinel_master.as_deref())
+            .map_err(|e| JournalError::Storage(format!("invalid Redis URL: {e}")))?;
+        let timeout = Duration::from_millis(opts.timeout_ms.max(1));
+        let inner = Arc::new(Inner {
+            conn: conn::Connector::new(target, timeout),
+            scripts: scripts::Scripts::new(),
+            sink,
+            retention: opts.retention,
+            opts,
+            trackers: bus::Trackers::default(),
+            closed: AtomicBool::new(false),
+            last_poll_ms: AtomicU64::new(0),
+            notifications: AtomicU64::new(0),
+            leases: sessions::LeaseScripts::new(),
+            kick: parking_lot::RwLock::new(None),
+            lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        });
+        let tasks = CancellationToken::new();
+        tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
+        Ok(RedisJournal { inner, tasks })
+    }
+
+    /// Reads the Redis settings that durability depends on and returns one
+    /// warning per setting that cannot give the promise (`sync`: a 2xx means
+    /// the event is in the primary's AOF, fsynced: `appendonly yes` and
+    /// `appendfsync always`; either way `maxmemory-policy noeviction`, since
+    /// an evicted channel loses its history, which clients are told as an
+    /// `epoch` gap). A Redis that refuses `CONFIG GET` gets one warning saying so.
+    ///
+    /// # Errors
+    /// [`JournalError::Unavailable`] when Redis cannot be reached.
+    pub async fn check_settings(&self, sync: bool) -> Result<Vec<String>, JournalError> {
+        let got = self
+            .inner
+            .conn
+            .run(|mut c| async move {
+                let mut p = redis::pipe();
+                p.cmd("CONFIG").arg("GET").arg("appendonly");
+                p.cmd("CONFIG").arg("GET").arg("appendfsync");
+                p.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
+                p.query_async::<Vec<Vec<String>>>(&mut c).await
+            })
+            .await;
+        let got = match got {
+            Ok(g) => g,
+            Err(JournalError::Storage(e)) => {
+                return Ok(vec![format!(
+                    "could not read the Redis persistence settings (CONFIG GET: {e}); \
+                     check appendonly, appendfsync and maxmemory-policy by hand"
+                )])
+            }
+            Err(e) => return Err(e),
+        };
+        let value = |i: usize| {
+            got.get(i)
+                .and_then(|v| v.get(1))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let mut warnings = Vec::new();
+        if sync && value(0) != "yes" {
+            warnings.push(format!(
+                "Redis appendonly is '{}': with --durability sync an acknowledged event \
+                 must be in the AOF; set `appendonly yes` (a restart of Redis would lose \
+                 events, which clients are told as an epoch gap)",
+                value(0)
+            ));
+        }
+        if sync && value(1) != "always" {
+            warnings.push(format!(
+                "Redis appendfsync is '{}': with --durability sync a 2xx must mean fsynced; \
+                 set `appendfsync always` (otherwise a crash of Redis can lose up to a second \
+                 of acknowledged events without a gap notice)",
+                value(1)
+            ));
+        }
+        if value(2) != "noeviction" {
+            warnings.push(format!(
+                "Redis maxmemory-policy is '{}': set `noeviction` (an evicted channel loses \
+                 its whole history; clients are told so with an epoch gap)",
+                value(2)
+            ));
+        }
+        Ok(warnings)
+    }
+
+    fn fresh_epoch() -> String {
+        (rand::random::<u64>() | 1).to_string()
+    }
+}
+
+impl Inner {
+    /// Remembers the failover `channel`'s epoch began with, if the script said so.
+    fn note_lineage(
+        &self,
+        channel: &str,
+        epoch: Epoch,
+        prev: Option<&Value>,
+        fork: Option<&Value>,
+    ) {
+        if let (Some(prev), Some(fork)) = (epoch_of(prev), int_of(fork)) {
+            self.lineage
+                .lock()
+                .insert(channel.to_owned(), (epoch, prev, fork));
+        }
+    }
+
+    /// The append script.
+    async fn append(
+        &self,
+        channel: &str,
+        events: &[NewEvent],
+        idempotency_key: Option<&str>,
+    ) -> Result<(ChannelState, Appended, u64), JournalError> {
+        let key = scripts::key_of(channel);
+        let payloads: Vec<Vec<u8>> = events.iter().map(codec::encode).collect();
+        let fresh = RedisJournal::fresh_epoch();
+        let r = &self.retention;
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.append.prepare_invoke();
+                inv.key(&key)
+                    .arg(channel)
+                    .arg(idempotency_key.unwrap_or(""))
+                    .arg(r.max_events)
+                    .arg(r.max_age_ms)
+                    .arg(&fresh)
+                    .arg(BUS_CHANNEL);
+                for p in &payloads {
+                    inv.arg(p.as_slice());
+                }
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let bad =
+            || JournalError::Storage(format!("unexpected answer of the append script: {v:?}"));
+        let epoch = epoch_of(v.first()).ok_or_else(bad)?;
+        let n = |i: usize| int_of(v.get(i)).ok_or_else(bad);
+        let (first, last, dup, floor, head, time) = (n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?);
+        self.note_lineage(channel, epoch, v.get(7), v.get(8));
+        let state = ChannelState { epoch, floor, head };
+        let appended = Appended {
+            epoch,
+            first_seq: first,
+            last_seq: last,
+            duplicate: dup == 1,
+        };
+        Ok((state, appended, time))
+    }
+
+    /// The read script: up to `limit` events after `after`, stopping past `max_bytes`.
+    async fn read(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let max_age = self.retention.max_age_ms;
+        let limit = limit.min(100_000);
+        let max_bytes = max_bytes.min(1 << 40);
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.read.prepare_invoke();
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(max_age)
+                    .arg(after)
+                    .arg(limit)
+                    .arg(max_bytes);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let mut it = v.into_iter();
+        let bad = |what: &str| {
+            JournalError::Storage(format!("unexpected answer of the read script: {what}"))
+        };
+        let epoch = epoch_of(it.next().as_ref()).ok_or_else(|| bad("epoch"))?;
+        let floor = int_of(it.next().as_ref()).ok_or_else(|| bad("floor"))?;
+        let head = int_of(it.next().as_ref()).ok_or_else(|| bad("head"))?;
+        let (prev, fork) = (it.next(), it.next());
+        self.note_lineage(channel, epoch, prev.as_ref(), fork.as_ref());
+        let start = int_of(it.next().as_ref()).ok_or_else(|| bad("start"))?;
+        let name: Arc<str> = Arc::from(channel);
+        let mut events = Vec::new();
+        for (i, val) in it.enumerate() {
+            let Value::BulkString(bytes) = val else {
+                return Err(bad("an event that is not a string"));
+            };
+            let e = codec::decode(&name, epoch, start + i as u64, bytes)
+                .map_err(JournalError::Storage)?;
+            events.push(Arc::new(e));
+        }
+        Ok(Page {
+            state: ChannelState { epoch, floor, head },
+            events,
+        })
+    }
+
+    /// The state script.
+    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let max_age = self.retention.max_age_ms;
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.state.prepare_invoke();
+                inv.key(&key).arg(&fresh).arg(max_age);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let bad = || JournalError::Storage(format!("unexpected answer of the state script: {v:?}"));
+        let state = ChannelState {
+            epoch: epoch_of(v.first()).ok_or_else(bad)?,
+            floor: int_of(v.get(1)).ok_or_else(bad)?,
+            head: int_of(v.get(2)).ok_or_else(bad)?,
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(state)
+    }
+}
+
+fn int_of(v: Option<&Value>) -> Option<u64> {
+    match v? {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn epoch_of(v: Option<&Value>) -> Option<Epoch> {
+    int_of(v).map(Epoch)
+}
+
+#[async_trait]
+impl Journal for RedisJournal {
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        let (state, appended, time) = self.inner.append(channel, &events, idempotency_key).await?;
+        if appended.duplicate {
+            return Ok(appended);
+        }
+        let name: Arc<str> = Arc::from(channel);
+        let committed: Vec<Arc<Event>> = events
+            .into_iter()
+            .zip(appended.first_seq..=appended.last_seq)
+            .map(|(e, seq)| {
+                Arc::new(Event::new(
+                    name.clone(),
+                    appended.epoch,
+                    seq,
+                    e.event_type,
+                    e.data,
+                    time,
+                ))
+            })
+            .collect();
+        self.inner.deliver_local(channel, state, committed).await;
+        Ok(appended)
+    }
+
+    async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
+        self.inner.read(channel, after, limit, usize::MAX).await
+    }
+
+    async fn read_bounded(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, JournalError> {
+        self.inner.read(channel, after, limit, max_bytes).await
+    }
+
+    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.inner.state(channel).await
+    }
+
+    /// Every `poll_ms`: re-reads the state of every followed channel (which
+    /// applies retention by age in Redis), reports new floors to the hub and
+    /// fills any head this node missed. Channels nobody here follows are
+    /// trimmed by age at their next read or publish.
+    async fn evict_expired(&self, now: u64) -> Result<(), JournalError> {
+        let poll = self.inner.opts.poll_ms;
+        if poll == 0 || self.inner.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let last = self.inner.last_poll_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < poll {
+            return Ok(());
+        }
+        self.inner.last_poll_ms.store(now, Ordering::Relaxed);
+        self.inner.resync().await;
+        Ok(())
+    }
+
+    async fn ready(&self) -> Result<(), JournalError> {
+        let pong: String = self
+            .inner
+            .conn
+            .run(|mut c| async move { redis::cmd("PING").query_async(&mut c).await })
+            .await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(JournalError::Unavailable(format!(
+                "Redis answered PING with {pong:?}"
+            )))
+        }
+    }
+
+    fn continues(&self, channel: &str, from: Epoch, seq: u64, to: Epoch) -> bool {
+        self.inner
+            .lineage
+            .lock()
+            .get(channel)
+            .is_some_and(|&(epoch, prev, fork)| epoch == to && prev == from && seq <= fork)
+    }
+
+    fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {
+        Some(Arc::new(sessions::RedisSessions {
+            inner: self.inner.clone(),
+        }))
+    }
+
+    async fn close(&self) -> Result<(), JournalError> {
+        self.inner.closed.store(true, Ordering::Release);
+        self.tasks.cancel();
+        Ok(())
+    }
+}
+
+impl Drop for RedisJournal {
+    fn drop(&mut self) {
+        self.tasks.cancel();
+    }
+}

@@ -1,0 +1,220 @@
+//! The Lua scripts that own every change to a channel in Redis.
+//!
+//! A channel is one Redis hash, `gapless:{<channel>}` (the braces are a hash
+//! tag: on Redis Cluster every key of a channel is in one slot, and there is
+//! only one key anyway). Its fields:
+//!
+//! | field | value |
+//! |---|---|
+//! | `epoch` | the channel's epoch, a u64 in decimal (kept as a string) |
+//! | `floor`, `head` | oldest retained seq (`head + 1` when none), newest seq |
+//! | `time` | commit time of the newest event, Unix ms (times never go back) |
+//! | `lin` | `master_replid` of the Redis primary that last touched the channel |
+//! | `prev_epoch`, `fork` | after a failover: the epoch before it, and the head the new primary had; positions up to `fork` of `prev_epoch` continue in `epoch` |
+//! | `e<seq>` | one event: `<time>:` then the payload (see `codec.rs`) |
+//! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named |
+//! | `i<last>` | the key whose append ended at seq `last` (to forget it with its events) |
+//!
+//! Everything of a channel lives in one key so that it is lost whole or not
+//! at all: a FLUSHALL, an eviction under `maxmemory` or a restart without
+//! persistence removes the `epoch` with the events, and the next script to
+//! touch the channel draws a new epoch (subscribers get an `epoch` gap).
+//!
+//! Every script first runs `LOAD` (the prelude): it creates the channel with
+//! the caller's fresh epoch when the hash is missing, applies the failover
+//! rule (a channel last touched by the primary this one was promoted from
+//! gets a new epoch, since the promoted replica may lack its newest events),
+//! and evicts events older than the retention age. Scripts call `TIME` and
+//! `INFO`, so they rely on effect replication (the default since Redis 5).
+
+/// Shared by every script: helpers and `load(k, fresh, max_age)`, which
+/// returns `epoch, floor, head, time`. The `#!lua` line makes Redis refuse
+/// the whole script up front when it is out of memory, rather than fail its
+/// writes one by one, so a batch is never half applied.
+const PRELUDE: &str = r#"#!lua
+local function S(n) return string.format('%d', n) end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function drop(k, from, to)
+  for s = from, to do
+    local ss = S(s)
+    redis.call('HDEL', k, 'e' .. ss)
+    local key = redis.call('HGET', k, 'i' .. ss)
+    if key then redis.call('HDEL', k, 'i' .. ss, 'k' .. key) end
+  end
+end
+local function load(k, fresh, max_age)
+  local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork')
+  local info = redis.call('INFO', 'replication')
+  local rid = string.match(info, 'master_replid:(%w+)') or ''
+  local rid2 = string.match(info, 'master_replid2:(%w+)') or ''
+  if not m[1] then
+    redis.call('DEL', k)
+    redis.call('HSET', k, 'epoch', fresh, 'floor', 1, 'head', 0, 'time', 0, 'lin', rid)
+    return fresh, 1, 0, 0, '', 0
+  end
+  local epoch, floor, head, time = m[1], tonumber(m[2]), tonumber(m[3]), tonumber(m[4])
+  local prev, fork = m[6] or '', tonumber(m[7] or '0')
+  if m[5] ~= rid then
+    if m[5] == rid2 and not string.match(rid2, '^0+$') then
+      -- promoted from the primary that last wrote here: it may lack that
+      -- primary's newest events, so this is another incarnation; the events
+      -- it has (up to `fork`) are the old primary's, so positions up to
+      -- `fork` of the old epoch continue in the new one
+      prev, fork = m[1], head
+      epoch = fresh
+      redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
+    end
+    redis.call('HSET', k, 'lin', rid)
+  end
+  if max_age > 0 and floor <= head then
+    local cutoff = now_ms() - max_age
+    local f = floor
+    local budget = 10000
+    while f <= head and budget > 0 do
+      local v = redis.call('HGET', k, 'e' .. S(f))
+      local t = v and tonumber(string.match(v, '^(%d+):'))
+      if t and t > cutoff then break end
+      f = f + 1
+      budget = budget - 1
+    end
+    if f > floor then
+      drop(k, floor, f - 1)
+      floor = f
+      redis.call('HSET', k, 'floor', S(floor))
+    end
+  end
+  return epoch, floor, head, time, prev, fork
+end
+"#;
+
+/// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
+/// for none), max events, max age ms, fresh epoch, bus channel, then one
+/// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
+/// head, time, prev epoch ("" for none), fork}`. Seq assignment, the idempotency check, retention by count
+/// and age, the append and the notification happen in this one step.
+const APPEND: &str = r#"
+local k = KEYS[1]
+local max_events = tonumber(ARGV[3])
+local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]))
+local key = ARGV[2]
+if key ~= '' then
+  local v = redis.call('HGET', k, 'k' .. key)
+  if v then
+    local a, b = string.match(v, '^(%d+):(%d+)$')
+    return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork}
+  end
+end
+-- a session's journal takes nothing after its end marker (types of 25
+-- characters `gapless.session.completed` / `.cancelled`; the `gapless.` prefix
+-- is reserved, so no publisher can write one)
+if head > 0 and string.sub(ARGV[1], 1, 8) == 'session/' then
+  local v = redis.call('HGET', k, 'e' .. S(head))
+  if v and string.match(v, '^%d+:t25:gapless%.session%.') then
+    return redis.error_reply('gapless: session ' .. ARGV[1] .. ' has ended; it takes no more events')
+  end
+end
+local time = now_ms()
+if last > time then time = last end
+local first = head + 1
+local ts = S(time) .. ':'
+for i = 7, #ARGV do
+  head = head + 1
+  redis.call('HSET', k, 'e' .. S(head), ts .. ARGV[i])
+end
+if key ~= '' then
+  redis.call('HSET', k, 'k' .. key, S(first) .. ':' .. S(head), 'i' .. S(head), key)
+end
+if max_events < 1 then max_events = 1 end
+local cf = head - max_events + 1
+if cf > floor then
+  drop(k, floor, cf - 1)
+  floor = cf
+end
+redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
+redis.call('PUBLISH', ARGV[6], epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1])
+return {epoch, first, head, 0, floor, head, time, prev, fork}
+"#;
+
+/// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
+/// limit, max bytes. Returns `{epoch, floor, head, prev epoch, fork, start,
+/// payload...}`: the
+/// events from seq `start` on, at most `limit`, stopping once their stored
+/// size passes `max bytes` (always at least one).
+const READ: &str = r#"
+local k = KEYS[1]
+local epoch, floor, head, _, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]))
+local after = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local max_bytes = tonumber(ARGV[5])
+local start = after + 1
+if start < floor then start = floor end
+local out = {epoch, floor, head, prev, fork, start}
+local bytes = 0
+local s = start
+while s <= head and limit > 0 do
+  local v = redis.call('HGET', k, 'e' .. S(s))
+  if not v then
+    return redis.error_reply('gapless: event ' .. S(s) .. ' of ' .. k .. ' is missing (floor ' .. S(floor) .. ', head ' .. S(head) .. ')')
+  end
+  out[#out + 1] = v
+  bytes = bytes + #v
+  s = s + 1
+  limit = limit - 1
+  if bytes > max_bytes then break end
+end
+return out
+"#;
+
+/// `STATE`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms.
+/// Returns `{epoch, floor, head, prev epoch, fork}` (creating the channel, and applying
+/// retention by age, as every script does).
+const STATE: &str = r#"
+local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+return {epoch, floor, head, prev, fork}
+"#;
+
+/// The three scripts, compiled once (the crate sends `EVALSHA`, and the
+/// source when Redis does not have it cached).
+pub(crate) struct Scripts {
+    pub(crate) append: redis::Script,
+    pub(crate) read: redis::Script,
+    pub(crate) state: redis::Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            append: redis::Script::new(&append_source()),
+            read: redis::Script::new(&format!("{PRELUDE}{READ}")),
+            state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
+        }
+    }
+}
+
+/// The Lua source of the append script (as Redis runs it).
+pub(crate) fn append_source() -> String {
+    format!("{PRELUDE}{APPEND}")
+}
+
+/// The Redis key of `channel`'s hash.
+pub(crate) fn key_of(channel: &str) -> String {
+    format!("gapless:{{{channel}}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use gapless_core::session::{CANCELLED, COMPLETED, OPENED};
+
+    #[test]
+    fn the_append_script_knows_the_end_markers_by_their_length() {
+        // APPEND matches `^%d+:t25:gapless%.session%.`: only the two end markers.
+        assert_eq!((COMPLETED.len(), CANCELLED.len()), (25, 25));
+        assert_ne!(OPENED.len(), 25);
+        for m in [COMPLETED, CANCELLED, OPENED] {
+            assert!(m.starts_with("gapless.session."));
+        }
+    }
+}
