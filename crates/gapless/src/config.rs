@@ -61,10 +61,15 @@ pub fn parse() -> Parsed {
                     .get(clap::error::ContextKind::InvalidArg)
                     .map(|v| v.to_string())
                     .unwrap_or_default();
-                let key = from_file.iter().find(|k| {
-                    flag.starts_with(&format!("--{} ", k.replace('_', "-")))
-                        || flag == format!("--{}", k.replace('_', "-"))
-                });
+                let serve = serve_command();
+                let key = settings(&serve)
+                    .into_iter()
+                    .filter(|a| from_file.contains(a.get_id().as_str()))
+                    .map(key_of)
+                    .find(|k| {
+                        flag.starts_with(&format!("--{} ", k.replace('_', "-")))
+                            || flag == format!("--{}", k.replace('_', "-"))
+                    });
                 match key {
                     Some(key) => {
                         let why = e.to_string();
@@ -114,6 +119,14 @@ fn settings(serve: &Command) -> Vec<&clap::Arg> {
         .collect()
 }
 
+/// A setting's key in the file: its long flag with `_` for `-`
+/// (`--redis-timeout-ms` is `redis_timeout_ms`).
+fn key_of(arg: &clap::Arg) -> String {
+    arg.get_long()
+        .map(|l| l.replace('-', "_"))
+        .unwrap_or_else(|| arg.get_id().as_str().to_owned())
+}
+
 /// The kind of value a setting takes, from its default (all numeric
 /// settings have numeric defaults, booleans `true`/`false`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,12 +173,12 @@ fn apply(file: &Path, serve: &Command) -> Result<BTreeSet<String>, String> {
     let settings = settings(serve);
     let mut from_file = BTreeSet::new();
     for (key, value) in &table {
-        let Some(arg) = settings.iter().find(|a| a.get_id().as_str() == key) else {
+        let Some(arg) = settings.iter().find(|a| key_of(a) == *key) else {
             let closest = settings
                 .iter()
-                .map(|a| a.get_id().as_str())
-                .min_by_key(|id| strsim::levenshtein(id, key))
-                .unwrap_or("");
+                .map(|a| key_of(a))
+                .min_by_key(|k| strsim::levenshtein(k, key))
+                .unwrap_or_default();
             return Err(format!(
                 "{}: unknown setting `{key}`; did you mean `{closest}`? (`gapless config --default` lists every setting)",
                 file.display()
@@ -204,7 +217,7 @@ fn apply(file: &Path, serve: &Command) -> Result<BTreeSet<String>, String> {
         };
         if std::env::var_os(env).is_none() {
             std::env::set_var(env, &raw);
-            from_file.insert(key.clone());
+            from_file.insert(arg.get_id().as_str().to_owned());
         }
     }
     Ok(from_file)
@@ -243,7 +256,7 @@ pub fn print_effective(p: &Parsed) -> String {
             Some(ValueSource::EnvVariable) => "env",
             Some(ValueSource::DefaultValue) => "default",
             _ => {
-                let _ = writeln!(out, "# {id} is not set");
+                let _ = writeln!(out, "# {} is not set", key_of(arg));
                 continue;
             }
         };
@@ -256,7 +269,7 @@ pub fn print_effective(p: &Parsed) -> String {
         } else {
             toml_value(kind(arg), &values)
         };
-        let _ = writeln!(out, "{id} = {value}  # {source}");
+        let _ = writeln!(out, "{} = {value}  # {source}", key_of(arg));
     }
     out
 }
@@ -288,7 +301,7 @@ pub fn print_default() -> String {
          # Uncomment a line to change a setting.\n",
     );
     for arg in settings(&serve) {
-        let id = arg.get_id().as_str();
+        let id = key_of(arg);
         out.push('\n');
         let help = arg
             .get_long_help()
