@@ -63,6 +63,6 @@ export GAPLESS_BIN
 log "running tests/browser/*.test.mjs against $GAPLESS_BIN"
 cd "$dir"
 status=0
-timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs auth.test.mjs </dev/null || status=$?
+timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs auth.test.mjs console.test.mjs </dev/null || status=$?
 log "finished in $((SECONDS - start)) s (exit $status)"
 exit "$status"

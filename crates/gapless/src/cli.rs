@@ -193,6 +193,10 @@ pub struct ServeArgs {
     /// Largest request head (request line and headers), in bytes (431 above); 8192 to 1048576.
     #[arg(long, env = "GAPLESS_MAX_HEADER_BYTES", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(8192..=1_048_576))]
     pub max_header_bytes: u64,
+    /// Serve the console page at `GET /` (watch channels, publish, read history).
+    /// Default: true when listening on a loopback address, false otherwise.
+    #[arg(long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]
+    pub console: Option<bool>,
     /// Most recent events kept in memory per followed channel.
     #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
     pub window_events: usize,

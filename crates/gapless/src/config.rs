@@ -141,7 +141,12 @@ fn kind(arg: &clap::Arg) -> Kind {
     if arg.get_value_delimiter().is_some() {
         return Kind::List;
     }
-    if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+    let possible: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .map(|v| v.get_name().to_owned())
+        .collect();
+    if matches!(arg.get_action(), clap::ArgAction::SetTrue) || possible == ["true", "false"] {
         return Kind::Boolean;
     }
     match arg.get_default_values().first().and_then(|v| v.to_str()) {
@@ -319,11 +324,12 @@ pub fn print_default() -> String {
             .iter()
             .map(|v| v.to_string_lossy().into_owned())
             .collect();
-        if defaults.is_empty() && kind(arg) == Kind::Boolean {
+        if defaults.is_empty() && matches!(arg.get_action(), clap::ArgAction::SetTrue) {
             let _ = writeln!(out, "# {id} = false");
         } else if defaults.is_empty() {
             let example = match kind(arg) {
                 Kind::List => "[]".to_owned(),
+                Kind::Boolean => "true".to_owned(),
                 _ => "\"\"".to_owned(),
             };
             let _ = writeln!(out, "# {id} = {example}   (no default: unset)");

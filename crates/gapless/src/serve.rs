@@ -98,6 +98,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
         max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),
+        console: args.console.unwrap_or(args.listen.ip().is_loopback()),
         fanout_threads: usize::from(args.fanout_threads),
         ..ServerConfig::default()
     };
@@ -133,6 +134,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         format!("journal in {}", args.data_dir.display())
     };
     println!("gapless listening on http://{addr} ({store})");
+    if app.config.console {
+        tracing::info!("console: http://{addr}/ (--console false turns it off)");
+    }
     std::io::stdout().flush().ok();
     if app.auth.is_open() {
         tracing::warn!(

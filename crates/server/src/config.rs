@@ -66,6 +66,10 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Most events a subscriber takes from the journal or window in one step. Default 256.
     pub read_batch: usize,
+    /// Whether `GET /` serves the console page (`console.rs`). `gapless serve`
+    /// turns it on by default only when listening on a loopback address.
+    /// Default false.
+    pub console: bool,
     /// Threads of the fan-out runtime, which writes SSE streams; 0 means one
     /// per CPU core but one (at least one); the flag takes 0 to 1024 and
     /// refuses more at startup. Publishes, history and every other request
@@ -95,6 +99,7 @@ impl Default for ServerConfig {
             header_timeout_ms: 10_000,
             max_header_bytes: 16 * 1024,
             read_batch: 256,
+            console: false,
             fanout_threads: 0,
         }
     }

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod busy;
 pub mod config;
 pub mod conn;
+pub mod console;
 pub mod error;
 pub mod history;
 pub mod limits;
@@ -81,6 +82,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sessions/{id}/complete", post(sessions::complete))
         .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{id}/ws", get(ws::session::handler));
+    let v1 = if app.config.console {
+        v1.route("/", get(console::page))
+    } else {
+        v1
+    };
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
