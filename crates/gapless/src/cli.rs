@@ -49,6 +49,15 @@ pub enum DurabilityArg {
     Async,
 }
 
+/// How log lines are written (to standard error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// For people: one line per record, with its fields.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `message`, and the fields).
+    Json,
+}
+
 /// `gapless config` flags: the same settings as `serve`, printed instead of run.
 #[derive(Debug, clap::Args)]
 pub struct ConfigArgs {
@@ -193,6 +202,13 @@ pub struct ServeArgs {
     /// Largest request head (request line and headers), in bytes (431 above); 8192 to 1048576.
     #[arg(long, env = "GAPLESS_MAX_HEADER_BYTES", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(8192..=1_048_576))]
     pub max_header_bytes: u64,
+    /// Log format: text (for people) or json (one object per line), to standard error.
+    #[arg(long, env = "GAPLESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level or filter (error, warn, info, debug, trace; or e.g. `gapless_server=debug`).
+    /// Default: RUST_LOG if set, else info.
+    #[arg(long, env = "GAPLESS_LOG_LEVEL")]
+    pub log_level: Option<String>,
     /// Serve the console page at `GET /` (watch channels, publish, read history).
     /// Default: true when listening on a loopback address, false otherwise.
     #[arg(long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]

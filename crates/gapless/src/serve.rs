@@ -2,7 +2,7 @@
 //! shuts down cleanly on SIGTERM or Ctrl-C (streams end, the journal is
 //! flushed, the process exits within 5 seconds).
 
-use crate::cli::{DurabilityArg, ServeArgs};
+use crate::cli::{DurabilityArg, LogFormat, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
@@ -19,14 +19,25 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs the server until a shutdown signal.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    // --log-level (GAPLESS_LOG_LEVEL), else RUST_LOG, else info.
+    let filter = match &args.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::try_new(level).with_context(|| {
+            format!(
+                "--log-level {level:?}: not a level or filter (e.g. info, debug, gapless=debug)"
+            )
+        })?,
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GAPLESS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        .with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "could not raise the open-file limit");
     }

@@ -184,3 +184,49 @@ fn gapless_config_default_lists_every_serve_flag_and_reads_back() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+#[tokio::test]
+async fn logs_are_json_with_log_format_json_and_filtered_by_log_level() {
+    let json = Server::with(Opts {
+        memory: true,
+        args: vec!["--log-format".into(), "json".into()],
+        ..Opts::default()
+    })
+    .await;
+    json.publish("c", "x").await;
+    let log = json.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|v| v["level"] == "WARN"
+            && v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("running open"))),
+        "{log}"
+    );
+    // --log-level error hides the warning.
+    let quiet = Server::with(Opts {
+        memory: true,
+        args: vec!["--log-level".into(), "error".into()],
+        ..Opts::default()
+    })
+    .await;
+    quiet.publish("c", "x").await;
+    assert!(!quiet.log().contains("running open"), "{}", quiet.log());
+    let bad = gapless(
+        &[
+            "serve",
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-level",
+            "lots==",
+        ],
+        &[],
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--log-level"));
+}

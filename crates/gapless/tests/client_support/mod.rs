@@ -32,7 +32,7 @@ fn spawn(listen: &str, args: &[String]) -> Result<(Child, u16), String> {
         .arg("--listen")
         .arg(listen)
         .args(args)
-        .env("GAPLESS_LOG", "warn")
+        .env("GAPLESS_LOG_LEVEL", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

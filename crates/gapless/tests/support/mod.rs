@@ -216,7 +216,7 @@ impl Server {
                 cmd.env_remove(k);
             }
         }
-        cmd.env("GAPLESS_LOG", "info");
+        cmd.env("GAPLESS_LOG_LEVEL", "info");
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
