@@ -334,6 +334,15 @@ pub struct Followed {
     pub head: u64,
 }
 
+/// Counts the hub knows, read by `/metrics` when scraped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HubStats {
+    /// Channels followed in memory (with a window of recent events).
+    pub channels: usize,
+    /// Subscribers over all of them.
+    pub subscribers: usize,
+}
+
 /// The hub: the journal plus the followed channels.
 pub struct Hub {
     channels: Arc<Channels>,
@@ -341,6 +350,16 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// How many channels are followed and by how many subscribers (one
+    /// pass over the followed channels, under their table's read lock).
+    pub fn stats(&self) -> HubStats {
+        let map = self.channels.map.read();
+        HubStats {
+            channels: map.len(),
+            subscribers: map.values().map(|c| c.subscribers()).sum(),
+        }
+    }
+
     /// Builds a hub. `channels` must be the sink the journal was opened with.
     pub fn new(channels: Arc<Channels>, journal: Arc<dyn Journal>) -> Self {
         Hub { channels, journal }
@@ -361,7 +380,18 @@ impl Hub {
         events: Vec<NewEvent>,
         idempotency_key: Option<&str>,
     ) -> Result<Appended, JournalError> {
-        self.journal.append(channel, events, idempotency_key).await
+        let n = events.len() as u64;
+        let started = std::time::Instant::now();
+        let appended = self
+            .journal
+            .append(channel, events, idempotency_key)
+            .await?;
+        metrics::histogram!("gapless_publish_seconds").record(started.elapsed());
+        if !appended.duplicate {
+            metrics::counter!("gapless_events_published_total", "durability" => self.journal.durability())
+                .increment(n);
+        }
+        Ok(appended)
     }
 
     /// Delivers an event live to the channel's current subscribers only: no seq,
@@ -375,6 +405,8 @@ impl Hub {
         let Some(cell) = self.channels.get(channel) else {
             return 0;
         };
+        metrics::counter!("gapless_events_published_total", "durability" => "ephemeral")
+            .increment(1);
         let e = Arc::new(Ephemeral::new(cell.name.clone(), event_type, data));
         cell.push_ephemeral(e);
         cell.subscribers()
@@ -468,6 +500,17 @@ impl Hub {
             other => other,
         };
         let (pos, gap) = resolve(&cell.name, st, start);
+        match (&gap, start) {
+            (Some(g), _) => {
+                metrics::counter!("gapless_gaps_total", "reason" => g.reason.as_str()).increment(1);
+            }
+            (None, Start::After { .. }) => {
+                metrics::counter!("gapless_replays_total").increment(1);
+                metrics::counter!("gapless_events_replayed_total")
+                    .increment(st.head.saturating_sub(pos));
+            }
+            (None, _) => {}
+        }
         sub.unfollow(channel);
         sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_seen));
         Ok(Followed { gap, head: st.head })

@@ -203,6 +203,19 @@ pub trait Journal: Send + Sync + 'static {
     /// [`JournalError`] when storage fails.
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError>;
 
+    /// When an append is acknowledged, as the `durability` label of
+    /// `gapless_events_published_total`: `sync`, `async` or `memory`.
+    /// Default `sync`.
+    fn durability(&self) -> &'static str {
+        "sync"
+    }
+
+    /// Size of the journal on local disk, in bytes (`gapless_journal_size_bytes`);
+    /// `None` for journals elsewhere (memory, Redis). Default `None`.
+    fn size_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether the journal accepts appends now (`GET /readyz`). The default,
     /// for journals on local storage, is always ready.
     ///

@@ -72,6 +72,10 @@ impl MemoryJournal {
 
 #[async_trait]
 impl Journal for MemoryJournal {
+    fn durability(&self) -> &'static str {
+        "memory"
+    }
+
     async fn append(
         &self,
         channel: &str,

@@ -393,6 +393,7 @@ fn evicted(f: &mut Follow, st: ChannelState) -> Item {
         reason: GapReason::Evicted,
     };
     f.pos = st.floor - 1;
+    metrics::counter!("gapless_gaps_total", "reason" => GapReason::Evicted.as_str()).increment(1);
     Item::Gap(gap)
 }
 
@@ -406,5 +407,6 @@ fn epoch_changed(f: &mut Follow, st: ChannelState) -> Item {
     };
     f.epoch = st.epoch;
     f.pos = st.head;
+    metrics::counter!("gapless_gaps_total", "reason" => GapReason::Epoch.as_str()).increment(1);
     Item::Gap(gap)
 }

@@ -41,6 +41,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "could not raise the open-file limit");
     }
+    // Before anything records: the process-wide Prometheus recorder for /metrics.
+    let _ = gapless_server::metrics::install();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(serve(args))
 }

@@ -1,7 +1,7 @@
 //! The one request a refused connection may carry (`listener.rs`: past
 //! `--max-connections` or `--max-connections-per-ip`).
 //!
-//! - `/healthz` and `/readyz` are served as usual, so a liveness probe does
+//! - `/healthz`, `/readyz` and `/metrics` are served as usual, so a liveness probe does
 //!   not restart a busy server and set off a reconnect storm.
 //! - An SSE request gets `200 text/event-stream` carrying only a jittered
 //!   `retry:` and a comment, then the end of the stream: a browser's
@@ -28,7 +28,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/healthz" || path == "/readyz" {
+    if path == "/healthz" || path == "/readyz" || path == "/metrics" {
         return next.run(req).await;
     }
     let mut resp = if req.method() == Method::GET && wants_sse(&req) {

@@ -75,6 +75,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        metrics::counter!(crate::metrics::REFUSALS, "code" => self.code.as_str()).increment(1);
         let mut body = Map::new();
         body.insert("error".into(), self.code.as_str().into());
         body.insert("message".into(), self.message.into());
@@ -133,6 +134,7 @@ pub async fn json_errors(resp: Response) -> Response {
         s if s >= 500 => ErrorCode::JournalFailed,
         _ => ErrorCode::InvalidRequest,
     };
+    metrics::counter!(crate::metrics::REFUSALS, "code" => code.as_str()).increment(1);
     let message = if text.is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {

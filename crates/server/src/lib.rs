@@ -14,6 +14,7 @@ pub mod error;
 pub mod history;
 pub mod limits;
 pub mod listener;
+pub mod metrics;
 pub mod publish;
 pub mod query;
 pub mod sessions;
@@ -64,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::render))
         .route("/v1/channels/{channel}", get(history::channel_info))
         .route(
             "/v1/channels/{channel}/events",

@@ -62,6 +62,10 @@ pub const FILE_NAME: &str = "journal.redb";
 /// Dropping it without [`Journal::close`] also stops the writer after a final
 /// durable commit; the drop waits for that (one fsync at most).
 pub struct EmbeddedJournal {
+    /// When appends are acknowledged.
+    durability: Durability,
+    /// The journal file.
+    path: std::path::PathBuf,
     /// Refuses appends while the disk is below its reserve.
     disk: disk::DiskGuard,
     epoch: Epoch,
@@ -118,6 +122,8 @@ impl EmbeddedJournal {
             .spawn()
             .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedJournal {
+            durability: options.durability,
+            path: path.clone(),
             disk: disk::DiskGuard::new(dir.to_path_buf(), options.min_free_bytes),
             epoch,
             db,
@@ -197,6 +203,17 @@ impl Journal for EmbeddedJournal {
     }
 
     /// After [`Journal::close`] this does nothing.
+    fn durability(&self) -> &'static str {
+        match self.durability {
+            Durability::Sync => "sync",
+            Durability::Async => "async",
+        }
+    }
+
+    fn size_bytes(&self) -> Option<u64> {
+        std::fs::metadata(&self.path).ok().map(|m| m.len())
+    }
+
     /// Ready while the disk holds its free-space reserve (`--min-free-disk-bytes`).
     async fn ready(&self) -> Result<(), JournalError> {
         if self.closed.load(Ordering::Acquire) {

@@ -321,10 +321,12 @@ impl Writer {
         {
             return Err(JournalError::Storage("injected commit failure".into()));
         }
+        let started = std::time::Instant::now();
         if checkpoint {
             // Readers pair the overlay with a snapshot: both change together.
             let mut tails = self.overlay.write();
             txn.commit().map_err(storage)?;
+            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
             tails.clear();
             drop(tails);
             self.logged.clear();
@@ -332,6 +334,7 @@ impl Writer {
             self.next_log = 0;
         } else {
             txn.commit().map_err(storage)?;
+            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
             {
                 let mut tails = self.overlay.write();
                 for notice in &notices {

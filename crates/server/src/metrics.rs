@@ -1,0 +1,116 @@
+//! Prometheus metrics: `GET /metrics` in the text format, through the
+//! `metrics` facade and `metrics-exporter-prometheus` (rendered on our own
+//! route: no second listener). Names follow Prometheus conventions: the
+//! `gapless_` prefix, base units in the name, `_total` on counters. Every
+//! name is a constant here, so code, docs (`docs/deploy.md`, "Metrics") and
+//! the Grafana dashboard use one spelling.
+//!
+//! The fan-out path counts per write step (one batch of frames to one
+//! socket), never per event per subscriber. Gauges that the hub already
+//! knows (subscribers, followed channels) and the journal's size are read
+//! when `/metrics` is scraped, so they cost nothing between scrapes.
+
+use crate::App;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::{Arc, OnceLock};
+
+/// Open client connections, by `transport` (`sse`, `ws`, `http`).
+pub const CONNECTIONS_OPEN: &str = "gapless_connections_open";
+/// Subscribers (SSE streams and WebSocket channel subscriptions), read at scrape.
+pub const SUBSCRIBERS: &str = "gapless_subscribers";
+/// Channels this node follows in memory, read at scrape.
+pub const CHANNELS_FOLLOWED: &str = "gapless_channels_followed";
+/// Events published, by `durability` (`sync`, `async`, or `ephemeral`).
+pub const EVENTS_PUBLISHED: &str = "gapless_events_published_total";
+/// Events written to subscribers, by `transport` (`sse`, `ws`).
+pub const EVENTS_DELIVERED: &str = "gapless_events_delivered_total";
+/// Bytes written to subscribers' sockets, by `transport`.
+pub const BYTES_WRITTEN: &str = "gapless_bytes_written_total";
+/// Subscriptions that resumed from a cursor the journal served whole.
+pub const REPLAYS: &str = "gapless_replays_total";
+/// Events those replays had to send (the head at resume time minus the cursor).
+pub const EVENTS_REPLAYED: &str = "gapless_events_replayed_total";
+/// Gap notices sent, by `reason` (`evicted`, `epoch`, `ahead`, `unknown`).
+pub const GAPS: &str = "gapless_gaps_total";
+/// Error answers, by `code` (the `error` of the JSON body: `unauthorized`, `rate_limited`, …).
+pub const REFUSALS: &str = "gapless_refusals_total";
+/// Time from receiving a publish's body to its acknowledgement, in seconds.
+pub const PUBLISH_SECONDS: &str = "gapless_publish_seconds";
+/// Time of one journal commit (with its fsync under `--durability sync`), in seconds.
+pub const JOURNAL_COMMIT_SECONDS: &str = "gapless_journal_commit_seconds";
+/// Time from an event's commit to its write to a subscriber, in seconds (per write step).
+pub const DELIVERY_LAG_SECONDS: &str = "gapless_delivery_lag_seconds";
+/// How many events a subscriber is still behind its channel's head after a write step.
+pub const SUBSCRIBER_LAG_EVENTS: &str = "gapless_subscriber_lag_events";
+/// Size of the journal on disk, in bytes (absent for journals not on a local disk).
+pub const JOURNAL_SIZE_BYTES: &str = "gapless_journal_size_bytes";
+
+/// Buckets of the latency histograms, in seconds (100 µs to 10 s).
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Buckets of the subscriber-lag histogram, in events.
+const LAG_BUCKETS: &[f64] = &[
+    0.0,
+    1.0,
+    10.0,
+    100.0,
+    1_000.0,
+    10_000.0,
+    100_000.0,
+    1_000_000.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder (once; later calls return the same
+/// handle). `None` if another recorder was installed first.
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(SUBSCRIBER_LAG_EVENTS.into()),
+                        LAG_BUCKETS,
+                    )
+                });
+            match builder.and_then(PrometheusBuilder::install_recorder) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics are off: could not install the recorder");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// `GET /metrics`: the Prometheus text format. Never needs a token.
+pub async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
+    let stats = app.hub.stats();
+    metrics::gauge!(SUBSCRIBERS).set(stats.subscribers as f64);
+    metrics::gauge!(CHANNELS_FOLLOWED).set(stats.channels as f64);
+    if let Some(bytes) = app.hub.journal().size_bytes() {
+        metrics::gauge!(JOURNAL_SIZE_BYTES).set(bytes as f64);
+    }
+    let body = match install() {
+        Some(h) => {
+            h.run_upkeep();
+            h.render()
+        }
+        None => "# metrics are off: another recorder was installed\n".to_owned(),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+}
