@@ -402,11 +402,11 @@ impl Hub {
         event_type: Option<String>,
         data: String,
     ) -> usize {
+        metrics::counter!("gapless_events_published_total", "durability" => "ephemeral")
+            .increment(1);
         let Some(cell) = self.channels.get(channel) else {
             return 0;
         };
-        metrics::counter!("gapless_events_published_total", "durability" => "ephemeral")
-            .increment(1);
         let e = Arc::new(Ephemeral::new(cell.name.clone(), event_type, data));
         cell.push_ephemeral(e);
         cell.subscribers()
