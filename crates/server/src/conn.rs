@@ -196,6 +196,33 @@ fn parse_head(buf: &[u8]) -> Option<First> {
     }
 }
 
+/// What the fan-out path makes of a connection's first bytes (see
+/// [`parse_first_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstHead {
+    /// Not a whole head yet: the reader would read more.
+    Incomplete,
+    /// A `GET` of an SSE URL, served by the fan-out writer: its request target.
+    Sse(String),
+    /// Anything else, left to hyper (which re-reads the same bytes).
+    Other,
+    /// Not HTTP/1: answered `400 invalid_request` with this reason.
+    Malformed(String),
+}
+
+/// Classifies `buf`, the first bytes read from a connection, exactly as the
+/// connection's first-request reader does (the same private function).
+/// Public only for the fuzz targets in `fuzz/`; the server does not call it.
+pub fn parse_first_head(buf: &[u8]) -> FirstHead {
+    match parse_head(buf) {
+        None => FirstHead::Incomplete,
+        Some(First::Sse(req)) => FirstHead::Sse(req.uri().to_string()),
+        Some(First::Other) => FirstHead::Other,
+        Some(First::Malformed(e)) => FirstHead::Malformed(e.to_string()),
+        Some(First::Closed) => FirstHead::Incomplete,
+    }
+}
+
 /// `parsed` as a request this module serves, or `None` if it is not a plain
 /// `GET` of an SSE URL (or has anything `http` cannot hold).
 fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {

@@ -42,22 +42,7 @@ pub(crate) async fn page(
     name: &str,
     q: &Query,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = match q.get("limit") {
-        None => DEFAULT_LIMIT,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("limit={v:?} must be a whole number from 1 to {MAX_LIMIT}"),
-                ))
-            }
-        },
-    };
-    let after = match q.get("after").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(s) => Some(channel_position(channel, s)?),
-    };
+    let (limit, after) = page_params(channel, q)?;
     let page = app
         .hub
         .read(channel, after.map_or(0, |p| p.1), limit, PAGE_DATA_BYTES)
@@ -101,6 +86,39 @@ pub(crate) async fn page(
         "next": next,
         "done": done,
     })))
+}
+
+/// The query of a history page for journal channel `channel`: `limit`
+/// (default [`DEFAULT_LIMIT`], 1 to [`MAX_LIMIT`]) and `after` decoded as
+/// `(Some(epoch), seq)`, or `(None, 0)` for a well-formed cursor of another
+/// format version; `None` without `after` (or with an empty one). Public so
+/// the fuzz targets (`fuzz/`) can drive it; the handler calls it first.
+///
+/// # Errors
+/// 400 `invalid_request` for a bad `limit`; 400 `invalid_cursor` for an
+/// `after` that is not a cursor or names no position on `channel`.
+#[allow(clippy::type_complexity)]
+pub fn page_params(
+    channel: &str,
+    q: &Query,
+) -> Result<(usize, Option<(Option<gapless_protocol::Epoch>, u64)>), ApiError> {
+    let limit = match q.get("limit") {
+        None => DEFAULT_LIMIT,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("limit={v:?} must be a whole number from 1 to {MAX_LIMIT}"),
+                ))
+            }
+        },
+    };
+    let after = match q.get("after").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(channel_position(channel, s)?),
+    };
+    Ok((limit, after))
 }
 
 fn reason_text(r: GapReason) -> &'static str {

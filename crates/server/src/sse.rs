@@ -152,9 +152,15 @@ async fn open(
     Ok(resp)
 }
 
-/// Where each channel starts. `Last-Event-ID` (read as bytes; empty = absent)
-/// wins over `last_event_id=`, which wins over `since=`.
-fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
+/// Where each of `channels` starts (one [`Start`] per channel, in order).
+/// `Last-Event-ID` (read as bytes; empty = absent) wins over `last_event_id=`,
+/// which wins over `since=`. Public so the fuzz targets (`fuzz/`) can drive
+/// it; the SSE handlers call it before subscribing.
+///
+/// # Errors
+/// 400 `invalid_cursor` for an unreadable `last_event_id=`; 400
+/// `invalid_request` for a `since=` other than `earliest` or `live`.
+pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
     let header = headers
         .get("last-event-id")
         .map(|v| v.as_bytes())
