@@ -114,9 +114,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
                         let stop = shared.app.shutdown.clone();
+                        let bound_ms = shared.app.config.tcp_user_timeout_ms;
                         let task = shared.tracker.track_future(async move {
                             match conn.attach() {
-                                Ok(conn) => stream(conn, feed, head, chunked, stop).await,
+                                Ok(conn) => stream(conn, feed, head, chunked, stop, bound_ms).await,
                                 Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                             }
                         });
@@ -136,10 +137,16 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             send_whole(&conn, out, &shared.app.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
+            // A `/v1/ws` socket judges its client by its connection, as a stream does.
+            let tcp = if refused.is_none() && is_channels_upgrade(&buf) {
+                crate::tcp_info::Peer::take_over(conn.tcp(), shared.app.config.tcp_user_timeout_ms)
+            } else {
+                None
+            };
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            boxed(serve_http(shared, conn, left, peer, refused)).await;
+            boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
         }
     }
 }
@@ -178,6 +185,22 @@ async fn read_head(conn: &mut Conn, buf: &mut BytesMut) -> io::Result<First> {
             });
         }
     }
+}
+
+/// Whether the whole head in `buf` asks to upgrade `/v1/ws` to a WebSocket.
+fn is_channels_upgrade(buf: &[u8]) -> bool {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut parsed = httparse::Request::new(&mut headers);
+    if !matches!(parsed.parse(buf), Ok(httparse::Status::Complete(_))) {
+        return false;
+    }
+    let path = parsed.path.map(|t| t.split('?').next().unwrap_or(t));
+    path == Some("/v1/ws")
+        && parsed.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("upgrade")
+                && std::str::from_utf8(h.value)
+                    .is_ok_and(|v| v.trim().eq_ignore_ascii_case("websocket"))
+        })
 }
 
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
@@ -347,8 +370,21 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// the client goes away, or a write fails. The body is chunked for HTTP/1.1
 /// (one chunk per write, so a clean end — the last chunk — differs from a
 /// dropped connection) and runs to the close for HTTP/1.0.
-async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: CancellationToken) {
+///
+/// Liveness: the stream takes over from `TCP_USER_TIMEOUT` (which would cut
+/// a client reading slowly, `tcp_info.rs`) and, on each tick of its
+/// heartbeat timer and while a write waits for a full socket, drops a client
+/// whose TCP owes an answer and has acknowledged nothing for `bound_ms`.
+async fn stream(
+    conn: Conn,
+    mut feed: Feed,
+    head: Vec<u8>,
+    chunked: bool,
+    stop: CancellationToken,
+    bound_ms: u64,
+) {
     let tcp = conn.tcp();
+    let peer = crate::tcp_info::Peer::take_over(tcp, bound_ms);
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
     // dropped, `reserve` reclaims the space in place.
@@ -365,7 +401,17 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
             flow = feed.next(&mut out) => flow,
             () = closed.as_mut() => return,
         };
+        if matches!(flow, Flow::Tick) && peer.as_ref().is_some_and(|p| p.dead()) {
+            tracing::debug!("an SSE client stopped acknowledging: dropped");
+            abort(tcp);
+            return;
+        }
         let body: usize = out[2..].iter().map(Bytes::len).sum();
+        if body == 0 && out[0].is_empty() && matches!(flow, Flow::Tick) {
+            // A liveness tick with heartbeats off: nothing to write.
+            out.clear();
+            continue;
+        }
         if chunked && body > 0 {
             lines.reserve(CHUNK_LINE_MAX);
             put_chunk_line(&mut lines, body);
@@ -375,16 +421,20 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let written = write_frames(tcp, &mut out, &stop).await;
+        let watch = peer.as_ref().map(|p| (&mut feed, p));
+        let written = write_frames(tcp, &mut out, &stop, watch).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
         match (flow, written) {
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");
+                if e.kind() == io::ErrorKind::TimedOut {
+                    abort(tcp);
+                }
                 return;
             }
-            (Flow::More, Ok(())) => {}
+            (Flow::More | Flow::Tick, Ok(())) => {}
             (Flow::End, Ok(())) => {
                 shut_write(tcp);
                 return;
@@ -393,11 +443,18 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
                 // Abort (RST, no last chunk) so the client backs off rather
                 // than reconnecting at once as after a clean end.
                 tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
+                abort(tcp);
                 return;
             }
         }
     }
+}
+
+/// Makes the close a reset (linger 0): the client (if any) learns the stream
+/// broke, and the kernel frees the unsent data at once instead of probing a
+/// vanished client with it.
+fn abort(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
 }
 
 /// Longest chunk-size line: 16 hex digits and CRLF.
@@ -449,11 +506,15 @@ async fn peer_closed(tcp: &TcpStream) {
 /// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
 ///
 /// A write that has to wait for the client (its window is full) gives up
-/// when `stop` fires, so a reader that stopped reading cannot hold shutdown.
+/// when `stop` fires, so a reader that stopped reading cannot hold shutdown;
+/// with `watch`, it also checks the client on each tick of the stream's timer
+/// and gives up (`TimedOut`) once the client is gone ([`Peer::dead`](crate::tcp_info::Peer::dead)):
+/// a client that reads, however slowly, is waited for.
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
     stop: &CancellationToken,
+    mut watch: Option<(&mut Feed, &crate::tcp_info::Peer)>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -476,6 +537,19 @@ async fn write_frames(
                     r = tcp.writable() => r?,
                     () = stop.cancelled() => {
                         return Err(io::Error::other("shutting down while the client was not reading"));
+                    }
+                    () = async {
+                        match watch.as_mut() {
+                            Some((feed, _)) => feed.tick().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if watch.as_ref().is_some_and(|(_, p)| p.dead()) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "the client acknowledged nothing while its window was full",
+                            ));
+                        }
                     }
                 }
                 continue;
@@ -500,7 +574,7 @@ async fn write_frames(
 /// Writes a whole answer, then closes the sending side: no other request is
 /// read on this connection.
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
-    if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
+    if write_frames(conn.tcp(), &mut out, stop, None).await.is_ok() {
         shut_write(conn.tcp());
     }
 }
@@ -519,6 +593,7 @@ async fn serve_http(
     first_head_timeout: Duration,
     peer: SocketAddr,
     refused: Option<Refused>,
+    tcp: Option<crate::tcp_info::Peer>,
 ) {
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -533,6 +608,9 @@ async fn serve_http(
         req.extensions_mut().insert(Peer(peer));
         if let Some(r) = &refused {
             req.extensions_mut().insert(r.clone());
+        }
+        if let Some(t) = tcp {
+            req.extensions_mut().insert(t);
         }
         router.clone().oneshot(req)
     });
