@@ -337,11 +337,11 @@ impl Feed {
     }
 
     /// The period of the stream's one timer: the heartbeat, or with
-    /// heartbeats off, half of `--tcp-user-timeout-ms` (a liveness check
-    /// with no frame); 0 = no timer.
+    /// heartbeats off, a quarter of `--tcp-user-timeout-ms` (a liveness
+    /// check with no frame); 0 = no timer.
     fn tick_ms(&self) -> u64 {
         match self.app.config.heartbeat_ms {
-            0 => self.app.config.tcp_user_timeout_ms / 2,
+            0 => self.app.config.tcp_user_timeout_ms / 4,
             ms => ms,
         }
     }

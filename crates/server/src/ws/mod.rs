@@ -4,8 +4,8 @@
 //! frames, one message per frame (`docs/protocol.md`).
 //!
 //! Shared here: the handshake check, socket limits, the heartbeat (a ping
-//! every `--heartbeat-ms`; a client that has answered nothing by the next
-//! ping is closed with 4408) and the close helpers. Close frames never carry
+//! every `--heartbeat-ms`; a client that has sent nothing for two intervals
+//! since its last frame is closed with 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
 //! 1005 or 1006 (those are for local reporting only).
 
 pub mod channels;
@@ -145,8 +145,8 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 /// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (a
 /// `/v1/ws` socket whose liveness the server took over from
 /// `TCP_USER_TIMEOUT`), a client that is silent but whose TCP shows it
-/// reading behind (data still unsent or unacknowledged, so the ping may wait
-/// behind data it has not read yet) is not closed: it reads at its own pace.
+/// reading behind (its window is full: data waits unsent, so the ping may
+/// wait behind data it has not read yet) is not closed: it reads at its own pace.
 /// One whose TCP has acknowledged nothing for the bound is closed.
 pub struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
@@ -192,7 +192,9 @@ impl Heartbeat {
             return false;
         };
         match crate::tcp_info::lookup(tcp.local(), tcp.peer()) {
-            Ok(i) => (i.notsent > 0 || i.unacked > 0) && !tcp.judge(&i),
+            // Data waits for the client's window: it has not read what came
+            // before (the ping may be among it), and its TCP still answers.
+            Ok(i) => i.notsent > 0 && !tcp.judge(&i),
             Err(_) => false,
         }
     }
