@@ -570,3 +570,55 @@ async fn a_slow_reader_is_kept_at_defaults() {
     }
     slow_reader_kept(&[], 90).await;
 }
+
+/// The same for a `/v1/ws` subscriber (a tungstenite client, which answers
+/// pings when it reads them): it reads one 60 KB event every 4 s, longer than
+/// the 3 s bound, so its window stays full; its pongs wait behind unread data.
+#[tokio::test]
+async fn a_slow_websocket_reader_is_kept_short_timers() {
+    let s = support::Server::memory(&[
+        "--heartbeat-ms",
+        "1000",
+        "--tcp-keepalive-ms",
+        "1000",
+        "--tcp-user-timeout-ms",
+        "3000",
+    ])
+    .await;
+    let mut ws = ws_support::Ws::connect_small_rcvbuf(s.addr, "/v1/ws", 4096).await;
+    ws.subscribe_live("wslow").await;
+    let url = s.url("/v1/channels/wslow/events");
+    let publisher = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        for i in 0..200u32 {
+            let mut data = format!("{i:05}").into_bytes();
+            data.resize(60_000, b'.');
+            let r = http.post(&url).body(data).send().await.expect("publish");
+            assert!(r.status().is_success());
+        }
+    });
+    let mut got = Vec::new();
+    let mut next = |msg: Option<ws_support::Msg>, got: &mut Vec<String>| match msg {
+        Some(ws_support::Msg::Json(v)) if v["op"] == "event" => {
+            let data = v["data"].as_str().expect("data");
+            got.push(data[..5].to_owned());
+        }
+        other => panic!("after {} events: {other:?}", got.len()),
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(16) {
+        next(ws.recv(Duration::from_secs(10)).await, &mut got);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    publisher.await.expect("published");
+    assert_eq!(
+        s.info("wslow").await["subscribers"],
+        1,
+        "the slow WebSocket reader is still subscribed"
+    );
+    while got.len() < 200 {
+        next(ws.recv(Duration::from_secs(10)).await, &mut got);
+    }
+    let want: Vec<String> = (0..200).map(|i| format!("{i:05}")).collect();
+    assert_eq!(got, want, "every event once, in order");
+}

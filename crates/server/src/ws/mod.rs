@@ -224,6 +224,10 @@ impl Heartbeat {
                     // Its answer is queued behind data it has not read: count again from now.
                     self.last_seen = now;
                 } else {
+                    // Asked again (a caller that cannot close yet) only a period later.
+                    if let Some(sleep) = self.sleep.as_mut() {
+                        sleep.as_mut().reset(now + period);
+                    }
                     return Beat::Dead;
                 }
             }
