@@ -598,7 +598,7 @@ async fn a_slow_websocket_reader_is_kept_short_timers() {
         }
     });
     let mut got = Vec::new();
-    let mut next = |msg: Option<ws_support::Msg>, got: &mut Vec<String>| match msg {
+    let next = |msg: Option<ws_support::Msg>, got: &mut Vec<String>| match msg {
         Some(ws_support::Msg::Json(v)) if v["op"] == "event" => {
             let data = v["data"].as_str().expect("data");
             got.push(data[..5].to_owned());
