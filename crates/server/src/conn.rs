@@ -384,7 +384,7 @@ async fn stream(
     bound_ms: u64,
 ) {
     let tcp = conn.tcp();
-    let peer = crate::tcp_info::Peer::take_over(tcp, bound_ms);
+    let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
     // dropped, `reserve` reclaims the space in place.
@@ -401,7 +401,7 @@ async fn stream(
             flow = feed.next(&mut out) => flow,
             () = closed.as_mut() => return,
         };
-        if matches!(flow, Flow::Tick) && peer.as_ref().is_some_and(|p| p.dead()) {
+        if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
             tracing::debug!("an SSE client stopped acknowledging: dropped");
             abort(tcp);
             return;
@@ -421,7 +421,7 @@ async fn stream(
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let watch = peer.as_ref().map(|p| (&mut feed, p));
+        let watch = bound.map(|b| (&mut feed, b));
         let written = write_frames(tcp, &mut out, &stop, watch).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
@@ -508,13 +508,13 @@ async fn peer_closed(tcp: &TcpStream) {
 /// A write that has to wait for the client (its window is full) gives up
 /// when `stop` fires, so a reader that stopped reading cannot hold shutdown;
 /// with `watch`, it also checks the client on each tick of the stream's timer
-/// and gives up (`TimedOut`) once the client is gone ([`Peer::dead`](crate::tcp_info::Peer::dead)):
+/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::tcp_info::Bound::dead)):
 /// a client that reads, however slowly, is waited for.
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
     stop: &CancellationToken,
-    mut watch: Option<(&mut Feed, &crate::tcp_info::Peer)>,
+    mut watch: Option<(&mut Feed, crate::tcp_info::Bound)>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -544,7 +544,7 @@ async fn write_frames(
                             None => std::future::pending().await,
                         }
                     } => {
-                        if watch.as_ref().is_some_and(|(_, p)| p.dead()) {
+                        if watch.as_ref().is_some_and(|(_, b)| b.dead(tcp)) {
                             return Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
                                 "the client acknowledged nothing while its window was full",

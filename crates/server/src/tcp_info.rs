@@ -200,6 +200,13 @@ impl Peer {
         Some(peer)
     }
 
+    /// [`Peer::take_over`] for a writer that holds the socket: only the bound
+    /// is kept (4 bytes in the stream's task; the addresses are read from the
+    /// socket at each check). `None` as for [`Peer::take_over`].
+    pub fn take_over_bound(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Bound> {
+        Peer::take_over(tcp, bound_ms).map(|p| Bound(p.bound_ms))
+    }
+
     /// Whether the client is gone: the server waits for an answer from it
     /// (data sent and not acknowledged, or at least two window or keepalive
     /// probes unanswered) and its TCP has sent no ACK at all for the bound.
@@ -226,6 +233,27 @@ impl Peer {
     /// The client's address of the connection.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+}
+
+/// The liveness bound of a socket taken over with [`Peer::take_over_bound`],
+/// in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound(u32);
+
+impl Bound {
+    /// [`Peer::dead`] for `tcp`, the socket this bound was taken from.
+    pub fn dead(self, tcp: &tokio::net::TcpStream) -> bool {
+        match (tcp.local_addr(), tcp.peer_addr()) {
+            (Ok(local), Ok(peer)) => Peer {
+                local,
+                peer,
+                bound_ms: self.0,
+            }
+            .dead(),
+            // Not connected any more: the next write reports it.
+            _ => false,
+        }
     }
 }
 
