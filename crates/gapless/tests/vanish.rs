@@ -166,7 +166,10 @@ impl NsServer {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("GAPLESS_VANISH_LOG") {
+                Some(path) => Stdio::from(std::fs::File::create(path).expect("log file")),
+                None => Stdio::null(),
+            })
             .kill_on_drop(true);
         for (k, _) in std::env::vars() {
             if k.starts_with("GAPLESS_") {
@@ -408,14 +411,18 @@ async fn vanished_clients_are_released_short_timers() {
     )
     .await;
     let limit = Duration::from_secs(20);
-    let (beat, stalled) = tokio::join!(
+    let (beat, stalled, ws) = tokio::join!(
         sse_arm("heartbeated SSE", &ns, &s, "beat", limit),
         stalled_arm(&ns, &s, "stalled", limit),
+        ws_arm(&ns, &s, "ws", limit),
     );
-    eprintln!("short timers (heartbeat 1 s, keepalive 1 s, bound 3 s): heartbeated SSE {beat:.1?}, stalled SSE {stalled:.1?}");
+    eprintln!("short timers (heartbeat 1 s, keepalive 1 s, bound 3 s): heartbeated SSE {beat:.1?}, stalled SSE {stalled:.1?}, WebSocket {ws:.1?}");
     // The bound, plus a heartbeat tick to notice it, plus slack for a busy machine.
     assert!(beat < Duration::from_secs(10), "{beat:?}");
     assert!(stalled < Duration::from_secs(12), "{stalled:?}");
+    // Two heartbeat intervals, then up to 1 s for the close handshake
+    // (5 s when a retransmission was taken for a full window).
+    assert!(ws < Duration::from_millis(4500), "{ws:?}");
 }
 
 /// `GAPLESS_LONG_TESTS=1`: every arm at the default settings, within 60 s.

@@ -146,7 +146,9 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 /// `/v1/ws` socket whose liveness the server took over from
 /// `TCP_USER_TIMEOUT`), a client that is silent but whose TCP shows it
 /// reading behind (its window is full: data waits unsent, so the ping may
-/// wait behind data it has not read yet) is not closed: it reads at its own pace.
+/// wait behind data it has not read yet, while everything sent is
+/// acknowledged or it acknowledged something within the last interval) is
+/// not closed: it reads at its own pace.
 /// One whose TCP has acknowledged nothing for the bound is closed.
 pub struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
@@ -193,8 +195,14 @@ impl Heartbeat {
         };
         match crate::tcp_info::lookup(tcp.local(), tcp.peer()) {
             // Data waits for the client's window: it has not read what came
-            // before (the ping may be among it), and its TCP still answers.
-            Ok(i) => i.notsent > 0 && !tcp.judge(&i),
+            // before (the ping may be among it), and its TCP still answers:
+            // everything sent is acknowledged (only window probes go out) or
+            // it acknowledged something within the last interval. Data
+            // waiting because sent data is being retransmitted is no excuse.
+            Ok(i) => {
+                let recent = u128::from(i.last_ack_recv_ms) < self.period.as_millis();
+                i.notsent > 0 && (i.unacked == 0 || recent) && !tcp.judge(&i)
+            }
             Err(_) => false,
         }
     }
