@@ -57,6 +57,8 @@ pub struct TcpInfo {
 thread_local! {
     /// One netlink socket and answer buffer per thread, made on first use.
     static DIAG: RefCell<Option<(Socket, Vec<u8>)>> = const { RefCell::new(None) };
+    /// The seq of this thread's last request.
+    static SEQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Reads the `tcp_info` of the connection from `local` to `peer` (the
@@ -81,11 +83,23 @@ pub fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpInfo> {
         let Some((sock, buf)) = cell.as_mut() else {
             return Err(io::Error::other("no sock_diag socket"));
         };
-        let req = request(local, peer)?;
+        let seq = SEQ.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n
+        });
+        let mut req = request(local, peer)?;
+        req[8..12].copy_from_slice(&seq.to_ne_bytes());
         // The kernel is the default destination of an unconnected netlink socket.
         sock.send(&req)?;
-        let n = (&*sock).read(buf)?;
-        parse(&buf[..n])
+        // The answer carries the request's seq; skip a late answer to an earlier one.
+        for _ in 0..4 {
+            let n = (&*sock).read(buf)?;
+            if u32_at(&buf[..n], 8) == Some(seq) {
+                return parse(&buf[..n]);
+            }
+        }
+        Err(io::Error::other("no sock_diag answer to this request"))
     })
 }
 
