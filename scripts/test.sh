@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests against the
 # real binary (and, for cluster mode, real redis-server processes: installed with
-# apt-get when missing), the benchmark harness at tiny sizes, the real-browser tests, and the
-# TypeScript SDK's tests (installs Chromium and the npm packages they need).
-# Usage: scripts/test.sh
+# apt-get when missing; the vanished-client tests use iptables, installed the same way),
+# each fuzz target for a few seconds (scripts/fuzz.sh; installs cargo-fuzz), the benchmark
+# harness at tiny sizes, the real-browser tests, and the TypeScript SDK's tests (installs
+# Chromium and the npm packages they need). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -33,10 +34,24 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 # Debian's package starts a system redis on 6379; the tests use their own ports and do not need it.
 
+echo "== iptables (the vanished-client tests drop packets in a network namespace)"
+if ! command -v iptables >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null 2>&1 \
+            || (apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null 2>&1) \
+            || echo "could not install iptables: the vanished-client tests will print SKIP"
+    else
+        echo "iptables missing and not root: the vanished-client tests will print SKIP"
+    fi
+fi
+
 echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"
 # cargo prints one "test result:" line per test binary; sum them into one closing line.
 awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' "$target/cargo-test.log"
+
+echo "== fuzz (each target briefly; FUZZ_SECONDS=600 scripts/fuzz.sh for 10 minutes each)"
+FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz.sh
 
 echo "== bench smoke (every scenario at tiny sizes; counts must be exact)"
 GAPLESS_BIN="$target/debug/gapless" GAPLESS_BENCH="$target/debug/gapless-bench" scripts/bench-smoke.sh

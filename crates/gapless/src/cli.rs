@@ -131,7 +131,9 @@ pub struct ServeArgs {
     /// TCP keepalive idle time and probe interval, in milliseconds; 0 turns it off.
     #[arg(long, env = "GAPLESS_TCP_KEEPALIVE_MS", default_value_t = 15_000)]
     pub tcp_keepalive_ms: u64,
-    /// TCP_USER_TIMEOUT in milliseconds: unacknowledged data this old drops the connection; 0 = kernel default.
+    /// The liveness bound in milliseconds: a client that acknowledges nothing this long while the server
+    /// waits for an answer is dropped (TCP_USER_TIMEOUT, and on streams a check by progress that keeps
+    /// slow readers); 0 = kernel default.
     #[arg(long, env = "GAPLESS_TCP_USER_TIMEOUT_MS", default_value_t = 30_000)]
     pub tcp_user_timeout_ms: u64,
     /// An origin allowed to call the API and open streams from a browser

@@ -111,6 +111,35 @@ async fn a_client_that_never_answers_pings_is_closed_with_4408() {
     .await;
 }
 
+/// Regression (issue 12): the "two intervals" rule was checked only when the
+/// next ping was due, so a silent client was closed after about three.
+#[tokio::test]
+async fn a_silent_client_is_closed_two_intervals_after_its_last_frame() {
+    let s = Server::start(&["--heartbeat-ms", "1000"]).await;
+    new_session(&s, "two").await;
+    // Neither client ever sends a frame: two intervals of silence from its upgrade.
+    let t0 = Instant::now();
+    let mut chan = RawWs::connect(s.addr, "/v1/ws").await;
+    let mut sess = RawWs::connect(s.addr, "/v1/sessions/two/ws").await;
+    let (a, b) = tokio::join!(
+        silent_until_close(&mut chan, t0),
+        silent_until_close(&mut sess, t0)
+    );
+    for (what, (pings, close, at, _)) in [("/v1/ws", a), ("session", b)] {
+        assert_eq!(close.close_code(), Some(4408), "{what}: {close:?}");
+        assert!(pings >= 1, "{what}: pinged first");
+        assert!(
+            at >= Duration::from_millis(1900),
+            "{what}: not before two intervals ({at:?})"
+        );
+        // Three intervals (3 s) before the fix; two and some scheduling slack now.
+        assert!(
+            at < Duration::from_millis(2700),
+            "{what}: closed two intervals after the last frame, not at a later ping ({at:?})"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_sends_messages_but_never_pongs_counts_as_alive() {
     // "closes a client that has sent nothing (a pong counts) for two intervals":

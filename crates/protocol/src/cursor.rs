@@ -177,6 +177,12 @@ impl Cursor {
                 if shift > 63 || (shift == 63 && b & 0x7e != 0) {
                     return Err(CursorError::Malformed("seq overflows 64 bits"));
                 }
+                if b == 0 && shift > 0 {
+                    // An overlong form (a last byte of 0 after a continuation)
+                    // would name the same seq as a shorter string: one wire
+                    // form per cursor, so a decoded cursor re-encodes to itself.
+                    return Err(CursorError::Malformed("seq not in its shortest form"));
+                }
                 seq |= u64::from(b & 0x7f) << shift;
                 if b & 0x80 == 0 {
                     break;
@@ -244,6 +250,35 @@ mod tests {
         let mut s = Cursor::single("x", Epoch(9), 3).encode().into_bytes();
         s[3] = if s[3] == b'A' { b'B' } else { b'A' };
         assert!(matches!(Cursor::decode(&s), Err(CursorError::Malformed(_))));
+    }
+
+    /// Found by the `cursor_decode` fuzz target: seq 127 written as
+    /// `0xff 0x00` (an overlong LEB128) decoded, and re-encoded to another string.
+    #[test]
+    fn overlong_seq_is_malformed_so_every_cursor_has_one_form() {
+        let checked = |body: &[u8]| {
+            let mut buf = body.to_vec();
+            buf.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+            URL_SAFE_NO_PAD.encode(buf)
+        };
+        let mut body = vec![VERSION, 1];
+        body.extend_from_slice(&[7; 16]);
+        let mut shortest = body.clone();
+        shortest.push(0x7f);
+        let c = Cursor::decode(checked(&shortest).as_bytes()).expect("shortest form decodes");
+        assert_eq!(c.encode(), checked(&shortest));
+        for overlong in [&[0xff, 0x00][..], &[0x80, 0x00], &[0xff, 0x80, 0x00]] {
+            let mut b = body.clone();
+            b.extend_from_slice(overlong);
+            assert_eq!(
+                Cursor::decode(checked(&b).as_bytes()),
+                Err(CursorError::Malformed("seq not in its shortest form")),
+                "{overlong:?}"
+            );
+        }
+        // u64::MAX still decodes: its last byte is 0x01.
+        let c = Cursor::single("x", Epoch(1), u64::MAX);
+        assert_eq!(Cursor::decode(c.encode().as_bytes()), Ok(c));
     }
 
     #[test]

@@ -27,10 +27,15 @@ pub struct ServerConfig {
     /// TCP keepalive idle time and probe interval on accepted sockets, in
     /// milliseconds (3 probes); 0 leaves keepalive off. Default 15000.
     pub tcp_keepalive_ms: u64,
-    /// `TCP_USER_TIMEOUT` on accepted sockets, in milliseconds: a connection whose
-    /// sent data stays unacknowledged this long is dropped; 0 leaves the kernel
-    /// default (about 16 minutes). Default 30000. With the keepalive default, a
-    /// client that vanishes without a FIN is dropped within 60 seconds.
+    /// The liveness bound, in milliseconds: `TCP_USER_TIMEOUT` on accepted
+    /// sockets (a connection whose sent data stays unacknowledged this long is
+    /// dropped); on an SSE stream written by the fan-out writer and a `/v1/ws`
+    /// socket, the server clears that timer (it would cut a slow reader's full
+    /// window) and drops the client itself when its TCP owes an answer and has
+    /// acknowledged nothing, not even a window probe, for this long
+    /// (`tcp_info.rs`). 0 leaves the kernel defaults (about 16 minutes) and no
+    /// check. Default 30000. With the keepalive default, a client that vanishes
+    /// without a FIN is dropped within 60 seconds (`docs/reliability.md`).
     pub tcp_user_timeout_ms: u64,
     /// Origins allowed by CORS (`--cors-origin`, repeatable): `["*"]` lets any
     /// page call the API without credentials (cookies); listed origins (e.g.

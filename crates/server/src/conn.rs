@@ -113,9 +113,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
                         let stop = shared.app.shutdown.clone();
+                        let bound_ms = shared.app.config.tcp_user_timeout_ms;
                         let task = shared.tracker.track_future(async move {
                             match conn.attach() {
-                                Ok(conn) => stream(conn, feed, head, chunked, stop).await,
+                                Ok(conn) => stream(conn, feed, head, chunked, stop, bound_ms).await,
                                 Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                             }
                         });
@@ -147,10 +148,16 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             send_whole(&conn, out, &shared.app.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
+            // A `/v1/ws` socket judges its client by its connection, as a stream does.
+            let tcp = if refused.is_none() && is_channels_upgrade(&buf) {
+                crate::tcp_info::Peer::take_over(conn.tcp(), shared.app.config.tcp_user_timeout_ms)
+            } else {
+                None
+            };
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            boxed(serve_http(shared, conn, left, peer, refused)).await;
+            boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
         }
     }
 }
@@ -193,6 +200,22 @@ async fn read_head(conn: &mut Conn, buf: &mut BytesMut, max: usize) -> io::Resul
     }
 }
 
+/// Whether the whole head in `buf` asks to upgrade `/v1/ws` to a WebSocket.
+fn is_channels_upgrade(buf: &[u8]) -> bool {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut parsed = httparse::Request::new(&mut headers);
+    if !matches!(parsed.parse(buf), Ok(httparse::Status::Complete(_))) {
+        return false;
+    }
+    let path = parsed.path.map(|t| t.split('?').next().unwrap_or(t));
+    path == Some("/v1/ws")
+        && parsed.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("upgrade")
+                && std::str::from_utf8(h.value)
+                    .is_ok_and(|v| v.trim().eq_ignore_ascii_case("websocket"))
+        })
+}
+
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
 /// of its own so the header array is not held across the read.)
 fn parse_head(buf: &[u8], max: usize) -> Option<First> {
@@ -207,6 +230,37 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
             Some(First::TooLarge)
         }
         Err(e) => Some(First::Malformed(e)),
+    }
+}
+
+/// What the fan-out path makes of a connection's first bytes (see
+/// [`parse_first_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstHead {
+    /// Not a whole head yet: the reader would read more.
+    Incomplete,
+    /// A `GET` of an SSE URL, served by the fan-out writer: its request target.
+    Sse(String),
+    /// Anything else, left to hyper (which re-reads the same bytes).
+    Other,
+    /// Not HTTP/1: answered `400 invalid_request` with this reason.
+    Malformed(String),
+    /// Over `max` bytes or [`HEADERS_MAX`] lines: answered `431 head_too_large`.
+    TooLarge,
+}
+
+/// Classifies `buf`, the first bytes read from a connection, exactly as the
+/// connection's first-request reader does (the same private function), with
+/// a head limit of `max` bytes (`--max-header-bytes`).
+/// Public only for the fuzz targets in `fuzz/`; the server does not call it.
+pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
+    match parse_head(buf, max) {
+        None => FirstHead::Incomplete,
+        Some(First::Sse(req)) => FirstHead::Sse(req.uri().to_string()),
+        Some(First::Other) => FirstHead::Other,
+        Some(First::Malformed(e)) => FirstHead::Malformed(e.to_string()),
+        Some(First::TooLarge) => FirstHead::TooLarge,
+        Some(First::Closed) => FirstHead::Incomplete,
     }
 }
 
@@ -334,8 +388,21 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// the client goes away, or a write fails. The body is chunked for HTTP/1.1
 /// (one chunk per write, so a clean end — the last chunk — differs from a
 /// dropped connection) and runs to the close for HTTP/1.0.
-async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: CancellationToken) {
+///
+/// Liveness: the stream takes over from `TCP_USER_TIMEOUT` (which would cut
+/// a client reading slowly, `tcp_info.rs`) and, on each tick of its
+/// heartbeat timer and while a write waits for a full socket, drops a client
+/// whose TCP owes an answer and has acknowledged nothing for `bound_ms`.
+async fn stream(
+    conn: Conn,
+    mut feed: Feed,
+    head: Vec<u8>,
+    chunked: bool,
+    stop: CancellationToken,
+    bound_ms: u64,
+) {
     let tcp = conn.tcp();
+    let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
     // dropped, `reserve` reclaims the space in place.
@@ -352,7 +419,17 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
             flow = feed.next(&mut out) => flow,
             () = closed.as_mut() => return,
         };
+        if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
+            tracing::debug!("an SSE client stopped acknowledging: dropped");
+            abort(tcp);
+            return;
+        }
         let body: usize = out[2..].iter().map(Bytes::len).sum();
+        if body == 0 && out[0].is_empty() && matches!(flow, Flow::Tick) {
+            // A liveness tick with heartbeats off: nothing to write.
+            out.clear();
+            continue;
+        }
         if chunked && body > 0 {
             lines.reserve(CHUNK_LINE_MAX);
             put_chunk_line(&mut lines, body);
@@ -362,16 +439,20 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let written = write_frames(tcp, &mut out, &stop).await;
+        let watch = bound.map(|b| (&mut feed, b));
+        let written = write_frames(tcp, &mut out, &stop, watch).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
         match (flow, written) {
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");
+                if e.kind() == io::ErrorKind::TimedOut {
+                    abort(tcp);
+                }
                 return;
             }
-            (Flow::More, Ok(())) => {}
+            (Flow::More | Flow::Tick, Ok(())) => {}
             (Flow::End, Ok(())) => {
                 shut_write(tcp);
                 return;
@@ -380,11 +461,18 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, stop: 
                 // Abort (RST, no last chunk) so the client backs off rather
                 // than reconnecting at once as after a clean end.
                 tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
+                abort(tcp);
                 return;
             }
         }
     }
+}
+
+/// Makes the close a reset (linger 0): the client (if any) learns the stream
+/// broke, and the kernel frees the unsent data at once instead of probing a
+/// vanished client with it.
+fn abort(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
 }
 
 /// Longest chunk-size line: 16 hex digits and CRLF.
@@ -436,11 +524,15 @@ async fn peer_closed(tcp: &TcpStream) {
 /// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
 ///
 /// A write that has to wait for the client (its window is full) gives up
-/// when `stop` fires, so a reader that stopped reading cannot hold shutdown.
+/// when `stop` fires, so a reader that stopped reading cannot hold shutdown;
+/// with `watch`, it also checks the client on each tick of the stream's timer
+/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::tcp_info::Bound::dead)):
+/// a client that reads, however slowly, is waited for.
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
     stop: &CancellationToken,
+    mut watch: Option<(&mut Feed, crate::tcp_info::Bound)>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -463,6 +555,19 @@ async fn write_frames(
                     r = tcp.writable() => r?,
                     () = stop.cancelled() => {
                         return Err(io::Error::other("shutting down while the client was not reading"));
+                    }
+                    () = async {
+                        match watch.as_mut() {
+                            Some((feed, _)) => feed.tick().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if watch.as_ref().is_some_and(|(_, b)| b.dead(tcp)) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "the client acknowledged nothing while its window was full",
+                            ));
+                        }
                     }
                 }
                 continue;
@@ -492,7 +597,7 @@ async fn write_frames(
 /// unread bytes sends a reset, which can make the client lose the answer
 /// before it reads it (a refused oversized head, say).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
-    if write_frames(conn.tcp(), &mut out, stop).await.is_ok() {
+    if write_frames(conn.tcp(), &mut out, stop, None).await.is_ok() {
         shut_write(conn.tcp());
         let tcp = conn.tcp();
         let _ = tokio::time::timeout(LINGER, async {
@@ -533,6 +638,7 @@ async fn serve_http(
     first_head_timeout: Duration,
     peer: SocketAddr,
     refused: Option<Refused>,
+    tcp: Option<crate::tcp_info::Peer>,
 ) {
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -547,6 +653,9 @@ async fn serve_http(
         req.extensions_mut().insert(Peer(peer));
         if let Some(r) = &refused {
             req.extensions_mut().insert(r.clone());
+        }
+        if let Some(t) = tcp {
+            req.extensions_mut().insert(t);
         }
         router.clone().oneshot(req)
     });

@@ -51,18 +51,7 @@ pub(crate) async fn page(
     q: &Query,
     by_seq: bool,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = match q.get("limit") {
-        None => DEFAULT_LIMIT,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("limit={v:?} must be a whole number from 1 to {MAX_LIMIT}"),
-                ))
-            }
-        },
-    };
+    let (limit, after) = page_params(channel, q)?;
     let after_seq = match q.get("after_seq") {
         Some(_) if !by_seq => {
             return Err(ApiError::new(
@@ -84,10 +73,7 @@ pub(crate) async fn page(
         })?),
         None => None,
     };
-    let mut after = match q.get("after").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(s) => Some(channel_position(channel, s)?),
-    };
+    let mut after = after;
     let from = after.map_or(after_seq.unwrap_or(0), |p| p.1);
     let page = app.hub.read(channel, from, limit, PAGE_DATA_BYTES).await?;
     let st = page.state;
@@ -133,6 +119,39 @@ pub(crate) async fn page(
         "next": next,
         "done": done,
     })))
+}
+
+/// The query of a history page for journal channel `channel`: `limit`
+/// (default [`DEFAULT_LIMIT`], 1 to [`MAX_LIMIT`]) and `after` decoded as
+/// `(Some(epoch), seq)`, or `(None, 0)` for a well-formed cursor of another
+/// format version; `None` without `after` (or with an empty one). Public so
+/// the fuzz targets (`fuzz/`) can drive it; the handler calls it first.
+///
+/// # Errors
+/// 400 `invalid_request` for a bad `limit`; 400 `invalid_cursor` for an
+/// `after` that is not a cursor or names no position on `channel`.
+#[allow(clippy::type_complexity)]
+pub fn page_params(
+    channel: &str,
+    q: &Query,
+) -> Result<(usize, Option<(Option<gapless_protocol::Epoch>, u64)>), ApiError> {
+    let limit = match q.get("limit") {
+        None => DEFAULT_LIMIT,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("limit={v:?} must be a whole number from 1 to {MAX_LIMIT}"),
+                ))
+            }
+        },
+    };
+    let after = match q.get("after").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(channel_position(channel, s)?),
+    };
+    Ok((limit, after))
 }
 
 fn reason_text(r: GapReason) -> &'static str {

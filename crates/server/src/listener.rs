@@ -2,7 +2,8 @@
 //!
 //! Every accepted socket gets TCP keepalive and `TCP_USER_TIMEOUT` (so a client
 //! that vanishes without a FIN is dropped, whether or not heartbeats are in
-//! flight) and `TCP_NODELAY`. A connection past `max_connections`, or past
+//! flight) and `TCP_NODELAY`. A stream socket later trades the user timeout
+//! for a check by progress that keeps slow readers (`tcp_info.rs`). A connection past `max_connections`, or past
 //! `max_connections_per_ip` for its address, is still accepted but marked
 //! [`Refused`]: it may carry one request, which is answered by the router's
 //! busy rule (`busy.rs`: probes served, SSE told to retry, the rest 503) and

@@ -152,9 +152,15 @@ async fn open(
     Ok(resp)
 }
 
-/// Where each channel starts. `Last-Event-ID` (read as bytes; empty = absent)
-/// wins over `last_event_id=`, which wins over `since=`.
-fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
+/// Where each of `channels` starts (one [`Start`] per channel, in order).
+/// `Last-Event-ID` (read as bytes; empty = absent) wins over `last_event_id=`,
+/// which wins over `since=`. Public so the fuzz targets (`fuzz/`) can drive
+/// it; the SSE handlers call it before subscribing.
+///
+/// # Errors
+/// 400 `invalid_cursor` for an unreadable `last_event_id=`; 400
+/// `invalid_request` for a `since=` other than `earliest` or `live`.
+pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
     let header = headers
         .get("last-event-id")
         .map(|v| v.as_bytes())
@@ -221,6 +227,9 @@ pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"to
 pub enum Flow {
     /// Frames were appended; call again.
     More,
+    /// A heartbeat tick: its frame was appended (none with heartbeats off);
+    /// the writer checks the client's liveness, then calls again.
+    Tick,
     /// The stream ends cleanly (server shutdown): the client reconnects at once.
     End,
     /// The journal failed: abort the response so the client backs off.
@@ -280,12 +289,8 @@ impl Feed {
             return Flow::More;
         }
         let heartbeat_ms = self.app.config.heartbeat_ms;
-        let beat = self.beat.get_or_insert_with(|| {
-            let period = Duration::from_millis(heartbeat_ms.max(1));
-            let mut beat = tokio::time::interval_at(Instant::now() + period, period);
-            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            beat
-        });
+        let tick_ms = self.tick_ms();
+        let beat = Self::beat(&mut self.beat, tick_ms);
         if self.expiry.is_none() {
             if let Some(at) = self.expires {
                 self.expiry = Some(Box::pin(tokio::time::sleep_until(Instant::from_std(at))));
@@ -299,9 +304,11 @@ impl Feed {
                 return Flow::End;
             }
             item = self.sub.next() => item,
-            _ = beat.tick(), if heartbeat_ms > 0 => {
-                out.push(Bytes::from_static(sse::HEARTBEAT));
-                return Flow::More;
+            _ = beat.tick(), if tick_ms > 0 => {
+                if heartbeat_ms > 0 {
+                    out.push(Bytes::from_static(sse::HEARTBEAT));
+                }
+                return Flow::Tick;
             }
         };
         match item {
@@ -329,6 +336,38 @@ impl Feed {
         }
     }
 
+    /// The period of the stream's one timer: the heartbeat, or with
+    /// heartbeats off, a quarter of `--tcp-user-timeout-ms` (a liveness
+    /// check with no frame); 0 = no timer.
+    fn tick_ms(&self) -> u64 {
+        match self.app.config.heartbeat_ms {
+            0 => self.app.config.tcp_user_timeout_ms / 4,
+            ms => ms,
+        }
+    }
+
+    /// The stream's timer, made on first use (on the runtime that drives it).
+    fn beat(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
+        slot.get_or_insert_with(|| {
+            let period = Duration::from_millis(tick_ms.max(1));
+            let mut beat = tokio::time::interval_at(Instant::now() + period, period);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            beat
+        })
+    }
+
+    /// Waits for the next tick of the stream's timer (forever without one),
+    /// for a writer blocked on a full socket: the heartbeat it would have
+    /// written is skipped (the client has data waiting already), and the
+    /// writer checks its liveness instead. Cancel-safe.
+    pub async fn tick(&mut self) {
+        let tick_ms = self.tick_ms();
+        if tick_ms == 0 {
+            return std::future::pending().await;
+        }
+        Self::beat(&mut self.beat, tick_ms).tick().await;
+    }
+
     /// The feed as a hyper response body (chunked), for a stream opened on a
     /// connection that already carried another request.
     pub fn into_body(mut self) -> Body {
@@ -336,7 +375,7 @@ impl Feed {
             let mut out = Vec::new();
             loop {
                 match self.next(&mut out).await {
-                    Flow::More => {
+                    Flow::More | Flow::Tick => {
                         for frame in out.drain(..) {
                             yield Ok(frame);
                         }

@@ -466,6 +466,14 @@ impl RawWs {
         }
     }
 
+    /// The client's own address (to single out its packets).
+    #[allow(dead_code)]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.tcp
+            .local_addr()
+            .expect("a connected socket has an address")
+    }
+
     /// Opens `path` offering `gapless.v1`; asserts the upgrade.
     pub async fn connect(addr: SocketAddr, path: &str) -> RawWs {
         let (hs, ws) = Self::handshake(addr, path, &[("Sec-WebSocket-Protocol", PROTOCOL)]).await;

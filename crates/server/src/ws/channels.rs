@@ -35,6 +35,7 @@ pub async fn handler(
     State(app): State<Arc<App>>,
     access: Result<Access, ApiError>,
     peer: Option<Extension<Peer>>,
+    tcp: Option<Extension<crate::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -42,9 +43,10 @@ pub async fn handler(
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
     let peer = peer.map(|Extension(p)| p.0.ip());
+    let tcp = tcp.map(|Extension(t)| t);
     Ok(match access {
         Ok(Access(grant)) => {
-            ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer)))
+            ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer, tcp)))
         }
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
@@ -73,8 +75,16 @@ enum Flow {
     Close(u16, String),
 }
 
-async fn run(app: Arc<App>, mut socket: WebSocket, grant: Arc<Grant>, peer: Option<IpAddr>) {
-    let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+async fn run(
+    app: Arc<App>,
+    mut socket: WebSocket,
+    grant: Arc<Grant>,
+    peer: Option<IpAddr>,
+    tcp: Option<crate::tcp_info::Peer>,
+) {
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
+    // A ping due while a delivery was being written: sent right after it.
+    let mut ping_owed = false;
     let shutdown = app.shutdown.clone();
     let mut expiry = super::Expiry::new(&grant);
     let mut conn = Conn {
@@ -105,10 +115,39 @@ async fn run(app: Arc<App>, mut socket: WebSocket, grant: Arc<Grant>, peer: Opti
                 }
             },
             item = conn.sub.next() => match item {
-                Ok(item) => match conn.deliver(item, &mut socket).await {
-                    Ok(()) => Flow::Continue,
-                    Err(()) => return,
-                },
+                Ok(item) => {
+                    // The heartbeat keeps running while a delivery waits for
+                    // a full socket: a client whose TCP acknowledges nothing
+                    // for the bound is dropped (there is no room for a close frame).
+                    let delivered = {
+                    let deliver = conn.deliver(item, &mut socket);
+                    tokio::pin!(deliver);
+                    loop {
+                        tokio::select! {
+                            r = &mut deliver => break r,
+                            beat = hb.tick() => match beat {
+                                Beat::Ping => ping_owed = true,
+                                Beat::Dead if hb.gone() => {
+                                    tracing::debug!("a WebSocket client stopped acknowledging: dropped");
+                                    return;
+                                }
+                                // Silent without a TCP verdict: judged again once the write is done.
+                                Beat::Dead => {}
+                            },
+                        }
+                    }
+                    };
+                    match delivered {
+                        Ok(()) if std::mem::take(&mut ping_owed) => {
+                            match socket.send(Message::Ping(Default::default())).await {
+                                Ok(()) => Flow::Continue,
+                                Err(_) => return,
+                            }
+                        }
+                        Ok(()) => Flow::Continue,
+                        Err(()) => return,
+                    }
+                }
                 Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
             },
             beat = hb.tick() => match beat {

@@ -4,8 +4,8 @@
 //! frames, one message per frame (`docs/protocol.md`).
 //!
 //! Shared here: the handshake check, socket limits, the heartbeat (a ping
-//! every `--heartbeat-ms`; a client that has answered nothing by the next
-//! ping is closed with 4408) and the close helpers. Close frames never carry
+//! every `--heartbeat-ms`; a client that has sent nothing for two intervals
+//! since its last frame is closed with 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
 //! 1005 or 1006 (those are for local reporting only).
 
 pub mod channels;
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::Value;
 use std::time::Duration;
-use tokio::time::{Instant, Interval};
+use tokio::time::Instant;
 
 /// The subprotocol this server speaks.
 pub const SUBPROTOCOL: &str = "gapless.v1";
@@ -139,11 +139,24 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 }
 
 /// Ping schedule and liveness: the client must show it is alive (any frame,
-/// a pong included) between two pings.
+/// a pong included) within two intervals of the last frame it sent; the
+/// check runs at that deadline, not at the next ping.
+///
+/// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (a
+/// `/v1/ws` socket whose liveness the server took over from
+/// `TCP_USER_TIMEOUT`), a client that is silent but whose TCP shows it
+/// reading behind (its window is full: data waits unsent, so the ping may
+/// wait behind data it has not read yet, while everything sent is
+/// acknowledged or it acknowledged something within the last interval) is
+/// not closed: it reads at its own pace.
+/// One whose TCP has acknowledged nothing for the bound is closed.
 pub struct Heartbeat {
-    interval: Option<Interval>,
+    /// The next wake-up: the next ping or the liveness deadline, whichever is first.
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    next_ping: Instant,
     last_seen: Instant,
     period: Duration,
+    tcp: Option<crate::tcp_info::Peer>,
 }
 
 /// What the heartbeat asks for.
@@ -155,18 +168,18 @@ pub enum Beat {
 }
 
 impl Heartbeat {
-    /// A heartbeat of `heartbeat_ms` (0: none).
-    pub fn new(heartbeat_ms: u64) -> Self {
+    /// A heartbeat of `heartbeat_ms` (0: none); `tcp` judges a silent client
+    /// by its connection (see the type's doc).
+    pub fn new(heartbeat_ms: u64, tcp: Option<crate::tcp_info::Peer>) -> Self {
         let period = Duration::from_millis(heartbeat_ms);
-        let interval = (heartbeat_ms > 0).then(|| {
-            let mut i = tokio::time::interval_at(Instant::now() + period, period);
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        });
+        let now = Instant::now();
+        let sleep = (heartbeat_ms > 0).then(|| Box::pin(tokio::time::sleep_until(now + period)));
         Heartbeat {
-            interval,
-            last_seen: Instant::now(),
+            sleep,
+            next_ping: now + period,
+            last_seen: now,
             period,
+            tcp,
         }
     }
 
@@ -175,19 +188,68 @@ impl Heartbeat {
         self.last_seen = Instant::now();
     }
 
-    /// Waits for the next beat (forever when heartbeats are off).
+    /// Whether the client is silent but reading behind (see the type's doc).
+    fn excused(&self) -> bool {
+        let Some(tcp) = &self.tcp else {
+            return false;
+        };
+        match crate::tcp_info::lookup(tcp.local(), tcp.peer()) {
+            // Data waits for the client's window: it has not read what came
+            // before (the ping may be among it), and its TCP still answers:
+            // everything sent is acknowledged (only window probes go out) or
+            // it acknowledged something within the last interval. Data
+            // waiting because sent data is being retransmitted is no excuse.
+            Ok(i) => {
+                let recent = u128::from(i.last_ack_recv_ms) < self.period.as_millis();
+                i.notsent > 0 && (i.unacked == 0 || recent) && !tcp.judge(&i)
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the connection shows the client gone: its TCP owes an
+    /// answer and has acknowledged nothing for the bound (never without
+    /// `tcp`). For a writer blocked on a full socket.
+    pub fn gone(&self) -> bool {
+        self.tcp.as_ref().is_some_and(crate::tcp_info::Peer::dead)
+    }
+
+    /// Waits for the next beat (forever when heartbeats are off). Cancel-safe.
     pub async fn tick(&mut self) -> Beat {
-        match &mut self.interval {
-            Some(i) => {
-                i.tick().await;
-                // A ping went out one period ago; nothing since then means no answer.
-                if self.last_seen.elapsed() > self.period * 2 {
-                    Beat::Dead
+        let period = self.period;
+        if self.sleep.is_none() {
+            return std::future::pending().await;
+        }
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                sleep.as_mut().await;
+            }
+            let now = Instant::now();
+            let deadline = self.last_seen + period * 2;
+            let mut beat = None;
+            if now >= deadline {
+                if self.excused() {
+                    // Its answer is queued behind data it has not read: count again from now.
+                    self.last_seen = now;
                 } else {
-                    Beat::Ping
+                    // Asked again (a caller that cannot close yet) only a period later.
+                    if let Some(sleep) = self.sleep.as_mut() {
+                        sleep.as_mut().reset(now + period);
+                    }
+                    return Beat::Dead;
                 }
             }
-            None => std::future::pending().await,
+            if now >= self.next_ping {
+                self.next_ping = now + period;
+                beat = Some(Beat::Ping);
+            }
+            let next = self.next_ping.min(self.last_seen + period * 2);
+            if let Some(sleep) = self.sleep.as_mut() {
+                sleep.as_mut().reset(next);
+            }
+            if let Some(b) = beat {
+                return b;
+            }
         }
     }
 }

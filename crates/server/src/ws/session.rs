@@ -115,7 +115,7 @@ async fn consume(
     mut att: Attachment,
     grant: &Grant,
 ) -> (u16, String) {
-    let mut hb = Heartbeat::new(app.config.heartbeat_ms);
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
     let mut expiry = super::Expiry::new(grant);
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.

@@ -1,0 +1,24 @@
+//! The first-request-head reader of the fan-out path (`conn.rs`): never
+//! panics; a head it serves as SSE is a `GET` of an SSE URL; and bytes after
+//! a whole head (a pipelined body or request) do not change the answer.
+#![no_main]
+
+use gapless_server::conn::{parse_first_head, FirstHead};
+use libfuzzer_sys::fuzz_target;
+
+/// The default `--max-header-bytes`.
+const MAX: usize = 16 * 1024;
+
+fuzz_target!(|data: &[u8]| {
+    let first = parse_first_head(data, MAX);
+    if let FirstHead::Sse(target) = &first {
+        let path = target.split('?').next().unwrap_or(target);
+        assert!(
+            path == "/v1/sse" || (path.starts_with("/v1/channels/") && path.ends_with("/sse")),
+            "{target}"
+        );
+        let mut more = data.to_vec();
+        more.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(parse_first_head(&more, MAX), first);
+    }
+});
