@@ -245,6 +245,13 @@ impl Subscription {
         (f.epoch, f.pos)
     }
 
+    /// How many events the channel at `index` has past this subscription's
+    /// position (its head as last signalled, minus the position).
+    pub fn lag(&self, index: usize) -> u64 {
+        let f = &self.follows[index];
+        (*f.head_rx.borrow()).saturating_sub(f.pos)
+    }
+
     /// Stops following `channel`; false if it was not followed.
     pub fn unfollow(&mut self, channel: &str) -> bool {
         match self.index_of(channel) {

@@ -3,6 +3,7 @@
 //! reason, refusals by code, histograms), open without a token.
 
 mod support;
+mod ws_support;
 
 use std::collections::HashMap;
 use support::Server;
@@ -122,4 +123,104 @@ async fn metrics_need_no_token() {
         Some(&1.0),
         "{m:?}"
     );
+}
+
+#[tokio::test]
+async fn deliveries_are_counted_per_transport_with_lag_histograms_and_open_connections() {
+    let s = Server::memory(&[]).await;
+    let (mut sse, _) = s.subscribe("d", "").await;
+    let mut ws = ws_support::Ws::channels(&s).await;
+    ws.subscribe_live("d").await;
+    for i in 0..5 {
+        s.publish("d", &format!("e{i}")).await;
+    }
+    sse.events(5).await;
+    for _ in 0..5 {
+        ws.expect_op("event").await;
+    }
+    let m = metrics(&s).await;
+    assert_eq!(
+        m.get("gapless_events_delivered_total{transport=\"sse\"}"),
+        Some(&5.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("gapless_events_delivered_total{transport=\"ws\"}"),
+        Some(&5.0),
+        "{m:?}"
+    );
+    assert!(
+        m.get("gapless_bytes_written_total{transport=\"sse\"}")
+            .is_some_and(|b| *b > 50.0),
+        "{m:?}"
+    );
+    assert!(
+        m.get("gapless_bytes_written_total{transport=\"ws\"}")
+            .is_some_and(|b| *b > 50.0),
+        "{m:?}"
+    );
+    assert!(
+        m.get("gapless_delivery_lag_seconds_count{transport=\"sse\"}")
+            .is_some_and(|n| *n >= 1.0),
+        "{m:?}"
+    );
+    assert!(
+        m.get("gapless_subscriber_lag_events_count")
+            .is_some_and(|n| *n >= 2.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("gapless_connections_open{transport=\"sse\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("gapless_connections_open{transport=\"ws\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    drop(sse);
+    ws.close().await;
+    support::eventually(
+        "closed connections stop counting",
+        std::time::Duration::from_secs(5),
+        || async {
+            let m = metrics(&s).await;
+            m.get("gapless_connections_open{transport=\"sse\"}") == Some(&0.0)
+                && m.get("gapless_connections_open{transport=\"ws\"}") == Some(&0.0)
+        },
+    )
+    .await;
+}
+
+/// Every metric the Grafana dashboard queries is one the server exports.
+#[tokio::test]
+async fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/grafana/gapless.json"
+    ))
+    .expect("deploy/grafana/gapless.json");
+    let source = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../server/src/metrics.rs"
+    ))
+    .expect("metrics.rs");
+    let mut names: Vec<&str> = dashboard
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("gapless_"))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert!(names.len() > 10, "{names:?}");
+    for n in names {
+        let base = n
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_count")
+            .trim_end_matches("_sum");
+        assert!(
+            source.contains(&format!("\"{base}\"")),
+            "{n} is not an exported metric"
+        );
+    }
 }

@@ -157,6 +157,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
+            let _open = crate::metrics::Open::new("http");
             boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
         }
     }
@@ -402,6 +403,7 @@ async fn stream(
     bound_ms: u64,
 ) {
     let tcp = conn.tcp();
+    let _open = crate::metrics::Open::new("sse");
     let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
@@ -440,7 +442,11 @@ async fn stream(
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
         let watch = bound.map(|b| (&mut feed, b));
+        let bytes: usize = out.iter().map(Bytes::len).sum();
         let written = write_frames(tcp, &mut out, &stop, watch).await;
+        if written.is_ok() {
+            crate::metrics::written(crate::metrics::Transport::Sse, bytes);
+        }
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }

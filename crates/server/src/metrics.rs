@@ -114,3 +114,61 @@ pub async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
         body,
     )
 }
+
+/// Which transport a delivery metric is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Server-Sent Events.
+    Sse,
+    /// WebSocket (channels and sessions).
+    Ws,
+}
+
+impl Transport {
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Sse => "sse",
+            Transport::Ws => "ws",
+        }
+    }
+}
+
+/// Records one write step of events to one subscriber: `events` events of
+/// which the newest was committed at `newest_time_ms` (Unix ms), with `lag`
+/// events still after it on the channel. Called once per step, never per
+/// event per subscriber.
+pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: u64) {
+    if events == 0 {
+        return;
+    }
+    let now = gapless_core::journal::now_ms();
+    metrics::counter!(EVENTS_DELIVERED, "transport" => transport.label()).increment(events as u64);
+    metrics::histogram!(DELIVERY_LAG_SECONDS, "transport" => transport.label())
+        .record(now.saturating_sub(newest_time_ms) as f64 / 1000.0);
+    metrics::histogram!(SUBSCRIBER_LAG_EVENTS).record(lag as f64);
+}
+
+/// Records `bytes` written to a subscriber's socket in one step.
+pub fn written(transport: Transport, bytes: usize) {
+    if bytes > 0 {
+        metrics::counter!(BYTES_WRITTEN, "transport" => transport.label()).increment(bytes as u64);
+    }
+}
+
+/// Counts one open connection of `transport` (`sse`, `ws`, `http`) while it lives.
+#[derive(Debug)]
+pub struct Open(&'static str);
+
+impl Open {
+    /// A connection of `transport` opened.
+    pub fn new(transport: &'static str) -> Self {
+        metrics::gauge!(CONNECTIONS_OPEN, "transport" => transport).increment(1.0);
+        Open(transport)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        metrics::gauge!(CONNECTIONS_OPEN, "transport" => self.0).decrement(1.0);
+    }
+}

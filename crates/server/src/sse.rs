@@ -314,6 +314,12 @@ impl Feed {
         match item {
             Err(e) => Flow::Fail(e.to_string()),
             Ok(Item::Events { index, events }) => {
+                crate::metrics::delivered(
+                    crate::metrics::Transport::Sse,
+                    events.len(),
+                    events.last().map_or(0, |e| e.time),
+                    self.sub.lag(index),
+                );
                 if self.sub.len() == 1 {
                     out.extend(events.iter().map(|e| e.sse_frame(self.format).clone()));
                 } else {
@@ -372,10 +378,15 @@ impl Feed {
     /// connection that already carried another request.
     pub fn into_body(mut self) -> Body {
         Body::from_stream(async_stream::stream! {
+            let _open = crate::metrics::Open::new("sse");
             let mut out = Vec::new();
             loop {
                 match self.next(&mut out).await {
                     Flow::More | Flow::Tick => {
+                        crate::metrics::written(
+                            crate::metrics::Transport::Sse,
+                            out.iter().map(Bytes::len).sum(),
+                        );
                         for frame in out.drain(..) {
                             yield Ok(frame);
                         }

@@ -82,6 +82,7 @@ async fn run(
     peer: Option<IpAddr>,
     tcp: Option<crate::tcp_info::Peer>,
 ) {
+    let _open = crate::metrics::Open::new("ws");
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     // A ping due while a delivery was being written: sent right after it.
     let mut ping_owed = false;
@@ -452,6 +453,16 @@ impl Conn {
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
         match item {
             Item::Events { index, events } => {
+                crate::metrics::delivered(
+                    crate::metrics::Transport::Ws,
+                    events.len(),
+                    events.last().map_or(0, |e| e.time),
+                    self.sub.lag(index),
+                );
+                crate::metrics::written(
+                    crate::metrics::Transport::Ws,
+                    events.iter().map(|e| e.ws_message().len()).sum(),
+                );
                 let channel = self.sub.channel(index).clone();
                 let mut pending = self
                     .pending

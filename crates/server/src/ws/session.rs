@@ -117,6 +117,7 @@ async fn consume(
 ) -> (u16, String) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
     let mut expiry = super::Expiry::new(grant);
+    let _open = crate::metrics::Open::new("ws");
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
     // Every attach is answered with `session.resumed`: a live attach (no
@@ -168,7 +169,13 @@ async fn consume(
                 Beat::Dead => return (code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },
             item = att.sub.next() => match item {
-                Ok(Item::Events { events, .. }) => {
+                Ok(Item::Events { index, events }) => {
+                    crate::metrics::delivered(
+                        crate::metrics::Transport::Ws,
+                        events.len(),
+                        events.last().map_or(0, |e| e.time),
+                        att.sub.lag(index),
+                    );
                     for e in &events {
                         if let Some(n) = replay.as_mut() {
                             if e.seq > att.head {
