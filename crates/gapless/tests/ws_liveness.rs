@@ -90,7 +90,7 @@ async fn a_client_that_never_answers_pings_is_closed_with_4408() {
         assert!(pings >= 1, "{what}: pinged before being closed");
         assert_eq!(close.close_code(), Some(4408), "{what}: {close:?}");
         assert!(close.payload.len() > 2, "{what}: the close has a reason");
-        // Two intervals of silence (400 ms), checked at a ping tick: well under 2 s.
+        // Two intervals of silence (400 ms), checked at that deadline: well under 2 s.
         assert!(
             at >= Duration::from_millis(400),
             "{what}: not before two intervals ({at:?})"
