@@ -120,6 +120,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                                 Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                             }
                         });
+                        tracing::trace!(bytes = std::mem::size_of_val(&task), "a stream's task");
                         drop(shared.fanout.spawn(task));
                     }
                     Err(e) => tracing::debug!(error = %e, "could not move a stream"),
@@ -157,7 +158,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            let _open = crate::metrics::Open::new("http");
+            let _open = crate::metrics::Open::<crate::metrics::HttpConn>::new();
             boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
         }
     }
@@ -403,7 +404,7 @@ async fn stream(
     bound_ms: u64,
 ) {
     let tcp = conn.tcp();
-    let _open = crate::metrics::Open::new("sse");
+    let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
     let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     let mut head = Some(Bytes::from(head));
     // Each write's chunk-size line. Reused: once a write's frames are
@@ -442,11 +443,12 @@ async fn stream(
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
         let watch = bound.map(|b| (&mut feed, b));
-        let bytes: usize = out.iter().map(Bytes::len).sum();
+        // Counted as handed to the socket (nothing held across the write).
+        crate::metrics::written(
+            crate::metrics::Transport::Sse,
+            out.iter().map(Bytes::len).sum(),
+        );
         let written = write_frames(tcp, &mut out, &stop, watch).await;
-        if written.is_ok() {
-            crate::metrics::written(crate::metrics::Transport::Sse, bytes);
-        }
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
@@ -562,12 +564,10 @@ async fn write_frames(
                     () = stop.cancelled() => {
                         return Err(io::Error::other("shutting down while the client was not reading"));
                     }
-                    () = async {
-                        match watch.as_mut() {
-                            Some((feed, _)) => feed.tick().await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
+                    () = std::future::poll_fn(|cx| match watch.as_mut() {
+                        Some((feed, _)) => feed.poll_tick(cx),
+                        None => std::task::Poll::Pending,
+                    }) => {
                         if watch.as_ref().is_some_and(|(_, b)| b.dead(tcp)) {
                             return Err(io::Error::new(
                                 io::ErrorKind::TimedOut,

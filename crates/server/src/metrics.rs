@@ -133,6 +133,35 @@ impl Transport {
     }
 }
 
+/// The handles the fan-out path records with, looked up once (after
+/// [`install`], which runs before anything is served), so a write step does
+/// not build a metric key.
+struct Hot {
+    delivered: [metrics::Counter; 2],
+    bytes: [metrics::Counter; 2],
+    lag_seconds: [metrics::Histogram; 2],
+    lag_events: metrics::Histogram,
+}
+
+static HOT: std::sync::LazyLock<Hot> = std::sync::LazyLock::new(|| {
+    let t = [Transport::Sse, Transport::Ws];
+    Hot {
+        delivered: t.map(|t| metrics::counter!(EVENTS_DELIVERED, "transport" => t.label())),
+        bytes: t.map(|t| metrics::counter!(BYTES_WRITTEN, "transport" => t.label())),
+        lag_seconds: t.map(|t| metrics::histogram!(DELIVERY_LAG_SECONDS, "transport" => t.label())),
+        lag_events: metrics::histogram!(SUBSCRIBER_LAG_EVENTS),
+    }
+});
+
+impl Transport {
+    fn index(self) -> usize {
+        match self {
+            Transport::Sse => 0,
+            Transport::Ws => 1,
+        }
+    }
+}
+
 /// Records one write step of events to one subscriber: `events` events of
 /// which the newest was committed at `newest_time_ms` (Unix ms), with `lag`
 /// events still after it on the channel. Called once per step, never per
@@ -141,34 +170,81 @@ pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: 
     if events == 0 {
         return;
     }
+    let hot = &*HOT;
+    let i = transport.index();
     let now = gapless_core::journal::now_ms();
-    metrics::counter!(EVENTS_DELIVERED, "transport" => transport.label()).increment(events as u64);
-    metrics::histogram!(DELIVERY_LAG_SECONDS, "transport" => transport.label())
-        .record(now.saturating_sub(newest_time_ms) as f64 / 1000.0);
-    metrics::histogram!(SUBSCRIBER_LAG_EVENTS).record(lag as f64);
+    hot.delivered[i].increment(events as u64);
+    hot.lag_seconds[i].record(now.saturating_sub(newest_time_ms) as f64 / 1000.0);
+    hot.lag_events.record(lag as f64);
 }
 
 /// Records `bytes` written to a subscriber's socket in one step.
 pub fn written(transport: Transport, bytes: usize) {
     if bytes > 0 {
-        metrics::counter!(BYTES_WRITTEN, "transport" => transport.label()).increment(bytes as u64);
+        HOT.bytes[transport.index()].increment(bytes as u64);
     }
 }
 
-/// Counts one open connection of `transport` (`sse`, `ws`, `http`) while it lives.
+/// Counts one open connection of transport `T` while it lives (a
+/// zero-sized guard: it adds nothing to a stream's task).
 #[derive(Debug)]
-pub struct Open(&'static str);
+pub struct Open<T: Kind>(std::marker::PhantomData<T>);
 
-impl Open {
-    /// A connection of `transport` opened.
-    pub fn new(transport: &'static str) -> Self {
-        metrics::gauge!(CONNECTIONS_OPEN, "transport" => transport).increment(1.0);
-        Open(transport)
+/// A transport label of [`CONNECTIONS_OPEN`], as a type.
+pub trait Kind {
+    /// The label.
+    const LABEL: &'static str;
+}
+
+/// `transport="sse"`.
+#[derive(Debug)]
+pub struct SseConn;
+/// `transport="ws"`.
+#[derive(Debug)]
+pub struct WsConn;
+/// `transport="http"` (a connection carrying other requests).
+#[derive(Debug)]
+pub struct HttpConn;
+
+impl Kind for SseConn {
+    const LABEL: &'static str = "sse";
+}
+impl Kind for WsConn {
+    const LABEL: &'static str = "ws";
+}
+impl Kind for HttpConn {
+    const LABEL: &'static str = "http";
+}
+
+/// The connection gauges, looked up once.
+static OPEN: std::sync::LazyLock<[metrics::Gauge; 3]> = std::sync::LazyLock::new(|| {
+    ["sse", "ws", "http"].map(|t| metrics::gauge!(CONNECTIONS_OPEN, "transport" => t))
+});
+
+fn open_gauge(label: &str) -> &'static metrics::Gauge {
+    match label {
+        "sse" => &OPEN[0],
+        "ws" => &OPEN[1],
+        _ => &OPEN[2],
     }
 }
 
-impl Drop for Open {
+impl<T: Kind> Open<T> {
+    /// A connection opened.
+    pub fn new() -> Self {
+        open_gauge(T::LABEL).increment(1.0);
+        Open(std::marker::PhantomData)
+    }
+}
+
+impl<T: Kind> Default for Open<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Kind> Drop for Open<T> {
     fn drop(&mut self) {
-        metrics::gauge!(CONNECTIONS_OPEN, "transport" => self.0).decrement(1.0);
+        open_gauge(T::LABEL).decrement(1.0);
     }
 }

@@ -27,11 +27,11 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use gapless_protocol::{Cursor, CursorError};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 /// `GET /v1/channels/{channel}/sse`.
 pub async fn channel_sse(
@@ -248,14 +248,21 @@ pub struct Feed {
     head: Option<Bytes>,
     /// Made by the first wait, on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
-    /// On a child of the server's token, made once: polling a token's future
+    /// Resolves when the stream must end: the server shuts down, or the
+    /// token that opened it stops being honoured. One boxed future, made
+    /// once: on a child of the server's token (polling a token's future
     /// takes the token's lock, and every stream sharing one token's lock on
-    /// every step would contend for it.
-    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// When the token that opened the stream stops being honoured; the
-    /// timer is made by the first wait (on the runtime that drives it).
-    expires: Option<std::time::Instant>,
-    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// every step would contend for it); its timer, if any, is made when it
+    /// is first polled, on the runtime that drives the stream. Kept out of
+    /// line so the stream's task stays small (docs/design.md, "Fan-out").
+    end: Pin<Box<dyn Future<Output = End> + Send>>,
+}
+
+/// Why a stream ends on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Shutdown,
+    Expired,
 }
 
 impl Feed {
@@ -266,15 +273,26 @@ impl Feed {
         head: Bytes,
         expires: Option<std::time::Instant>,
     ) -> Self {
+        let shutdown = app.shutdown.child_token().cancelled_owned();
+        let end: Pin<Box<dyn Future<Output = End> + Send>> = match expires {
+            None => Box::pin(async move {
+                shutdown.await;
+                End::Shutdown
+            }),
+            Some(at) => Box::pin(async move {
+                tokio::select! {
+                    () = shutdown => End::Shutdown,
+                    () = tokio::time::sleep_until(Instant::from_std(at)) => End::Expired,
+                }
+            }),
+        };
         Feed {
-            shutdown: Box::pin(app.shutdown.child_token().cancelled_owned()),
+            end,
             app,
             sub,
             format,
             head: Some(head),
             beat: None,
-            expires,
-            expiry: None,
         }
     }
 
@@ -291,20 +309,16 @@ impl Feed {
         let heartbeat_ms = self.app.config.heartbeat_ms;
         let tick_ms = self.tick_ms();
         let beat = Self::beat(&mut self.beat, tick_ms);
-        if self.expiry.is_none() {
-            if let Some(at) = self.expires {
-                self.expiry = Some(Box::pin(tokio::time::sleep_until(Instant::from_std(at))));
-            }
-        }
         let item = tokio::select! {
             biased;
-            () = self.shutdown.as_mut() => return Flow::End,
-            () = async { if let Some(e) = self.expiry.as_mut() { e.await } }, if self.expiry.is_some() => {
-                out.push(Bytes::from_static(EXPIRED_FRAME));
+            end = self.end.as_mut() => {
+                if end == End::Expired {
+                    out.push(Bytes::from_static(EXPIRED_FRAME));
+                }
                 return Flow::End;
             }
             item = self.sub.next() => item,
-            _ = beat.tick(), if tick_ms > 0 => {
+            _ = std::future::poll_fn(|cx| beat.poll_tick(cx)), if tick_ms > 0 => {
                 if heartbeat_ms > 0 {
                     out.push(Bytes::from_static(sse::HEARTBEAT));
                 }
@@ -367,18 +381,27 @@ impl Feed {
     /// written is skipped (the client has data waiting already), and the
     /// writer checks its liveness instead. Cancel-safe.
     pub async fn tick(&mut self) {
+        std::future::poll_fn(|cx| self.poll_tick(cx)).await;
+    }
+
+    /// [`Feed::tick`] as a poll function: a writer waits on it with no
+    /// future of its own (whatever a stream's task holds across an await
+    /// stays allocated for the stream's life).
+    pub fn poll_tick(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let tick_ms = self.tick_ms();
         if tick_ms == 0 {
-            return std::future::pending().await;
+            return std::task::Poll::Pending;
         }
-        Self::beat(&mut self.beat, tick_ms).tick().await;
+        Self::beat(&mut self.beat, tick_ms)
+            .poll_tick(cx)
+            .map(|_| ())
     }
 
     /// The feed as a hyper response body (chunked), for a stream opened on a
     /// connection that already carried another request.
     pub fn into_body(mut self) -> Body {
         Body::from_stream(async_stream::stream! {
-            let _open = crate::metrics::Open::new("sse");
+            let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
             let mut out = Vec::new();
             loop {
                 match self.next(&mut out).await {

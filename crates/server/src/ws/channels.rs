@@ -82,7 +82,7 @@ async fn run(
     peer: Option<IpAddr>,
     tcp: Option<crate::tcp_info::Peer>,
 ) {
-    let _open = crate::metrics::Open::new("ws");
+    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     // A ping due while a delivery was being written: sent right after it.
     let mut ping_owed = false;

@@ -117,7 +117,7 @@ async fn consume(
 ) -> (u16, String) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
     let mut expiry = super::Expiry::new(grant);
-    let _open = crate::metrics::Open::new("ws");
+    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
     // Every attach is answered with `session.resumed`: a live attach (no
