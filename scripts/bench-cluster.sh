@@ -58,7 +58,7 @@ ADDRS=()
 NODE_PIDS=()
 start_node() { # extra serve args…
   local log="$WORK/node-${#PIDS[@]}.log"
-  "$BIN" serve --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+  "$BIN" serve --listen 127.0.0.1:0 --max-connections-per-ip 0 "$@" >"$log" 2>&1 &
   PIDS+=($!)
   NODE_PIDS+=($!)
   local addr=""
