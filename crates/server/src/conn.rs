@@ -112,11 +112,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                 } => match conn.detach() {
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
-                        let stop = shared.app.shutdown.clone();
                         let bound_ms = shared.app.config.tcp_user_timeout_ms;
                         let task = shared.tracker.track_future(async move {
                             match conn.attach() {
-                                Ok(conn) => stream(conn, feed, head, chunked, stop, bound_ms).await,
+                                Ok(conn) => stream(conn, feed, head, chunked, bound_ms).await,
                                 Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                             }
                         });
@@ -395,14 +394,7 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// a client reading slowly, `tcp_info.rs`) and, on each tick of its
 /// heartbeat timer and while a write waits for a full socket, drops a client
 /// whose TCP owes an answer and has acknowledged nothing for `bound_ms`.
-async fn stream(
-    conn: Conn,
-    mut feed: Feed,
-    head: Vec<u8>,
-    chunked: bool,
-    stop: CancellationToken,
-    bound_ms: u64,
-) {
+async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, bound_ms: u64) {
     let tcp = conn.tcp();
     let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
     let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
@@ -442,13 +434,12 @@ async fn stream(
         if chunked && matches!(flow, Flow::End) {
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let watch = bound.map(|b| (&mut feed, b));
         // Counted as handed to the socket (nothing held across the write).
         crate::metrics::written(
             crate::metrics::Transport::Sse,
             out.iter().map(Bytes::len).sum(),
         );
-        let written = write_frames(tcp, &mut out, &stop, watch).await;
+        let written = write_frames(tcp, &mut out, Some(&mut feed), bound).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
@@ -481,6 +472,16 @@ async fn stream(
 /// vanished client with it.
 fn abort(tcp: &TcpStream) {
     let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
+}
+
+/// What a blocked write woke up for.
+pub(crate) enum Waited {
+    /// The socket can take more.
+    Writable,
+    /// The stream must end (shutdown or token expiry).
+    Ended,
+    /// The stream's timer ticked: time to check the client is alive.
+    Tick,
 }
 
 /// Longest chunk-size line: 16 hex digits and CRLF.
@@ -539,8 +540,8 @@ async fn peer_closed(tcp: &TcpStream) {
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
-    stop: &CancellationToken,
-    mut watch: Option<(&mut Feed, crate::tcp_info::Bound)>,
+    mut feed: Option<&mut Feed>,
+    bound: Option<crate::tcp_info::Bound>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -559,16 +560,25 @@ async fn write_frames(
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                tokio::select! {
-                    r = tcp.writable() => r?,
-                    () = stop.cancelled() => {
-                        return Err(io::Error::other("shutting down while the client was not reading"));
-                    }
-                    () = std::future::poll_fn(|cx| match watch.as_mut() {
-                        Some((feed, _)) => feed.poll_tick(cx),
+                // The stream's own end future (shutdown, token expiry) and
+                // timer are polled in place: no future of their own is held
+                // here (this wait is part of every stream's task).
+                let waited = tokio::select! {
+                    r = tcp.writable() => { r?; Waited::Writable }
+                    w = std::future::poll_fn(|cx| match feed.as_deref_mut() {
+                        Some(f) => f.poll_blocked(cx, bound.is_some()),
                         None => std::task::Poll::Pending,
-                    }) => {
-                        if watch.as_ref().is_some_and(|(_, b)| b.dead(tcp)) {
+                    }) => w,
+                };
+                match waited {
+                    Waited::Writable => {}
+                    Waited::Ended => {
+                        return Err(io::Error::other(
+                            "the stream ended while the client was not reading",
+                        ))
+                    }
+                    Waited::Tick => {
+                        if bound.is_some_and(|b| b.dead(tcp)) {
                             return Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
                                 "the client acknowledged nothing while its window was full",
@@ -603,7 +613,11 @@ async fn write_frames(
 /// unread bytes sends a reset, which can make the client lose the answer
 /// before it reads it (a refused oversized head, say).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
-    if write_frames(conn.tcp(), &mut out, stop, None).await.is_ok() {
+    let wrote = tokio::select! {
+        r = write_frames(conn.tcp(), &mut out, None, None) => r.is_ok(),
+        () = stop.cancelled() => false,
+    };
+    if wrote {
         shut_write(conn.tcp());
         let tcp = conn.tcp();
         let _ = tokio::time::timeout(LINGER, async {

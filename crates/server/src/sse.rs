@@ -256,6 +256,8 @@ pub struct Feed {
     /// is first polled, on the runtime that drives the stream. Kept out of
     /// line so the stream's task stays small (docs/design.md, "Fan-out").
     end: Pin<Box<dyn Future<Output = End> + Send>>,
+    /// `end` has completed (it is not polled again).
+    ended: bool,
 }
 
 /// Why a stream ends on its own.
@@ -288,6 +290,7 @@ impl Feed {
         };
         Feed {
             end,
+            ended: false,
             app,
             sub,
             format,
@@ -311,7 +314,8 @@ impl Feed {
         let beat = Self::beat(&mut self.beat, tick_ms);
         let item = tokio::select! {
             biased;
-            end = self.end.as_mut() => {
+            end = self.end.as_mut(), if !self.ended => {
+                self.ended = true;
                 if end == End::Expired {
                     out.push(Bytes::from_static(EXPIRED_FRAME));
                 }
@@ -382,6 +386,27 @@ impl Feed {
     /// writer checks its liveness instead. Cancel-safe.
     pub async fn tick(&mut self) {
         std::future::poll_fn(|cx| self.poll_tick(cx)).await;
+    }
+
+    /// For a writer blocked on a full socket: whether the stream must end
+    /// (its end future: shutdown or token expiry), or, with `ticks`, its
+    /// timer ticked (time to check the client). Polled in place by the
+    /// writer, so the wait holds no future of its own.
+    pub(crate) fn poll_blocked(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ticks: bool,
+    ) -> std::task::Poll<crate::conn::Waited> {
+        use std::task::Poll;
+        // The end future must not be polled again once it has completed.
+        if self.ended || self.end.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return Poll::Ready(crate::conn::Waited::Ended);
+        }
+        if ticks && self.poll_tick(cx).is_ready() {
+            return Poll::Ready(crate::conn::Waited::Tick);
+        }
+        Poll::Pending
     }
 
     /// [`Feed::tick`] as a poll function: a writer waits on it with no
