@@ -716,3 +716,60 @@ async fn websocket_closes_4401_at_expiry_and_resumes_from_its_cursor() {
     let distinct: BTreeSet<_> = seqs.iter().collect();
     assert_eq!(distinct.len(), seqs.len());
 }
+
+#[tokio::test]
+async fn a_channel_pattern_never_reaches_a_session_and_short_secrets_are_refused() {
+    let s = secured(&[]).await;
+    let owner = token(&[], &["session/*"]);
+    let id = post_as(&s, "/v1/sessions", "", &owner).await.expect(201)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // `s*` reads like "channels starting with s": it names no session.
+    for pattern in ["s*", "sess*", "session*"] {
+        let t = token(&[pattern], &[pattern]);
+        get_as(&s, &format!("/v1/sessions/{id}"), &t)
+            .await
+            .expect_error(403, "forbidden");
+        post_as(&s, "/v1/sessions", "", &t)
+            .await
+            .expect_error(403, "forbidden");
+        let mut ws = Ws::connect(
+            s.addr,
+            &format!("/v1/sessions/{id}/ws?last_seq=0&access_token={t}"),
+        )
+        .await;
+        assert_eq!(
+            ws.expect_op("error").await["code"],
+            "forbidden",
+            "{pattern}"
+        );
+        assert_eq!(ws.expect_close().await.0, 4403);
+        // It still names channels.
+        let channel = format!("{}1", pattern.trim_end_matches('*'));
+        post_as(&s, &format!("/v1/channels/{channel}/events"), "x", &t)
+            .await
+            .expect(201);
+    }
+    // A secret shorter than 32 bytes is refused at start, saying why.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args([
+            "serve",
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--jwt-secret",
+            "short",
+        ])
+        .output()
+        .expect("run gapless");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("32 bytes"));
+    // `gapless token` refuses a pattern the server would refuse.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args(["token", "--secret", SECRET, "--subscribe", "*x"])
+        .output()
+        .expect("run gapless token");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("*x"));
+}

@@ -34,6 +34,9 @@ pub const COOKIE: &str = "gapless_token";
 /// Name of the query parameter that may carry a token (for clients that can
 /// set neither a header nor a cookie; it can land in access logs).
 pub const QUERY: &str = "access_token";
+/// Shortest accepted HS256 secret, in bytes (RFC 7518 section 3.2: a key at
+/// least as long as the hash output).
+pub const MIN_SECRET_BYTES: usize = 32;
 /// The prefix of a session's name in patterns: `session/ID`.
 pub const SESSION_PREFIX: &str = "session/";
 
@@ -96,7 +99,7 @@ pub enum AuthSetupError {
         error: String,
     },
     /// The secret is empty.
-    #[error("the JWT secret is empty; give at least 32 bytes")]
+    #[error("the JWT secret is too short: HS256 needs at least 32 bytes (RFC 7518 section 3.2); make one with `head -c 32 /dev/urandom | base64`")]
     EmptySecret,
 }
 
@@ -117,7 +120,7 @@ impl Auth {
     pub fn new(config: &AuthConfig) -> Result<Self, AuthSetupError> {
         let mut keys = Vec::new();
         if let Some(secret) = &config.secret {
-            if secret.is_empty() {
+            if secret.len() < MIN_SECRET_BYTES {
                 return Err(AuthSetupError::EmptySecret);
             }
             keys.push(Key {
@@ -253,7 +256,10 @@ impl Auth {
                 "the token's signature does not verify".to_owned()
             }
             Some(jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(c)) => {
-                format!("the token has no `{c}` claim, which this server requires")
+                format!(
+                    "the token has no valid `{c}` claim, which this server requires \
+                     (exp and nbf are whole seconds since 1970)"
+                )
             }
             Some(jsonwebtoken::errors::ErrorKind::InvalidAudience) => {
                 "the token's `aud` does not name this server (--jwt-audience)".to_owned()
@@ -397,6 +403,16 @@ impl Pattern {
         }
     }
 
+    /// Whether this pattern may name a session (`session/ID`): `*`, or a
+    /// pattern written with the `session/` prefix. A channel pattern such
+    /// as `s*` never reaches a session, although `session/…` starts with `s`.
+    pub fn names_sessions(&self) -> bool {
+        match self {
+            Pattern::All => true,
+            Pattern::Exact(p) | Pattern::Prefix(p) => p.starts_with(SESSION_PREFIX),
+        }
+    }
+
     /// Whether this pattern matches every name that starts with `prefix`.
     pub fn covers_prefix(&self, prefix: &str) -> bool {
         match self {
@@ -499,7 +515,13 @@ impl Grant {
     /// # Errors
     /// 403 `forbidden`, the same whether or not the session exists.
     pub fn require_session(&self, action: Action, id: &str) -> Result<(), ApiError> {
-        if self.may(action, &format!("{SESSION_PREFIX}{id}")) {
+        let name = format!("{SESSION_PREFIX}{id}");
+        let allowed = self
+            .patterns(action)
+            .0
+            .iter()
+            .any(|p| p.names_sessions() && p.matches(&name));
+        if allowed {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -522,7 +544,7 @@ impl Grant {
             .publish
             .0
             .iter()
-            .any(|p| p.covers_prefix(SESSION_PREFIX))
+            .any(|p| p.names_sessions() && p.covers_prefix(SESSION_PREFIX))
         {
             Ok(())
         } else {
@@ -571,7 +593,11 @@ mod tests {
         assert!(p("*").matches("anything"));
         assert!(p("*").matches("session/abc"));
         assert!(p("session/*").covers_prefix("session/"));
-        assert!(p("s*").covers_prefix("session/"));
+        assert!(
+            !p("s*").names_sessions(),
+            "a channel pattern never names a session"
+        );
+        assert!(p("session/*").names_sessions() && p("*").names_sessions());
         assert!(!p("session/a*").covers_prefix("session/"));
         assert!(!p("session/abc").covers_prefix("session/"));
         assert!(Pattern::parse("a*b").is_err());

@@ -170,7 +170,7 @@ test('chromium: a --memory restart shows exactly one epoch gap, then the new jou
   await view.page.close();
 });
 
-const SECRET = 'gapless-ts-browser-secret';
+const SECRET = 'gapless-ts-browser-secret-of-32-bytes!';
 const jwtSkip = supportsJwt() ? false : 'server without --jwt-secret';
 if (jwtSkip) console.log('skipped: server without --jwt-secret (chromium token tests)');
 

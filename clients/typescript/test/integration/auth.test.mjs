@@ -8,7 +8,7 @@ import { WebSocket } from 'ws';
 import { Client, GaplessError } from '../../dist/index.js';
 import { Gapless, mintToken, range, sleep, supportsJwt, take, waitFor } from '../harness.mjs';
 
-const SECRET = 'gapless-ts-test-secret';
+const SECRET = 'gapless-ts-test-secret-of-32-bytes!!';
 const jwt = supportsJwt();
 const skip = jwt ? false : 'server without --jwt-secret';
 if (!jwt) console.log('skipped: server without --jwt-secret');

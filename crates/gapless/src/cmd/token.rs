@@ -87,6 +87,10 @@ fn make(args: &TokenArgs) -> Result<String, String> {
             )
         }
     };
+    for p in args.subscribe.iter().chain(&args.publish) {
+        gapless_server::auth::Pattern::parse(p)
+            .map_err(|e| format!("--subscribe/--publish: {e}"))?;
+    }
     if args.subscribe.is_empty() && args.publish.is_empty() {
         return Err(
             "the token would allow nothing: give --subscribe PATTERN and/or --publish PATTERN"
@@ -111,8 +115,12 @@ fn make(args: &TokenArgs) -> Result<String, String> {
 }
 
 fn hmac(secret: &[u8]) -> Result<EncodingKey, String> {
-    if secret.is_empty() {
-        return Err("the secret is empty".to_owned());
+    if secret.len() < gapless_server::auth::MIN_SECRET_BYTES {
+        return Err(format!(
+            "the secret is {} bytes; HS256 needs at least {} (the server refuses shorter ones)",
+            secret.len(),
+            gapless_server::auth::MIN_SECRET_BYTES
+        ));
     }
     EncodingKey::from_secret(secret).map_err(|e| format!("cannot use the secret: {e}"))
 }
