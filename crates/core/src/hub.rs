@@ -347,6 +347,11 @@ pub struct HubStats {
 pub struct Hub {
     channels: Arc<Channels>,
     journal: Arc<dyn Journal>,
+    /// Metric handles of the publish path, looked up once (the recorder is
+    /// installed before the hub is built; without one they record nothing).
+    published: metrics::Counter,
+    published_ephemeral: metrics::Counter,
+    publish_seconds: metrics::Histogram,
 }
 
 impl Hub {
@@ -362,7 +367,19 @@ impl Hub {
 
     /// Builds a hub. `channels` must be the sink the journal was opened with.
     pub fn new(channels: Arc<Channels>, journal: Arc<dyn Journal>) -> Self {
-        Hub { channels, journal }
+        Hub {
+            published: metrics::counter!(
+                "gapless_events_published_total",
+                "durability" => journal.durability()
+            ),
+            published_ephemeral: metrics::counter!(
+                "gapless_events_published_total",
+                "durability" => "ephemeral"
+            ),
+            publish_seconds: metrics::histogram!("gapless_publish_seconds"),
+            channels,
+            journal,
+        }
     }
 
     /// The journal behind this hub.
@@ -386,10 +403,9 @@ impl Hub {
             .journal
             .append(channel, events, idempotency_key)
             .await?;
-        metrics::histogram!("gapless_publish_seconds").record(started.elapsed());
+        self.publish_seconds.record(started.elapsed());
         if !appended.duplicate {
-            metrics::counter!("gapless_events_published_total", "durability" => self.journal.durability())
-                .increment(n);
+            self.published.increment(n);
         }
         Ok(appended)
     }
@@ -402,8 +418,7 @@ impl Hub {
         event_type: Option<String>,
         data: String,
     ) -> usize {
-        metrics::counter!("gapless_events_published_total", "durability" => "ephemeral")
-            .increment(1);
+        self.published_ephemeral.increment(1);
         let Some(cell) = self.channels.get(channel) else {
             return 0;
         };
