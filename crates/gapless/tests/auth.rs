@@ -117,6 +117,10 @@ async fn each_bad_token_is_a_401_saying_what_is_wrong() {
         json!({"exp": now_s() + 60, "gapless": {"read": ["*"]}}),
     ));
     let bad_pattern = sign(&good(claims(&["a*b"], &[], 60)));
+    // The gapless claim by position (serde's array form of a struct): no documented shape.
+    let array_claim = sign(&good(
+        json!({"exp": now_s() + 60, "gapless": [["*"], ["*"]]}),
+    ));
     let cases = [
         ("not a JWT", "garbage", "not a JWT"),
         ("bad signature", bad_sig.as_str(), "signature"),
@@ -126,6 +130,11 @@ async fn each_bad_token_is_a_401_saying_what_is_wrong() {
         ("no exp", no_exp.as_str(), "exp"),
         ("malformed gapless claim", bad_claim.as_str(), "gapless"),
         ("bad pattern", bad_pattern.as_str(), "*"),
+        (
+            "gapless claim as an array",
+            array_claim.as_str(),
+            "expected a JSON object",
+        ),
     ];
     for (what, t, says) in cases {
         let r = get_as(&s, "/v1/channels/c", t).await;

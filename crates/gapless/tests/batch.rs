@@ -125,6 +125,23 @@ async fn batch_body_must_be_a_nonempty_array_of_known_objects() {
         let r = s.post("/v1/channels/c/batch", body, &[]).await;
         r.expect_error(400, "invalid_request");
     }
+    // The fields by position (serde's array form of a struct) are no
+    // documented shape: refused, saying an object is expected.
+    for body in [
+        r#"[["data", null]]"#,
+        r#"[["data"]]"#,
+        r#"[["data", "t"]]"#,
+        r#"[{"data": "a"}, ["b", null]]"#,
+    ] {
+        let r = s.post("/v1/channels/c/batch", body, &[]).await;
+        r.expect_error(400, "invalid_request");
+        assert!(
+            r.message().contains("expected a JSON object")
+                && r.message().contains("{\"data\": string"),
+            "{body}: {}",
+            r.text
+        );
+    }
     // Not UTF-8: refused (the error table allows either code here).
     let r = s
         .post(

@@ -191,7 +191,16 @@ fn errors_are_one_line_that_says_what_to_do() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        err.contains("bad.jsonl line 2: expected {\"data\": text"),
+        err.contains("bad.jsonl line 2: expected a JSON object {\"data\": text"),
+        "{err}"
+    );
+    // A line of the fields by position (serde's array form) is no documented shape.
+    std::fs::write(&file, "{\"data\":\"ok\"}\n[\"x\", null]\n").expect("write");
+    let out = gapless(&[&["publish", "c", "--file", &path][..], &s].concat(), b"");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bad.jsonl line 2: expected a JSON object"),
         "{err}"
     );
 

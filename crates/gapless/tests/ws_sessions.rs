@@ -88,6 +88,19 @@ async fn producer_creates_appends_completes_and_cancels_over_http() {
         assert_eq!(r.status, 400, "{bad:?}: {}", r.text);
     }
     create_session(&s, Some(&"x".repeat(128))).await.expect(201);
+    // The body is an object or empty: serde's array form `["id"]` is refused.
+    for body in [r#"["array-form"]"#, "[null]", r#""id""#] {
+        let r = s.post("/v1/sessions", body, &[]).await;
+        r.expect_error(400, "invalid_request");
+        assert!(
+            r.message().contains("expected a JSON object"),
+            "{body}: {}",
+            r.text
+        );
+    }
+    s.get("/v1/sessions/array-form")
+        .await
+        .expect_error(404, "session_not_found");
 
     // Appends: seqs continue after the opening marker; no consumer, so attached is false.
     let r = s

@@ -23,6 +23,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::object::Object;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -242,8 +243,9 @@ impl Auth {
             .iter()
             .filter(|k| k.validation.algorithms.contains(&header.alg))
         {
-            match jsonwebtoken::decode::<Claims>(token, &k.key, &k.validation) {
-                Ok(data) => return self.grant(data.claims, now_ms),
+            // Claims are a JSON object (RFC 7519 section 7.2), never serde's array form.
+            match jsonwebtoken::decode::<Object<Claims>>(token, &k.key, &k.validation) {
+                Ok(data) => return self.grant(data.claims.0, now_ms),
                 Err(e) => last = Some(e),
             }
         }
@@ -286,7 +288,7 @@ impl Auth {
                 return Err(unauthorized("the token is not valid yet (nbf)", true));
             }
         }
-        let rights = claims.gapless.unwrap_or_default();
+        let rights = claims.gapless.map(Object::into_inner).unwrap_or_default();
         let parse = |list: Vec<String>, what: &str| {
             list.into_iter()
                 .map(|p| Pattern::parse(&p))
@@ -340,10 +342,10 @@ struct Claims {
     exp: f64,
     nbf: Option<f64>,
     sub: Option<String>,
-    gapless: Option<Rights>,
+    gapless: Option<Object<Rights>>,
 }
 
-/// The `gapless` claim, exactly this shape.
+/// The `gapless` claim, exactly this shape (an object: read through [`Object`]).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Rights {

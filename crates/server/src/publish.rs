@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::object::Object;
 use gapless_protocol::{Cursor, NewEvent};
 use serde::Deserialize;
 use serde_json::json;
@@ -118,8 +119,10 @@ struct BatchEvent {
     event_type: Option<String>,
 }
 
-/// `POST /v1/channels/{channel}/batch`: body is a JSON array of
-/// `{"data": text, "type": optional name}`; all are appended atomically, in order.
+/// `POST /v1/channels/{channel}/batch`: body is a JSON array of objects
+/// `{"data": text, "type": optional name}` (an item in any other form, such
+/// as an array of the fields, is 400 `invalid_request`); all are appended
+/// atomically, in order.
 pub async fn publish_batch(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -141,11 +144,13 @@ pub async fn publish_batch(
         "--max-batch-bytes",
     )
     .await?;
-    let items: Vec<BatchEvent> = serde_json::from_slice(&bytes).map_err(|e| {
+    // Each item is read as an object only: serde's derive would also take
+    // `["text", null]`, which is not a documented shape (`object.rs`).
+    let items: Vec<Object<BatchEvent>> = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             ErrorCode::InvalidRequest,
             format!(
-                "batch body must be a JSON array of {{\"data\": string, \"type\": string?}}: {e}"
+                "batch body must be a JSON array of objects {{\"data\": string, \"type\": string?}}: {e}"
             ),
         )
     })?;
@@ -167,7 +172,7 @@ pub async fn publish_batch(
         .with("limit", cfg.max_batch_events));
     }
     let mut events = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
+    for (i, Object(item)) in items.into_iter().enumerate() {
         if item.data.len() > cfg.max_event_bytes {
             return Err(ApiError::new(
                 ErrorCode::TooLarge,

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_core::session::{self, Info, SessionError, Status};
 use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::object::Object;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -73,7 +74,7 @@ pub async fn create(
     let id = if bytes.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let b: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
+        let Object(b): Object<CreateBody> = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!("body must be empty or {{\"id\": string}}: {e}"),

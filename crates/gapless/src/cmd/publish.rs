@@ -7,6 +7,7 @@
 
 use super::{explain, fail, runtime, ServerArg};
 use gapless_client::{Client, Error, NewEvent};
+use gapless_protocol::object::Object;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use std::io::{BufRead, IsTerminal};
@@ -321,8 +322,10 @@ fn parse_line(
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let e: FileEvent = serde_json::from_str(text)
-        .map_err(|e| format!("expected {{\"data\": text, \"type\": optional name}}: {e}"))?;
+    // An object only: serde's derive would also take `["text", null]`.
+    let Object(e): Object<FileEvent> = serde_json::from_str(text).map_err(|e| {
+        format!("expected a JSON object {{\"data\": text, \"type\": optional name}}: {e}")
+    })?;
     Ok(Some(NewEvent {
         event_type: e.event_type.or_else(|| event_type.map(str::to_owned)),
         data: e.data,
