@@ -2,7 +2,7 @@
 //! sockets, JSON errors on every path, duplicate idempotency keys, ephemeral
 //! session appends, re-creating an ended session, unknown WebSocket fields,
 //! one reply per WebSocket subscribe, close frames for WebSocket protocol
-//! violations, the history page byte budget, the subscription-channel flag
+//! violations and answers to every client close frame, the history page byte budget, the subscription-channel flag
 //! range, and SIGTERM with a half-sent request open.
 
 mod regression_support;
@@ -405,6 +405,73 @@ async fn a_raw_message_over_ws_max_message_bytes_is_closed_1009() {
     })
     .await;
     assert_eq!(a, Answer::Close(Some(1009)));
+}
+
+/// What the server answers a client's close frame with `payload`, on `path`.
+async fn close_reply(s: &Server, path: &str, payload: &[u8]) -> Answer {
+    let mut ws = ByteWs::connect(s.addr, path).await;
+    ws.write_masked(0x88, payload).await;
+    let a = ws.close_answer(Duration::from_secs(5)).await;
+    // The server then closes the connection.
+    assert_eq!(
+        ws.close_answer(Duration::from_secs(5)).await,
+        Answer::Eof,
+        "{path} {payload:?}: closed after the answer"
+    );
+    a
+}
+
+#[tokio::test]
+async fn a_client_close_frame_is_answered_and_an_invalid_one_gets_1002_or_1007() {
+    let s = Server::memory(&[]).await;
+    s.post("/v1/sessions", r#"{"id": "s1"}"#, &[])
+        .await
+        .expect(201);
+    let valid = [
+        1000u16, 1001, 1002, 1003, 1007, 1008, 1011, 1013, 3000, 3999, 4000, 4999,
+    ];
+    // RFC 6455 section 7.4: never sent by an endpoint (1005, 1006, 1015 are
+    // local reports; 1016-2999 reserved; 0-999 and 5000 up not used).
+    let invalid = [
+        0u16, 1, 999, 1004, 1005, 1006, 1014, 1015, 1016, 2000, 2999, 5000, 65535,
+    ];
+    for path in ["/v1/ws", "/v1/sessions/s1/ws"] {
+        for code in valid {
+            let mut payload = code.to_be_bytes().to_vec();
+            payload.extend_from_slice(b"bye");
+            assert_eq!(
+                close_reply(&s, path, &payload).await,
+                Answer::Close(Some(code)),
+                "{path}: a valid code {code} is echoed"
+            );
+        }
+        for code in invalid {
+            assert_eq!(
+                close_reply(&s, path, &code.to_be_bytes()).await,
+                Answer::Close(Some(1002)),
+                "{path}: an invalid code {code} is a protocol error"
+            );
+        }
+        // No payload: answered with no code.
+        assert_eq!(
+            close_reply(&s, path, b"").await,
+            Answer::Close(None),
+            "{path}"
+        );
+        // One byte: not a code (section 5.5.1).
+        assert_eq!(
+            close_reply(&s, path, &[3]).await,
+            Answer::Close(Some(1002)),
+            "{path}: a 1-byte close payload"
+        );
+        // A reason that is not UTF-8 (section 8.1).
+        assert_eq!(
+            close_reply(&s, path, b"\x03\xe8bad \xff\xfe").await,
+            Answer::Close(Some(1007)),
+            "{path}: a reason that is not UTF-8"
+        );
+    }
+    assert_eq!(s.get("/healthz").await.status, 200);
 }
 
 // ---- 9. history page byte budget ----

@@ -102,7 +102,11 @@ async fn run(
             _ = shutdown.cancelled() => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
             () = expiry.wait() => Flow::Close(code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
             msg = socket.recv() => match msg {
-                None | Some(Ok(Message::Close(_))) => return,
+                None => return,
+                Some(Ok(Message::Close(_))) => {
+                    super::answer_close(&mut socket).await;
+                    return;
+                }
                 Some(Err(e)) => match receive_error(&e, conn.app.config.ws_max_message_bytes) {
                     Some((c, reason)) => Flow::Close(c, reason),
                     None => return,
@@ -167,15 +171,24 @@ async fn run(
 }
 
 /// The close frame owed for a receive error: 1009 for a message over the
-/// limit, 1007 for invalid UTF-8 in a text message, 1002 for any other
-/// protocol violation; `None` when the connection itself failed (nothing can
-/// be sent).
+/// limit, 1007 for invalid UTF-8 in a text message or a close frame's reason,
+/// 1002 for a close frame of 1 byte and any other protocol violation
+/// (RFC 6455 sections 5.5.1, 7.4.1, 8.1); `None` when the connection itself
+/// failed (nothing can be sent).
 pub(crate) fn receive_error(e: &axum::Error, max: usize) -> Option<(u16, String)> {
     let s = e.to_string();
     if s.contains("Space limit exceeded") || s.contains("Message too long") {
         Some((code::TOO_BIG, format!("message larger than {max} bytes")))
     } else if s.contains("UTF-8") || s.contains("utf-8") || s.contains("utf8") {
-        Some((code::INVALID_DATA, "text message is not valid UTF-8".into()))
+        Some((
+            code::INVALID_DATA,
+            "invalid UTF-8 in a text message or a close frame's reason".into(),
+        ))
+    } else if s.contains("Invalid close sequence") {
+        Some((
+            code::PROTOCOL_ERROR,
+            "a close frame's payload must be empty, or a 2-byte code and a UTF-8 reason".into(),
+        ))
     } else if s.contains("IO error") || s.contains("Connection reset") || s.contains("closed") {
         None
     } else {

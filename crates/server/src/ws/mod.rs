@@ -6,7 +6,8 @@
 //! Shared here: the handshake check, socket limits, the heartbeat (a ping
 //! every `--heartbeat-ms`; a client that has sent nothing for two intervals
 //! since its last frame is closed with 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
-//! 1005 or 1006 (those are for local reporting only).
+//! 1005 or 1006 (those are for local reporting only); a client's close frame is
+//! always answered ([`answer_close`]).
 
 pub mod channels;
 pub mod messages;
@@ -136,6 +137,19 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
         }
     })
     .await;
+}
+
+/// Completes a closing handshake the client started (RFC 6455 section
+/// 5.5.1: an endpoint that receives a close frame answers with one). The
+/// answer is the one the WebSocket layer queued when it read the client's
+/// frame: the client's code echoed, or 1002 (protocol error, reason `Protocol
+/// violation`) for a code no endpoint may send (section 7.4: 0-999, 1004-1006,
+/// 1014-2999 and 5000 up; 1005 and 1006 are for local reporting only). Waits at
+/// most a second for a client that does not read; the socket closes when dropped.
+pub async fn answer_close(socket: &mut WebSocket) {
+    use futures::SinkExt;
+    // The write ends with `ConnectionClosed` once the answer is out: expected.
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.flush()).await;
 }
 
 /// Ping schedule and liveness: the client must show it is alive (any frame,

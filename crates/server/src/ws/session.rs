@@ -150,7 +150,11 @@ async fn consume(
                 return (code::SESSION_ATTACHED, "taken over by a newer connection".into());
             }
             msg = socket.recv() => match msg {
-                None | Some(Ok(Message::Close(_))) => return (0, String::new()),
+                None => return (0, String::new()),
+                Some(Ok(Message::Close(_))) => {
+                    super::answer_close(socket).await;
+                    return (0, String::new());
+                }
                 Some(Err(e)) => return receive_error(&e, app.config.ws_max_message_bytes).unwrap_or((0, String::new())),
                 Some(Ok(Message::Text(_) | Message::Binary(_))) => {
                     hb.alive();
