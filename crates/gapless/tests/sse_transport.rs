@@ -326,7 +326,20 @@ async fn a_malformed_first_request_head_gets_a_json_400_saying_what_is_wrong() {
             "header value",
         ),
         (b"GET /healthz HTTP/9.9\r\n\r\n", "version"),
-        (b"GET /he\x7flthz HTTP/1.1\r\n\r\n", "token"),
+        (b"GET /he\x7flthz HTTP/1.1\r\n\r\n", "request target"),
+        // The parser reads METHOD as the target and / as the version; the
+        // answer names the real fault, not "invalid HTTP version".
+        (b"BAD METHOD / HTTP/1.1\r\n\r\n", "has 4 words"),
+        (b"GET /a b HTTP/1.1\r\n\r\n", "%20"),
+        (
+            b"G(T / HTTP/1.1\r\n\r\n",
+            "the method \"G(T\" is not a token",
+        ),
+        (b"GET  /healthz HTTP/1.1\r\n\r\n", "two spaces"),
+        (
+            b"GET /healthz http/1.1\r\n\r\n",
+            "HTTP version \"http/1.1\"",
+        ),
     ] {
         let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
         tcp.write_all(head).await.expect("write");
@@ -339,6 +352,26 @@ async fn a_malformed_first_request_head_gets_a_json_400_saying_what_is_wrong() {
         assert_eq!(json["error"], "invalid_request", "{json}");
         let message = json["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{head:?}: {message}");
+    }
+    // A method that is a token but unknown, or in lower case, is well formed:
+    // 405 naming it, with a word on case for `get`.
+    for (line, says) in [
+        ("FOO /healthz HTTP/1.1", "FOO is not allowed on /healthz"),
+        ("get /healthz HTTP/1.1", "case-sensitive: GET, not get"),
+        (
+            "get /v1/channels/c/sse HTTP/1.1",
+            "case-sensitive: GET, not get",
+        ),
+    ] {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        tcp.write_all(format!("{line}\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut buf = Vec::new();
+        read_to_eof(&mut tcp, &mut buf).await;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        assert!(text.starts_with("HTTP/1.1 405 "), "{line}: {text}");
+        assert!(text.contains(says), "{line}: {text}");
     }
     // The server is fine afterwards.
     assert_eq!(s.get("/healthz").await.status, 200);

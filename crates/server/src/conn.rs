@@ -177,8 +177,8 @@ enum First {
     Sse(Box<Request<Body>>),
     /// Anything else (including heads this reader declines): for hyper.
     Other,
-    /// Not HTTP/1: answered 400 here, with what is wrong.
-    Malformed(httparse::Error),
+    /// Not HTTP/1: answered 400 here, with what is wrong (`head_error.rs`).
+    Malformed(String),
     /// Over `--max-header-bytes` or [`HEADERS_MAX`] lines: answered 431 here.
     TooLarge,
     /// The client closed before sending anything.
@@ -230,7 +230,7 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
         Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
             Some(First::TooLarge)
         }
-        Err(e) => Some(First::Malformed(e)),
+        Err(e) => Some(First::Malformed(crate::head_error::describe(buf, e))),
     }
 }
 
@@ -259,7 +259,7 @@ pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
         None => FirstHead::Incomplete,
         Some(First::Sse(req)) => FirstHead::Sse(req.uri().to_string()),
         Some(First::Other) => FirstHead::Other,
-        Some(First::Malformed(e)) => FirstHead::Malformed(e.to_string()),
+        Some(First::Malformed(e)) => FirstHead::Malformed(e),
         Some(First::TooLarge) => FirstHead::TooLarge,
         Some(First::Closed) => FirstHead::Incomplete,
     }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod conn;
 pub mod console;
 pub mod error;
+pub mod head_error;
 pub mod history;
 pub mod limits;
 pub mod listener;
@@ -171,10 +172,18 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no such path: {}", uri.path()))
 }
 
+/// 405 naming the method; one in lower case is told that methods are
+/// case-sensitive (RFC 9110 section 9.1: `get` is not `GET`).
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let upper = method.as_str().to_ascii_uppercase();
+    let hint = if upper != method.as_str() {
+        format!(" (method names are case-sensitive: {upper}, not {method})")
+    } else {
+        String::new()
+    };
     ApiError::new(
         ErrorCode::MethodNotAllowed,
-        format!("{method} is not allowed on {}", uri.path()),
+        format!("{method} is not allowed on {}{hint}", uri.path()),
     )
 }
 

@@ -1,0 +1,229 @@
+//! What is wrong with a malformed request head, in words a client can act on.
+//!
+//! The HTTP/1 parser (httparse) stops at the first byte it cannot place and
+//! names the part it was reading, which is not always the part at fault: in
+//! `BAD METHOD / HTTP/1.1` it reads `METHOD` as the target and `/` as the
+//! version, and reports "invalid HTTP version". [`describe`] reads the head
+//! again against the grammar of RFC 9112 section 3 (request line: method SP
+//! target SP version, single spaces) and section 5 (field lines: token `:`
+//! value) and names the first part that breaks it.
+
+/// Says what is wrong with `head` (the bytes of a request head, whole or
+/// not), which the parser refused with `e`. The words name the part (method,
+/// request target, HTTP version, a header's name or value) and quote it,
+/// escaped, cut to 40 characters.
+pub fn describe(head: &[u8], e: httparse::Error) -> String {
+    let (line, rest) = first_line(head);
+    request_line(line, rest.is_some())
+        .or_else(|| rest.and_then(field_lines))
+        .unwrap_or_else(|| format!("{e}"))
+}
+
+/// The request line (after the empty lines a server ignores, RFC 9112
+/// section 2.2) and what follows it, if its end has arrived.
+fn first_line(head: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let start = head
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(head.len());
+    let head = &head[start..];
+    match head.iter().position(|&b| b == b'\n') {
+        Some(i) => (strip_cr(&head[..i]), Some(&head[i + 1..])),
+        None => (head, None),
+    }
+}
+
+fn strip_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// What is wrong with the request line, if anything; `whole`: its end has
+/// arrived (otherwise a word may still be cut short).
+fn request_line(line: &[u8], whole: bool) -> Option<String> {
+    const SHAPE: &str = "a request line is METHOD SP TARGET SP HTTP/1.1, one space apart";
+    let words: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    let method = words[0];
+    if method.is_empty() {
+        return Some(format!(
+            "the request line {} starts with a space: {SHAPE}",
+            quote(line)
+        ));
+    }
+    if let Some(at) = method.iter().position(|&b| !is_tchar(b)) {
+        return Some(format!(
+            "the method {} is not a token: byte {} at offset {at} (RFC 9110 section 9.1: \
+             letters, digits and !#$%&'*+-.^_`|~; methods are case-sensitive, e.g. GET)",
+            quote(method),
+            byte(method[at])
+        ));
+    }
+    if words.len() == 1 {
+        return whole.then(|| format!("the request line {} has no target: {SHAPE}", quote(line)));
+    }
+    if words.len() == 2 && whole {
+        return Some(format!(
+            "the request line {} has no HTTP version: {SHAPE}",
+            quote(line)
+        ));
+    }
+    if words[1..].iter().any(|w| w.is_empty()) && words.len() > 2 {
+        return Some(format!(
+            "the request line {} has two spaces in a row: {SHAPE}",
+            quote(line)
+        ));
+    }
+    let target = words[1];
+    if let Some(at) = target.iter().position(|&b| b < 0x21 || b == 0x7f) {
+        return Some(format!(
+            "the request target {} has byte {} at offset {at}: control bytes must be \
+             percent-encoded (RFC 3986)",
+            quote(target),
+            byte(target[at])
+        ));
+    }
+    if words.len() > 3 {
+        return Some(format!(
+            "the request line {} has {} words: {SHAPE} (a space in the target is sent as %20)",
+            quote(line),
+            words.len()
+        ));
+    }
+    let version = words.get(2)?;
+    let served = |v: &[u8]| {
+        if whole {
+            *version == v
+        } else {
+            v.starts_with(version)
+        }
+    };
+    if !served(b"HTTP/1.1") && !served(b"HTTP/1.0") {
+        return Some(format!(
+            "the HTTP version {} is not served: send HTTP/1.1 (or HTTP/1.0), in capitals",
+            quote(version)
+        ));
+    }
+    None
+}
+
+/// What is wrong with the first bad field line of `rest` (the head after the
+/// request line), if anything.
+fn field_lines(rest: &[u8]) -> Option<String> {
+    for (n, line) in rest.split(|&b| b == b'\n').enumerate() {
+        let line = strip_cr(line);
+        if line.is_empty() {
+            // The end of the head.
+            return None;
+        }
+        let n = n + 1;
+        if let Some(at) = line.iter().position(|&b| b == b'\r') {
+            return Some(format!(
+                "header line {n} has a CR at offset {at} not followed by LF"
+            ));
+        }
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            return Some(format!(
+                "header line {n} {} has no colon: a header name is a token followed by `:` \
+                 (RFC 9110 section 5.1)",
+                quote(line)
+            ));
+        };
+        let name = &line[..colon];
+        if name.is_empty() || name.iter().any(|&b| !is_tchar(b)) {
+            return Some(format!(
+                "header line {n}: the header name {} is not a token (RFC 9110 section 5.1: \
+                 letters, digits and !#$%&'*+-.^_`|~, and no space before the colon)",
+                quote(name)
+            ));
+        }
+        let value = &line[colon + 1..];
+        if let Some(at) = value
+            .iter()
+            .position(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        {
+            return Some(format!(
+                "the header value of {} has byte {} at offset {at}: a header value is visible \
+                 characters, spaces and tabs (RFC 9110 section 5.5)",
+                String::from_utf8_lossy(name),
+                byte(value[at])
+            ));
+        }
+    }
+    None
+}
+
+/// RFC 9110 section 5.6.2 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// `0x7f` for a byte, or `' '` for a printable one.
+fn byte(b: u8) -> String {
+    if b.is_ascii_graphic() || b == b' ' {
+        format!("'{}'", b as char)
+    } else {
+        format!("0x{b:02x}")
+    }
+}
+
+/// `bytes` quoted and escaped, at most 40 characters of it.
+fn quote(bytes: &[u8]) -> String {
+    let text: String = bytes
+        .iter()
+        .take(40)
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
+    let more = if bytes.len() > 40 { "…" } else { "" };
+    format!("\"{text}{more}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    fn says(head: &[u8]) -> String {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let e = httparse::Request::new(&mut headers)
+            .parse(head)
+            .expect_err("malformed");
+        describe(head, e)
+    }
+
+    #[test]
+    fn each_part_is_named() {
+        for (head, want) in [
+            (&b"BAD METHOD / HTTP/1.1\r\n\r\n"[..], "4 words"),
+            (b"GET /a b HTTP/1.1\r\n\r\n", "4 words"),
+            (
+                b"G(T / HTTP/1.1\r\n\r\n",
+                "the method \"G(T\" is not a token",
+            ),
+            (b"G\xc3\xa9T / HTTP/1.1\r\n\r\n", "the method"),
+            (b"GET  / HTTP/1.1\r\n\r\n", "two spaces"),
+            (b" / HTTP/1.1\r\n\r\n", "starts with a space"),
+            (b"GET /he\x7flthz HTTP/1.1\r\n\r\n", "request target"),
+            (b"GET / HTTP/9.9\r\n\r\n", "HTTP version \"HTTP/9.9\""),
+            (b"GET / http/1.1\r\n\r\n", "HTTP version \"http/1.1\""),
+            (b"GET / HTTP/1.\r\n\r\n", "HTTP version \"HTTP/1.\""),
+            (b"GET /\r\n\r\n", "no HTTP version"),
+            (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", "header line 1"),
+            (
+                b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+                "header name",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nx: a\x01b\r\n\r\n",
+                "header value of x has byte 0x01",
+            ),
+        ] {
+            let got = says(head);
+            assert!(got.contains(want), "{head:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn a_partial_head_is_judged_on_what_arrived() {
+        assert!(says(b"G(T").contains("method"));
+        assert!(says(b"GET / HTTP/2").contains("HTTP version"));
+    }
+}
