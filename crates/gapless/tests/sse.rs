@@ -184,12 +184,20 @@ async fn unreadable_last_event_id_header_is_200_with_unknown_gap() {
     let epoch = s.epoch("c").await;
     let other_channel = make_cursor("elsewhere", &epoch, 1);
     let other_version = other_version_cursor();
-    let bad: [&[u8]; 5] = [
+    // An id this server issued with a control byte added: a browser echoes
+    // whatever id it last read, so control bytes (invalid in a header value,
+    // RFC 9110 section 5.5) make the id unreadable, not the request.
+    let real = cursor(&s.publish("c", "e3").await);
+    let with_control = [real.as_bytes(), b"\x01"].concat();
+    let bad: [&[u8]; 8] = [
         b"\xff\xfe\x80 not utf-8",
         b"garbage",
         other_version.as_bytes(),
         other_channel.as_bytes(),
         b"AAAAAAAAAAAA",
+        b"a\x01b",
+        b"\x7f\x1b[0m",
+        &with_control,
     ];
     for (i, header) in bad.into_iter().enumerate() {
         let mut sub = s
@@ -208,7 +216,7 @@ async fn unreadable_last_event_id_header_is_200_with_unknown_gap() {
             gap["after"].is_null(),
             "after is null for an unreadable id: {gap}"
         );
-        let head = 2 + i as u64;
+        let head = 3 + i as u64;
         assert_eq!(
             gap["next"].as_str().map(|n| seq_of(n, "c")),
             Some(head),
@@ -230,10 +238,12 @@ async fn unreadable_last_event_id_header_is_200_with_unknown_gap() {
 async fn garbage_last_event_id_query_is_400_but_other_version_is_a_gap() {
     let s = Server::start(&[]).await;
     let good = cursor(&s.publish("c", "e1").await);
-    let mut flipped = good.into_bytes();
+    let mut flipped = good.clone().into_bytes();
     flipped[5] = if flipped[5] == b'A' { b'B' } else { b'A' };
     let flipped = String::from_utf8(flipped).expect("ascii");
-    for bad in ["garbage", flipped.as_str()] {
+    // A control byte in the query (percent-encoded) is garbage too: 400, as
+    // the query is the caller's own (the header, which a browser replays, is a gap).
+    for bad in ["garbage", flipped.as_str(), "%01", &format!("{good}%01")] {
         let mut sub = s
             .sse(&format!("/v1/channels/c/sse?last_event_id={bad}"), &[])
             .await;

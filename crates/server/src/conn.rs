@@ -230,6 +230,20 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
         Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
             Some(First::TooLarge)
         }
+        // A browser echoes the last id it read: control bytes in it make the
+        // id unreadable (200, gap `unknown`), not the head (`head_error.rs`).
+        Err(e @ httparse::Error::HeaderValue) => {
+            let malformed = || Some(First::Malformed(crate::head_error::describe(buf, e)));
+            match crate::head_error::mask_last_event_id_controls(buf) {
+                Some(clean) => match parse_head(&clean, max) {
+                    // The rest of the head has not arrived yet.
+                    None => None,
+                    Some(sse @ First::Sse(_)) => Some(sse),
+                    Some(_) => malformed(),
+                },
+                None => malformed(),
+            }
+        }
         Err(e) => Some(First::Malformed(crate::head_error::describe(buf, e))),
     }
 }

@@ -7,6 +7,14 @@
 //! again against the grammar of RFC 9112 section 3 (request line: method SP
 //! target SP version, single spaces) and section 5 (field lines: token `:`
 //! value) and names the first part that breaks it.
+//!
+//! One repair is made instead of a refusal: control bytes in a
+//! `Last-Event-ID` value become `?` ([`mask_last_event_id_controls`]).
+//! A browser's EventSource sends back whatever id it last read, and stops
+//! for good on any answer but 200; with the `?`s (which no cursor contains,
+//! and which, unlike spaces, are not trimmed off the value's ends) the value
+//! is simply not a cursor, which the stream answers as documented for an
+//! unreadable `Last-Event-ID`: 200 and a gap notice with reason `unknown`.
 
 /// Says what is wrong with `head` (the bytes of a request head, whole or
 /// not), which the parser refused with `e`. The words name the part (method,
@@ -151,6 +159,45 @@ fn field_lines(rest: &[u8]) -> Option<String> {
     None
 }
 
+/// `head` with each control byte (other than tab) in the value of a
+/// `Last-Event-ID` field line replaced by `?`; `None` if no such byte is
+/// there (nothing to repair). Only the head's field lines are read (up to
+/// the empty line).
+pub fn mask_last_event_id_controls(head: &[u8]) -> Option<Vec<u8>> {
+    const NAME: &[u8] = b"last-event-id:";
+    let mut out = head.to_vec();
+    let mut changed = false;
+    let mut start = 0;
+    let mut first = true;
+    while start < out.len() {
+        let end = out[start..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(out.len(), |i| start + i);
+        // The line without its CR LF: a lone CR inside the value is a control byte too.
+        let body_end = if end > start && out[end - 1] == b'\r' && end < out.len() {
+            end - 1
+        } else {
+            end
+        };
+        let line = &out[start..body_end];
+        if !first && line.is_empty() {
+            break;
+        }
+        if !first && line.len() >= NAME.len() && line[..NAME.len()].eq_ignore_ascii_case(NAME) {
+            for b in &mut out[start + NAME.len()..body_end] {
+                if (*b < 0x20 && *b != b'\t') || *b == 0x7f {
+                    *b = b'?';
+                    changed = true;
+                }
+            }
+        }
+        first = false;
+        start = end + 1;
+    }
+    changed.then_some(out)
+}
+
 /// RFC 9110 section 5.6.2 `tchar`.
 fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
@@ -219,6 +266,24 @@ mod tests {
             let got = says(head);
             assert!(got.contains(want), "{head:?}: {got}");
         }
+    }
+
+    #[test]
+    fn control_bytes_in_last_event_id_become_question_marks_and_nothing_else_changes() {
+        let head = b"GET /v1/sse HTTP/1.1\r\nX-A: 1\r\nlast-Event-ID: a\x01b\rc\x7f\r\n\r\nx: \x01";
+        let fixed = super::mask_last_event_id_controls(head).expect("repaired");
+        assert_eq!(
+            fixed,
+            b"GET /v1/sse HTTP/1.1\r\nX-A: 1\r\nlast-Event-ID: a?b?c?\r\n\r\nx: \x01"
+        );
+        assert_eq!(
+            super::mask_last_event_id_controls(b"GET / HTTP/1.1\r\nX: \x01\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            super::mask_last_event_id_controls(b"GET / HTTP/1.1\r\nLast-Event-ID: ok\r\n\r\n"),
+            None
+        );
     }
 
     #[test]
