@@ -198,7 +198,7 @@ pub struct ServeArgs {
     /// Whether session consumers may resume with last_seq (false: refused with close 4400).
     #[arg(long, env = "GAPLESS_SESSION_RESUME", default_value_t = true, action = clap::ArgAction::Set)]
     pub session_resume: bool,
-    /// Milliseconds a client has to send a whole request head (slower ones are disconnected).
+    /// Milliseconds a client has to send a whole request head (slower: 408 if part of one came, then close).
     #[arg(long, env = "GAPLESS_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes (431 above); 8192 to 1048576.

@@ -1,5 +1,5 @@
 //! Regression tests for fixes made after an adversarial review: slowloris
-//! sockets, JSON errors on every path, duplicate idempotency keys, ephemeral
+//! sockets (closed, and told 408 when part of a head came), JSON errors on every path, duplicate idempotency keys, ephemeral
 //! session appends, re-creating an ended session, unknown WebSocket fields,
 //! one reply per WebSocket subscribe, close frames for WebSocket protocol
 //! violations and answers to every client close frame, the history page byte budget, the subscription-channel flag
@@ -52,12 +52,19 @@ async fn slowloris_sockets_are_closed_by_the_header_timeout_and_free_their_slots
     }))
     .await;
     for (head, ending) in closes {
-        assert!(
-            matches!(ending, Ending::Closed(_)),
-            "a socket that sent {head:?} is still open {:?} after connecting, with \
-             --header-timeout-ms 500 (read: {ending:?})",
-            t0.elapsed()
-        );
+        let Ending::Closed(got) = ending else {
+            panic!(
+                "a socket that sent {head:?} is still open {:?} after connecting, with \
+                 --header-timeout-ms 500 (read: {ending:?})",
+                t0.elapsed()
+            );
+        };
+        // Part of a head: told why (408, JSON) before the close; nothing sent: just closed.
+        if head.is_empty() {
+            assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+        } else {
+            assert_head_timeout(head, &got);
+        }
     }
     assert!(
         t0.elapsed() < Duration::from_millis(2600),
@@ -81,6 +88,96 @@ async fn slowloris_sockets_are_closed_by_the_header_timeout_and_free_their_slots
     );
     let r = s.get("/healthz").await;
     r.expect(200);
+}
+
+/// `got` is a 408 `request_timeout` JSON answer naming the setting.
+#[track_caller]
+fn assert_head_timeout(what: &str, got: &[u8]) {
+    let text = String::from_utf8_lossy(got);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{what:?}: {text}");
+    let body = &text[text.find("\r\n\r\n").map_or(0, |i| i + 4)..];
+    let json: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{what:?}: {e}: {text}"));
+    assert_eq!(json["error"], "request_timeout", "{what:?}: {text}");
+    let message = json["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("--header-timeout-ms"),
+        "{what:?}: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_head_sent_byte_by_byte_gets_408_on_the_first_request_and_on_a_later_one() {
+    let s = Server::memory(&["--header-timeout-ms", "600"]).await;
+    // The first request of a connection (read by the fan-out path's reader),
+    // for an SSE URL and another.
+    for head in [
+        "GET /v1/channels/c/sse HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n",
+        "POST /v1/channels/c/events HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+    ] {
+        let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+        let got = trickle(&mut tcp, head.as_bytes()).await;
+        assert_head_timeout(head, &got);
+    }
+    // A later request on a keep-alive connection (read by hyper).
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).contains("\"ok\"") {
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::io::AsyncReadExt::read(&mut tcp, &mut chunk),
+        )
+        .await
+        .expect("the first answer in time")
+        .expect("read");
+        assert!(n > 0, "closed before the first answer");
+        first.extend_from_slice(&chunk[..n]);
+    }
+    let got = trickle(
+        &mut tcp,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: yes\r\n\r\n",
+    )
+    .await;
+    assert_head_timeout("a later head", &got);
+    // An idle keep-alive connection that starts no head is closed without a word.
+    let mut tcp = TcpStream::connect(s.addr).await.expect("connect");
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    match read_until_closed(&mut tcp, Duration::from_secs(5)).await {
+        Ending::Closed(got) => {
+            let text = String::from_utf8_lossy(&got);
+            assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+            assert!(!text.contains("408"), "{text}");
+        }
+        Ending::Open(got) => panic!("still open: {}", String::from_utf8_lossy(&got)),
+    }
+}
+
+/// Sends `head` one byte every 100 ms until the server answers or closes;
+/// returns what it sent back.
+async fn trickle(tcp: &mut TcpStream, head: &[u8]) -> Vec<u8> {
+    for b in head {
+        if tcp.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        let mut peek = [0u8; 1];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(100), tcp.peek(&mut peek)).await
+        {
+            if n > 0 {
+                break;
+            }
+        }
+    }
+    match read_until_closed(tcp, Duration::from_secs(5)).await {
+        Ending::Closed(got) => got,
+        Ending::Open(got) => panic!("still open: {}", String::from_utf8_lossy(&got)),
+    }
 }
 
 // ---- 2. JSON errors everywhere ----

@@ -63,6 +63,7 @@ pub struct ServerConfig {
     /// the socket with 1009. Default 1114112 (`--max-event-bytes` plus 64 KiB of JSON).
     pub ws_max_message_bytes: usize,
     /// Milliseconds a client has to send a whole request head; a slower one is
+    /// answered 408 `request_timeout` if part of a head came, and
     /// disconnected (slowloris). Default 10000.
     pub header_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes; a larger

@@ -12,8 +12,10 @@
 //! once rather than at the next write.
 //!
 //! A first head that is not HTTP/1 is answered `400 invalid_request` here,
-//! with what is wrong; one over `--max-header-bytes` (or 100 header lines),
-//! `431 too_large`. Every other connection — and every request after the
+//! with what is wrong (`head_error.rs`); one over `--max-header-bytes` (or
+//! 100 header lines), `431 too_large`; one begun but not finished within
+//! `--header-timeout-ms`, `408 request_timeout` (so is a later head that
+//! hyper's timer cuts part way). Every other connection — and every request after the
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
@@ -95,8 +97,14 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
         () = shared.app.shutdown.cancelled() => return,
     };
     match first {
-        // Silent or vanished before a whole head: hyper would close it too.
-        Err(_) | Ok(Ok(First::Closed)) => {}
+        // Silent before its head, or vanished: closed with nothing to say.
+        Err(_) if buf.is_empty() => {}
+        Ok(Ok(First::Closed)) => {}
+        // Part of a head arrived, too slowly (slowloris): 408 first.
+        Err(_) => {
+            let out = whole(head_timeout(shared.app.config.header_timeout_ms, buf.len())).await;
+            send_whole(&conn, out, &shared.app.shutdown).await;
+        }
         Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
         Ok(Ok(First::Sse(mut req))) => {
             drop(buf);
@@ -161,6 +169,20 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
         }
     }
+}
+
+/// `408 request_timeout` for a connection that sent `received` bytes of a
+/// request head but not the whole head in time (`limit_ms`: the setting).
+fn head_timeout(limit_ms: u64, received: usize) -> Response<Body> {
+    let error = crate::error::ApiError::new(
+        gapless_protocol::codes::ErrorCode::RequestTimeout,
+        format!(
+            "the request head did not arrive in time ({received} bytes of it did; \
+             --header-timeout-ms is {limit_ms}): the connection is closed"
+        ),
+    )
+    .with("limit", limit_ms);
+    axum::response::IntoResponse::into_response(error)
 }
 
 /// `f` on the heap. Large futures that run once (routing, hyper's
@@ -693,7 +715,7 @@ async fn serve_http(
         }
         router.clone().oneshot(req)
     });
-    let conn = hyper::server::conn::http1::Builder::new()
+    let mut conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(keep_alive)
         // Later heads on this connection: the same limit, answered 431 by hyper.
         .max_buf_size(shared.app.config.max_header_bytes.max(8192))
@@ -702,17 +724,27 @@ async fn serve_http(
         .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(conn), TowerToHyperService::new(service))
         .with_upgrades();
-    let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
-        r = conn.as_mut() => r,
+        r = &mut conn => r,
         _ = app.shutdown.cancelled() => {
             // Finish the response in flight (streams end on the same signal), then close.
-            conn.as_mut().graceful_shutdown();
-            conn.await
+            std::pin::Pin::new(&mut conn).graceful_shutdown();
+            (&mut conn).await
         }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
+        // A later head that timed out part way (slowloris): 408 first, as for
+        // a first head. hyper hands back the socket and the bytes it holds.
+        if e.is_timeout() {
+            if let Some(parts) = conn.into_parts() {
+                if !parts.read_buf.is_empty() {
+                    let limit = app.config.header_timeout_ms;
+                    let out = whole(head_timeout(limit, parts.read_buf.len())).await;
+                    send_whole(&parts.io.into_inner(), out, &app.shutdown).await;
+                }
+            }
+        }
     }
 }
 
