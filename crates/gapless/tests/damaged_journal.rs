@@ -42,9 +42,16 @@ async fn contents(s: &Server) -> BTreeMap<String, Vec<(u64, String)>> {
 }
 
 fn check(dir: &Path) -> (bool, String) {
+    check_logging(dir, "warn")
+}
+
+/// `gapless journal check` on `dir` with `RUST_LOG=level`: whether it calls
+/// the journal whole, and all it printed.
+fn check_logging(dir: &Path, level: &str) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_gapless"))
         .args(["journal", "check", "--data-dir"])
         .arg(dir)
+        .env("RUST_LOG", level)
         .output()
         .expect("gapless journal check");
     (
@@ -97,6 +104,30 @@ async fn serve(dir: &Path) -> Result<BTreeMap<String, Vec<(u64, String)>>, Strin
         }
         assert!(!status.success(), "exited 0 without listening: {err}");
         Err(err)
+    }
+}
+
+/// A refusal says what is wrong in plain words, not in the storage
+/// engine's (page numbers, layouts, a panic's text).
+#[track_caller]
+fn assert_plain_words(what: &str, said: &str) {
+    assert!(
+        said.contains("cut off")
+            || said.contains("overwritten or lost")
+            || said.contains("of channel \""),
+        "{what}: says what is wrong in plain words: {said}"
+    );
+    for engine in [
+        "file_len=",
+        "layout_len",
+        "page type",
+        "DB corrupted",
+        "Primary is",
+    ] {
+        assert!(
+            !said.contains(engine),
+            "{what}: the engine's words ({engine}) only at debug level: {said}"
+        );
     }
 }
 
@@ -165,12 +196,23 @@ async fn a_truncated_or_overwritten_journal_is_served_whole_or_refused_never_wro
                     "{what}: the refusal names the file and says it is damaged: {err}"
                 );
                 assert!(
-                    err.contains("move it") || err.contains("backup"),
+                    err.contains("move it away")
+                        && err.contains("backup")
+                        && err.contains("gapless journal check --data-dir"),
                     "{what}: says what to do: {err}"
                 );
+                assert_plain_words(&what, &err);
                 assert!(
                     !whole,
                     "{what}: refused to serve, so check must not call it whole: {said}"
+                );
+                assert_plain_words(&what, &said);
+                // The engine's own words (a caught panic's text among them) are
+                // there at debug level only.
+                let (_, debug) = check_logging(dir.path(), "debug");
+                assert!(
+                    debug.contains("the storage engine's words on a damaged journal"),
+                    "{what}: RUST_LOG=debug shows the engine's words: {debug}"
                 );
             }
         }

@@ -5,10 +5,12 @@
 //! engine may panic on some damaged pages; that is caught), then runs the
 //! engine's integrity check, which verifies the checksum of every page
 //! reachable from the last commit. A damaged file is refused with
-//! [`JournalError::Storage`] naming the file and what to do. [`check`] does the
-//! same and also decodes every row: the `gapless journal check` command.
+//! [`JournalError::Storage`] naming the file, saying what is wrong in plain
+//! words and what to do; the engine's own words (a caught panic's text
+//! among them) are logged at debug level only. [`check`] does the same and
+//! also decodes every row: the `gapless journal check` command.
 
-use crate::tables::{decode_event, storage, CHANNELS, EVENTS, LOG};
+use crate::tables::{decode_event, CHANNELS, EVENTS, LOG};
 use gapless_core::JournalError;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,7 +25,7 @@ use std::path::Path;
 pub(crate) fn open_db(path: &Path) -> Result<Database, JournalError> {
     let opened = quietly(|| Database::create(path));
     let mut db = match opened {
-        Err(panic) => return Err(damaged(path, &panic)),
+        Err(panic) => return Err(damaged(path, Found::Panic(panic))),
         Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
             return Err(JournalError::Storage(format!(
                 "{} is open in another process: is another gapless using this directory? \
@@ -32,7 +34,7 @@ pub(crate) fn open_db(path: &Path) -> Result<Database, JournalError> {
             )))
         }
         Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)))) => {
-            return Err(damaged(path, &why))
+            return Err(damaged(path, Found::Engine(why)))
         }
         Ok(Err(e)) => {
             return Err(JournalError::Storage(format!(
@@ -48,8 +50,8 @@ pub(crate) fn open_db(path: &Path) -> Result<Database, JournalError> {
             file = %path.display(),
             "the journal was not closed cleanly; its allocation state was rebuilt"
         ),
-        Ok(Err(e)) => return Err(damaged(path, &e.to_string())),
-        Err(panic) => return Err(damaged(path, &panic)),
+        Ok(Err(e)) => return Err(damaged(path, Found::Engine(e.to_string()))),
+        Err(panic) => return Err(damaged(path, Found::Panic(panic))),
     }
     Ok(db)
 }
@@ -81,39 +83,47 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
     }
     let db = open_db(&path)?;
     let report = quietly(AssertUnwindSafe(|| rows(&db)))
-        .map_err(|panic| damaged(&path, &panic))?
-        .map_err(|e| damaged(&path, &e.to_string()))?;
+        .map_err(|panic| damaged(&path, Found::Panic(panic)))?
+        .map_err(|found| damaged(&path, found))?;
     Ok(report)
 }
 
-fn rows(db: &Database) -> Result<CheckReport, JournalError> {
-    let txn = db.begin_read().map_err(storage)?;
-    let channels = txn.open_table(CHANNELS).map_err(storage)?;
-    let events = txn.open_table(EVENTS).map_err(storage)?;
+/// The engine's error while reading rows, as damage found.
+fn engine(e: impl std::fmt::Display) -> Found {
+    Found::Engine(e.to_string())
+}
+
+fn rows(db: &Database) -> Result<CheckReport, Found> {
+    let txn = db.begin_read().map_err(engine)?;
+    let channels = txn.open_table(CHANNELS).map_err(engine)?;
+    let events = txn.open_table(EVENTS).map_err(engine)?;
     let logged_commits = match txn.open_table(LOG) {
-        Ok(t) => t.len().map_err(storage)?,
+        Ok(t) => t.len().map_err(engine)?,
         Err(redb::TableError::TableDoesNotExist(_)) => 0,
-        Err(e) => return Err(storage(e)),
+        Err(e) => return Err(engine(e)),
     };
     let mut report = CheckReport {
         channels: 0,
         events: 0,
         logged_commits,
     };
-    for row in channels.iter().map_err(storage)? {
-        let (name, value) = row.map_err(storage)?;
+    for row in channels.iter().map_err(engine)? {
+        let (name, value) = row.map_err(engine)?;
         let (id, head, floor, _) = value.value();
         let name = name.value().to_owned();
         report.channels += 1;
         let mut expect = floor;
-        for ev in events.range((id, 0)..=(id, u64::MAX)).map_err(storage)? {
-            let (key, bytes) = ev.map_err(storage)?;
+        for ev in events.range((id, 0)..=(id, u64::MAX)).map_err(engine)? {
+            let (key, bytes) = ev.map_err(engine)?;
             let (_, seq) = key.value();
-            decode_event(bytes.value())
-                .map_err(|e| JournalError::Storage(format!("channel {name:?} seq {seq}: {e}")))?;
+            decode_event(bytes.value()).map_err(|e| {
+                Found::Content(format!(
+                    "the event at seq {seq} of channel {name:?} does not decode ({e})"
+                ))
+            })?;
             if seq != expect {
-                return Err(JournalError::Storage(format!(
-                    "channel {name:?}: seq {seq} found where {expect} was expected \
+                return Err(Found::Content(format!(
+                    "the events of channel {name:?} have seq {seq} where {expect} was expected \
                      (floor {floor}, head {head})"
                 )));
             }
@@ -121,8 +131,8 @@ fn rows(db: &Database) -> Result<CheckReport, JournalError> {
             report.events += 1;
         }
         if logged_commits == 0 && expect != head + 1 {
-            return Err(JournalError::Storage(format!(
-                "channel {name:?}: rows end at seq {} but its head is {head}",
+            return Err(Found::Content(format!(
+                "the events of channel {name:?} end at seq {} but its head is {head}",
                 expect.saturating_sub(1)
             )));
         }
@@ -130,14 +140,74 @@ fn rows(db: &Database) -> Result<CheckReport, JournalError> {
     Ok(report)
 }
 
-/// The error for a damaged file: which file, what is wrong, what to do.
-fn damaged(path: &Path, why: &str) -> JournalError {
+/// What was found wrong with a journal file.
+#[derive(Debug)]
+enum Found {
+    /// The storage engine panicked on it (the panic's text).
+    Panic(String),
+    /// The storage engine refused it (its message).
+    Engine(String),
+    /// Its rows, read by the engine without complaint, are not a journal (our words).
+    Content(String),
+}
+
+/// The error for a damaged file: which file, what is wrong in plain words,
+/// what to do. The engine's own words, a panic's text among them, go to the
+/// debug log only: they name pages and layouts, not what to do.
+fn damaged(path: &Path, found: Found) -> JournalError {
+    let what = match &found {
+        Found::Content(words) => words.clone(),
+        Found::Panic(detail) | Found::Engine(detail) => {
+            tracing::debug!(file = %path.display(), ?found, "the storage engine's words on a damaged journal");
+            plain(path, detail, matches!(found, Found::Panic(_)))
+        }
+    };
+    let dir = path
+        .parent()
+        .map_or_else(|| ".".to_owned(), |d| d.display().to_string());
     JournalError::Storage(format!(
-        "the journal file {} is damaged ({why}). Restore it from a backup, or move it \
-         aside to start with an empty journal (clients resuming are then told: gap, \
-         reason epoch). `gapless journal check --data-dir DIR` tells whether a journal is whole",
+        "the journal file {} is damaged: {what}. To go on, with the server stopped: \
+         `gapless journal check --data-dir {dir}` tells whether it is whole; restore the file \
+         from a backup, or move it away (for example to {}.damaged) to start with an empty \
+         journal, and clients resuming are told so (gap, reason epoch). (RUST_LOG=debug shows \
+         the storage engine's own words.)",
+        path.display(),
         path.display()
     ))
+}
+
+/// What is wrong, in plain words, from the engine's `detail` (a panic's text
+/// if `panicked`). Known shapes: a file cut short (the engine says
+/// `truncated`, with `file_len=` and `layout_len=`), pages whose checksums or
+/// structure do not verify.
+fn plain(path: &Path, detail: &str, panicked: bool) -> String {
+    let number = |key: &str| -> Option<u64> {
+        let at = detail.find(key)? + key.len();
+        let digits: String = detail[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    if detail.contains("truncated") {
+        let len = number("file_len=").or_else(|| std::fs::metadata(path).ok().map(|m| m.len()));
+        let sizes = match (len, number("layout_len=")) {
+            (Some(len), Some(need)) => format!(" ({len} bytes of the {need} it should have)"),
+            (Some(len), None) => format!(" ({len} bytes)"),
+            _ => String::new(),
+        };
+        format!(
+            "it is shorter than the data it records{sizes}: it was cut off, as by a copy \
+             that did not finish or a disk that filled up"
+        )
+    } else if panicked {
+        "a page in it is not what was written there: bytes in it were overwritten or lost"
+            .to_owned()
+    } else {
+        "its pages do not pass their checksum and structure checks: bytes in it were \
+         overwritten or lost"
+            .to_owned()
+    }
 }
 
 /// Runs `f`, turning a panic into its message, without the panic printed

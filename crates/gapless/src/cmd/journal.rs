@@ -18,8 +18,18 @@ pub enum JournalCommand {
     },
 }
 
-/// Runs `gapless journal …`.
+/// Runs `gapless journal …`. Logs go to standard error at the level of
+/// `RUST_LOG` (default `warn`): `RUST_LOG=debug` shows the storage engine's
+/// own words on a damaged file.
 pub fn run(cmd: JournalCommand) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
     match cmd {
         JournalCommand::Check { data_dir } => match gapless_store::check(&data_dir) {
             Ok(r) => {
