@@ -1,5 +1,6 @@
-//! Cursor decoding never panics, and any cursor that decodes re-encodes to
-//! exactly the string it was decoded from (one position, one wire form).
+//! Cursor decoding never panics, any cursor that decodes re-encodes to
+//! exactly the string it was decoded from (one position, one wire form), and
+//! names each channel at most once.
 //! Two inputs per run: the raw bytes as a cursor string (finds base64 and
 //! length faults), and the bytes as a cursor body with a valid check and
 //! base64 (so the fuzzer reaches the positions and seq varints past the CRC).
@@ -19,6 +20,9 @@ fn check(s: &[u8]) {
             "a decoded cursor re-encodes to itself: {c:?}"
         );
         assert_eq!(Cursor::decode(again.as_bytes()).as_ref(), Ok(&c));
+        let keys = c.positions().iter().map(|p| p.key.0);
+        let distinct: std::collections::HashSet<u64> = keys.clone().collect();
+        assert_eq!(distinct.len(), keys.count(), "one position per channel: {c:?}");
     }
 }
 

@@ -114,6 +114,50 @@ async fn websocket_cursor_null_is_live_and_a_cursor_of_another_channel_is_refuse
 }
 
 #[tokio::test]
+async fn a_cursor_naming_one_channel_twice_is_refused_as_malformed_everywhere() {
+    let s = Server::memory(&[]).await;
+    s.publish_many("c", "e", 3).await;
+    let epoch = s.epoch("c").await;
+    let twice = support::channel_twice_cursor("c", &epoch, 2);
+    let says = "malformed cursor: the same channel twice";
+    // History and the SSE query: the caller's own cursor, so 400.
+    let r = s.history("c", &format!("after={twice}")).await;
+    r.expect_error(400, "invalid_cursor");
+    assert!(r.message().contains(says), "{}", r.text);
+    let mut sub = s
+        .sse(&format!("/v1/channels/c/sse?last_event_id={twice}"), &[])
+        .await;
+    assert_eq!(sub.status, 400);
+    let body = sub.body_json().await;
+    assert_eq!(body["error"], "invalid_cursor");
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains(says)),
+        "{body}"
+    );
+    // The header, which a browser replays: 200 and a gap `unknown`, never a replay.
+    let mut sub = s
+        .sse("/v1/channels/c/sse", &[("Last-Event-ID", twice.as_bytes())])
+        .await;
+    assert_eq!(sub.status, 200);
+    let pre = sub.preamble().await;
+    assert_eq!(pre.gaps.len(), 1, "{:?}", pre.gaps);
+    assert_eq!(pre.gaps[0]["reason"], "unknown");
+    // WebSocket: an error, and the socket stays open.
+    let mut ws = Ws::channels(&s).await;
+    ws.subscribe(json!(1), "c", json!({"cursor": twice})).await;
+    let e = ws.expect_op("error").await;
+    assert_eq!(
+        (e["id"].clone(), e["code"].clone()),
+        (json!(1), json!("invalid_cursor"))
+    );
+    assert!(
+        e["message"].as_str().is_some_and(|m| m.contains(says)),
+        "{e}"
+    );
+    ws.subscribe_live("c").await;
+}
+
+#[tokio::test]
 async fn refused_well_formed_requests_do_not_count_toward_the_malformed_limit() {
     let s = Server::memory(&[]).await;
     let mut ws = Ws::channels(&s).await;

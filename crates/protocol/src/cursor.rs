@@ -9,7 +9,9 @@
 //! `version (1 byte) | count (1 byte) | count × (key u64 LE, epoch u64 LE, seq LEB128) | crc32 LE`,
 //! where the CRC-32 covers every byte before it. Version is [`VERSION`].
 //!
-//! Decoding distinguishes garbage (bad base64, bad length, failed check:
+//! Each channel appears at most once (a cursor is one position per channel;
+//! [`Cursor::set`] replaces). Decoding distinguishes garbage (bad base64, bad
+//! length, failed check, a seq not in its shortest form, a channel twice:
 //! [`CursorError::Malformed`]) from a well-formed cursor of another version
 //! ([`CursorError::Version`]), which a server answers with an `unknown` gap
 //! rather than an error (design: "Resume rules").
@@ -189,6 +191,11 @@ impl Cursor {
                 }
                 shift += 7;
             }
+            if positions.iter().any(|p: &Position| p.key.0 == key) {
+                // Two positions for one channel: which would `get` mean? No
+                // encoder writes this (`set` replaces), so it is not a cursor.
+                return Err(CursorError::Malformed("the same channel twice"));
+            }
             positions.push(Position {
                 key: ChannelKey(key),
                 epoch: Epoch(epoch),
@@ -279,6 +286,42 @@ mod tests {
         // u64::MAX still decodes: its last byte is 0x01.
         let c = Cursor::single("x", Epoch(1), u64::MAX);
         assert_eq!(Cursor::decode(c.encode().as_bytes()), Ok(c));
+    }
+
+    /// A tester's finding: a checked cursor naming one channel twice decoded,
+    /// and `get` silently took the first position.
+    #[test]
+    fn the_same_channel_twice_is_malformed() {
+        let checked = |body: &[u8]| {
+            let mut buf = body.to_vec();
+            buf.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+            URL_SAFE_NO_PAD.encode(buf)
+        };
+        let position = |channel: &str, seq: u8| {
+            let mut p = ChannelKey::of(channel).0.to_le_bytes().to_vec();
+            p.extend_from_slice(&7u64.to_le_bytes());
+            p.push(seq);
+            p
+        };
+        for order in [["a", "a", "b"], ["a", "b", "a"], ["b", "a", "a"]] {
+            let mut body = vec![VERSION, 3];
+            for (i, c) in order.iter().enumerate() {
+                body.extend_from_slice(&position(c, i as u8));
+            }
+            let e = Cursor::decode(checked(&body).as_bytes()).expect_err("refused");
+            assert_eq!(
+                e,
+                CursorError::Malformed("the same channel twice"),
+                "{order:?}"
+            );
+            assert_eq!(e.to_string(), "malformed cursor: the same channel twice");
+        }
+        // Distinct channels decode, and re-encode to the same string.
+        let mut body = vec![VERSION, 2];
+        body.extend_from_slice(&position("a", 1));
+        body.extend_from_slice(&position("b", 2));
+        let s = checked(&body);
+        assert_eq!(Cursor::decode(s.as_bytes()).expect("decodes").encode(), s);
     }
 
     #[test]

@@ -532,6 +532,21 @@ pub fn make_cursor(channel: &str, epoch_hex: &str, seq: u64) -> String {
     Cursor::single(channel, Epoch(epoch), seq).encode()
 }
 
+/// A checked cursor (valid CRC, this version) that names `channel` twice,
+/// at seqs 1 and `seq`: no server issues one.
+pub fn channel_twice_cursor(channel: &str, epoch_hex: &str, seq: u8) -> String {
+    let epoch = u64::from_str_radix(epoch_hex, 16).expect("epoch is hex");
+    let key = gapless_protocol::ChannelKey::of(channel).0;
+    let mut body = vec![gapless_protocol::cursor::VERSION, 2];
+    for s in [1u8, seq & 0x7f] {
+        body.extend_from_slice(&key.to_le_bytes());
+        body.extend_from_slice(&epoch.to_le_bytes());
+        body.push(s);
+    }
+    body.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    URL_SAFE_NO_PAD.encode(body)
+}
+
 /// A well-formed cursor of another format version (checksum valid, version 2).
 pub fn other_version_cursor() -> String {
     let mut buf = vec![2u8, 0];
