@@ -217,6 +217,12 @@ impl Cell {
         self.head_tx.send_replace(head);
     }
 
+    /// What a cursor at `pos` of `epoch` can read now: at most `max` events
+    /// from the window, or what to do instead. Below the head, the answer is
+    /// never an empty batch (which a reader would take for the head and wait
+    /// on): the window may end before the head (the head was learnt from a
+    /// state read or report before the commit notice of its events), and a
+    /// cursor at or past the window's last event then reads the journal.
     pub(crate) fn pending(&self, epoch: Epoch, pos: u64, max: usize) -> Pending {
         let w = self.window.read();
         if w.state.epoch != epoch {
@@ -228,10 +234,10 @@ impl Cell {
         if pos + 1 < w.state.floor {
             return Pending::Evicted(w.state);
         }
-        match w.events.front() {
-            Some(first) if first.seq <= pos + 1 => {
+        match (w.events.front(), w.events.back()) {
+            (Some(first), Some(last)) if first.seq <= pos + 1 && pos < last.seq => {
                 let skip = (pos + 1 - first.seq) as usize;
-                Pending::Events(w.events.range(skip..).take(max).cloned().collect())
+                Pending::Events(w.events.range(skip..).take(max.max(1)).cloned().collect())
             }
             _ => Pending::Behind,
         }

@@ -1,11 +1,14 @@
 //! Hub and subscription rules over the in-memory journal.
 
 use gapless_core::hub::{Channels, Hub, WindowLimits};
+use gapless_core::journal::{ChannelState, CommitSink};
 use gapless_core::memory::MemoryJournal;
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_core::{Journal, Retention};
 use gapless_protocol::codes::GapReason;
+use gapless_protocol::Event;
 use gapless_protocol::{Epoch, NewEvent};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,4 +187,68 @@ async fn idempotent_publish_returns_original_seq() {
         .expect("publish");
     assert!(!other.duplicate, "keys are per channel");
     assert_eq!(hub.state("c").await.expect("state").head, 1);
+}
+
+/// Forwards commit notices to the hub's channels, unless held back: a notice
+/// still on its way while the channel's head is already known elsewhere.
+struct Gate {
+    channels: Arc<Channels>,
+    held: AtomicBool,
+}
+
+impl CommitSink for Gate {
+    fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
+        if !self.held.load(Ordering::SeqCst) {
+            self.channels.committed(channel, state, events);
+        }
+    }
+    fn evicted(&self, channel: &str, state: ChannelState) {
+        self.channels.evicted(channel, state);
+    }
+}
+
+/// A tester's finding in `Cell::pending`: with the head past the newest
+/// event of the window (the head learnt from a state report before the
+/// commit notice of its events), a reader at the window's last event got an
+/// empty batch, which reads as "at the head", and slept until the next
+/// publish or timer instead of reading the journal at once.
+#[tokio::test]
+async fn a_reader_at_the_end_of_the_window_reads_the_journal_when_the_head_is_past_it() {
+    let channels = Arc::new(Channels::new(WindowLimits::default()));
+    let gate = Arc::new(Gate {
+        channels: channels.clone(),
+        held: AtomicBool::new(false),
+    });
+    let journal: Arc<dyn Journal> =
+        Arc::new(MemoryJournal::new(Retention::default(), gate.clone()));
+    let hub = Hub::new(channels.clone(), journal.clone());
+    let (mut sub, _) = hub
+        .subscribe(vec![("c".into(), Start::Live)], 8)
+        .await
+        .expect("subscribe");
+    for i in 1..=3 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    assert_eq!(next_seqs(&mut sub, 3).await, vec![1, 2, 3]);
+    // Events 4 and 5 are in the journal; their notice has not reached the window.
+    gate.held.store(true, Ordering::SeqCst);
+    for i in 4..=5 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    // A report of the channel's state (head 5) arrives first and wakes the reader.
+    let state = journal.state("c").await.expect("state");
+    assert_eq!(state.head, 5);
+    channels.evicted("c", state);
+    // Nothing else will wake it: it must read 4 and 5 from the journal now.
+    match tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+        Ok(Ok(Item::Events { events, .. })) => {
+            assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+        }
+        Ok(other) => panic!("unexpected {other:?}"),
+        Err(_) => panic!("the reader slept with events 4 and 5 in the journal and the head at 5"),
+    }
 }
