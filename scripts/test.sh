@@ -7,6 +7,9 @@
 # Chromium and the npm packages they need). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo="$(pwd)"
+log() { printf 'test: %s\n' "$*" >&2; }
+. scripts/lib/setup.sh
 target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target"
 
@@ -21,28 +24,13 @@ cargo build --workspace --all-targets --quiet
 
 echo "== redis-server (the cluster tests start real ones)"
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
-  apt_log="$(mktemp)"
-  if ! { as_root apt-get update -qq &&
-         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } \
-       >"$apt_log" 2>&1 </dev/null; then
-    tail -n 30 "$apt_log" >&2
-    echo "installing redis-server failed" >&2
-    exit 1
-  fi
-  rm -f "$apt_log"
+  apt_install redis-server
 fi
 # Debian's package starts a system redis on 6379; the tests use their own ports and do not need it.
 
 echo "== iptables (the vanished-client tests drop packets in a network namespace)"
 if ! command -v iptables >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null 2>&1 \
-            || (apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null 2>&1) \
-            || echo "could not install iptables: the vanished-client tests will print SKIP"
-    else
-        echo "iptables missing and not root: the vanished-client tests will print SKIP"
-    fi
+  apt_install iptables || echo "could not install iptables: the vanished-client tests will print SKIP"
 fi
 
 echo "== cargo test"

@@ -21,48 +21,13 @@ dir="$repo/clients/typescript"
 start=$SECONDS
 
 log() { printf 'ts-test: %s\n' "$*" >&2; }
+. "$repo/scripts/lib/setup.sh"
 
-as_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi
-}
+ensure_chromium
+ensure_node_modules "$dir" node_modules/.bin/tsc
+ensure_gapless_bin
 
-# 1. Chromium (Debian's package; playwright's own browser downloads do not work here).
-if [ ! -x /usr/bin/chromium ]; then
-  log "installing chromium (apt)"
-  apt_log="$(mktemp)"
-  if ! { as_root apt-get update -qq &&
-         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-       >"$apt_log" 2>&1 </dev/null; then
-    tail -n 30 "$apt_log" >&2
-    log "chromium install failed"
-    exit 1
-  fi
-  rm -f "$apt_log"
-fi
-
-# 2. node_modules, only when missing or installed from another lockfile.
-stamp="$dir/node_modules/.gapless-lock.sha256"
-want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
-if [ ! -x "$dir/node_modules/.bin/tsc" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "npm ci in clients/typescript"
-  (cd "$dir" && npm ci --no-audit --no-fund --no-update-notifier --loglevel=error </dev/null)
-  echo "$want" >"$stamp"
-fi
-
-# 3. The binary.
-if [ -z "${GAPLESS_BIN:-}" ]; then
-  log "cargo build -p gapless"
-  cargo build -q -p gapless </dev/null
-  GAPLESS_BIN="$repo/target/debug/gapless"
-fi
-case "$GAPLESS_BIN" in /*) ;; *) GAPLESS_BIN="$repo/$GAPLESS_BIN" ;; esac
-if [ ! -x "$GAPLESS_BIN" ]; then
-  log "GAPLESS_BIN=$GAPLESS_BIN is not an executable"
-  exit 1
-fi
-export GAPLESS_BIN
-
-# 4. Build (strict tsc: type errors fail the run), then the tests. The timeout only guards
+# Build (strict tsc: type errors fail the run), then the tests. The timeout only guards
 # CI against a hang: a normal run takes about a minute.
 cd "$dir"
 rm -rf dist

@@ -6,47 +6,18 @@
 //   (200 + retry:), and once a slot frees it connects and gets the events.
 
 import assert from 'node:assert/strict';
-import crypto from 'node:crypto';
-import fs from 'node:fs';
-import { after, before, test } from 'node:test';
-import { Gapless, freePort, launchBrowser, startPageServer, tempDir, waitFor } from './harness.mjs';
+import { test } from 'node:test';
+import { browserSuite, mintToken, waitFor } from './harness.mjs';
 
 const SECRET = 'a-browser-test-secret-long-enough-32';
 
 /** An HS256 JWT with gapless rights, valid for `ttlS` seconds. */
 function token(subscribe, publish, ttlS = 3600) {
-  const enc = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
-  const head = enc({ alg: 'HS256', typ: 'JWT' });
-  const body = enc({ exp: Math.floor(Date.now() / 1000) + ttlS, gapless: { subscribe, publish } });
-  const sig = crypto.createHmac('sha256', SECRET).update(`${head}.${body}`).digest('base64url');
-  return `${head}.${body}.${sig}`;
+  return mintToken(SECRET, { exp: Math.floor(Date.now() / 1000) + ttlS, gapless: { subscribe, publish } });
 }
 
-let browser;
-let pageServer;
-const cleanups = [];
-
-before(async () => {
-  pageServer = await startPageServer();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn().catch(() => {});
-  await browser?.close();
-  await pageServer?.close();
-});
-
-async function newServer(extraArgs) {
-  const dataDir = tempDir('gapless-browser-auth-');
-  const srv = new Gapless({ port: await freePort(), dataDir, memory: true, extraArgs });
-  cleanups.push(async () => {
-    await srv.stop();
-    fs.rmSync(dataDir, { recursive: true, force: true });
-  });
-  await srv.start();
-  return srv;
-}
+const suite = browserSuite({ prefix: 'gapless-browser-auth-' });
+const newServer = (extraArgs) => suite.newServer({ memory: true, extraArgs });
 
 async function publishAs(srv, t, channel, data) {
   const res = await fetch(`${srv.base}/v1/channels/${channel}/events`, {
@@ -57,8 +28,8 @@ async function publishAs(srv, t, channel, data) {
 
 /** Opens the page and an EventSource on it; returns a reader of what it saw. */
 async function follow(url, withCredentials, setCookie) {
-  const page = await browser.context.newPage();
-  await page.goto(pageServer.url);
+  const page = await suite.browser.context.newPage();
+  await page.goto(suite.pageServer.url);
   await page.evaluate(([u, creds, cookie]) => {
     if (cookie) document.cookie = cookie;
     window.seen = { data: [], opens: 0, errors: 0 };
@@ -75,7 +46,7 @@ async function follow(url, withCredentials, setCookie) {
 }
 
 test('a credentialed cross-origin EventSource carries the token cookie', async () => {
-  const pageOrigin = new URL(pageServer.url).origin;
+  const pageOrigin = new URL(suite.pageServer.url).origin;
   const srv = await newServer(['--jwt-secret', SECRET, '--cors-origin', pageOrigin]);
   const reader = token(['news'], []);
   const writer = token([], ['news']);

@@ -7,24 +7,15 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { after, before, test } from 'node:test';
-import { Gapless, freePort, launchBrowser, tempDir, waitFor } from './harness.mjs';
+import { test } from 'node:test';
+import { browserSuite, waitFor } from './harness.mjs';
 
-let browser;
-const cleanups = [];
-before(async () => { browser = await launchBrowser(); });
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn().catch(() => {});
-  await browser?.close();
-});
+const suite = browserSuite({ page: false, prefix: 'gapless-console-' });
 
 test('the console follows a channel, publishes, survives a restart with no missing seq, reads history', async () => {
-  const dataDir = tempDir('gapless-console-');
-  const srv = new Gapless({ port: await freePort(), dataDir });
-  cleanups.push(async () => { await srv.stop(); fs.rmSync(dataDir, { recursive: true, force: true }); });
-  await srv.start();
+  const srv = await suite.newServer();
 
-  const page = await browser.context.newPage();
+  const page = await suite.browser.context.newPage();
   const lines = [];
   page.on('console', (m) => lines.push(`[console.${m.type()}] ${m.text()}`));
   page.on('pageerror', (e) => lines.push(`[pageerror] ${e.message}`));
@@ -79,10 +70,7 @@ test('the console follows a channel, publishes, survives a restart with no missi
 });
 
 test('--console false serves no page', async () => {
-  const dataDir = tempDir('gapless-console-off-');
-  const srv = new Gapless({ port: await freePort(), dataDir, memory: true, extraArgs: ['--console', 'false'] });
-  cleanups.push(async () => { await srv.stop(); fs.rmSync(dataDir, { recursive: true, force: true }); });
-  await srv.start();
+  const srv = await suite.newServer({ memory: true, extraArgs: ['--console', 'false'] });
   const res = await fetch(`${srv.base}/`);
   assert.equal(res.status, 404);
   assert.equal((await res.json()).error, 'not_found');

@@ -8,38 +8,13 @@
 //   cd tests/browser && npm ci && GAPLESS_BIN=../../target/debug/gapless node --test eventsource.test.mjs
 
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import {
-  Gapless, freePort, launchBrowser, openSubscriber, range, sleep, startPageServer, tempDir, waitFor,
+  browserSuite, openSubscriber, range, sleep, waitFor,
 } from './harness.mjs';
 
-let browser;
-let pageServer;
-const cleanups = [];
-
-before(async () => {
-  pageServer = await startPageServer();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn().catch(() => {});
-  await browser?.close();
-  await pageServer?.close();
-});
-
-/** A server slot (port + data dir) that is torn down after the run. */
-async function newServer(opts = {}) {
-  const dataDir = tempDir('gapless-browser-');
-  const srv = new Gapless({ port: await freePort(), dataDir, ...opts });
-  cleanups.push(async () => {
-    await srv.stop();
-    fs.rmSync(dataDir, { recursive: true, force: true });
-  });
-  await srv.start();
-  return srv;
-}
+const suite = browserSuite({ prefix: 'gapless-browser-' });
+const newServer = suite.newServer;
 
 function describer(srv, sub) {
   return async () => {
@@ -56,7 +31,7 @@ function describer(srv, sub) {
 
 /** Opens the page on CH and waits until the browser's subscription is live on the server. */
 async function subscribe(srv, channel) {
-  const sub = await openSubscriber(browser.context, pageServer.url, `${srv.base}/v1/channels/${channel}/sse`);
+  const sub = await openSubscriber(suite.browser.context, suite.pageServer.url, `${srv.base}/v1/channels/${channel}/sse`);
   const describe = describer(srv, sub);
   await waitFor('the EventSource to open', async () => (await sub.state()).opens >= 1, { describe });
   await waitFor('the server to count the subscriber', async () => (await srv.channel(channel)).subscribers === 1, { describe });

@@ -1,189 +1,14 @@
-// Helpers for the real-browser tests: run a gapless server that can be killed
-// and restarted on the same port, serve a tiny page from its own origin, and
-// drive Debian's Chromium with playwright-core.
+// Helpers of the real-browser tests: the shared harness (../harness/gapless.mjs: a gapless
+// server that can be killed and restarted on the same port, tokens, waits, Chromium), plus a
+// tiny page served from its own origin and the EventSource page's readers.
 
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import fs from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
-import os from 'node:os';
-import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { after, before } from 'node:test';
 import { chromium } from 'playwright-core';
+import { Gapless, launchChromium } from '../harness/gapless.mjs';
 
-export { sleep };
-
-export const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
-
-/** Absolute path of the gapless binary: $GAPLESS_BIN, else <repo>/target/debug/gapless. */
-export function gaplessBin() {
-  const repo = path.resolve(import.meta.dirname ?? path.dirname(new URL(import.meta.url).pathname), '..', '..');
-  const bin = path.resolve(repo, process.env.GAPLESS_BIN || 'target/debug/gapless');
-  if (!fs.existsSync(bin)) {
-    throw new Error(`gapless binary not found at ${bin} (build it with: cargo build -p gapless, or set GAPLESS_BIN)`);
-  }
-  return bin;
-}
-
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
-export async function freePort() {
-  const srv = net.createServer();
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  const { port } = srv.address();
-  srv.close();
-  await once(srv, 'close');
-  return port;
-}
-
-export function tempDir(prefix) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
-}
-
-/** Polls `fn` until it returns a truthy value; throws with `describe()` after `timeoutMs`. */
-export async function waitFor(what, fn, { timeoutMs = 10_000, intervalMs = 25, describe } = {}) {
-  const deadline = Date.now() + timeoutMs;
-  let last;
-  for (;;) {
-    last = await fn();
-    if (last) return last;
-    if (Date.now() > deadline) {
-      const detail = describe ? `\n${await describe()}` : '';
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
-    }
-    await sleep(intervalMs);
-  }
-}
-
-const live = new Set();
-function killAll() {
-  for (const child of live) {
-    try { child.kill('SIGKILL'); } catch { /* already gone */ }
-  }
-}
-process.on('exit', killAll);
-for (const sig of ['SIGINT', 'SIGTERM']) {
-  process.on(sig, () => { killAll(); process.exit(130); });
-}
-
-/**
- * One gapless server "slot": a fixed port and data dir; start() runs a new
- * process on them, kill9() drops it (and every connection it holds) at once.
- */
-export class Gapless {
-  constructor({ port, dataDir, memory = false, retryMs = 200, extraArgs = [] }) {
-    this.bin = gaplessBin();
-    this.port = port;
-    this.dataDir = dataDir;
-    this.memory = memory;
-    this.retryMs = retryMs;
-    this.extraArgs = extraArgs;
-    this.child = null;
-    this.log = [];
-    this.starts = 0;
-    this.base = `http://127.0.0.1:${port}`;
-  }
-
-  args() {
-    const a = ['serve', '--listen', `127.0.0.1:${this.port}`, '--data-dir', this.dataDir,
-      '--retry-ms', String(this.retryMs), ...this.extraArgs];
-    if (this.memory) a.push('--memory');
-    return a;
-  }
-
-  async start() {
-    // The port was in use a moment ago (by our previous incarnation): retry a bind failure briefly.
-    let lastErr;
-    for (let attempt = 0; attempt < 20; attempt++) {
-      try {
-        await this.#startOnce();
-        return;
-      } catch (err) {
-        lastErr = err;
-        await sleep(100);
-      }
-    }
-    throw lastErr;
-  }
-
-  async #startOnce() {
-    const n = ++this.starts;
-    // Only our own flags: drop any GAPLESS_* from the environment (clap reads them as flag values).
-    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('GAPLESS_')));
-    env.RUST_LOG ??= 'warn';
-    const child = spawn(this.bin, this.args(), { cwd: this.dataDir, env, stdio: ['ignore', 'pipe', 'pipe'] });
-    live.add(child);
-    child.once('exit', () => live.delete(child));
-    let out = '';
-    const tag = (s) => `[gapless#${n}] ${s}`;
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (d) => this.log.push(tag(d.trimEnd())));
-    child.stdout.setEncoding('utf8');
-    const ready = new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`gapless did not report listening within 15 s; stdout: ${out}`)), 15_000);
-      child.stdout.on('data', (d) => {
-        out += d;
-        this.log.push(tag(d.trimEnd()));
-        if (out.includes('gapless listening on')) { clearTimeout(timer); resolve(); }
-      });
-      child.once('exit', (code, sig) => {
-        clearTimeout(timer);
-        reject(new Error(`gapless exited before listening (code ${code}, signal ${sig}):\n${this.log.slice(-10).join('\n')}`));
-      });
-    });
-    try {
-      await ready;
-    } catch (err) {
-      child.kill('SIGKILL');
-      throw err;
-    }
-    this.child = child;
-  }
-
-  /** kill -9: the server's side of every connection is closed by the kernel. */
-  async kill9() {
-    const child = this.child;
-    this.child = null;
-    if (!child || child.exitCode !== null || child.signalCode !== null) return;
-    const exited = once(child, 'exit');
-    child.kill('SIGKILL');
-    await exited;
-  }
-
-  async stop() {
-    await this.kill9();
-  }
-
-  async publish(channel, data) {
-    const res = await fetch(`${this.base}/v1/channels/${encodeURIComponent(channel)}/events`, {
-      method: 'POST',
-      body: String(data),
-    });
-    const body = await res.text();
-    if (res.status !== 201) throw new Error(`publish ${data} to ${channel}: ${res.status} ${body}`);
-    return JSON.parse(body);
-  }
-
-  /** Appends `datas` atomically, in order, with one request (POST .../batch). */
-  async publishBatch(channel, datas) {
-    const res = await fetch(`${this.base}/v1/channels/${encodeURIComponent(channel)}/batch`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify(datas.map((d) => ({ data: String(d) }))),
-    });
-    const body = await res.text();
-    if (res.status !== 201) throw new Error(`batch publish to ${channel}: ${res.status} ${body}`);
-    return JSON.parse(body);
-  }
-
-  async channel(channel) {
-    const res = await fetch(`${this.base}/v1/channels/${encodeURIComponent(channel)}`);
-    const body = await res.text();
-    if (res.status !== 200) throw new Error(`GET channel ${channel}: ${res.status} ${body}`);
-    return JSON.parse(body);
-  }
-}
+export * from '../harness/gapless.mjs';
 
 // The page: a plain EventSource that renders each event's data as a list item
 // and records gap notices, opens and errors. Nothing in it retries or dedups:
@@ -220,45 +45,54 @@ const PAGE = `<!doctype html>
 </script>
 </body></html>`;
 
-/** Serves PAGE over HTTP on its own port, so the EventSource is a real cross-origin request. */
-export async function startPageServer() {
+/**
+ * Serves `page` (by default the EventSource page above) over HTTP on its own port, so the
+ * page's requests to gapless are real cross-origin requests.
+ */
+export async function startPageServer(page = PAGE) {
   const srv = http.createServer((req, res) => {
     if (req.url === '/favicon.ico') { res.writeHead(204); res.end(); return; }
     res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-    res.end(PAGE);
+    res.end(page);
   });
   srv.listen(0, '127.0.0.1');
   await once(srv, 'listening');
   return { url: `http://127.0.0.1:${srv.address().port}/`, close: () => new Promise((r) => srv.close(r)) };
 }
 
-export async function launchBrowser() {
-  if (!fs.existsSync(CHROMIUM)) {
-    throw new Error(`${CHROMIUM} not found: install Debian's chromium (scripts/browser-test.sh does)`);
-  }
-  const userDataDir = tempDir('gapless-chromium-');
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-    timeout: 30_000,
-  });
-  return {
-    context,
-    async close() {
-      await context.close().catch(() => {});
-      fs.rmSync(userDataDir, { recursive: true, force: true });
+/** Headless Chromium (Debian's) with a fresh profile: `{ context, close }`. */
+export function launchBrowser() {
+  return launchChromium(chromium);
+}
+
+/**
+ * The set-up every browser test file shares: before the tests, Chromium and (unless `page` is
+ * false) a page server serving `page` (default: the EventSource page); after them, every
+ * server made with `newServer` is stopped (its data dir removed), then the browser and the
+ * page server close. Read `browser` and `pageServer` inside tests, once `before` has run.
+ */
+export function browserSuite({ page, prefix = 'gapless-browser-' } = {}) {
+  const suite = {
+    browser: null,
+    pageServer: null,
+    cleanups: [],
+    /** A started server (retry 200 ms unless given), stopped after the run. */
+    async newServer(opts = {}) {
+      const srv = await Gapless.create({ retryMs: 200, ...opts }, prefix);
+      suite.cleanups.push(() => srv.stop());
+      return srv;
     },
   };
+  before(async () => {
+    if (page !== false) suite.pageServer = await startPageServer(page);
+    suite.browser = await launchBrowser();
+  });
+  after(async () => {
+    for (const fn of suite.cleanups.reverse()) await fn().catch(() => {});
+    await suite.browser?.close();
+    await suite.pageServer?.close();
+  });
+  return suite;
 }
 
 /** Opens the page and subscribes it to `sseUrl`; returns helpers to read what it shows. */
@@ -282,10 +116,4 @@ export async function openSubscriber(context, pageUrl, sseUrl) {
       lastIds: window.log.ids.slice(-3),
     })),
   };
-}
-
-export function range(from, to) {
-  const out = [];
-  for (let i = from; i <= to; i++) out.push(String(i));
-  return out;
 }

@@ -15,11 +15,8 @@
 //   (a relative GAPLESS_BIN is resolved against the repository root, not the cwd)
 
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
-import fs from 'node:fs';
-import http from 'node:http';
-import { after, before, test } from 'node:test';
-import { Gapless, freePort, launchBrowser, range, sleep, tempDir, waitFor } from './harness.mjs';
+import { test } from 'node:test';
+import { browserSuite, range, sleep, waitFor } from './harness.mjs';
 
 // The page: a small WebSocket client. It keeps the last cursor it received and,
 // whenever the socket closes, reconnects after 150 ms and re-subscribes with it
@@ -104,59 +101,15 @@ const PAGE = `<!doctype html>
 </script>
 </body></html>`;
 
-let browser;
-let pageServer;
-const cleanups = [];
-
-async function startPageServer() {
-  const srv = http.createServer((req, res) => {
-    if (req.url === '/favicon.ico') { res.writeHead(204); res.end(); return; }
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-    res.end(PAGE);
-  });
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  return { url: `http://127.0.0.1:${srv.address().port}/`, close: () => new Promise((r) => srv.close(r)) };
-}
-
-before(async () => {
-  pageServer = await startPageServer();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn().catch(() => {});
-  await browser?.close();
-  await pageServer?.close();
-});
-
-async function newServer(opts = {}) {
-  const dataDir = tempDir('gapless-browser-ws-');
-  const srv = new Gapless({ port: await freePort(), dataDir, ...opts });
-  cleanups.push(async () => {
-    await srv.stop();
-    fs.rmSync(dataDir, { recursive: true, force: true });
-  });
-  await srv.start();
-  return srv;
-}
-
-/** SIGTERM (the harness only has kill -9): waits for the process to exit. */
-async function sigterm(srv) {
-  const child = srv.child;
-  srv.child = null;
-  const exited = once(child, 'exit');
-  child.kill('SIGTERM');
-  const [code, signal] = await exited;
-  return { code, signal };
-}
+const suite = browserSuite({ page: PAGE, prefix: 'gapless-browser-ws-' });
+const newServer = suite.newServer;
 
 async function openPage() {
-  const page = await browser.context.newPage();
+  const page = await suite.browser.context.newPage();
   const consoleLines = [];
   page.on('console', (m) => consoleLines.push(`[console.${m.type()}] ${m.text()}`));
   page.on('pageerror', (e) => consoleLines.push(`[pageerror] ${e.message}`));
-  await page.goto(pageServer.url);
+  await page.goto(suite.pageServer.url);
   const log = () => page.evaluate(() => window.log);
   return { page, log, consoleLines };
 }
@@ -254,7 +207,7 @@ test('browser WebSocket: SIGTERM closes with 1001 and a reason, then the page re
   await publishRange(srv, channel, 1, 5);
   await expectEvents(p, seqRange(1, 5), describe);
 
-  const { code } = await sigterm(srv);
+  const { code } = await srv.term();
   assert.equal(code, 0, 'clean exit');
   await waitFor('the page to see the close', async () => (await p.log()).closes.length >= 1, { describe });
   const [close] = (await p.log()).closes;

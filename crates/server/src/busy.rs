@@ -36,15 +36,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
         let body = format!("retry: {retry_ms}\n: busy: {why}\n\n");
         let mut r = Response::new(Body::from(body));
         *r.status_mut() = StatusCode::OK;
-        let h = r.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        h.insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache, no-transform"),
-        );
+        crate::sse::stream_headers(r.headers_mut());
         r
     } else {
         ApiError::new(ErrorCode::LimitReached, why)
@@ -58,10 +50,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
 
 /// An SSE URL, or a request that accepts `text/event-stream`.
 fn wants_sse(req: &Request) -> bool {
-    let path = req.uri().path();
-    let sse_path =
-        path == "/v1/sse" || (path.starts_with("/v1/channels/") && path.ends_with("/sse"));
-    sse_path
+    crate::sse::is_sse_path(req.uri().path())
         || req
             .headers()
             .get(header::ACCEPT)

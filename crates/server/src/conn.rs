@@ -306,12 +306,7 @@ pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
 fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let target = parsed.path?;
     let path = target.split('?').next().unwrap_or(target);
-    let sse_path = path == "/v1/sse"
-        || path
-            .strip_prefix("/v1/channels/")
-            .and_then(|rest| rest.strip_suffix("/sse"))
-            .is_some_and(|channel| !channel.is_empty() && !channel.contains('/'));
-    if parsed.method != Some("GET") || !sse_path {
+    if parsed.method != Some("GET") || !crate::sse::is_sse_path(path) {
         return None;
     }
     let version = match parsed.version {

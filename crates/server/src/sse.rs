@@ -33,6 +33,34 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Whether `path` (without its query) is an SSE URL: `/v1/sse`, or
+/// `/v1/channels/{channel}/sse` with one non-empty segment as the channel
+/// (the routes of this module). The first-request reader serves these
+/// itself (`conn.rs`); a refused connection tells them to retry (`busy.rs`).
+pub fn is_sse_path(path: &str) -> bool {
+    path == "/v1/sse"
+        || path
+            .strip_prefix("/v1/channels/")
+            .and_then(|rest| rest.strip_suffix("/sse"))
+            .is_some_and(|channel| !channel.is_empty() && !channel.contains('/'))
+}
+
+/// Sets the headers of every SSE answer (a stream, or a refused
+/// connection's retry): `Content-Type: text/event-stream`, `Cache-Control:
+/// no-cache, no-transform` (no proxy may store or re-encode it) and
+/// `X-Accel-Buffering: no` (nginx would otherwise hold frames back).
+pub(crate) fn stream_headers(h: &mut HeaderMap) {
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
 /// `GET /v1/channels/{channel}/sse`.
 pub async fn channel_sse(
     State(app): State<Arc<App>>,
@@ -139,16 +167,7 @@ async fn open(
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed.into_body().into_response(),
     };
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    stream_headers(resp.headers_mut());
     Ok(resp)
 }
 

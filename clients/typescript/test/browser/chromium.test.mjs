@@ -6,35 +6,25 @@
 // that shows exactly one epoch gap.
 
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { chromium } from 'playwright-core';
 import { startExampleServer } from '../../../../examples/browser/serve.mjs';
 import { Client } from '../../dist/index.js';
-import { Gapless, mintToken, range, sleep, supportsJwt, tempDir, waitFor } from '../harness.mjs';
+import { Gapless, launchChromium, mintToken, range, sleep, supportsJwt, waitFor } from '../harness.mjs';
 
-const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
+let browser;
 let context;
-let userDataDir;
 let example;
 const servers = [];
 
 before(async () => {
   example = await startExampleServer();
-  userDataDir = tempDir('gapless-ts-chromium-');
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    timeout: 30_000,
-  });
+  browser = await launchChromium(chromium, 'gapless-ts-chromium-');
+  context = browser.context;
 });
 
 after(async () => {
-  await context?.close().catch(() => {});
-  if (userDataDir) fs.rmSync(userDataDir, { recursive: true, force: true });
+  await browser?.close();
   await example?.close();
   for (const s of servers) await s.stop();
 });
