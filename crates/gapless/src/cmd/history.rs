@@ -1,7 +1,7 @@
 //! `gapless history CHANNEL`: prints every retained event of a channel, page
 //! after page, as plain data lines or JSON lines.
 
-use super::{explain, fail, runtime, write_failed, Hint, Output, ServerArg};
+use super::{explain, fail, write_failed, Hint, Output, ServerArg};
 use futures::StreamExt;
 use gapless_client::Cursor;
 use std::io::Write;
@@ -28,13 +28,9 @@ pub struct HistoryArgs {
 
 /// Runs `gapless history`.
 pub fn run(args: HistoryArgs) -> ExitCode {
-    let client = match args.server.client() {
-        Ok(c) => c,
-        Err(line) => return fail(&line),
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(line) => return fail(&line),
+    let (client, rt) = match args.server.client_and_runtime() {
+        Ok(both) => both,
+        Err(status) => return status,
     };
     let output = Output::from_flag(args.json);
     rt.block_on(async move {

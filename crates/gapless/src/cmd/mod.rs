@@ -33,6 +33,17 @@ impl ServerArg {
         }
         b.build().map_err(|e| explain(&e, Hint::None))
     }
+
+    /// What every client subcommand starts with: the client and a runtime
+    /// to run it on.
+    ///
+    /// # Errors
+    /// The failure status, its one line already printed ([`fail`]).
+    pub fn client_and_runtime(&self) -> Result<(Client, tokio::runtime::Runtime), ExitCode> {
+        let client = self.client().map_err(|line| fail(&line))?;
+        let rt = runtime().map_err(|line| fail(&line))?;
+        Ok((client, rt))
+    }
 }
 
 /// Which advice fits a `cursor_not_served` or `invalid_cursor` answer.

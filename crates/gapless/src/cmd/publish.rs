@@ -5,7 +5,7 @@
 //! after a connection failure is appended once; a progress bar shows on a
 //! terminal, and a summary line ends the run.
 
-use super::{explain, fail, runtime, ServerArg};
+use super::{explain, fail, ServerArg};
 use gapless_client::{Client, Error, NewEvent};
 use gapless_protocol::object::Object;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -52,13 +52,9 @@ const ATTEMPTS: u32 = 5;
 
 /// Runs `gapless publish`.
 pub fn run(args: PublishArgs) -> ExitCode {
-    let client = match args.server.client() {
-        Ok(c) => c,
-        Err(line) => return fail(&line),
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(line) => return fail(&line),
+    let (client, rt) = match args.server.client_and_runtime() {
+        Ok(both) => both,
+        Err(status) => return status,
     };
     let result = match (&args.file, args.data.as_deref()) {
         (Some(path), _) => rt.block_on(import(&client, &args, Source::open_file(path))),

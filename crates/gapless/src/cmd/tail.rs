@@ -2,7 +2,7 @@
 //! arrive, resuming from the last printed position after any drop (server
 //! restart, network failure). Gap notices and reconnections go to stderr.
 
-use super::{explain, fail, runtime, write_failed, Hint, Output, ServerArg};
+use super::{explain, fail, write_failed, Hint, Output, ServerArg};
 use futures::FutureExt;
 use gapless_client::{Cursor, GapReason, Reconnect, Start, Update};
 use std::io::Write;
@@ -43,13 +43,9 @@ fn reconnect_line(r: &Reconnect<'_>) -> String {
 
 /// Runs `gapless tail`.
 pub fn run(args: TailArgs) -> ExitCode {
-    let client = match args.server.client() {
-        Ok(c) => c,
-        Err(line) => return fail(&line),
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(line) => return fail(&line),
+    let (client, rt) = match args.server.client_and_runtime() {
+        Ok(both) => both,
+        Err(status) => return status,
     };
     let start = match args.since.as_str() {
         "live" => Start::Live,

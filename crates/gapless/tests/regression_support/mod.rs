@@ -110,33 +110,18 @@ impl ByteWs {
 
     /// Writes one masked frame: `first` is the first byte (FIN, RSV, opcode).
     pub async fn write_masked(&mut self, first: u8, payload: &[u8]) {
-        let mask = [0x5au8, 0x17, 0xc3, 0x08];
-        let mut out = vec![first];
-        let n = payload.len();
-        if n < 126 {
-            out.push(0x80 | n as u8);
-        } else if n <= 0xffff {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-        self.write_raw(&out).await;
+        self.write_raw(&crate::ws_support::masked_frame(first, payload))
+            .await;
     }
 
     /// Reads frames (skipping all but close) until a close frame, EOF or `within`.
     pub async fn close_answer(&mut self, within: Duration) -> Answer {
         let deadline = Instant::now() + within;
         loop {
-            while let Some((opcode, payload, used)) = parse(&self.buf) {
+            while let Some((frame, used)) = crate::ws_support::parse_frame(&self.buf) {
                 self.buf.drain(..used);
-                if opcode == 8 {
-                    return Answer::Close(
-                        (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])),
-                    );
+                if frame.opcode == 8 {
+                    return Answer::Close(frame.close_code());
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -148,36 +133,4 @@ impl ByteWs {
             }
         }
     }
-}
-
-/// One frame from the front of `b`: opcode, payload (unmasked), bytes used.
-fn parse(b: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
-    if b.len() < 2 {
-        return None;
-    }
-    let opcode = b[0] & 0x0f;
-    let masked = b[1] & 0x80 != 0;
-    let (len, mut at) = match b[1] & 0x7f {
-        126 => (usize::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
-        127 => {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(b.get(2..10)?);
-            (usize::try_from(u64::from_be_bytes(a)).ok()?, 10)
-        }
-        n => (usize::from(n), 2),
-    };
-    let mask = if masked {
-        let m: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
-        at += 4;
-        Some(m)
-    } else {
-        None
-    };
-    let mut payload = b.get(at..at + len)?.to_vec();
-    if let Some(m) = mask {
-        for (i, x) in payload.iter_mut().enumerate() {
-            *x ^= m[i % 4];
-        }
-    }
-    Some((opcode, payload, at + len))
 }

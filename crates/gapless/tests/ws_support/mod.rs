@@ -503,26 +503,34 @@ impl RawWs {
 
     /// Writes one masked frame (FIN set).
     pub async fn write_frame(&mut self, opcode: u8, payload: &[u8]) {
-        let mask = [0x11u8, 0x22, 0x33, 0x44];
-        let mut out = vec![0x80 | opcode];
-        let n = payload.len();
-        if n < 126 {
-            out.push(0x80 | n as u8);
-        } else if n <= 0xffff {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        let out = masked_frame(0x80 | opcode, payload);
         self.tcp.write_all(&out).await.expect("write frame");
     }
 }
 
-/// Parses one unmasked server frame from the front of `b`.
-fn parse_frame(b: &[u8]) -> Option<(Frame, usize)> {
+/// One client frame: `first` is its first byte (FIN, RSV bits, opcode), then
+/// the length in its shortest form, a mask, and `payload` masked with it.
+pub fn masked_frame(first: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x5au8, 0x17, 0xc3, 0x08];
+    let mut out = vec![first];
+    let n = payload.len();
+    if n < 126 {
+        out.push(0x80 | n as u8);
+    } else if n <= 0xffff {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&(n as u64).to_be_bytes());
+    }
+    out.extend_from_slice(&mask);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    out
+}
+
+/// Parses one frame from the front of `b` (unmasking a masked one): the
+/// frame and the bytes it took, or `None` until it is whole.
+pub fn parse_frame(b: &[u8]) -> Option<(Frame, usize)> {
     if b.len() < 2 {
         return None;
     }
