@@ -59,12 +59,24 @@ export class Retrier {
   baseMs: number;
   /** Consecutive failures; reset when a connection proves itself (its preamble or a message). */
   attempt = 0;
+  /**
+   * Whether a 401 was already answered by fetching a fresh token and retrying at once (done
+   * once until a connection proves itself: a token source that keeps failing then waits the
+   * backoff like any failure, or ends the subscription).
+   */
+  authRetried = false;
   #quickClose = false;
   readonly #backoff: Backoff;
 
   constructor(backoff: Backoff) {
     this.#backoff = backoff;
     this.baseMs = backoff.initialMs;
+  }
+
+  /** A connection proved itself (its preamble or a message): failures count from zero again. */
+  proven(): void {
+    this.attempt = 0;
+    this.authRetried = false;
   }
 
   /** The wait after a failure; `retryAfterMs` (the server's `Retry-After`) is a floor. */

@@ -28,12 +28,12 @@
 
 import { Backoff, Retrier } from "./backoff.js";
 import type { Core } from "./core.js";
-import { GaplessError, isAbort } from "./errors.js";
+import { GaplessError } from "./errors.js";
 import { sleep } from "./internal.js";
 import { SseConnection } from "./live.js";
 import type { Frame } from "./live.js";
 import { UpdateStream } from "./stream.js";
-import { asError } from "./subscribe.js";
+import { retryAfterFailure } from "./subscribe.js";
 import type { CursorStore, HistoryPage, Update } from "./types.js";
 
 /**
@@ -114,19 +114,8 @@ export class Join extends UpdateStream<Update> {
       if (store) await store.set(key, c);
     };
     const retrier = new Retrier(new Backoff(core.backoff));
-    let authRetried = false;
-
     /** Waits per the failure `e`, or throws it when it is terminal; false when closed. */
-    const failed = async (e: unknown): Promise<boolean> => {
-      if (signal.aborted || isAbort(e)) return false;
-      const err = asError(e);
-      if (err.status === 401 && core.auth.canRefresh && !authRetried) {
-        authRetried = true;
-        return true;
-      }
-      if (err.terminal || !reconnect) throw err;
-      return sleep(retrier.failed(err.retryAfterMs), signal);
-    };
+    const failed = (e: unknown): Promise<boolean> => retryAfterFailure(e, retrier, core, reconnect, signal);
 
     cycle: while (!signal.aborted) {
       await phase({ phase: "beforeLive" });
@@ -156,8 +145,7 @@ export class Join extends UpdateStream<Update> {
         if (!(await failed(e))) return;
         continue cycle;
       }
-      retrier.attempt = 0;
-      authRetried = false;
+      retrier.proven();
       const openedAt = Date.now();
       try {
         await phase({ phase: "liveOpen" });

@@ -26,7 +26,7 @@ import type { Core } from "./core.js";
 import { GaplessError, isAbort } from "./errors.js";
 import { segment, sleep } from "./internal.js";
 import { UpdateStream } from "./stream.js";
-import { asError } from "./subscribe.js";
+import { retryAfterFailure } from "./subscribe.js";
 import type { SessionInfo, SessionUpdate } from "./types.js";
 import { WsConn, closeError, wsUrl } from "./ws.js";
 
@@ -77,7 +77,6 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
       );
     }
     let reattach = false;
-    let authRetried = false;
     while (!signal.aborted) {
       const from = reattach ? (this.#lastSeq ?? anchor) : this.#lastSeq;
       const takeover = reattach ? true : (this.#opts.takeover ?? false);
@@ -89,14 +88,7 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
         const token = await core.auth.fresh();
         conn = await WsConn.open(core, wsUrl(core, `/v1/sessions/${segment(this.id)}/ws`, query, token), signal);
       } catch (e) {
-        if (signal.aborted || isAbort(e)) return;
-        const err = asError(e);
-        if (err.status === 401 && core.auth.canRefresh && !authRetried) {
-          authRetried = true;
-          continue;
-        }
-        if (err.terminal || !reconnect) throw err;
-        if (!(await sleep(retrier.failed(err.retryAfterMs), signal))) return;
+        if (!(await retryAfterFailure(e, retrier, core, reconnect, signal))) return;
         continue;
       }
       reattach = true;
@@ -113,8 +105,7 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
           const m = item.msg;
           switch (m["op"]) {
             case "event": {
-              retrier.attempt = 0;
-              authRetried = false;
+              retrier.proven();
               const seq = Number(m["seq"]);
               this.#lastSeq = seq;
               yield {
@@ -128,8 +119,7 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
               break;
             }
             case "session.resumed":
-              retrier.attempt = 0;
-              authRetried = false;
+              retrier.proven();
               yield {
                 kind: "resumed",
                 replayedEvents: Number(m["replayed_events"] ?? 0),
@@ -162,8 +152,8 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
         if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }
-      if (end.closeCode === 4401 && core.auth.canRefresh && (end.code === "token_expired" || !authRetried)) {
-        if (end.code !== "token_expired") authRetried = true;
+      if (end.closeCode === 4401 && core.auth.canRefresh && (end.code === "token_expired" || !retrier.authRetried)) {
+        if (end.code !== "token_expired") retrier.authRetried = true;
         else if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }

@@ -144,7 +144,6 @@ export class Subscription extends UpdateStream<Update> {
     const retrier = new Retrier(new Backoff(core.backoff));
     const key = this.#sseKey();
     await this.#loadSseCursor();
-    let authRetried = false;
     while (!signal.aborted) {
       let conn: SseConnection;
       try {
@@ -163,14 +162,7 @@ export class Subscription extends UpdateStream<Update> {
           signal,
         });
       } catch (e) {
-        if (signal.aborted || isAbort(e)) return;
-        const err = asError(e);
-        if (err.status === 401 && core.auth.canRefresh && !authRetried) {
-          authRetried = true;
-          continue;
-        }
-        if (err.terminal || !reconnect) throw err;
-        if (!(await sleep(retrier.failed(err.retryAfterMs), signal))) return;
+        if (!(await retryAfterFailure(e, retrier, core, reconnect, signal))) return;
         continue;
       }
       const openedAt = Date.now();
@@ -192,8 +184,7 @@ export class Subscription extends UpdateStream<Update> {
           }
           if (f.t === "cursor") {
             this.#cursor = f.cursor;
-            retrier.attempt = 0;
-            authRetried = false;
+            retrier.proven();
             await this.#persist(key, f.cursor);
             continue;
           }
@@ -258,7 +249,6 @@ export class Subscription extends UpdateStream<Update> {
     const retrier = new Retrier(new Backoff(core.backoff));
     const key = this.#sseKey();
     await this.#loadSseCursor();
-    let authRetried = false;
     type Item = { f: Frame } | { failed: true } | { error: GaplessError };
     while (!signal.aborted) {
       const token = await core.auth.fresh();
@@ -290,8 +280,7 @@ export class Subscription extends UpdateStream<Update> {
         es.addEventListener(t, onFrame(t));
       }
       es.addEventListener("open", () => {
-        retrier.attempt = 0;
-        authRetried = false;
+        retrier.proven();
       });
       // readyState 2 (CLOSED) after an error: the browser gave up (a non-200 answer or a
       // wrong content type); 0 (CONNECTING): it is reconnecting by itself, with Last-Event-ID.
@@ -345,8 +334,8 @@ export class Subscription extends UpdateStream<Update> {
       const why = await probe(core, url, token, signal);
       if (signal.aborted) return;
       if (why) {
-        if (why.status === 401 && core.auth.canRefresh && !authRetried) {
-          authRetried = true;
+        if (why.status === 401 && core.auth.canRefresh && !retrier.authRetried) {
+          retrier.authRetried = true;
           continue;
         }
         if (why.terminal || !reconnect) throw why;
@@ -372,21 +361,13 @@ export class Subscription extends UpdateStream<Update> {
       this.#wsCursors.set(ch, c);
       if (store) await store.set(prefix + ch, c);
     };
-    let authRetried = false;
     while (!signal.aborted) {
       let conn: WsConn;
       try {
         const token = await core.auth.fresh();
         conn = await WsConn.open(core, wsUrl(core, "/v1/ws", [], token), signal);
       } catch (e) {
-        if (signal.aborted || isAbort(e)) return;
-        const err = asError(e);
-        if (err.status === 401 && core.auth.canRefresh && !authRetried) {
-          authRetried = true;
-          continue;
-        }
-        if (err.terminal || !reconnect) throw err;
-        if (!(await sleep(retrier.failed(err.retryAfterMs), signal))) return;
+        if (!(await retryAfterFailure(e, retrier, core, reconnect, signal))) return;
         continue;
       }
       chans.forEach((ch, i) => {
@@ -433,8 +414,7 @@ export class Subscription extends UpdateStream<Update> {
           const ch = typeof m["channel"] === "string" ? m["channel"] : undefined;
           if (ch === undefined || !chans.includes(ch)) continue;
           if (op === "subscribed") {
-            retrier.attempt = 0;
-            authRetried = false;
+            retrier.proven();
             if (typeof m["cursor"] === "string" && !touched.has(ch)) await setCursor(ch, m["cursor"]);
             continue;
           }
@@ -493,8 +473,8 @@ export class Subscription extends UpdateStream<Update> {
         continue;
       }
       const err = end.error;
-      if (err.closeCode === 4401 && core.auth.canRefresh && (err.code === "token_expired" || !authRetried)) {
-        if (err.code !== "token_expired") authRetried = true;
+      if (err.closeCode === 4401 && core.auth.canRefresh && (err.code === "token_expired" || !retrier.authRetried)) {
+        if (err.code !== "token_expired") retrier.authRetried = true;
         else if (!(await sleep(retrier.closed(openedAt), signal))) return;
         continue;
       }
@@ -508,6 +488,30 @@ export class Subscription extends UpdateStream<Update> {
 export function asError(e: unknown): GaplessError {
   if (e instanceof GaplessError) return e;
   return new GaplessError({ code: "protocol", message: e instanceof Error ? e.message : String(e), cause: e });
+}
+
+/**
+ * What every reconnecting loop does when opening a connection failed with `e`: true to try
+ * again (at once for a 401 that a fresh token may answer, once until a connection proves
+ * itself; otherwise after the backoff wait), false when `signal` ended it. Throws the error
+ * when it is terminal, or when `reconnect` is off.
+ * @internal
+ */
+export async function retryAfterFailure(
+  e: unknown,
+  retrier: Retrier,
+  core: Core,
+  reconnect: boolean,
+  signal: AbortSignal,
+): Promise<boolean> {
+  if (signal.aborted || isAbort(e)) return false;
+  const err = asError(e);
+  if (err.status === 401 && core.auth.canRefresh && !retrier.authRetried) {
+    retrier.authRetried = true;
+    return true;
+  }
+  if (err.terminal || !reconnect) throw err;
+  return sleep(retrier.failed(err.retryAfterMs), signal);
 }
 
 /**
