@@ -14,6 +14,7 @@
 #   SMOKE=1  tiny sizes with the debug binaries: checks counts, not speed
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/listening.sh
 if [ "${SMOKE:-0}" = 1 ]; then
   profile=debug; SUBS=${SUBS:-6}; EVENTS=${EVENTS:-40}; PUB_EVENTS=${PUB_EVENTS:-200}
 else
@@ -61,13 +62,8 @@ start_node() { # extra serve args…
   "$BIN" serve --listen 127.0.0.1:0 --max-connections-per-ip 0 "$@" >"$log" 2>&1 &
   PIDS+=($!)
   NODE_PIDS+=($!)
-  local addr=""
-  for _ in $(seq 200); do
-    addr=$(grep -oE '127\.0\.0\.1:[0-9]+' "$log" | grep -v ':0$' | head -n1 || true)
-    [ -n "$addr" ] && curl -fs -o /dev/null "http://$addr/readyz" && break
-    addr=""; sleep 0.05
-  done
-  [ -n "$addr" ] || { echo "bench-cluster: a node did not start" >&2; cat "$log" >&2; exit 1; }
+  local addr
+  addr=$(listening_addr "$log") || { echo "bench-cluster: a node did not start" >&2; exit 1; }
   ADDRS+=("$addr")
 }
 

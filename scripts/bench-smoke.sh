@@ -8,6 +8,7 @@
 #   GAPLESS_BENCH  gapless-bench binary  (default target/debug/gapless-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/listening.sh
 GAPLESS_BIN=${GAPLESS_BIN:-target/debug/gapless}
 GAPLESS_BENCH=${GAPLESS_BENCH:-target/debug/gapless-bench}
 for b in "$GAPLESS_BIN" "$GAPLESS_BENCH"; do
@@ -70,13 +71,8 @@ kill -TERM "$PID"; wait "$PID" 2>/dev/null || true
 start_node() {
   "$GAPLESS_BIN" serve --listen 127.0.0.1:0 --redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/$1.log" 2>&1 &
   eval "$2=\$!"
-  local a=""
-  for _ in $(seq 100); do
-    a=$(grep -oE '127\.0\.0\.1:[0-9]+' "$WORK/$1.log" | grep -v ':0$' | head -n1 || true)
-    [ -n "$a" ] && curl -fs -o /dev/null "http://$a/readyz" && break
-    a=""; sleep 0.1
-  done
-  [ -n "$a" ] || { echo "bench-smoke: cluster node did not start" >&2; cat "$WORK/$1.log" >&2; exit 1; }
+  local a
+  a=$(listening_addr "$WORK/$1.log") || { echo "bench-smoke: cluster node did not start" >&2; exit 1; }
   eval "$3=$a"
 }
 start_node n1 PID ADDR
