@@ -7,7 +7,8 @@
 #                `cargo build -p gapless` when GAPLESS_BIN is not set)
 #
 # Installs what it needs, idempotently: Debian's chromium (apt) when /usr/bin/chromium is
-# missing, and tests/browser/node_modules (npm ci) when missing or older than the lockfile.
+# missing, nginx (apt) when missing, and tests/browser/node_modules (npm ci) when missing or
+# older than the lockfile.
 # Works non-interactively as root (CI); exits non-zero when anything fails.
 set -euo pipefail
 
@@ -31,6 +32,20 @@ if [ ! -x /usr/bin/chromium ]; then
        >"$apt_log" 2>&1 </dev/null; then
     tail -n 30 "$apt_log" >&2
     log "chromium install failed"
+    exit 1
+  fi
+  rm -f "$apt_log"
+fi
+
+# 1b. nginx (Debian's package) for the proxy test (tests/browser/proxy.test.mjs).
+if ! command -v nginx >/dev/null 2>&1; then
+  log "installing nginx (apt)"
+  apt_log="$(mktemp)"
+  if ! { as_root apt-get update -qq &&
+         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; } \
+       >"$apt_log" 2>&1 </dev/null; then
+    tail -n 30 "$apt_log" >&2
+    log "nginx install failed"
     exit 1
   fi
   rm -f "$apt_log"
@@ -63,6 +78,6 @@ export GAPLESS_BIN
 log "running tests/browser/*.test.mjs against $GAPLESS_BIN"
 cd "$dir"
 status=0
-timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs auth.test.mjs console.test.mjs </dev/null || status=$?
+timeout -k 10 240 node --test eventsource.test.mjs ws.test.mjs auth.test.mjs console.test.mjs proxy.test.mjs </dev/null || status=$?
 log "finished in $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -232,7 +232,8 @@ export async function startPageServer() {
   return { url: `http://127.0.0.1:${srv.address().port}/`, close: () => new Promise((r) => srv.close(r)) };
 }
 
-export async function launchBrowser() {
+/** Headless Chromium in a fresh profile; `ignoreHTTPSErrors` accepts self-signed certificates. */
+export async function launchBrowser({ ignoreHTTPSErrors = false } = {}) {
   if (!fs.existsSync(CHROMIUM)) {
     throw new Error(`${CHROMIUM} not found: install Debian's chromium (scripts/browser-test.sh does)`);
   }
@@ -250,6 +251,7 @@ export async function launchBrowser() {
       '--disable-component-update',
       '--disable-sync',
     ],
+    ignoreHTTPSErrors,
     timeout: 30_000,
   });
   return {
