@@ -60,9 +60,12 @@ export async function startPageServer(page = PAGE) {
   return { url: `http://127.0.0.1:${srv.address().port}/`, close: () => new Promise((r) => srv.close(r)) };
 }
 
-/** Headless Chromium (Debian's) with a fresh profile: `{ context, close }`. */
-export function launchBrowser() {
-  return launchChromium(chromium);
+/**
+ * Headless Chromium (Debian's) with a fresh profile: `{ context, close }`;
+ * `ignoreHTTPSErrors` accepts self-signed certificates.
+ */
+export function launchBrowser({ ignoreHTTPSErrors = false } = {}) {
+  return launchChromium(chromium, { ignoreHTTPSErrors });
 }
 
 /**

@@ -263,10 +263,11 @@ export async function take(iter, n, timeoutMs = 15_000, describe) {
 }
 
 /**
- * Headless Chromium with a fresh profile, through playwright-core's `chromium` (the caller's
- * import). Returns `{ context, close }`; close() also removes the profile.
+ * Headless Chromium with a fresh profile (a temp dir named `prefix…`), through
+ * playwright-core's `chromium` (the caller's import); `ignoreHTTPSErrors` accepts
+ * self-signed certificates. Returns `{ context, close }`; close() also removes the profile.
  */
-export async function launchChromium(chromium, prefix = 'gapless-chromium-') {
+export async function launchChromium(chromium, { prefix = 'gapless-chromium-', ignoreHTTPSErrors = false } = {}) {
   if (!fs.existsSync(CHROMIUM)) {
     throw new Error(`${CHROMIUM} not found: install Debian's chromium (scripts/browser-test.sh does)`);
   }
@@ -284,6 +285,7 @@ export async function launchChromium(chromium, prefix = 'gapless-chromium-') {
       '--disable-component-update',
       '--disable-sync',
     ],
+    ignoreHTTPSErrors,
     timeout: 30_000,
   });
   return {

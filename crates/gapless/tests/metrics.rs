@@ -224,3 +224,86 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
         );
     }
 }
+
+/// The `stream ended` lines of a JSON log, as their field objects.
+fn stream_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "stream ended")
+        .collect()
+}
+
+/// One log line per stream at its end, at the default level: transport,
+/// channels, duration, events and gaps sent, and why it ended; nothing per
+/// event.
+#[tokio::test]
+async fn each_stream_logs_one_line_when_it_ends() {
+    use std::time::Duration;
+    let s = Server::with(support::Opts {
+        memory: true,
+        args: vec!["--log-format".into(), "json".into()],
+        ..support::Opts::default()
+    })
+    .await;
+    s.publish("logged", "before").await;
+    // SSE from the start (1 event replayed), then 3 live; the client closes.
+    let (mut sse, _) = s.subscribe("logged", "since=earliest").await;
+    for i in 0..3 {
+        s.publish("logged", &format!("live {i}")).await;
+    }
+    assert_eq!(sse.events(4).await.len(), 4);
+    // A resume from a cursor of another epoch gets a gap notice first.
+    let epoch = s.epoch("logged").await;
+    let other = format!("{:016x}", u64::from_str_radix(&epoch, 16).expect("hex") ^ 1);
+    let other = support::make_cursor("logged", &other, 1);
+    let (mut gapped, pre) = s.resume("logged", &other).await;
+    assert!(!pre.gaps.is_empty(), "expected a gap notice at the open");
+    drop(sse);
+    // A WebSocket that subscribes from the start and reads all 4, then closes.
+    let mut ws = ws_support::Ws::channels(&s).await;
+    ws.subscribe(
+        serde_json::json!(1),
+        "logged",
+        serde_json::json!({"since": "earliest"}),
+    )
+    .await;
+    ws.read_until_seq("logged", 4, Duration::from_secs(5)).await;
+    ws.close().await;
+    support::eventually("two stream lines", Duration::from_secs(5), || {
+        let n = stream_lines(&s.log()).len();
+        async move { n >= 2 }
+    })
+    .await;
+    let lines = stream_lines(&s.log());
+    let sse_line = lines
+        .iter()
+        .find(|l| l["transport"] == "sse")
+        .unwrap_or_else(|| panic!("no sse line: {lines:?}"));
+    assert_eq!(sse_line["channels"], "logged");
+    assert_eq!(sse_line["events"], 4);
+    assert_eq!(sse_line["gaps"], 0);
+    assert_eq!(sse_line["ended"], "client_closed");
+    assert!(sse_line["duration_ms"].as_u64().is_some());
+    let ws_line = lines
+        .iter()
+        .find(|l| l["transport"] == "ws")
+        .unwrap_or_else(|| panic!("no ws line: {lines:?}"));
+    assert_eq!(ws_line["channels"], "logged");
+    assert_eq!(ws_line["events"], 4);
+    assert_eq!(ws_line["ended"], "client_closed");
+    // The gapped stream ends with the server: shutdown, one gap.
+    gapped.next_within(Duration::from_millis(50)).await;
+    let mut s = s;
+    s.sigterm().await;
+    let lines = stream_lines(&s.log());
+    let last = lines
+        .iter()
+        .find(|l| l["transport"] == "sse" && l["gaps"] == 1)
+        .unwrap_or_else(|| panic!("no line for the gapped stream: {lines:?}"));
+    assert_eq!(last["ended"], "shutdown");
+    assert_eq!(
+        lines.len(),
+        3,
+        "one line per stream, none per event: {lines:?}"
+    );
+}

@@ -21,6 +21,7 @@
 
 use crate::listener::{Conn, Refused};
 use crate::sse::{Feed, Flow};
+use crate::stream_log::Ended;
 use crate::{App, Peer};
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
@@ -121,12 +122,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
                         let bound_ms = shared.app.config.tcp_user_timeout_ms;
-                        let task = shared.tracker.track_future(async move {
-                            match conn.attach() {
-                                Ok(conn) => stream(conn, feed, head, chunked, bound_ms).await,
-                                Err(e) => tracing::debug!(error = %e, "could not move a stream"),
-                            }
-                        });
+                        let task = shared
+                            .tracker
+                            .track_future(stream(conn, feed, head, chunked, bound_ms));
                         tracing::trace!(bytes = std::mem::size_of_val(&task), "a stream's task");
                         drop(shared.fanout.spawn(task));
                     }
@@ -425,28 +423,49 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// a client reading slowly, `tcp_info.rs`) and, on each tick of its
 /// heartbeat timer and while a write waits for a full socket, drops a client
 /// whose TCP owes an answer and has acknowledged nothing for `bound_ms`.
-async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, bound_ms: u64) {
+///
+/// Everything the stream's task holds across an await stays allocated for
+/// the stream's life, for every subscriber (docs/design.md, "Fan-out"): the
+/// waits on the socket are poll functions, with no future of their own.
+async fn stream(
+    conn: crate::listener::Detached,
+    mut feed: Feed,
+    head: Vec<u8>,
+    chunked: bool,
+    bound_ms: u64,
+) {
+    let conn = match conn.attach() {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not move a stream");
+            return;
+        }
+    };
     let tcp = conn.tcp();
     let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
     let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
-    let mut head = Some(Bytes::from(head));
-    // Each write's chunk-size line. Reused: once a write's frames are
-    // dropped, `reserve` reclaims the space in place.
-    let mut lines = BytesMut::new();
+    // Slot 0 of each write: the response head on the first, empty after.
     let mut out: Vec<Bytes> = Vec::with_capacity(8);
-    // Lives as long as the stream, so its waker is registered once.
-    let mut closed = std::pin::pin!(peer_closed(tcp));
+    out.push(Bytes::from(head));
+    // Bytes of the client's read and dropped while watching for its close.
+    let mut discarded = 0usize;
     loop {
-        // Slot 0: the response head (first write only); slot 1: the chunk-size line.
-        out.push(head.take().unwrap_or_default());
+        if out.is_empty() {
+            out.push(Bytes::new());
+        }
+        // Slot 1: the chunk-size line.
         out.push(Bytes::new());
         let flow = tokio::select! {
             biased;
             flow = feed.next(&mut out) => flow,
-            () = closed.as_mut() => return,
+            () = std::future::poll_fn(|cx| poll_peer_closed(tcp, &mut discarded, cx)) => {
+                feed.ended_by(Ended::ClientClosed);
+                return;
+            }
         };
         if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
             tracing::debug!("an SSE client stopped acknowledging: dropped");
+            feed.ended_by(Ended::ClientVanished);
             abort(tcp);
             return;
         }
@@ -457,9 +476,7 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, bound_
             continue;
         }
         if chunked && body > 0 {
-            lines.reserve(CHUNK_LINE_MAX);
-            put_chunk_line(&mut lines, body);
-            out[1] = lines.split().freeze();
+            out[1] = chunk_line(body);
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {
@@ -478,7 +495,10 @@ async fn stream(conn: Conn, mut feed: Feed, head: Vec<u8>, chunked: bool, bound_
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");
                 if e.kind() == io::ErrorKind::TimedOut {
+                    feed.ended_by(Ended::ClientVanished);
                     abort(tcp);
+                } else if feed.ending().is_none() {
+                    feed.ended_by(Ended::WriteFailed);
                 }
                 return;
             }
@@ -518,47 +538,58 @@ pub(crate) enum Waited {
 /// Longest chunk-size line: 16 hex digits and CRLF.
 const CHUNK_LINE_MAX: usize = 18;
 
-/// Appends `n` in hex and CRLF: a chunk-size line (RFC 9112 §7.1).
-fn put_chunk_line(out: &mut BytesMut, n: usize) {
+/// `n` in hex and CRLF: a chunk-size line (RFC 9112 §7.1). One small
+/// allocation per write (not per event); no buffer is kept per stream.
+fn chunk_line(n: usize) -> Bytes {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut digits = [0u8; 16];
-    let mut i = digits.len();
+    let mut line = [0u8; CHUNK_LINE_MAX];
+    let mut i = CHUNK_LINE_MAX - 2;
+    line[i..].copy_from_slice(b"\r\n");
     let mut n = n;
     loop {
         i -= 1;
-        digits[i] = HEX[n & 0xf];
+        line[i] = HEX[n & 0xf];
         n >>= 4;
         if n == 0 {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
-    out.extend_from_slice(b"\r\n");
+    Bytes::copy_from_slice(&line[i..])
 }
 
-/// Resolves once the client has closed its side (or reset). Bytes it sends
-/// are read and dropped, up to [`DISCARD_MAX`]: nothing is expected after the
-/// request. Past that the socket is no longer read (the sender's window
-/// fills and it must wait), so a client cannot keep a fan-out thread busy
-/// reading its junk; its close is then noticed by the next write.
-async fn peer_closed(tcp: &TcpStream) {
-    // Small: it lives in every stream's task for the stream's life.
-    let mut scratch = [0u8; 64];
-    let mut discarded = 0usize;
-    while discarded < DISCARD_MAX {
-        // Each pass spends task budget, so a sender cannot hold the thread.
-        tokio::task::consume_budget().await;
-        if tcp.readable().await.is_err() {
-            return;
+/// Ready once the client has closed its side (or reset). Bytes it sends
+/// are read and dropped, up to [`DISCARD_MAX`] (counted in `discarded`):
+/// nothing is expected after the request. Past that the socket is no longer
+/// read (the sender's window fills and it must wait), so a client cannot keep
+/// a fan-out thread busy reading its junk; its close is then noticed by the
+/// next write. A poll function: the stream's task holds no future for it,
+/// and its read buffer lives on the stack only during the call.
+fn poll_peer_closed(
+    tcp: &TcpStream,
+    discarded: &mut usize,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<()> {
+    use std::task::Poll;
+    let mut scratch = [0u8; 4096];
+    // At most a few reads per poll, so a sender cannot hold the thread.
+    for _ in 0..4 {
+        if *discarded >= DISCARD_MAX {
+            return Poll::Pending;
+        }
+        match tcp.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Ready(Ok(())) => {}
         }
         match tcp.try_read(&mut scratch) {
-            Ok(0) => return,
-            Ok(n) => discarded += n,
+            Ok(0) => return Poll::Ready(()),
+            Ok(n) => *discarded += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
+            Err(_) => return Poll::Ready(()),
         }
     }
-    std::future::pending().await
+    cx.waker().wake_by_ref();
+    Poll::Pending
 }
 
 /// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
@@ -594,13 +625,16 @@ async fn write_frames(
                 // The stream's own end future (shutdown, token expiry) and
                 // timer are polled in place: no future of their own is held
                 // here (this wait is part of every stream's task).
-                let waited = tokio::select! {
-                    r = tcp.writable() => { r?; Waited::Writable }
-                    w = std::future::poll_fn(|cx| match feed.as_deref_mut() {
-                        Some(f) => f.poll_blocked(cx, bound.is_some()),
+                let waited = std::future::poll_fn(|cx| {
+                    if let std::task::Poll::Ready(r) = tcp.poll_write_ready(cx) {
+                        return std::task::Poll::Ready(r.map(|()| Waited::Writable));
+                    }
+                    match feed.as_deref_mut() {
+                        Some(f) => f.poll_blocked(cx, bound.is_some()).map(Ok),
                         None => std::task::Poll::Pending,
-                    }) => w,
-                };
+                    }
+                })
+                .await?;
                 match waited {
                     Waited::Writable => {}
                     Waited::Ended => {
@@ -756,8 +790,7 @@ mod tests {
             (0x1234_abcd, "1234abcd\r\n"),
             (usize::MAX, "ffffffffffffffff\r\n"),
         ] {
-            let mut out = BytesMut::new();
-            put_chunk_line(&mut out, n);
+            let out = chunk_line(n);
             assert_eq!(out, want.as_bytes(), "{n}");
             assert!(out.len() <= CHUNK_LINE_MAX);
         }

@@ -20,6 +20,7 @@ pub mod publish;
 pub mod query;
 pub mod sessions;
 pub mod sse;
+pub mod stream_log;
 pub mod tcp_info;
 pub mod ws;
 

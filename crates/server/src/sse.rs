@@ -18,6 +18,7 @@ use crate::auth::{Access, Action, Grant};
 use crate::conn::DirectSse;
 use crate::error::ApiError;
 use crate::query::{self, Query};
+use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -162,7 +163,7 @@ async fn open(
     let expires = grant
         .remaining()
         .map(|left| std::time::Instant::now() + left);
-    let feed = Feed::new(app, sub, format, Bytes::from(head), expires);
+    let feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed.into_body().into_response(),
@@ -277,6 +278,8 @@ pub struct Feed {
     end: Pin<Box<dyn Future<Output = End> + Send>>,
     /// `end` has completed (it is not polled again).
     ended: bool,
+    /// What the stream sent and why it ended, for its log line.
+    tally: Tally,
 }
 
 /// Why a stream ends on its own.
@@ -286,6 +289,13 @@ enum End {
     Expired,
 }
 
+impl Drop for Feed {
+    /// The stream's log line (`stream_log.rs`).
+    fn drop(&mut self) {
+        self.tally.log("sse", &ChannelList(&self.sub));
+    }
+}
+
 impl Feed {
     fn new(
         app: Arc<App>,
@@ -293,6 +303,7 @@ impl Feed {
         format: Format,
         head: Bytes,
         expires: Option<std::time::Instant>,
+        gaps: usize,
     ) -> Self {
         let shutdown = app.shutdown.child_token().cancelled_owned();
         let end: Pin<Box<dyn Future<Output = End> + Send>> = match expires {
@@ -310,6 +321,7 @@ impl Feed {
         Feed {
             end,
             ended: false,
+            tally: Tally::new(gaps),
             app,
             sub,
             format,
@@ -337,6 +349,9 @@ impl Feed {
                 self.ended = true;
                 if end == End::Expired {
                     out.push(Bytes::from_static(EXPIRED_FRAME));
+                    self.ended_by(Ended::TokenExpired);
+                } else {
+                    self.ended_by(Ended::Shutdown);
                 }
                 return Flow::End;
             }
@@ -349,8 +364,12 @@ impl Feed {
             }
         };
         match item {
-            Err(e) => Flow::Fail(e.to_string()),
+            Err(e) => {
+                self.ended_by(Ended::JournalFailed);
+                Flow::Fail(e.to_string())
+            }
             Ok(Item::Events { index, events }) => {
+                self.tally.events(events.len());
                 crate::metrics::delivered(
                     crate::metrics::Transport::Sse,
                     events.len(),
@@ -368,15 +387,27 @@ impl Feed {
                 Flow::More
             }
             Ok(Item::Gap(g)) => {
+                self.tally.gaps(1);
                 out.push(g.sse_frame());
                 out.push(sse::id_frame(&self.sub.cursor().encode()));
                 Flow::More
             }
             Ok(Item::Ephemeral(e)) => {
+                self.tally.events(1);
                 out.push(e.sse_frame(self.format).clone());
                 Flow::More
             }
         }
+    }
+
+    /// Records why the stream ends (the first reason given wins).
+    pub fn ended_by(&mut self, why: Ended) {
+        self.tally.ended_by(why);
+    }
+
+    /// Why the stream ends, if known yet.
+    pub fn ending(&self) -> Option<Ended> {
+        self.tally.ending()
     }
 
     /// The period of the stream's one timer: the heartbeat, or with
@@ -418,8 +449,15 @@ impl Feed {
     ) -> std::task::Poll<crate::conn::Waited> {
         use std::task::Poll;
         // The end future must not be polled again once it has completed.
-        if self.ended || self.end.as_mut().poll(cx).is_ready() {
+        if self.ended {
+            return Poll::Ready(crate::conn::Waited::Ended);
+        }
+        if let Poll::Ready(end) = self.end.as_mut().poll(cx) {
             self.ended = true;
+            self.ended_by(match end {
+                End::Shutdown => Ended::Shutdown,
+                End::Expired => Ended::TokenExpired,
+            });
             return Poll::Ready(crate::conn::Waited::Ended);
         }
         if ticks && self.poll_tick(cx).is_ready() {

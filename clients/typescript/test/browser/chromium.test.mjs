@@ -19,7 +19,7 @@ const servers = [];
 
 before(async () => {
   example = await startExampleServer();
-  browser = await launchChromium(chromium, 'gapless-ts-chromium-');
+  browser = await launchChromium(chromium, { prefix: 'gapless-ts-chromium-' });
   context = browser.context;
 });
 

@@ -10,6 +10,7 @@ use super::messages::{self, ClientMessage};
 use super::{close, configure, json, text, Beat, Heartbeat};
 use crate::auth::{Access, Action, Grant};
 use crate::error::ApiError;
+use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
@@ -68,6 +69,15 @@ struct Conn {
     sub: Subscription,
     pending: Vec<Pending>,
     errors_in_row: u32,
+    /// What the socket sent and why it ended, for its log line.
+    tally: Tally,
+}
+
+impl Drop for Conn {
+    /// The socket's log line (`stream_log.rs`).
+    fn drop(&mut self) {
+        self.tally.log("ws", &ChannelList(&self.sub));
+    }
 }
 
 enum Flow {
@@ -95,6 +105,7 @@ async fn run(
         app,
         pending: Vec::new(),
         errors_in_row: 0,
+        tally: Tally::new(0),
     };
     loop {
         let flow = tokio::select! {
@@ -115,7 +126,7 @@ async fn run(
                     hb.alive();
                     match conn.on_message(msg, &mut socket).await {
                         Ok(flow) => flow,
-                        Err(()) => return,
+                        Err(()) => return conn.tally.ended_by(Ended::WriteFailed),
                     }
                 }
             },
@@ -129,12 +140,12 @@ async fn run(
                     tokio::pin!(deliver);
                     loop {
                         tokio::select! {
-                            r = &mut deliver => break r,
+                            r = &mut deliver => break r.map_err(|()| Ended::WriteFailed),
                             beat = hb.tick() => match beat {
                                 Beat::Ping => ping_owed = true,
                                 Beat::Dead if hb.gone() => {
                                     tracing::debug!("a WebSocket client stopped acknowledging: dropped");
-                                    return;
+                                    break Err(Ended::ClientVanished);
                                 }
                                 // Silent without a TCP verdict: judged again once the write is done.
                                 Beat::Dead => {}
@@ -146,11 +157,11 @@ async fn run(
                         Ok(()) if std::mem::take(&mut ping_owed) => {
                             match socket.send(Message::Ping(Default::default())).await {
                                 Ok(()) => Flow::Continue,
-                                Err(_) => return,
+                                Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                             }
                         }
                         Ok(()) => Flow::Continue,
-                        Err(()) => return,
+                        Err(why) => return conn.tally.ended_by(why),
                     }
                 }
                 Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
@@ -158,12 +169,19 @@ async fn run(
             beat = hb.tick() => match beat {
                 Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
                     Ok(()) => Flow::Continue,
-                    Err(_) => return,
+                    Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                 },
                 Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },
         };
         if let Flow::Close(c, reason) = flow {
+            conn.tally.ended_by(match c {
+                code::GOING_AWAY if shutdown.is_cancelled() => Ended::Shutdown,
+                code::GOING_AWAY => Ended::JournalFailed,
+                code::UNAUTHORIZED => Ended::TokenExpired,
+                code::HEARTBEAT_TIMEOUT => Ended::HeartbeatTimeout,
+                _ => Ended::ProtocolError,
+            });
             close(&mut socket, c, &reason).await;
             return;
         }
@@ -355,6 +373,7 @@ impl Conn {
         };
         self.pending.retain(|p| p.channel != channel);
         if let Some(g) = &followed.gap {
+            self.tally.gaps(1);
             socket.send(json(&messages::gap(g))).await.map_err(|_| ())?;
         }
         let pending = Pending {
@@ -466,6 +485,7 @@ impl Conn {
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
         match item {
             Item::Events { index, events } => {
+                self.tally.events(events.len());
                 crate::metrics::delivered(
                     crate::metrics::Transport::Ws,
                     events.len(),
@@ -508,6 +528,7 @@ impl Conn {
                 socket.flush().await.map_err(|_| ())
             }
             Item::Gap(g) => {
+                self.tally.gaps(1);
                 // Retention passed a replay mid-way: the reply follows the notice.
                 let pending = self
                     .pending
@@ -529,10 +550,13 @@ impl Conn {
                 }
                 socket.flush().await.map_err(|_| ())
             }
-            Item::Ephemeral(e) => socket
-                .send(json(&messages::ephemeral(&e)))
-                .await
-                .map_err(|_| ()),
+            Item::Ephemeral(e) => {
+                self.tally.events(1);
+                socket
+                    .send(json(&messages::ephemeral(&e)))
+                    .await
+                    .map_err(|_| ())
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use super::{close, configure, json, Beat, Heartbeat};
 use crate::auth::{Access, Action, Grant};
 use crate::error::ApiError;
 use crate::query::Query;
+use crate::stream_log::{Ended, Tally};
 use crate::App;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
@@ -101,10 +102,22 @@ async fn run(
             return;
         }
     };
-    let (c, reason) = consume(&app, &mut socket, att, &grant).await;
+    let mut tally = Tally::new(0);
+    let (c, reason) = consume(&app, &mut socket, att, &grant, &mut tally).await;
+    tally.ended_by(match c {
+        0 => Ended::ClientClosed,
+        code::NORMAL | code::SESSION_ATTACHED => Ended::SessionOver,
+        code::SESSION_NOT_RETAINED => Ended::NotRetained,
+        code::GOING_AWAY if app.shutdown.is_cancelled() => Ended::Shutdown,
+        code::GOING_AWAY => Ended::JournalFailed,
+        code::UNAUTHORIZED => Ended::TokenExpired,
+        code::HEARTBEAT_TIMEOUT => Ended::HeartbeatTimeout,
+        _ => Ended::ProtocolError,
+    });
     if c != 0 {
         close(&mut socket, c, &reason).await;
     }
+    tally.log("ws", &format_args!("session/{id}"));
 }
 
 /// Delivers the session until it ends or the socket does; returns the close
@@ -114,6 +127,7 @@ async fn consume(
     socket: &mut WebSocket,
     mut att: Attachment,
     grant: &Grant,
+    tally: &mut Tally,
 ) -> (u16, String) {
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
     let mut expiry = super::Expiry::new(grant);
@@ -174,6 +188,7 @@ async fn consume(
             },
             item = att.sub.next() => match item {
                 Ok(Item::Events { index, events }) => {
+                    tally.events(events.len());
                     crate::metrics::delivered(
                         crate::metrics::Transport::Ws,
                         events.len(),
@@ -221,6 +236,7 @@ async fn consume(
                 }
                 Ok(Item::Gap(g)) => {
                     // Retention passed the consumer: a session never replays in part.
+                    tally.gaps(1);
                     let msg = json!({"op": "error", "code": ErrorCode::SessionNotRetained.as_str(),
                         "message": format!("events after seq {} are no longer retained; start over", g.after.map_or(0, |a| a.1))});
                     let _ = send(socket, &msg).await;
