@@ -219,6 +219,13 @@ fn to8(s: &[u8]) -> [u8; 8] {
 mod tests {
     use super::*;
 
+    /// `body` with its check appended, as a cursor string.
+    fn checked(body: &[u8]) -> String {
+        let mut buf = body.to_vec();
+        buf.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        URL_SAFE_NO_PAD.encode(buf)
+    }
+
     #[test]
     fn round_trip_single_and_multi() {
         let c = Cursor::single("orders", Epoch(0xdead_beef), 42);
@@ -263,11 +270,6 @@ mod tests {
     /// `0xff 0x00` (an overlong LEB128) decoded, and re-encoded to another string.
     #[test]
     fn overlong_seq_is_malformed_so_every_cursor_has_one_form() {
-        let checked = |body: &[u8]| {
-            let mut buf = body.to_vec();
-            buf.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-            URL_SAFE_NO_PAD.encode(buf)
-        };
         let mut body = vec![VERSION, 1];
         body.extend_from_slice(&[7; 16]);
         let mut shortest = body.clone();
@@ -292,11 +294,6 @@ mod tests {
     /// and `get` silently took the first position.
     #[test]
     fn the_same_channel_twice_is_malformed() {
-        let checked = |body: &[u8]| {
-            let mut buf = body.to_vec();
-            buf.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-            URL_SAFE_NO_PAD.encode(buf)
-        };
         let position = |channel: &str, seq: u8| {
             let mut p = ChannelKey::of(channel).0.to_le_bytes().to_vec();
             p.extend_from_slice(&7u64.to_le_bytes());
