@@ -105,8 +105,15 @@ fn request_line(line: &[u8], whole: bool) -> Option<String> {
         }
     };
     if !served(b"HTTP/1.1") && !served(b"HTTP/1.0") {
+        let how = if version.eq_ignore_ascii_case(b"HTTP/1.1")
+            || version.eq_ignore_ascii_case(b"HTTP/1.0")
+        {
+            "the version is case-sensitive: HTTP/1.1"
+        } else {
+            "this server speaks HTTP/1.1 and HTTP/1.0 (HTTP/2 through a proxy in front of it)"
+        };
         return Some(format!(
-            "the HTTP version {} is not served: send HTTP/1.1 (or HTTP/1.0), in capitals",
+            "the HTTP version {} is not served: {how}",
             quote(version)
         ));
     }
@@ -250,7 +257,14 @@ mod tests {
             (b" / HTTP/1.1\r\n\r\n", "starts with a space"),
             (b"GET /he\x7flthz HTTP/1.1\r\n\r\n", "request target"),
             (b"GET / HTTP/9.9\r\n\r\n", "HTTP version \"HTTP/9.9\""),
-            (b"GET / http/1.1\r\n\r\n", "HTTP version \"http/1.1\""),
+            (
+                b"GET / http/1.1\r\n\r\n",
+                "HTTP version \"http/1.1\" is not served: the version is case-sensitive",
+            ),
+            (
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+                "\"HTTP/2.0\" is not served: this server speaks HTTP/1.1",
+            ),
             (b"GET / HTTP/1.\r\n\r\n", "HTTP version \"HTTP/1.\""),
             (b"GET /\r\n\r\n", "no HTTP version"),
             (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", "header line 1"),
