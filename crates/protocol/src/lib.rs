@@ -3,13 +3,15 @@
 //! Everything a server and a client must agree on byte for byte lives here:
 //! [`event`] (the event and its JSON shapes), [`cursor`] (the opaque,
 //! self-checking position string), [`name`] (channel and type name rules),
-//! [`sse`] (the Server-Sent Events encoder) and [`codes`] (every error code
-//! and gap reason that appears on the wire).
+//! [`sse`] (the Server-Sent Events encoder), [`codes`] (every error code
+//! and gap reason that appears on the wire) and [`schema`] (their JSON Schemas,
+//! for the server's OpenAPI document).
 
 pub mod codes;
 pub mod cursor;
 pub mod event;
 pub mod name;
+pub mod schema;
 pub mod sse;
 
 pub use cursor::{ChannelKey, Cursor, CursorError, Position};
