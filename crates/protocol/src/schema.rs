@@ -8,7 +8,8 @@
 //! - [`ErrorCode`]: the `error` field, one of [`ErrorCode::ALL`].
 //! - [`GapReason`]: one of [`GapReason::ALL`].
 //! - [`ChannelName`] and [`EventType`]: the name rules of [`crate::name`] as
-//!   patterns. They are schema-only types: names travel as `String`s.
+//!   patterns; [`Seq`]: a seq parameter. They are schema-only types: names
+//!   travel as `String`s, seqs as `u64`s.
 //!
 //! No HTTP here: these are schemas of values, whatever carries them.
 
@@ -110,6 +111,29 @@ impl PartialSchema for GapReason {
 impl ToSchema for GapReason {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("GapReason")
+    }
+}
+
+/// The schema of a seq given as a parameter: any `u64` (`int64`, the
+/// format the derives give `u64`, would claim a signed range).
+pub struct Seq;
+
+impl PartialSchema for Seq {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .description(Some(
+                "A seq: a position in a channel, dense from 1 (0 is before the first event).",
+            ))
+            .minimum(Some(0))
+            .maximum(Some(u64::MAX))
+            .into()
+    }
+}
+
+impl ToSchema for Seq {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Seq")
     }
 }
 

@@ -7,11 +7,13 @@ use gapless_core::JournalError;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::{Map, Value};
 
-/// The JSON body of every error answer, as the OpenAPI document describes
-/// it: `error` and `message` always, and the extra fields that some errors
-/// add (the only ones [`ApiError::with`] is given anywhere; the document
-/// refuses any other, so a new one fails the schemathesis step until it is
-/// listed here). Built by [`ApiError::into_response`] from an [`ApiError`].
+/// The JSON body of every error answer: `error` and `message` always, and
+/// the extra fields that some errors add.
+//
+// (Not in the document:) built by `ApiError::into_response` from an
+// `ApiError`; the extra fields are the only ones `ApiError::with` is given
+// anywhere. The schema allows no others, so a new one fails the
+// schemathesis step of `scripts/test.sh` until it is listed here.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {

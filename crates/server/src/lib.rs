@@ -156,7 +156,7 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     })
 }
 
-/// `ok`, the only value of [`Health::status`].
+/// `ok`, the only value of a liveness answer's `status`.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 enum Alive {
@@ -170,7 +170,7 @@ struct Health {
     status: Alive,
 }
 
-/// `ready`, the only value of [`Ready::status`].
+/// `ready`, the only value of a readiness answer's `status`.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 enum Readiness {

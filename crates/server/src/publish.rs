@@ -77,8 +77,10 @@ pub struct BatchPublished {
     pub events: Vec<BatchItem>,
 }
 
-/// The `ephemeral` query flag: `true` or `false`; `1`, `0` and an empty
-/// value (`?ephemeral`, meaning true) are accepted too ([`Query::flag`]).
+/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
+/// name, meaning true) are accepted too.
+//
+// (Not in the document:) what `Query::flag` accepts.
 #[derive(ToSchema)]
 #[schema(as = Flag)]
 #[allow(dead_code)]
@@ -106,7 +108,7 @@ pub(crate) enum Flag {
         ("channel" = ChannelName, Path, description = "The channel to append to."),
         ("type" = Option<EventType>, Query, description = "The event's type (the SSE `event:` field); none by default."),
         ("ephemeral" = Option<Flag>, Query, description = "Deliver live only: no seq, never journaled, never replayed, sent without `id:`."),
-        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
             description = "1 to 256 visible ASCII characters. A retry with the same key on the same channel, while the first publish's events are retained, appends nothing and answers 200 with the original seq and cursor. Not allowed with `ephemeral`."),
     ),
     request_body(
@@ -245,7 +247,7 @@ pub struct BatchEvent {
     tag = "publish",
     params(
         ("channel" = ChannelName, Path, description = "The channel to append to."),
-        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
             description = "As for a single publish; it applies to the whole batch."),
     ),
     request_body(

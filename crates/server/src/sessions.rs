@@ -142,7 +142,7 @@ pub struct CreateBody {
     request_body(
         content = Option<CreateBody>,
         content_type = "application/json",
-        description = "Empty (the server draws an id), or `{\"id\": ID}`; at most 4096 bytes.",
+        description = "Empty or `null` (the server draws an id), or `{\"id\": ID}`; at most 4096 bytes.",
     ),
     responses(
         (status = 201, description = "Created: an open session with its opening marker (head 1).", body = SessionInfo),
@@ -175,13 +175,14 @@ pub async fn create(
     let id = if bytes.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let b: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
+        // JSON `null` is no body, as `{"id": null}` is no id.
+        let b: Option<CreateBody> = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!("body must be empty or {{\"id\": string}}: {e}"),
             )
         })?;
-        b.id
+        b.and_then(|b| b.id)
     };
     match &id {
         Some(id) => grant.require_session(Action::Publish, id)?,
@@ -241,7 +242,7 @@ pub async fn info(
     params(
         ("id" = SessionId, Path, description = "The session."),
         ("type" = Option<gapless_protocol::schema::EventType>, Query, description = "The event's type; none by default."),
-        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
             description = "As for a channel publish."),
     ),
     request_body(
@@ -375,7 +376,7 @@ pub async fn cancel(
     params(
         ("id" = SessionId, Path, description = "The session."),
         ("after" = Option<gapless_protocol::Cursor>, Query, description = "Read the events after this cursor (not with `after_seq`)."),
-        ("after_seq" = Option<u64>, Query, description = "Read the events after this seq (a consumer's `last_seq`; not with `after`)."),
+        ("after_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Read the events after this seq (a consumer's `last_seq`; not with `after`)."),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
     ),
     responses(
