@@ -233,14 +233,19 @@ mod tests {
             .as_array()
             .is_some_and(|v| v.iter().any(|c| c == "journal_full")));
         let json = serde_json::to_value(GapReason::schema()).expect("schema");
-        assert_eq!(json["enum"], serde_json::json!(["evicted", "epoch", "ahead", "unknown"]));
+        assert_eq!(
+            json["enum"],
+            serde_json::json!(["evicted", "epoch", "ahead", "unknown"])
+        );
     }
 
     #[test]
     fn epoch_and_cursor_examples_match_their_patterns() {
         let e = Epoch(0x9f0c).to_string();
         assert_eq!(e.len(), 16);
-        assert!(e.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(e
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         let c = Cursor::single("orders", Epoch(7), 42).encode();
         assert!(c
             .bytes()

@@ -70,11 +70,7 @@ impl ErrorBody {
             number("retry_after_ms"),
             number("floor"),
         );
-        let mut text = |k: &str| {
-            extra
-                .remove(k)
-                .and_then(|v| v.as_str().map(str::to_owned))
-        };
+        let mut text = |k: &str| extra.remove(k).and_then(|v| v.as_str().map(str::to_owned));
         let (reason, floor_cursor, status) = (text("reason"), text("floor_cursor"), text("status"));
         ErrorBody {
             error: code.as_str(),
@@ -221,8 +217,8 @@ pub async fn json_errors(resp: Response) -> Response {
     } else {
         text
     };
-    let body = serde_json::to_string(&ErrorBody::new(code, message, Map::new()))
-        .unwrap_or_default();
+    let body =
+        serde_json::to_string(&ErrorBody::new(code, message, Map::new())).unwrap_or_default();
     parts.headers.insert(
         CONTENT_TYPE,
         axum::http::HeaderValue::from_static("application/json"),

@@ -3,9 +3,9 @@
 
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
+use crate::error::ErrorBody;
 use crate::query::{self, Query};
 use crate::App;
-use crate::error::ErrorBody;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;
 use gapless_core::ChannelState;

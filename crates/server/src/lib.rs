@@ -35,12 +35,12 @@ use gapless_core::session::Sessions;
 use gapless_protocol::codes::ErrorCode;
 use serde::Serialize;
 use std::sync::Arc;
-use utoipa::{OpenApi, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What every handler shares.
 pub struct App {

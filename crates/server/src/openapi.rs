@@ -171,12 +171,7 @@ fn fit(doc: &mut Value, app: &App) {
             let id = op["operationId"].as_str().unwrap_or_default().to_owned();
             let open = OPEN.contains(&id.as_str());
             if tokens && !open {
-                op["security"] = Value::Array(
-                    SCHEMES
-                        .iter()
-                        .map(|s| json!({ *s: [] }))
-                        .collect(),
-                );
+                op["security"] = Value::Array(SCHEMES.iter().map(|s| json!({ *s: [] })).collect());
             }
             let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
                 continue;

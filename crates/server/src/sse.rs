@@ -123,7 +123,11 @@ impl utoipa::PartialSchema for SseEvent {
         use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, OneOfBuilder, Type};
         use utoipa::openapi::Ref;
         let json = "application/json";
-        let named = |name: &str| ObjectBuilder::new().schema_type(Type::String).enum_values(Some([name.to_owned()]));
+        let named = |name: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([name.to_owned()]))
+        };
         OneOfBuilder::new()
             .description(Some(
                 "One event of the stream, as an EventSource delivers it. Frames without data \
@@ -147,9 +151,7 @@ impl utoipa::PartialSchema for SseEvent {
                 named("gap").into(),
                 ObjectBuilder::new()
                     .content_media_type(json)
-                    .content_schema(Some(Ref::from_schema_name(
-                        <GapNotice as ToSchema>::name(),
-                    ))),
+                    .content_schema(Some(Ref::from_schema_name(<GapNotice as ToSchema>::name()))),
             ))
             .item(Self::variant(
                 "token expired",
