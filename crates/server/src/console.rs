@@ -16,6 +16,7 @@ pub const PAGE: &str = include_str!("console.html");
     get,
     path = "/",
     operation_id = "console",
+    summary = "The console page",
     tag = "operations",
     description = "The console page, embedded in the binary (`--console`; on by default when listening on a loopback address; without it this path is 404). It follows channels live, publishes a test event, reads history, and shows gaps and reconnects.",
     responses(

@@ -62,6 +62,7 @@ fn events_json<S: serde::Serializer>(events: &[Arc<Event>], s: S) -> Result<S::O
     get,
     path = "/v1/channels/{channel}/events",
     operation_id = "history",
+    summary = "One page of a channel's history",
     tag = "read",
     params(
         ("channel" = ChannelName, Path, description = "The channel to read."),
@@ -262,6 +263,7 @@ pub struct ChannelInfo {
     get,
     path = "/v1/channels/{channel}",
     operation_id = "channel_info",
+    summary = "A channel's bounds and subscribers",
     tag = "read",
     params(("channel" = ChannelName, Path, description = "The channel.")),
     responses(

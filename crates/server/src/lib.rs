@@ -189,6 +189,7 @@ struct Ready {
     get,
     path = "/healthz",
     operation_id = "healthz",
+    summary = "Liveness",
     tag = "operations",
     responses((status = 200, description = "The process serves (liveness; the journal is not looked at). Served even on a connection over the connection limit.", body = Health)),
 )]
@@ -202,6 +203,7 @@ async fn healthz() -> Json<Health> {
     get,
     path = "/readyz",
     operation_id = "readyz",
+    summary = "Readiness: whether the journal accepts appends",
     tag = "operations",
     responses(
         (status = 200, description = "The journal accepts appends: point a load balancer's readiness check here.", body = Ready),

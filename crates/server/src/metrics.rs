@@ -96,6 +96,7 @@ pub fn install() -> Option<PrometheusHandle> {
     get,
     path = "/metrics",
     operation_id = "metrics",
+    summary = "Prometheus metrics",
     tag = "operations",
     responses(
         (status = 200, description = "Every metric in the Prometheus text format (version 0.0.4); names and labels in docs/deploy.md. Served even on a connection over the connection limit.",

@@ -224,6 +224,7 @@ fn fit(doc: &mut Value, app: &App) {
     get,
     path = "/v1/openapi.json",
     operation_id = "openapi",
+    summary = "This OpenAPI document",
     tag = "operations",
     responses(
         (status = 200, description = "This document: OpenAPI 3.1, fitted to this server (its token setting and limits).",

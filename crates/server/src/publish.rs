@@ -103,6 +103,7 @@ pub(crate) enum Flag {
     post,
     path = "/v1/channels/{channel}/events",
     operation_id = "publish",
+    summary = "Publish one event",
     tag = "publish",
     params(
         ("channel" = ChannelName, Path, description = "The channel to append to."),
@@ -244,6 +245,7 @@ pub struct BatchEvent {
     post,
     path = "/v1/channels/{channel}/batch",
     operation_id = "publish_batch",
+    summary = "Publish several events, atomically and in order",
     tag = "publish",
     params(
         ("channel" = ChannelName, Path, description = "The channel to append to."),

@@ -138,6 +138,7 @@ pub struct CreateBody {
     post,
     path = "/v1/sessions",
     operation_id = "session_create",
+    summary = "Create a session",
     tag = "sessions",
     request_body(
         content = Option<CreateBody>,
@@ -208,6 +209,7 @@ pub async fn create(
     get,
     path = "/v1/sessions/{id}",
     operation_id = "session_info",
+    summary = "A session's state",
     tag = "sessions",
     params(("id" = SessionId, Path, description = "The session.")),
     responses(
@@ -238,6 +240,7 @@ pub async fn info(
     post,
     path = "/v1/sessions/{id}/events",
     operation_id = "session_append",
+    summary = "Append an event to a session",
     tag = "sessions",
     params(
         ("id" = SessionId, Path, description = "The session."),
@@ -312,6 +315,7 @@ pub async fn append(
     post,
     path = "/v1/sessions/{id}/complete",
     operation_id = "session_complete",
+    summary = "Complete a session",
     tag = "sessions",
     params(("id" = SessionId, Path, description = "The session.")),
     responses(
@@ -341,6 +345,7 @@ pub async fn complete(
     post,
     path = "/v1/sessions/{id}/cancel",
     operation_id = "session_cancel",
+    summary = "Cancel a session",
     tag = "sessions",
     params(("id" = SessionId, Path, description = "The session.")),
     responses(
@@ -372,6 +377,7 @@ pub async fn cancel(
     get,
     path = "/v1/sessions/{id}/events",
     operation_id = "session_history",
+    summary = "One page of a session's history",
     tag = "sessions",
     params(
         ("id" = SessionId, Path, description = "The session."),

@@ -58,8 +58,9 @@ pub(crate) enum SseFormat {
 }
 
 /// The data of the last frame of a stream whose token expired
-/// ([`EXPIRED_FRAME`]).
+/// (`event: gapless.expired`).
 #[derive(serde::Serialize, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExpiredNotice {
     /// Always `token_expired`.
     pub error: ExpiredCode,
@@ -177,6 +178,7 @@ impl ToSchema for SseEvent {
     get,
     path = "/v1/channels/{channel}/sse",
     operation_id = "channel_sse",
+    summary = "Follow one channel over Server-Sent Events",
     tag = "subscribe",
     params(
         ("channel" = gapless_protocol::schema::ChannelName, Path, description = "The channel to follow."),
@@ -221,6 +223,7 @@ pub async fn channel_sse(
     get,
     path = "/v1/sse",
     operation_id = "multi_sse",
+    summary = "Follow several channels over one Server-Sent Events stream",
     tag = "subscribe",
     params(
         ("channel" = Vec<gapless_protocol::schema::ChannelName>, Query, explode, style = Form, min_items = 1,
@@ -681,5 +684,22 @@ impl Feed {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expired_frame_is_what_the_document_says() {
+        let frame = std::str::from_utf8(EXPIRED_FRAME).expect("UTF-8");
+        let data = frame
+            .strip_prefix("event: gapless.expired\ndata: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .expect("one event of type gapless.expired");
+        let notice: ExpiredNotice = serde_json::from_str(data).expect("an ExpiredNotice");
+        assert_eq!(notice.error, ExpiredCode::TokenExpired);
+        assert!(!notice.message.is_empty());
     }
 }

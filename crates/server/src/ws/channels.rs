@@ -36,6 +36,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
     get,
     path = "/v1/ws",
     operation_id = "ws_channels",
+    summary = "WebSocket: follow many channels, publish",
     tag = "subscribe",
     description = "A WebSocket (RFC 6455) of subprotocol `gapless.v1`: one socket follows many channels and may publish; messages are JSON text frames (docs/protocol.md). The request must be a WebSocket handshake (`Connection: upgrade`, `Upgrade: websocket`, `Sec-WebSocket-Version: 13`, `Sec-WebSocket-Key`). A token is checked after the upgrade: a refusal is one `error` message, then close 4401 (`unauthorized`) or 4403 (`forbidden`).",
     params(

@@ -38,6 +38,7 @@ use std::sync::Arc;
     get,
     path = "/v1/sessions/{id}/ws",
     operation_id = "ws_session",
+    summary = "WebSocket: a session's consumer",
     tag = "sessions",
     description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
     params(
