@@ -3,8 +3,9 @@
 # real binary (and, for cluster mode, real redis-server processes: installed with
 # apt-get when missing; the vanished-client tests use iptables, installed the same way),
 # each fuzz target for a few seconds (scripts/fuzz.sh; installs cargo-fuzz), the benchmark
-# harness at tiny sizes, the real-browser tests, and the TypeScript SDK's tests (installs
-# Chromium and the npm packages they need). Usage: scripts/test.sh
+# harness at tiny sizes, schemathesis over the OpenAPI document (scripts/schemathesis.sh; installs
+# schemathesis into a venv under the target dir), the real-browser tests, and the TypeScript SDK's
+# tests (installs Chromium and the npm packages they need). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
@@ -38,6 +39,12 @@ cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"
 # cargo prints one "test result:" line per test binary; sum them into one closing line.
 awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' "$target/cargo-test.log"
 
+echo "== openapi (schemathesis)"
+# Every operation of /v1/openapi.json against a debug server, open and with a JWT key; any 5xx,
+# answer the document does not describe, or crash fails it (installs schemathesis into a venv).
+GAPLESS_BIN="$target/debug/gapless" scripts/schemathesis.sh 2>&1 | tee "$target/openapi-test.log"
+op=$(awk '/^openapi: [0-9]+ passed/ {print $2}' "$target/openapi-test.log")
+
 echo "== fuzz (each target briefly; FUZZ_SECONDS=600 scripts/fuzz.sh for 10 minutes each)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz.sh
 
@@ -54,4 +61,4 @@ GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ts-test.sh 2>&1 | tee
 tp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/ts-test.log")
 tf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/ts-test.log")
 rp=$(awk '/^test result:/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed/) p+=$i} END {print p+0}' "$target/cargo-test.log")
-echo "all: $((rp + bp + tp)) passed, $((bf + tf)) failed"
+echo "all: $((rp + op + bp + tp)) passed, $((bf + tf)) failed"

@@ -59,13 +59,13 @@ impl Gap {
             .after
             .map(|(e, s)| Cursor::single(&self.channel, e, s).encode());
         let next = Cursor::single(&self.channel, self.next.0, self.next.1).encode();
-        serde_json::json!({
-            "channel": &*self.channel,
-            "after": after,
-            "next": next,
-            "reason": self.reason.as_str(),
+        serde_json::to_string(&gapless_protocol::event::GapNotice {
+            channel: &self.channel,
+            after,
+            next,
+            reason: self.reason.as_str(),
         })
-        .to_string()
+        .unwrap_or_default()
     }
 
     /// The SSE frame: `event: gap` with the JSON as data, and no `id:` line.

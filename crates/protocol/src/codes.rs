@@ -72,6 +72,39 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in the order of the registry (the OpenAPI document's
+    /// `ErrorCode` enum is built from this list; `all_is_complete` below
+    /// fails to compile when a variant is missing from its match).
+    pub const ALL: &'static [ErrorCode] = &[
+        ErrorCode::InvalidChannel,
+        ErrorCode::InvalidType,
+        ErrorCode::InvalidUtf8,
+        ErrorCode::InvalidCursor,
+        ErrorCode::InvalidRequest,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::CursorNotServed,
+        ErrorCode::TooLarge,
+        ErrorCode::LimitReached,
+        ErrorCode::ShuttingDown,
+        ErrorCode::JournalFailed,
+        ErrorCode::Unavailable,
+        ErrorCode::InvalidMessage,
+        ErrorCode::NotSubscribed,
+        ErrorCode::SessionNotFound,
+        ErrorCode::SessionExists,
+        ErrorCode::SessionEnded,
+        ErrorCode::SessionAttached,
+        ErrorCode::SessionNotRetained,
+        ErrorCode::ResumeDisabled,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::RateLimited,
+        ErrorCode::RequestTimeout,
+        ErrorCode::HeadTooLarge,
+        ErrorCode::JournalFull,
+    ];
+
     /// The string used in the `error` field.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -154,6 +187,14 @@ pub enum GapReason {
 }
 
 impl GapReason {
+    /// Every reason.
+    pub const ALL: &'static [GapReason] = &[
+        GapReason::Evicted,
+        GapReason::Epoch,
+        GapReason::Ahead,
+        GapReason::Unknown,
+    ];
+
     /// The string used on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -197,4 +238,53 @@ pub mod close {
     pub const SESSION_NOT_RETAINED: u16 = 4410;
     /// The client kept sending malformed messages.
     pub const TOO_MANY_ERRORS: u16 = 4422;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_complete() {
+        // Exhaustive: a new code does not compile until it has an arm here at
+        // the next position; COUNT (one past the last position) must then
+        // grow, and the checks below need the code in `ALL` at that position.
+        fn position(c: ErrorCode) -> usize {
+            match c {
+                ErrorCode::InvalidChannel => 0,
+                ErrorCode::InvalidType => 1,
+                ErrorCode::InvalidUtf8 => 2,
+                ErrorCode::InvalidCursor => 3,
+                ErrorCode::InvalidRequest => 4,
+                ErrorCode::NotFound => 5,
+                ErrorCode::MethodNotAllowed => 6,
+                ErrorCode::CursorNotServed => 7,
+                ErrorCode::TooLarge => 8,
+                ErrorCode::LimitReached => 9,
+                ErrorCode::ShuttingDown => 10,
+                ErrorCode::JournalFailed => 11,
+                ErrorCode::Unavailable => 12,
+                ErrorCode::InvalidMessage => 13,
+                ErrorCode::NotSubscribed => 14,
+                ErrorCode::SessionNotFound => 15,
+                ErrorCode::SessionExists => 16,
+                ErrorCode::SessionEnded => 17,
+                ErrorCode::SessionAttached => 18,
+                ErrorCode::SessionNotRetained => 19,
+                ErrorCode::ResumeDisabled => 20,
+                ErrorCode::Unauthorized => 21,
+                ErrorCode::Forbidden => 22,
+                ErrorCode::RateLimited => 23,
+                ErrorCode::RequestTimeout => 24,
+                ErrorCode::HeadTooLarge => 25,
+                ErrorCode::JournalFull => 26,
+            }
+        }
+        const COUNT: usize = 27;
+        assert_eq!(ErrorCode::ALL.len(), COUNT);
+        for (i, c) in ErrorCode::ALL.iter().enumerate() {
+            assert_eq!(position(*c), i, "{c:?}");
+        }
+        assert_eq!(GapReason::ALL.len(), 4);
+    }
 }

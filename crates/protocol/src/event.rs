@@ -84,28 +84,33 @@ impl fmt::Debug for Event {
 }
 
 /// JSON shape of an event in history pages: `{"seq","cursor","type","data","time"}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Event)]
 pub struct EventJson<'a> {
-    /// The event's seq.
+    /// The event's seq: its position in the channel, dense from 1.
+    #[schema(minimum = 1)]
     pub seq: u64,
-    /// The single-channel cursor positioned at this event.
+    /// The single-channel cursor positioned at this event (pass it as `after`
+    /// or `last_event_id` to continue after it).
+    #[schema(value_type = crate::Cursor)]
     pub cursor: &'a str,
     /// The type, or null.
     #[serde(rename = "type")]
     pub event_type: Option<&'a str>,
-    /// The payload.
+    /// The payload, UTF-8 text as published.
     pub data: &'a str,
-    /// Commit time, Unix ms.
+    /// Commit time, Unix milliseconds.
     pub time: u64,
 }
 
 /// JSON shape of `?format=envelope` SSE data: `{"channel","seq","type","data","time"}`;
 /// `seq` is null for an ephemeral event.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Envelope<'a> {
     /// The channel.
     pub channel: &'a str,
     /// The seq, or null for an ephemeral event.
+    #[schema(minimum = 1)]
     pub seq: Option<u64>,
     /// The type, or null.
     #[serde(rename = "type")]
@@ -114,6 +119,26 @@ pub struct Envelope<'a> {
     pub data: &'a str,
     /// Unix ms.
     pub time: u64,
+}
+
+/// JSON shape of a gap notice (the data of an SSE `event: gap`, and the
+/// WebSocket `gap` message's fields): the hole is every event after `after`
+/// up to and including `next`, which is where delivery continues.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GapNotice<'a> {
+    /// The channel.
+    #[schema(value_type = crate::schema::ChannelName)]
+    pub channel: &'a str,
+    /// The client's position before the hole, as a single-channel cursor;
+    /// null when it could not be read (reason `unknown`).
+    #[schema(value_type = Option<crate::Cursor>)]
+    pub after: Option<String>,
+    /// Where delivery continues, as a single-channel cursor.
+    #[schema(value_type = crate::Cursor)]
+    pub next: String,
+    /// Why.
+    #[schema(value_type = crate::codes::GapReason)]
+    pub reason: &'static str,
 }
 
 #[derive(Serialize)]

@@ -4,14 +4,16 @@
 //! [`event`] (the event and its JSON shapes), [`cursor`] (the opaque,
 //! self-checking position string), [`name`] (channel and type name rules),
 //! [`sse`] (the Server-Sent Events encoder), [`codes`] (every error code
-//! and gap reason that appears on the wire) and [`object`] (JSON objects
-//! read as objects only).
+//! and gap reason that appears on the wire), [`schema`] (their JSON Schemas,
+//! for the server's OpenAPI document) and [`object`] (JSON objects read as
+//! objects only).
 
 pub mod codes;
 pub mod cursor;
 pub mod event;
 pub mod name;
 pub mod object;
+pub mod schema;
 pub mod sse;
 
 pub use cursor::{ChannelKey, Cursor, CursorError, Position};

@@ -12,6 +12,17 @@ use axum::response::IntoResponse;
 pub const PAGE: &str = include_str!("console.html");
 
 /// `GET /`.
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "console",
+    summary = "The console page",
+    tag = "operations",
+    description = "The console page, embedded in the binary (`--console`; on by default when listening on a loopback address; without it this path is 404). It follows channels live, publishes a test event, reads history, and shows gaps and reconnects.",
+    responses(
+        (status = 200, description = "The page.", content_type = "text/html; charset=utf-8", body = String),
+    ),
+)]
 pub async fn page() -> impl IntoResponse {
     (
         [

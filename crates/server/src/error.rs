@@ -7,6 +7,86 @@ use gapless_core::JournalError;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::{Map, Value};
 
+/// The JSON body of every error answer: `error` and `message` always, and
+/// the extra fields that some errors add.
+//
+// (Not in the document:) built by `ApiError::into_response` from an
+// `ApiError`; the extra fields are the only ones `ApiError::with` is given
+// anywhere. The schema allows no others, so a new one fails the
+// schemathesis step of `scripts/test.sh` until it is listed here.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// The code; it decides the status (docs/api.md, "Errors").
+    #[schema(value_type = ErrorCode)]
+    pub error: &'static str,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The limit that was passed: bytes (`too_large` for data or a body,
+    /// `head_too_large`) or events (`too_large` for a batch, `rate_limited`
+    /// for a batch over the burst).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Whole seconds to wait before retrying (also sent as `Retry-After`):
+    /// `rate_limited`, `limit_reached`, `journal_full`, `unavailable`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub retry_after: Option<u64>,
+    /// `rate_limited`: milliseconds until the publisher's bucket holds enough.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// `cursor_not_served`: why (a gap reason); `unavailable` from
+    /// `GET /readyz`: the journal's own code (`journal_full`, `unavailable`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `cursor_not_served`: the oldest retained seq.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<u64>,
+    /// `cursor_not_served`: the cursor that reads everything retained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<gapless_protocol::Cursor>)]
+    pub floor_cursor: Option<String>,
+    /// `session_ended`: how the session ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::sessions::SessionStatus>)]
+    pub status: Option<String>,
+    /// Any other field given to [`ApiError::with`]: none today. The schema
+    /// has no room for one (`additionalProperties: false`), so a new field
+    /// that is not listed above breaks the document's promise and the
+    /// schemathesis step of `scripts/test.sh` reports it.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other: Map<String, Value>,
+}
+
+impl ErrorBody {
+    /// The body of an error with `code`, `message` and the extra fields of
+    /// [`ApiError::with`] (the known ones are moved to their fields).
+    pub fn new(code: ErrorCode, message: String, mut extra: Map<String, Value>) -> Self {
+        let mut number = |k: &str| extra.remove(k).and_then(|v| v.as_u64());
+        let (limit, retry_after, retry_after_ms, floor) = (
+            number("limit"),
+            number("retry_after"),
+            number("retry_after_ms"),
+            number("floor"),
+        );
+        let mut text = |k: &str| extra.remove(k).and_then(|v| v.as_str().map(str::to_owned));
+        let (reason, floor_cursor, status) = (text("reason"), text("floor_cursor"), text("status"));
+        ErrorBody {
+            error: code.as_str(),
+            message,
+            limit,
+            retry_after,
+            retry_after_ms,
+            reason,
+            floor,
+            floor_cursor,
+            status,
+            other: extra,
+        }
+    }
+}
+
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {
@@ -76,16 +156,13 @@ impl IntoResponse for ApiError {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         metrics::counter!(crate::metrics::REFUSALS, "code" => self.code.as_str()).increment(1);
-        let mut body = Map::new();
-        body.insert("error".into(), self.code.as_str().into());
-        body.insert("message".into(), self.message.into());
         let mut extra = self.extra;
         // RFC 6750 section 3: a 401 names the scheme; `error="invalid_token"`
         // when a token was presented and failed (not when none was sent).
         let invalid = extra.remove("token_error").is_some();
-        let retry_after = extra.get("retry_after").and_then(Value::as_u64);
-        body.extend(extra);
-        let mut resp = (status, axum::Json(Value::Object(body))).into_response();
+        let body = ErrorBody::new(self.code, self.message, extra);
+        let retry_after = body.retry_after;
+        let mut resp = (status, axum::Json(body)).into_response();
         if self.code == ErrorCode::Unauthorized {
             let challenge = if invalid {
                 "Bearer realm=\"gapless\", error=\"invalid_token\""
@@ -140,7 +217,8 @@ pub async fn json_errors(resp: Response) -> Response {
     } else {
         text
     };
-    let body = serde_json::json!({"error": code.as_str(), "message": message}).to_string();
+    let body =
+        serde_json::to_string(&ErrorBody::new(code, message, Map::new())).unwrap_or_default();
     parts.headers.insert(
         CONTENT_TYPE,
         axum::http::HeaderValue::from_static("application/json"),

@@ -3,15 +3,19 @@
 
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
+use crate::error::ErrorBody;
 use crate::query::{self, Query};
 use crate::App;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;
 use gapless_core::ChannelState;
 use gapless_protocol::codes::{ErrorCode, GapReason};
-use gapless_protocol::{Cursor, CursorError};
-use serde_json::{json, Value};
+use gapless_protocol::event::EventJson;
+use gapless_protocol::schema::ChannelName;
+use gapless_protocol::{Cursor, CursorError, Epoch, Event};
+use serde::Serialize;
 use std::sync::Arc;
+use utoipa::ToSchema;
 
 /// Default page size.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -22,13 +26,65 @@ pub const MAX_LIMIT: usize = 1000;
 /// A page always holds at least one event.
 pub const PAGE_DATA_BYTES: usize = 4 << 20;
 
+/// One page of history (a channel's, or a session's).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryPage {
+    /// The channel (or, for a session's history, the session's id).
+    pub channel: String,
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// The oldest retained seq (`head + 1` when nothing is retained).
+    #[schema(minimum = 1)]
+    pub floor: u64,
+    /// The newest seq ever assigned; 0 before the first event.
+    pub head: u64,
+    /// The page's events, in seq order: at most `limit`, and fewer once they
+    /// hold 4 MiB of data (never none while events remain).
+    #[schema(value_type = Vec<EventJson>)]
+    #[serde(serialize_with = "events_json")]
+    pub events: Vec<Arc<Event>>,
+    /// The cursor to pass as `after` for the next page; on the page with
+    /// `done: true`, the position of the head when the page was read (follow
+    /// live from it).
+    #[schema(value_type = Cursor)]
+    pub next: String,
+    /// Whether this page reaches the head.
+    pub done: bool,
+}
+
+/// Writes each event in its history shape ([`Event::to_json`]).
+fn events_json<S: serde::Serializer>(events: &[Arc<Event>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(events.iter().map(|e| e.to_json()))
+}
+
 /// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
+#[utoipa::path(
+    get,
+    path = "/v1/channels/{channel}/events",
+    operation_id = "history",
+    summary = "One page of a channel's history",
+    tag = "read",
+    params(
+        ("channel" = ChannelName, Path, description = "The channel to read."),
+        ("after" = Option<Cursor>, Query, description = "Read the events after this cursor; from the floor (the oldest retained event) when absent or empty."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
+    ),
+    responses(
+        (status = 200, description = "One page of history.", body = HistoryPage),
+        (status = 400, description = "`invalid_channel`, `invalid_cursor` (`after` fails its check or names no position on this channel), or `invalid_request` (a bad `limit`).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to this channel.", body = ErrorBody),
+        (status = 410, description = "`cursor_not_served`: the journal cannot serve `after` (`reason`: `evicted`, `epoch`, `ahead` or `unknown`); `floor` and `floor_cursor` say where reading can restart.", body = ErrorBody),
+        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode: Redis unreachable) or `shutting_down`.", body = ErrorBody),
+    ),
+)]
 pub async fn history(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<HistoryPage>, ApiError> {
     query::channel(&channel)?;
     grant.require(Action::Subscribe, &channel)?;
     page(
@@ -50,7 +106,7 @@ pub(crate) async fn page(
     name: &str,
     q: &Query,
     by_seq: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<HistoryPage>, ApiError> {
     let (limit, after) = page_params(channel, q)?;
     let after_seq = match q.get("after_seq") {
         Some(_) if !by_seq => {
@@ -109,16 +165,15 @@ pub(crate) async fn page(
         Some(e) if !done => e.cursor().to_owned(),
         _ => Cursor::single(channel, st.epoch, st.head).encode(),
     };
-    let events: Vec<_> = events.iter().map(|e| e.to_json()).collect();
-    Ok(Json(json!({
-        "channel": name,
-        "epoch": st.epoch,
-        "floor": st.floor,
-        "head": st.head,
-        "events": events,
-        "next": next,
-        "done": done,
-    })))
+    Ok(Json(HistoryPage {
+        channel: name.to_owned(),
+        epoch: st.epoch,
+        floor: st.floor,
+        head: st.head,
+        events,
+        next,
+        done,
+    }))
 }
 
 /// The query of a history page for journal channel `channel`: `limit`
@@ -185,20 +240,55 @@ fn channel_position(
     }
 }
 
+/// A channel's bounds and audience.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChannelInfo {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// The oldest retained seq (`head + 1` when nothing is retained; 1 for a
+    /// channel never published to).
+    #[schema(minimum = 1)]
+    pub floor: u64,
+    /// The newest seq ever assigned; 0 before the first event.
+    pub head: u64,
+    /// Subscribers on this node now.
+    pub subscribers: usize,
+}
+
 /// `GET /v1/channels/{channel}`: `{"channel","epoch","floor","head","subscribers"}`.
+#[utoipa::path(
+    get,
+    path = "/v1/channels/{channel}",
+    operation_id = "channel_info",
+    summary = "A channel's bounds and subscribers",
+    tag = "read",
+    params(("channel" = ChannelName, Path, description = "The channel.")),
+    responses(
+        (status = 200, description = "The channel's bounds. A channel never published to answers `floor: 1, head: 0`.", body = ChannelInfo),
+        (status = 400, description = "`invalid_channel`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to this channel.", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+    ),
+)]
 pub async fn channel_info(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ChannelInfo>, ApiError> {
     query::channel(&channel)?;
     grant.require(Action::Subscribe, &channel)?;
     let st: ChannelState = app.hub.state(&channel).await?;
-    Ok(Json(json!({
-        "channel": channel,
-        "epoch": st.epoch,
-        "floor": st.floor,
-        "head": st.head,
-        "subscribers": app.hub.subscribers(&channel),
-    })))
+    let subscribers = app.hub.subscribers(&channel);
+    Ok(Json(ChannelInfo {
+        channel,
+        epoch: st.epoch,
+        floor: st.floor,
+        head: st.head,
+        subscribers,
+    }))
 }

@@ -1,7 +1,8 @@
 //! The gapless HTTP transport: thin handlers over the hub.
 //!
 //! [`router`] maps the v1 API (`docs/api.md`) onto handlers in [`publish`],
-//! [`history`] and [`sse`]; [`listener`] applies socket options and the
+//! [`history`], [`sse`], [`sessions`] and [`ws`], each registered with its
+//! OpenAPI annotation ([`openapi`]); [`listener`] applies socket options and the
 //! connection limit; [`serve`] runs it all until the shutdown token fires, then
 //! ends every stream so clients reconnect and resume elsewhere.
 
@@ -16,6 +17,7 @@ pub mod history;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod openapi;
 pub mod publish;
 pub mod query;
 pub mod sessions;
@@ -27,17 +29,19 @@ pub mod ws;
 pub use config::ServerConfig;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use error::ApiError;
+use axum::{Extension, Json, Router};
+use error::{ApiError, ErrorBody};
 use gapless_core::hub::Hub;
 use gapless_core::session::Sessions;
 use gapless_protocol::codes::ErrorCode;
-use serde_json::json;
+use serde::Serialize;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What every handler shares.
 pub struct App {
@@ -63,39 +67,45 @@ pub struct App {
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub std::net::SocketAddr);
 
-/// The v1 router.
-pub fn router(app: Arc<App>) -> Router {
-    let v1 = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::render))
-        .route("/v1/channels/{channel}", get(history::channel_info))
-        .route(
-            "/v1/channels/{channel}/events",
-            post(publish::publish).get(history::history),
-        )
-        .route("/v1/channels/{channel}/batch", post(publish::publish_batch))
-        .route("/v1/channels/{channel}/sse", get(sse::channel_sse))
-        .route("/v1/sse", get(sse::multi_sse))
-        .route("/v1/ws", get(ws::channels::handler))
-        .route("/v1/sessions", post(sessions::create))
-        .route("/v1/sessions/{id}", get(sessions::info))
-        .route(
-            "/v1/sessions/{id}/events",
-            post(sessions::append).get(sessions::history),
-        )
-        .route("/v1/sessions/{id}/complete", post(sessions::complete))
-        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
-        .route("/v1/sessions/{id}/ws", get(ws::session::handler));
-    let v1 = if app.config.console {
-        v1.route("/", get(console::page))
+/// Every route, each registered with its handler's `#[utoipa::path]`
+/// annotation, so the router and the OpenAPI document cannot differ (one
+/// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
+/// is registered another way). `console`: whether `GET /` serves the console.
+pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
+    let api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics::render))
+        .routes(routes!(openapi::serve))
+        .routes(routes!(history::channel_info))
+        .routes(routes!(publish::publish, history::history))
+        .routes(routes!(publish::publish_batch))
+        .routes(routes!(sse::channel_sse))
+        .routes(routes!(sse::multi_sse))
+        .routes(routes!(ws::channels::handler))
+        .routes(routes!(sessions::create))
+        .routes(routes!(sessions::info))
+        .routes(routes!(sessions::append, sessions::history))
+        .routes(routes!(sessions::complete))
+        .routes(routes!(sessions::cancel))
+        .routes(routes!(ws::session::handler));
+    if console {
+        api.routes(routes!(console::page))
     } else {
-        v1
-    };
+        api
+    }
+}
+
+/// The v1 router, with the OpenAPI document of exactly its routes at
+/// `GET /v1/openapi.json`.
+pub fn router(app: Arc<App>) -> Router {
+    let (v1, doc) = api(app.config.console).split_for_parts();
+    let doc = openapi::Document::new(doc, &app);
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        .layer(Extension(doc))
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(axum::middleware::from_fn(busy::busy))
@@ -147,15 +157,63 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     })
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// `ok`, the only value of a liveness answer's `status`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum Alive {
+    Ok,
+}
+
+/// The answer of `GET /healthz`.
+#[derive(Serialize, ToSchema)]
+struct Health {
+    /// Always `ok`.
+    status: Alive,
+}
+
+/// `ready`, the only value of a readiness answer's `status`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum Readiness {
+    Ready,
+}
+
+/// The answer of `GET /readyz` while the journal accepts appends.
+#[derive(Serialize, ToSchema)]
+struct Ready {
+    /// Always `ready`.
+    status: Readiness,
+}
+
+/// 200 `{"status":"ok"}` while the process serves (liveness).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    summary = "Liveness",
+    tag = "operations",
+    responses((status = 200, description = "The process serves (liveness; the journal is not looked at). Served even on a connection over the connection limit.", body = Health)),
+)]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: Alive::Ok })
 }
 
 /// 200 `{"status":"ready"}` while the journal accepts appends; 503
 /// `unavailable` while it cannot (cluster mode: Redis unreachable).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    summary = "Readiness: whether the journal accepts appends",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The journal accepts appends: point a load balancer's readiness check here.", body = Ready),
+        (status = 503, description = "`unavailable`, with `reason`: the journal's own code (`journal_full` when the disk is below `--min-free-disk-bytes`; `unavailable` in cluster mode when Redis is unreachable, hung, loading or read-only).", body = ErrorBody),
+    ),
+)]
 async fn readyz(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Ready>, ApiError> {
     // Not ready is always a 503 (what load balancers and probes expect); the
     // journal's own code is kept as `reason` (e.g. `journal_full`, `unavailable`).
     if let Err(e) = app.hub.journal().ready().await {
@@ -166,7 +224,9 @@ async fn readyz(
             ApiError::new(ErrorCode::Unavailable, inner.message).with("reason", inner.code.as_str())
         });
     }
-    Ok(Json(json!({"status": "ready"})))
+    Ok(Json(Ready {
+        status: Readiness::Ready,
+    }))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

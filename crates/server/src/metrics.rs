@@ -92,6 +92,17 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// `GET /metrics`: the Prometheus text format. Never needs a token.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    summary = "Prometheus metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Every metric in the Prometheus text format (version 0.0.4); names and labels in docs/deploy.md. Served even on a connection over the connection limit.",
+            content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+    ),
+)]
 pub async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
     let stats = app.hub.stats();
     metrics::gauge!(SUBSCRIBERS).set(stats.subscribers as f64);

@@ -4,7 +4,7 @@
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
 use crate::auth::{Access, Action};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::limits::BodyPace;
 use crate::query::{self, Query};
 use crate::{App, Peer};
@@ -15,15 +15,126 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
+use gapless_protocol::schema::{ChannelName, EventType};
 use gapless_protocol::{Cursor, NewEvent};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use utoipa::ToSchema;
 
 /// Longest accepted `Idempotency-Key`, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 
-/// `POST /v1/channels/{channel}/events`.
+/// The answer to a journaled publish (201, or 200 for an idempotent retry).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Published {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The event's seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// The cursor positioned at the event.
+    #[schema(value_type = gapless_protocol::Cursor)]
+    pub cursor: String,
+}
+
+/// The answer to an ephemeral publish (202).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EphemeralDelivered {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// How many current subscribers it was handed to.
+    pub subscribers: usize,
+}
+
+/// One event of a batch's answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchItem {
+    /// Its seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// The cursor positioned at it.
+    #[schema(value_type = gapless_protocol::Cursor)]
+    pub cursor: String,
+}
+
+/// The answer to a batch publish (201, or 200 for an idempotent retry).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchPublished {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The first event's seq.
+    #[schema(minimum = 1)]
+    pub first_seq: u64,
+    /// The last event's seq (`first_seq` + the batch's length - 1).
+    #[schema(minimum = 1)]
+    pub last_seq: u64,
+    /// The cursor positioned at the last event.
+    #[schema(value_type = gapless_protocol::Cursor)]
+    pub cursor: String,
+    /// Every event's seq and cursor, in order.
+    pub events: Vec<BatchItem>,
+}
+
+/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
+/// name, meaning true) are accepted too.
+//
+// (Not in the document:) what `Query::flag` accepts.
+#[derive(ToSchema)]
+#[schema(as = Flag)]
+#[allow(dead_code)]
+pub(crate) enum Flag {
+    #[schema(rename = "true")]
+    True,
+    #[schema(rename = "false")]
+    False,
+    #[schema(rename = "1")]
+    One,
+    #[schema(rename = "0")]
+    Zero,
+    #[schema(rename = "")]
+    Empty,
+}
+
+/// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
+/// data) or, with `ephemeral=true`, hands it to current subscribers only.
+#[utoipa::path(
+    post,
+    path = "/v1/channels/{channel}/events",
+    operation_id = "publish",
+    summary = "Publish one event",
+    tag = "publish",
+    params(
+        ("channel" = ChannelName, Path, description = "The channel to append to."),
+        ("type" = Option<EventType>, Query, description = "The event's type (the SSE `event:` field); none by default."),
+        ("ephemeral" = Option<Flag>, Query, description = "Deliver live only: no seq, never journaled, never replayed, sent without `id:`."),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+            description = "1 to 256 visible ASCII characters. A retry with the same key on the same channel, while the first publish's events are retained, appends nothing and answers 200 with the original seq and cursor. Not allowed with `ephemeral`."),
+    ),
+    request_body(
+        content = String,
+        content_type = "text/plain",
+        description = "The event's data, as is: UTF-8 text of at most `--max-event-bytes` bytes (default 1 MiB). Any content type is accepted; the body is stored as text.",
+    ),
+    responses(
+        (status = 201, description = "Appended; with `--durability sync` (the default) it is on disk.", body = Published),
+        (status = 200, description = "An idempotent retry: nothing was appended; the original seq and cursor.", body = Published),
+        (status = 202, description = "Ephemeral: handed to this many current subscribers.", body = EphemeralDelivered),
+        (status = 400, description = "`invalid_channel`, `invalid_type`, `invalid_utf8` (the message gives the offset of the first bad byte), or `invalid_request` (a bad `Idempotency-Key`, `ephemeral` not true/false, an `Idempotency-Key` on an ephemeral publish).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`: tokens are on and the request has none, or a bad one.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to this channel.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        (status = 413, description = "`too_large`: the data is over `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: over `--publish-rate`; nothing was appended.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
+        (status = 500, description = "`journal_failed`: the journal could not write; nothing was acknowledged.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode: Redis unreachable or too slow; the publish may have been applied: retry with the same `Idempotency-Key`), or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: the journal's disk is below `--min-free-disk-bytes`; nothing was stored.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait (5)."))),
+    ),
+)]
 pub async fn publish(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -47,10 +158,13 @@ pub async fn publish(
                 "Idempotency-Key does not apply to ephemeral events (they are never journaled)",
             ));
         }
-        let reached = app.hub.publish_ephemeral(&channel, event_type, data);
+        let subscribers = app.hub.publish_ephemeral(&channel, event_type, data);
         return Ok((
             StatusCode::ACCEPTED,
-            Json(json!({"channel": channel, "subscribers": reached})),
+            Json(EphemeralDelivered {
+                channel,
+                subscribers,
+            }),
         )
             .into_response());
     }
@@ -70,7 +184,11 @@ pub async fn publish(
     let cursor = Cursor::single(&channel, appended.epoch, appended.last_seq).encode();
     Ok((
         status,
-        Json(json!({"channel": channel, "seq": appended.last_seq, "cursor": cursor})),
+        Json(Published {
+            channel,
+            seq: appended.last_seq,
+            cursor,
+        }),
     )
         .into_response())
 }
@@ -111,18 +229,53 @@ pub(crate) async fn read_event(
 }
 
 /// One event of a batch publish body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchEvent {
-    data: String,
+pub struct BatchEvent {
+    /// The event's data: text of at most `--max-event-bytes` bytes.
+    pub data: String,
+    /// The event's type; none when absent or null.
     #[serde(rename = "type")]
-    event_type: Option<String>,
+    #[schema(value_type = Option<EventType>)]
+    pub event_type: Option<String>,
 }
 
 /// `POST /v1/channels/{channel}/batch`: body is a JSON array of objects
 /// `{"data": text, "type": optional name}` (an item in any other form, such
 /// as an array of the fields, is 400 `invalid_request`); all are appended
 /// atomically, in order.
+#[utoipa::path(
+    post,
+    path = "/v1/channels/{channel}/batch",
+    operation_id = "publish_batch",
+    summary = "Publish several events, atomically and in order",
+    tag = "publish",
+    params(
+        ("channel" = ChannelName, Path, description = "The channel to append to."),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+            description = "As for a single publish; it applies to the whole batch."),
+    ),
+    request_body(
+        content = Vec<BatchEvent>,
+        content_type = "application/json",
+        description = "1 to `--max-batch-events` events (default 1000), at most `--max-batch-bytes` bytes in all (default 16 MiB); appended atomically (all or none), in order, with consecutive seqs.",
+    ),
+    responses(
+        (status = 201, description = "Appended.", body = BatchPublished),
+        (status = 200, description = "An idempotent retry: nothing was appended; the original seqs and cursors.", body = BatchPublished),
+        (status = 400, description = "`invalid_channel`, `invalid_type` (the message names the item), or `invalid_request` (not a JSON array of such objects, an unknown field, empty, a bad `Idempotency-Key`).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to this channel.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        (status = 413, description = "`too_large`: over `--max-batch-events`, `--max-batch-bytes` or, for one item, `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: over `--publish-rate`, or a batch larger than `--publish-burst`; nothing was appended.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
+        (status = 500, description = "`journal_failed`: nothing was acknowledged.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode; retry with the same `Idempotency-Key`) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: nothing was stored.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait (5)."))),
+    ),
+)]
 pub async fn publish_batch(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -199,18 +352,22 @@ pub async fn publish_batch(
     } else {
         StatusCode::CREATED
     };
-    let cursors: Vec<_> = (appended.first_seq..=appended.last_seq)
-        .map(|seq| json!({"seq": seq, "cursor": Cursor::single(&channel, appended.epoch, seq).encode()}))
+    let events = (appended.first_seq..=appended.last_seq)
+        .map(|seq| BatchItem {
+            seq,
+            cursor: Cursor::single(&channel, appended.epoch, seq).encode(),
+        })
         .collect();
+    let cursor = Cursor::single(&channel, appended.epoch, appended.last_seq).encode();
     Ok((
         status,
-        Json(json!({
-            "channel": channel,
-            "first_seq": appended.first_seq,
-            "last_seq": appended.last_seq,
-            "cursor": Cursor::single(&channel, appended.epoch, appended.last_seq).encode(),
-            "events": cursors,
-        })),
+        Json(BatchPublished {
+            channel,
+            first_seq: appended.first_seq,
+            last_seq: appended.last_seq,
+            cursor,
+            events,
+        }),
     )
         .into_response())
 }

@@ -2,8 +2,8 @@
 //! inspect, and read history. The consumer side is `ws::session`.
 
 use crate::auth::{Access, Action};
-use crate::error::ApiError;
-use crate::history;
+use crate::error::{ApiError, ErrorBody};
+use crate::history::{self, HistoryPage};
 use crate::publish::{read_body, read_event};
 use crate::query::Query;
 use crate::{App, Peer};
@@ -15,9 +15,9 @@ use axum::Json;
 use gapless_core::session::{self, Info, SessionError, Status};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use utoipa::ToSchema;
 
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
@@ -39,23 +39,126 @@ impl From<SessionError> for ApiError {
     }
 }
 
-fn info_json(info: &Info) -> Value {
-    json!({
-        "id": info.id,
-        "status": info.status.as_str(),
-        "head": info.head,
-        "attached": info.attached,
-    })
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    /// Takes events.
+    Open,
+    /// Ended by its producer after its last event.
+    Completed,
+    /// Ended by its producer, or by the grace window running out with no consumer.
+    Cancelled,
 }
 
-#[derive(Deserialize)]
+impl From<Status> for SessionStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Open => SessionStatus::Open,
+            Status::Completed => SessionStatus::Completed,
+            Status::Cancelled => SessionStatus::Cancelled,
+        }
+    }
+}
+
+/// A session as its producer sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionInfo {
+    /// The session's id.
+    #[schema(value_type = SessionId)]
+    pub id: String,
+    /// Where it is in its life.
+    pub status: SessionStatus,
+    /// Its newest seq (the lifecycle markers count).
+    pub head: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+impl From<&Info> for SessionInfo {
+    fn from(info: &Info) -> Self {
+        SessionInfo {
+            id: info.id.clone(),
+            status: info.status.into(),
+            head: info.head,
+            attached: info.attached,
+        }
+    }
+}
+
+/// The answer to an append (201, or 200 for an idempotent retry).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionAppended {
+    /// The session's id.
+    #[schema(value_type = SessionId)]
+    pub id: String,
+    /// The event's seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+/// The schema of a session id ([`session::valid_id`]); ids travel as `String`s.
+pub struct SessionId;
+
+impl utoipa::PartialSchema for SessionId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let max = session::MAX_ID_LEN;
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::String)
+            .description(Some(format!(
+                "A session: 1 to {max} characters of A-Z a-z 0-9 _ - (named `session/ID` in \
+                 token patterns)."
+            )))
+            .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{max}}}$")))
+            .min_length(Some(1))
+            .max_length(Some(max))
+            .into()
+    }
+}
+
+impl ToSchema for SessionId {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("SessionId")
+    }
+}
+
+/// The body of `POST /v1/sessions`: empty, or this.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
-    id: Option<String>,
+pub struct CreateBody {
+    /// The id to give the session; the server draws one when absent or null.
+    #[schema(value_type = Option<SessionId>)]
+    pub id: Option<String>,
 }
 
 /// `POST /v1/sessions`: body empty (the server draws an id) or `{"id": "name"}`.
 /// 201 `{"id","status","head","attached"}`; 409 `session_exists`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "session_create",
+    summary = "Create a session",
+    tag = "sessions",
+    request_body(
+        content = Option<CreateBody>,
+        content_type = "application/json",
+        description = "Empty or `null` (the server draws an id), or `{\"id\": ID}`; at most 4096 bytes.",
+    ),
+    responses(
+        (status = 201, description = "Created: an open session with its opening marker (head 1).", body = SessionInfo),
+        (status = 400, description = "`invalid_request`: a body that is not `{\"id\": ID}`, or a bad id.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to `session/ID` (or, for a drawn id, to `session/*`).", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        (status = 409, description = "`session_exists`: a session with this id exists.", body = ErrorBody),
+        (status = 413, description = "`too_large`: the body is over 4096 bytes.", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`.", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -74,13 +177,15 @@ pub async fn create(
     let id = if bytes.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let Object(b): Object<CreateBody> = serde_json::from_slice(&bytes).map_err(|e| {
+        // JSON `null` is no body, as `{"id": null}` is no id; any other body is
+        // an object (`object.rs`: serde's derive would also take `["id"]`).
+        let b: Option<Object<CreateBody>> = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!("body must be empty or {{\"id\": string}}: {e}"),
             )
         })?;
-        b.id
+        b.and_then(|Object(b)| b.id)
     };
     match &id {
         Some(id) => grant.require_session(Action::Publish, id)?,
@@ -98,23 +203,75 @@ pub async fn create(
         }
     }
     let info = app.sessions.create(&app.hub, id).await?;
-    Ok((StatusCode::CREATED, Json(info_json(&info))).into_response())
+    Ok((StatusCode::CREATED, Json(SessionInfo::from(&info))).into_response())
 }
 
 /// `GET /v1/sessions/{id}`: `{"id","status","head","attached"}`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "session_info",
+    summary = "A session's state",
+    tag = "sessions",
+    params(("id" = SessionId, Path, description = "The session.")),
+    responses(
+        (status = 200, description = "The session.", body = SessionInfo),
+        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to `session/ID`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`: no such session, or it expired.", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: a session whose grace window ran out is cancelled when it is looked at, and its marker could not be stored.", body = ErrorBody),
+    ),
+)]
 pub async fn info(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Subscribe, &id)?;
     let info = app.sessions.info(&app.hub, &id).await?;
-    Ok(Json(info_json(&info)))
+    Ok(Json(SessionInfo::from(&info)))
 }
 
 /// `POST /v1/sessions/{id}/events`: same body, `?type=` and `Idempotency-Key`
 /// rules as a channel publish. 201 `{"id","seq","attached"}` (200 for an
 /// idempotent retry); 409 `session_ended` once completed or cancelled.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/events",
+    operation_id = "session_append",
+    summary = "Append an event to a session",
+    tag = "sessions",
+    params(
+        ("id" = SessionId, Path, description = "The session."),
+        ("type" = Option<gapless_protocol::schema::EventType>, Query, description = "The event's type; none by default."),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
+            description = "As for a channel publish."),
+    ),
+    request_body(
+        content = String,
+        content_type = "text/plain",
+        description = "The event's data, as is: UTF-8 text of at most `--max-event-bytes` bytes.",
+    ),
+    responses(
+        (status = 201, description = "Appended.", body = SessionAppended),
+        (status = 200, description = "An idempotent retry: nothing was appended; the original seq.", body = SessionAppended),
+        (status = 400, description = "`invalid_type`, `invalid_utf8`, or `invalid_request` (a bad `Idempotency-Key`; `ephemeral`, which sessions do not have).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`.", body = ErrorBody),
+        (status = 409, description = "`session_ended`: the session is completed or cancelled (`status` says which).", body = ErrorBody),
+        (status = 413, description = "`too_large`: over `--max-event-bytes`.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`.", body = ErrorBody),
+    ),
+)]
 pub async fn append(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -146,42 +303,108 @@ pub async fn append(
     };
     Ok((
         status,
-        Json(json!({"id": id, "seq": appended.last_seq, "attached": attached})),
+        Json(SessionAppended {
+            id,
+            seq: appended.last_seq,
+            attached,
+        }),
     )
         .into_response())
 }
 
 /// `POST /v1/sessions/{id}/complete`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/complete",
+    operation_id = "session_complete",
+    summary = "Complete a session",
+    tag = "sessions",
+    params(("id" = SessionId, Path, description = "The session.")),
+    responses(
+        (status = 200, description = "Completes the session: its consumer gets every event, then the end. The session as it is now.", body = SessionInfo),
+        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_ended`: already completed or cancelled (`status` says which).", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: the end marker could not be stored.", body = ErrorBody),
+    ),
+)]
 pub async fn complete(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Completed).await?;
-    Ok(Json(info_json(&info)))
+    Ok(Json(SessionInfo::from(&info)))
 }
 
 /// `POST /v1/sessions/{id}/cancel`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/cancel",
+    operation_id = "session_cancel",
+    summary = "Cancel a session",
+    tag = "sessions",
+    params(("id" = SessionId, Path, description = "The session.")),
+    responses(
+        (status = 200, description = "Cancels the session. The session as it is now.", body = SessionInfo),
+        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_ended`: already completed or cancelled (`status` says which).", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: the end marker could not be stored.", body = ErrorBody),
+    ),
+)]
 pub async fn cancel(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Cancelled).await?;
-    Ok(Json(info_json(&info)))
+    Ok(Json(SessionInfo::from(&info)))
 }
 
 /// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N` (or `after_seq=N`,
 /// a consumer's `last_seq`, instead of a cursor): history, as for channels;
 /// lifecycle markers appear as events of types `gapless.session.*`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    operation_id = "session_history",
+    summary = "One page of a session's history",
+    tag = "sessions",
+    params(
+        ("id" = SessionId, Path, description = "The session."),
+        ("after" = Option<gapless_protocol::Cursor>, Query, description = "Read the events after this cursor (not with `after_seq`)."),
+        ("after_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Read the events after this seq (a consumer's `last_seq`; not with `after`)."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
+    ),
+    responses(
+        (status = 200, description = "One page of the session's history; `channel` is the session's id; lifecycle markers are events of types `gapless.session.*`.", body = HistoryPage),
+        (status = 400, description = "`invalid_cursor`, or `invalid_request` (a bad `limit` or `after_seq`, or both `after` and `after_seq`).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to `session/ID`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 410, description = "`cursor_not_served`, as for a channel's history.", body = ErrorBody),
+        (status = 500, description = "`journal_failed`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 507, description = "`journal_full`: a session whose grace window ran out is cancelled when it is looked at, and its marker could not be stored.", body = ErrorBody),
+    ),
+)]
 pub async fn history(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<HistoryPage>, ApiError> {
     grant.require_session(Action::Subscribe, &id)?;
     app.sessions.info(&app.hub, &id).await?;
     history::page(

@@ -16,7 +16,7 @@
 
 use crate::auth::{Access, Action, Grant};
 use crate::conn::DirectSse;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::query::{self, Query};
 use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::App;
@@ -33,6 +33,145 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use utoipa::ToSchema;
+
+/// `since=`: where a stream without a cursor starts.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(crate) enum Since {
+    /// Everything retained, then live.
+    Earliest,
+    /// Events published from now on.
+    Live,
+}
+
+/// `format=`: what a stream's `data:` carries.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(crate) enum SseFormat {
+    /// The event's data.
+    Plain,
+    /// JSON `Envelope`.
+    Envelope,
+}
+
+/// The data of the last frame of a stream whose token expired
+/// (`event: gapless.expired`).
+#[derive(serde::Serialize, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExpiredNotice {
+    /// Always `token_expired`.
+    pub error: ExpiredCode,
+    /// What to do, for a person: reconnect with a fresh token and the last event id.
+    pub message: String,
+}
+
+/// `token_expired`, the only value of an expiry notice's `error`.
+#[derive(serde::Serialize, serde::Deserialize, ToSchema, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiredCode {
+    /// The token that opened the stream is no longer honoured.
+    TokenExpired,
+}
+
+/// The schema of one event of a stream, as an `EventSource` (or any SSE
+/// parser) delivers it: `event` (`message` when the frame has none), `data`
+/// (its `data:` lines joined with LF), `id` (the last `id:` seen) and
+/// `retry`. Frames without data (`retry:`, the `id:`-only frame, heartbeat
+/// comments) are not events.
+pub struct SseEvent;
+
+impl SseEvent {
+    fn variant(
+        title: &str,
+        event: utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        data: utoipa::openapi::schema::ObjectBuilder,
+    ) -> utoipa::openapi::schema::Object {
+        use gapless_protocol::Cursor;
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .title(Some(title))
+            .schema_type(Type::Object)
+            .property("event", event)
+            .required("event")
+            .property("data", data.schema_type(Type::String))
+            .required("data")
+            .property(
+                "id",
+                utoipa::openapi::schema::RefBuilder::new()
+                    .ref_location_from_schema_name(<Cursor as ToSchema>::name())
+                    .description(Some(
+                        "The last `id:` seen: the subscription's cursor after the last \
+                         journaled event delivered (or after the first `id:` frame).",
+                    )),
+            )
+            .property(
+                "retry",
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(0)),
+            )
+            .build()
+    }
+}
+
+impl utoipa::PartialSchema for SseEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use gapless_protocol::event::GapNotice;
+        use gapless_protocol::schema::EventType;
+        use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, OneOfBuilder, Type};
+        use utoipa::openapi::Ref;
+        let json = "application/json";
+        let named = |name: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([name.to_owned()]))
+        };
+        OneOfBuilder::new()
+            .description(Some(
+                "One event of the stream, as an EventSource delivers it. Frames without data \
+                 (`retry:`, the `id:`-only frame with the subscription's cursor, heartbeat \
+                 comments) are not events.",
+            ))
+            .item(Self::variant(
+                "event",
+                AnyOfBuilder::new()
+                    .item(named("message"))
+                    .item(Ref::from_schema_name(<EventType as ToSchema>::name()))
+                    .description(Some("The event's type; `message` when it has none."))
+                    .into(),
+                ObjectBuilder::new().description(Some(
+                    "The event's data; with `format=envelope`, JSON `Envelope`. Ephemeral \
+                     events come without an `id:` of their own.",
+                )),
+            ))
+            .item(Self::variant(
+                "gap notice",
+                named("gap").into(),
+                ObjectBuilder::new()
+                    .content_media_type(json)
+                    .content_schema(Some(Ref::from_schema_name(<GapNotice as ToSchema>::name()))),
+            ))
+            .item(Self::variant(
+                "token expired",
+                named("gapless.expired").into(),
+                ObjectBuilder::new()
+                    .content_media_type(json)
+                    .content_schema(Some(Ref::from_schema_name(
+                        <ExpiredNotice as ToSchema>::name(),
+                    ))),
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for SseEvent {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("SseEvent")
+    }
+}
 
 /// Whether `path` (without its query) is an SSE URL: `/v1/sse`, or
 /// `/v1/channels/{channel}/sse` with one non-empty segment as the channel
@@ -63,6 +202,32 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
 }
 
 /// `GET /v1/channels/{channel}/sse`.
+#[utoipa::path(
+    get,
+    path = "/v1/channels/{channel}/sse",
+    operation_id = "channel_sse",
+    summary = "Follow one channel over Server-Sent Events",
+    tag = "subscribe",
+    params(
+        ("channel" = gapless_protocol::schema::ChannelName, Path, description = "The channel to follow."),
+        ("last_event_id" = Option<Cursor>, Query, description = "Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`."),
+        ("since" = Option<Since>, Query, description = "Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live."),
+        ("format" = Option<SseFormat>, Query, description = "`plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{\"channel\",\"seq\",\"type\",\"data\",\"time\"}` (schema `Envelope`)."),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error."),
+    ),
+    responses(
+        (status = 200, description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` instead of a 503, so a browser reconnects later (docs/api.md).", content_type = "text/event-stream", body = SseEvent,
+            headers(
+                ("Cache-Control" = String, description = "`no-cache, no-transform`"),
+                ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
+            )),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to a channel of the stream (one refuses the whole stream).", body = ErrorBody),
+        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 400, description = "`invalid_channel`, `invalid_cursor` (a garbage `last_event_id`), or `invalid_request` (a bad `since` or `format`; `channel=` in the query, which is for `/v1/sse`).", body = ErrorBody),
+    ),
+)]
 pub async fn channel_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -82,6 +247,33 @@ pub async fn channel_sse(
 }
 
 /// `GET /v1/sse?channel=A&channel=B…`.
+#[utoipa::path(
+    get,
+    path = "/v1/sse",
+    operation_id = "multi_sse",
+    summary = "Follow several channels over one Server-Sent Events stream",
+    tag = "subscribe",
+    params(
+        ("channel" = Vec<gapless_protocol::schema::ChannelName>, Query, explode, style = Form, min_items = 1,
+            description = "The channels to follow (repeat the parameter; duplicates count once): 1 to `--max-subscription-channels` (default 64). The stream's cursors hold every channel's position, so resuming resumes all; a channel added to the URL later starts live."),
+        ("last_event_id" = Option<Cursor>, Query, description = "Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`."),
+        ("since" = Option<Since>, Query, description = "Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live."),
+        ("format" = Option<SseFormat>, Query, description = "`plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{\"channel\",\"seq\",\"type\",\"data\",\"time\"}` (schema `Envelope`)."),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error."),
+    ),
+    responses(
+        (status = 200, description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` instead of a 503, so a browser reconnects later (docs/api.md).", content_type = "text/event-stream", body = SseEvent,
+            headers(
+                ("Cache-Control" = String, description = "`no-cache, no-transform`"),
+                ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
+            )),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not subscribe to a channel of the stream (one refuses the whole stream).", body = ErrorBody),
+        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        (status = 400, description = "`invalid_channel`, `invalid_cursor`, or `invalid_request` (no channel, more than `--max-subscription-channels`, a bad `since` or `format`).", body = ErrorBody),
+    ),
+)]
 pub async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
@@ -185,10 +377,12 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
         .get("last-event-id")
         .map(|v| v.as_bytes())
         .filter(|b| !b.is_empty());
-    let decoded = match (header, q.get("last_event_id").filter(|s| !s.is_empty())) {
-        // A browser cannot change its header: anything unreadable is a gap, not an error.
-        (Some(h), _) => Some(Cursor::decode(h).ok()),
-        (None, Some(s)) => match Cursor::decode(s.as_bytes()) {
+    // The query is checked even when the header wins: a garbage one is the
+    // caller's bug whether or not a reconnect added the header (a browser
+    // that put it in the URL got this 400 on its first connection already).
+    let query = match q.get("last_event_id").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => match Cursor::decode(s.as_bytes()) {
             Ok(c) => Some(Some(c)),
             Err(CursorError::Version(_)) => Some(None),
             Err(e) => {
@@ -198,7 +392,11 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
                 ))
             }
         },
-        (None, None) => None,
+    };
+    let decoded = match header {
+        // A browser cannot change its header: anything unreadable is a gap, not an error.
+        Some(h) => Some(Cursor::decode(h).ok()),
+        None => query,
     };
     let since = match q.get("since") {
         None | Some("live") => Start::Live,
@@ -505,5 +703,22 @@ impl Feed {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expired_frame_is_what_the_document_says() {
+        let frame = std::str::from_utf8(EXPIRED_FRAME).expect("UTF-8");
+        let data = frame
+            .strip_prefix("event: gapless.expired\ndata: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .expect("one event of type gapless.expired");
+        let notice: ExpiredNotice = serde_json::from_str(data).expect("an ExpiredNotice");
+        assert_eq!(notice.error, ExpiredCode::TokenExpired);
+        assert!(!notice.message.is_empty());
     }
 }
