@@ -14,6 +14,7 @@ pub mod error;
 pub mod history;
 pub mod limits;
 pub mod listener;
+pub mod liveness;
 pub mod metrics;
 pub mod publish;
 pub mod query;

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use crate::query::Query;
 use crate::App;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::SinkExt;
@@ -38,6 +38,7 @@ pub async fn handler(
     access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
+    tcp: Option<Extension<crate::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -59,9 +60,10 @@ pub async fn handler(
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
+    let tcp = tcp.map(|Extension(t)| t);
     Ok(match grant {
         Ok(grant) => ws.on_upgrade(move |socket| {
-            sockets.track_future(run(app, socket, id, last_seq, takeover, grant))
+            sockets.track_future(run(app, socket, id, last_seq, takeover, grant, tcp))
         }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
@@ -86,6 +88,7 @@ async fn run(
     last_seq: Option<u64>,
     takeover: bool,
     grant: Arc<Grant>,
+    tcp: Option<crate::tcp_info::Peer>,
 ) {
     let attach = app
         .sessions
@@ -101,7 +104,7 @@ async fn run(
             return;
         }
     };
-    let (c, reason) = consume(&app, &mut socket, att, &grant).await;
+    let (c, reason) = consume(&app, &mut socket, att, &grant, tcp).await;
     if c != 0 {
         close(&mut socket, c, &reason).await;
     }
@@ -114,8 +117,10 @@ async fn consume(
     socket: &mut WebSocket,
     mut att: Attachment,
     grant: &Grant,
+    tcp: Option<crate::tcp_info::Peer>,
 ) -> (u16, String) {
-    let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
+    // A silent consumer whose TCP shows it reading behind is not closed.
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     let mut expiry = super::Expiry::new(grant);
     let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let id = att.id().to_owned();
