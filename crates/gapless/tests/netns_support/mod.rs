@@ -117,6 +117,13 @@ impl Netns {
             .expect("iptables rule");
     }
 
+    /// Undoes [`Netns::vanish_ip`].
+    pub fn unvanish_ip(&self, ip: IpAddr) {
+        let ip = ip.to_string();
+        self.exec("iptables", &["-D", "INPUT", "-s", &ip, "-j", "DROP"])
+            .expect("iptables rule removed");
+    }
+
     /// Whether the server still holds an open connection to `client`
     /// (established, or closed by the client and not yet by the server).
     pub fn holds(&self, client: SocketAddr) -> bool {
@@ -211,7 +218,12 @@ impl NsServer {
         NsServer {
             child,
             addr,
-            http: reqwest::Client::new(),
+            // No idle connections kept: the server's namespace then holds
+            // only the clients' connections (see `Netns::held`).
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("HTTP client"),
         }
     }
 
