@@ -233,3 +233,60 @@ impl AsyncWrite for Watched {
         Pin::new(&mut self.conn).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listener::GaplessListener;
+    use crate::ServerConfig;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn user_timeout(w: &Watched) -> Option<Duration> {
+        socket2::SockRef::from(w.conn.tcp())
+            .tcp_user_timeout()
+            .expect("TCP_USER_TIMEOUT")
+    }
+
+    /// A write hands the judging to the connection (the user timeout is
+    /// cleared); once the client has read and acknowledged everything, the
+    /// next check hands it back to the kernel (the user timeout is set again).
+    #[tokio::test]
+    async fn owing_clears_the_user_timeout_and_nothing_owed_sets_it_again() {
+        let config = ServerConfig {
+            tcp_user_timeout_ms: 400,
+            ..ServerConfig::default()
+        };
+        let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = inner.local_addr().expect("addr");
+        let mut listener = GaplessListener::new(inner, config);
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (conn, _) = listener.accept().await;
+        let mut w = Watched::new(conn, 400);
+        let bound = Some(Duration::from_millis(400));
+        assert_eq!(user_timeout(&w), bound, "set at accept");
+        w.write_all(b"hello").await.expect("write");
+        if w.judge == Judge::Off {
+            eprintln!("SKIP: no sock_diag here");
+            return;
+        }
+        assert_eq!(w.judge, Judge::Own);
+        assert_eq!(
+            user_timeout(&w),
+            None,
+            "cleared while the client owes an answer"
+        );
+        let mut got = [0u8; 5];
+        client.read_exact(&mut got).await.expect("read");
+        // The check runs when the timer (a quarter bound) wakes a read.
+        let mut buf = [0u8; 8];
+        let _ = tokio::time::timeout(Duration::from_millis(300), w.read(&mut buf)).await;
+        assert_eq!(w.judge, Judge::Kernel);
+        assert_eq!(user_timeout(&w), bound, "set again once nothing is owed");
+        // A live client is never judged gone, and the connection still works.
+        client.write_all(b"ping").await.expect("client write");
+        let n = w.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"ping");
+    }
+}
