@@ -37,6 +37,30 @@ pub fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// A 10.213.a.b/29 that no route of this host uses yet (other tests, of
+/// this process or another, may hold namespaces at the same time; two
+/// veth pairs on one subnet would send one test's packets to the other's
+/// namespace). Starts from the pid and the counter, then looks further.
+fn free_subnet(pid: u32, n: u32) -> Result<(u32, u32), String> {
+    let routes = run("ip", &["-4", "route", "show"])?;
+    let used: Vec<(u32, u32)> = routes
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|net| net.strip_prefix("10.213."))
+        .filter_map(|rest| {
+            let (ab, _) = rest.split_once('/')?;
+            let (a, b) = ab.split_once('.')?;
+            Some((a.parse().ok()?, b.parse::<u32>().ok()? / 8 * 8))
+        })
+        .collect();
+    let start = (pid % 250) * 32 + n % 32;
+    (0..250 * 32)
+        .map(|i| (start + i) % (250 * 32))
+        .map(|k| (k / 32, (k % 32) * 8))
+        .find(|ab| !used.contains(ab))
+        .ok_or_else(|| "no free 10.213.0.0/16 subnet".to_owned())
+}
+
 /// A network namespace for the server, joined to the test's namespace by a
 /// veth pair: the server at `server_ip`, the test at `client_ips`. Removed on drop.
 pub struct Netns {
@@ -55,8 +79,7 @@ impl Netns {
         let name = format!("glv{pid}-{n}");
         let host_if = format!("glh{}{n}", pid % 100_000);
         let peer_if = format!("gls{}{n}", pid % 100_000);
-        // 10.213.a.b/29 per namespace: a from the pid, b from the counter.
-        let (a, b) = (pid % 250, (n % 30) * 8);
+        let (a, b) = free_subnet(pid, n)?;
         let server_ip = format!("10.213.{a}.{}", b + 1);
         let client_ip = format!("10.213.{a}.{}", b + 2);
         let second_ip = format!("10.213.{a}.{}", b + 3);
