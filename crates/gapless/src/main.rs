@@ -1,13 +1,11 @@
 //! The `gapless` binary: parses flags and wires the crates together; no logic
 //! of its own lives here.
 
+mod alloc;
 mod cli;
 mod cmd;
 mod config;
 mod serve;
-
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
     let parsed = config::parse();

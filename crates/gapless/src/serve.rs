@@ -41,9 +41,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "could not raise the open-file limit");
     }
+    // Memory freed when clients leave goes back to the system even on an
+    // idle server (`alloc.rs`).
+    if let Err(e) = crate::alloc::start_background_purge() {
+        tracing::warn!(error = %e, "could not start the allocator's background thread");
+    }
     // Before anything records: the process-wide Prometheus recorder for /metrics.
     let _ = gapless_server::metrics::install();
-    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(crate::alloc::on_thread_idle)
+        .build()
+        .context("starting the async runtime")?;
     rt.block_on(serve(args))
 }
 
@@ -113,6 +122,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),
         console: args.console.unwrap_or(args.listen.ip().is_loopback()),
         fanout_threads: usize::from(args.fanout_threads),
+        on_thread_idle: Some(crate::alloc::on_thread_idle),
         ..ServerConfig::default()
     };
     let listener = bind(args.listen).with_context(|| {

@@ -1,6 +1,6 @@
 //! Transport settings: limits, heartbeat and socket options. Every field but
-//! `read_batch` is a `gapless serve` flag of the same name (see the README's
-//! settings table).
+//! `read_batch` and `on_thread_idle` is a `gapless serve` flag of the same
+//! name (see the README's settings table).
 
 /// Settings of the HTTP/SSE transport.
 #[derive(Debug, Clone)]
@@ -82,6 +82,10 @@ pub struct ServerConfig {
     /// run on the main runtime, so they are never queued behind a fan-out
     /// (docs/design.md, "Fan-out"). Default 0.
     pub fanout_threads: usize,
+    /// Called by a fan-out thread each time it goes idle (the runtime's
+    /// `on_thread_park`): the binary hands the thread's allocator cache back
+    /// there (`crates/gapless/src/alloc.rs`). Not a flag. Default none.
+    pub on_thread_idle: Option<fn()>,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +111,7 @@ impl Default for ServerConfig {
             read_batch: 256,
             console: false,
             fanout_threads: 0,
+            on_thread_idle: None,
         }
     }
 }

@@ -154,17 +154,11 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             send_whole(&conn, out, &shared.app.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
-            // A `/v1/ws` socket judges its client by its connection, as a stream does.
-            let tcp = if refused.is_none() && is_channels_upgrade(&buf) {
-                crate::tcp_info::Peer::take_over(conn.tcp(), shared.app.config.tcp_user_timeout_ms)
-            } else {
-                None
-            };
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
             let _open = crate::metrics::Open::<crate::metrics::HttpConn>::new();
-            boxed(serve_http(shared, conn, left, peer, refused, tcp)).await;
+            boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
 }
@@ -219,22 +213,6 @@ async fn read_head(conn: &mut Conn, buf: &mut BytesMut, max: usize) -> io::Resul
             });
         }
     }
-}
-
-/// Whether the whole head in `buf` asks to upgrade `/v1/ws` to a WebSocket.
-fn is_channels_upgrade(buf: &[u8]) -> bool {
-    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-    let mut parsed = httparse::Request::new(&mut headers);
-    if !matches!(parsed.parse(buf), Ok(httparse::Status::Complete(_))) {
-        return false;
-    }
-    let path = parsed.path.map(|t| t.split('?').next().unwrap_or(t));
-    path == Some("/v1/ws")
-        && parsed.headers.iter().any(|h| {
-            h.name.eq_ignore_ascii_case("upgrade")
-                && std::str::from_utf8(h.value)
-                    .is_ok_and(|v| v.trim().eq_ignore_ascii_case("websocket"))
-        })
 }
 
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
@@ -716,15 +694,20 @@ fn shut_write(tcp: &TcpStream) {
 
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
 /// WebSocket, and the request-head timeout); on shutdown, the response in
-/// flight finishes and the connection closes.
+/// flight finishes and the connection closes. The socket judges its client's
+/// liveness whatever is written on it ([`crate::liveness::Watched`]); each
+/// request carries the connection's [`crate::tcp_info::Peer`] (a WebSocket's
+/// heartbeat reads it).
 async fn serve_http(
     shared: Arc<Shared>,
     conn: Conn,
     first_head_timeout: Duration,
     peer: SocketAddr,
     refused: Option<Refused>,
-    tcp: Option<crate::tcp_info::Peer>,
 ) {
+    let bound_ms = shared.app.config.tcp_user_timeout_ms;
+    let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
+    let conn = crate::liveness::Watched::new(conn, bound_ms);
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -770,7 +753,7 @@ async fn serve_http(
                 if !parts.read_buf.is_empty() {
                     let limit = app.config.header_timeout_ms;
                     let out = whole(head_timeout(limit, parts.read_buf.len())).await;
-                    send_whole(&parts.io.into_inner(), out, &app.shutdown).await;
+                    send_whole(parts.io.inner().conn(), out, &app.shutdown).await;
                 }
             }
         }

@@ -16,6 +16,7 @@ pub mod head_error;
 pub mod history;
 pub mod limits;
 pub mod listener;
+pub mod liveness;
 pub mod metrics;
 pub mod openapi;
 pub mod publish;
@@ -270,11 +271,15 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)),
         n => n,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .worker_threads(threads)
         .thread_name("gapless-fanout")
-        .enable_all()
-        .build()?;
+        .enable_all();
+    if let Some(idle) = app.config.on_thread_idle {
+        builder.on_thread_park(idle);
+    }
+    let runtime = builder.build()?;
     let fanout_handle = runtime.handle().clone();
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();

@@ -199,19 +199,27 @@ impl Peer {
     /// `None` (the timeout stays, as set at accept) when `bound_ms` is 0 or
     /// `tcp_info` cannot be read here.
     pub fn take_over(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
-        if bound_ms == 0 {
-            return None;
-        }
-        let peer = Peer {
-            local: tcp.local_addr().ok()?,
-            peer: tcp.peer_addr().ok()?,
-            bound_ms: u32::try_from(bound_ms).unwrap_or(u32::MAX),
-        };
+        let peer = Peer::of(tcp, bound_ms)?;
         lookup(peer.local, peer.peer).ok()?;
         socket2::SockRef::from(tcp)
             .set_tcp_user_timeout(None)
             .ok()?;
         Some(peer)
+    }
+
+    /// The handle of `tcp` with `bound_ms`, to read its `tcp_info` (the
+    /// socket is left as it is: for a connection whose writes are judged by
+    /// [`crate::liveness::Watched`]). `None` when `bound_ms` is 0 or the
+    /// socket has no addresses.
+    pub fn of(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
+        if bound_ms == 0 {
+            return None;
+        }
+        Some(Peer {
+            local: tcp.local_addr().ok()?,
+            peer: tcp.peer_addr().ok()?,
+            bound_ms: u32::try_from(bound_ms).unwrap_or(u32::MAX),
+        })
     }
 
     /// [`Peer::take_over`] for a writer that holds the socket: only the bound
@@ -271,8 +279,11 @@ impl Bound {
     }
 }
 
-/// The rule of [`Peer::dead`] on one reading.
-fn judge(i: &TcpInfo, bound_ms: u32) -> bool {
+/// The rule of [`Peer::dead`] on one reading, with the bound in
+/// milliseconds: the server waits for an answer (data unacknowledged, or
+/// two probes unanswered) and the client's TCP has acknowledged nothing for
+/// the bound.
+pub fn judge(i: &TcpInfo, bound_ms: u32) -> bool {
     // One probe may be in flight to a live peer (its answer is a round trip
     // away); two unanswered probes are not.
     let owed = i.unacked > 0 || i.probes >= 2;

@@ -394,7 +394,41 @@ impl RawWs {
         path: &str,
         extra: &[(&str, &str)],
     ) -> (RawHandshake, Option<RawWs>) {
-        let mut tcp = TcpStream::connect(addr).await.expect("TCP connect");
+        let tcp = TcpStream::connect(addr).await.expect("TCP connect");
+        Self::handshake_on(tcp, addr, path, extra).await
+    }
+
+    /// Opens `path` offering `gapless.v1` from a socket with a small receive
+    /// buffer (`rcvbuf` bytes, which turns off receive autotuning, so the
+    /// server's writes wait as soon as the client stops reading), bound to
+    /// `from` if given; asserts the upgrade.
+    pub async fn connect_small_rcvbuf(
+        addr: SocketAddr,
+        path: &str,
+        rcvbuf: u32,
+        from: Option<std::net::IpAddr>,
+    ) -> RawWs {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        if let Some(ip) = from {
+            sock.bind(SocketAddr::new(ip, 0)).expect("bind");
+        }
+        let tcp = tokio::time::timeout(WAIT, sock.connect(addr))
+            .await
+            .expect("TCP connect timed out")
+            .expect("TCP connect");
+        let (hs, ws) =
+            Self::handshake_on(tcp, addr, path, &[("Sec-WebSocket-Protocol", PROTOCOL)]).await;
+        assert_eq!(hs.status, 101, "upgrade: {hs:?}");
+        ws.expect("upgraded")
+    }
+
+    async fn handshake_on(
+        mut tcp: TcpStream,
+        addr: SocketAddr,
+        path: &str,
+        extra: &[(&str, &str)],
+    ) -> (RawHandshake, Option<RawWs>) {
         let mut req = format!(
             "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
@@ -505,6 +539,73 @@ impl RawWs {
     pub async fn write_frame(&mut self, opcode: u8, payload: &[u8]) {
         let out = masked_frame(0x80 | opcode, payload);
         self.tcp.write_all(&out).await.expect("write frame");
+    }
+
+    /// Writes one masked frame unless the socket stays full for `within`
+    /// (the server stopped reading): whether it was written whole.
+    pub async fn try_write_frame(&mut self, opcode: u8, payload: &[u8], within: Duration) -> bool {
+        let frame = masked_frame(0x80 | opcode, payload);
+        matches!(
+            tokio::time::timeout(within, self.tcp.write_all(&frame)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// The next frame other than a ping or pong within `within`, answering
+    /// each ping on the way, as a live client does: `Ok(None)` on timeout.
+    pub async fn next_answering_pings(
+        &mut self,
+        within: Duration,
+    ) -> Result<Option<Frame>, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.read_frame(left).await? {
+                Some(f) if f.opcode == 9 => self
+                    .tcp
+                    .write_all(&masked_frame(0x80 | 10, &f.payload))
+                    .await
+                    .map_err(|e| format!("pong: {e}"))?,
+                Some(f) if f.opcode == 10 => {}
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Reads about `rate` bytes a second for `time` (a quarter second's
+    /// share, then a quarter-second pause) like a live client that is slow:
+    /// a ping is answered with a pong as soon as it has been read (behind
+    /// whatever came before it). Returns the other frames read whole, in
+    /// order; panics if the connection ends.
+    pub async fn read_slowly(&mut self, rate: usize, time: Duration) -> Vec<Frame> {
+        let t0 = Instant::now();
+        let mut frames = Vec::new();
+        let mut chunk = vec![0u8; (rate / 4).max(1)];
+        while t0.elapsed() < time {
+            let n = match self.tcp.read(&mut chunk).await {
+                Ok(0) => panic!("the server closed a slow reader after {:?}", t0.elapsed()),
+                Ok(n) => n,
+                Err(e) => panic!("a slow reader was cut after {:?}: {e}", t0.elapsed()),
+            };
+            self.buf.extend_from_slice(&chunk[..n]);
+            while let Some((frame, used)) = parse_frame(&self.buf) {
+                self.buf.drain(..used);
+                match frame.opcode {
+                    9 => {
+                        let pong = masked_frame(0x80 | 10, &frame.payload);
+                        self.tcp.write_all(&pong).await.expect("pong");
+                    }
+                    8 => panic!(
+                        "the server closed a slow reader after {:?}: {:?}",
+                        t0.elapsed(),
+                        frame.close_code()
+                    ),
+                    _ => frames.push(frame),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        frames
     }
 }
 

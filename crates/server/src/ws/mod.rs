@@ -156,14 +156,14 @@ pub async fn answer_close(socket: &mut WebSocket) {
 /// a pong included) within two intervals of the last frame it sent; the
 /// check runs at that deadline, not at the next ping.
 ///
-/// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (a
-/// `/v1/ws` socket whose liveness the server took over from
-/// `TCP_USER_TIMEOUT`), a client that is silent but whose TCP shows it
-/// reading behind (its window is full: data waits unsent, so the ping may
-/// wait behind data it has not read yet, while everything sent is
-/// acknowledged or it acknowledged something within the last interval) is
-/// not closed: it reads at its own pace.
-/// One whose TCP has acknowledged nothing for the bound is closed.
+/// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (every
+/// socket hyper serves has one where `tcp_info` can be read), a client that
+/// is silent but whose TCP shows it reading behind (its window is full: data
+/// waits unsent, so the ping may wait behind data it has not read yet, while
+/// everything sent is acknowledged or it acknowledged something within the
+/// last interval) is not closed: it reads at its own pace.
+/// One whose TCP has acknowledged nothing for the bound is closed. (A write
+/// that waits on a client that vanished fails by itself: `liveness.rs`.)
 pub struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
@@ -219,13 +219,6 @@ impl Heartbeat {
             }
             Err(_) => false,
         }
-    }
-
-    /// Whether the connection shows the client gone: its TCP owes an
-    /// answer and has acknowledged nothing for the bound (never without
-    /// `tcp`). For a writer blocked on a full socket.
-    pub fn gone(&self) -> bool {
-        self.tcp.as_ref().is_some_and(crate::tcp_info::Peer::dead)
     }
 
     /// Waits for the next beat (forever when heartbeats are off). Cancel-safe.

@@ -18,7 +18,7 @@ use crate::query::Query;
 use crate::stream_log::{Ended, Tally};
 use crate::App;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::SinkExt;
@@ -61,6 +61,7 @@ pub async fn handler(
     access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
+    tcp: Option<Extension<crate::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -82,9 +83,10 @@ pub async fn handler(
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
+    let tcp = tcp.map(|Extension(t)| t);
     Ok(match grant {
         Ok(grant) => ws.on_upgrade(move |socket| {
-            sockets.track_future(run(app, socket, id, last_seq, takeover, grant))
+            sockets.track_future(run(app, socket, id, last_seq, takeover, grant, tcp))
         }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
@@ -109,6 +111,7 @@ async fn run(
     last_seq: Option<u64>,
     takeover: bool,
     grant: Arc<Grant>,
+    tcp: Option<crate::tcp_info::Peer>,
 ) {
     let attach = app
         .sessions
@@ -125,7 +128,7 @@ async fn run(
         }
     };
     let mut tally = Tally::new(0);
-    let (c, reason) = consume(&app, &mut socket, att, &grant, &mut tally).await;
+    let (c, reason) = consume(&app, &mut socket, att, &grant, tcp, &mut tally).await;
     tally.ended_by(match c {
         0 => Ended::ClientClosed,
         code::NORMAL | code::SESSION_ATTACHED => Ended::SessionOver,
@@ -149,9 +152,11 @@ async fn consume(
     socket: &mut WebSocket,
     mut att: Attachment,
     grant: &Grant,
+    tcp: Option<crate::tcp_info::Peer>,
     tally: &mut Tally,
 ) -> (u16, String) {
-    let mut hb = Heartbeat::new(app.config.heartbeat_ms, None);
+    // A silent consumer whose TCP shows it reading behind is not closed.
+    let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     let mut expiry = super::Expiry::new(grant);
     let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let id = att.id().to_owned();

@@ -1,0 +1,59 @@
+//! The allocator: jemalloc, set up so that memory freed when clients leave
+//! goes back to the system on a server that then idles
+//! (`docs/reliability.md`, "Memory returns").
+//!
+//! Two things keep freed memory resident in jemalloc's defaults, measured
+//! with 4000 clients connecting and leaving (debug build, RSS baseline
+//! 23 MiB): pages freed but not yet returned, which jemalloc purges only
+//! while it allocates (RSS stayed 30 % over the baseline on an idle server;
+//! its background thread purges them within the decay time, 10 s), and each
+//! thread's cache of freed blocks, which a thread that goes idle keeps
+//! (about 2 MiB more). So the background thread is started, and a runtime
+//! thread that goes idle hands its cache back ([`on_thread_idle`]).
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+use tikv_jemalloc_ctl::{Access, AsName};
+
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Most often a thread's cache is handed back: idle threads park often
+/// under light load, and a cache refills after each flush.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// When this thread last handed its cache back.
+    static FLUSHED: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Starts jemalloc's background thread, which returns freed pages to the
+/// system within the decay time whether or not anything allocates.
+///
+/// # Errors
+/// jemalloc refused (for example, built without background threads).
+pub fn start_background_purge() -> Result<(), tikv_jemalloc_ctl::Error> {
+    tikv_jemalloc_ctl::background_thread::write(true)
+}
+
+/// For a runtime's `on_thread_park`: the calling thread hands the blocks in
+/// its cache back to the shared arenas (so the background thread can return
+/// their pages), at most every [`FLUSH_EVERY`]. jemalloc has no safe call to
+/// flush a cache, so it is turned off and on again (`thread.tcache.enabled`),
+/// which flushes it.
+pub fn on_thread_idle() {
+    let now = Instant::now();
+    let due = FLUSHED.with(|f| {
+        let due = f.get().is_none_or(|t| now.duration_since(t) >= FLUSH_EVERY);
+        if due {
+            f.set(Some(now));
+        }
+        due
+    });
+    if due {
+        let name = b"thread.tcache.enabled\0".name();
+        if name.write(false).is_ok() {
+            let _ = name.write(true);
+        }
+    }
+}
