@@ -11,6 +11,8 @@
 # Usage: scripts/bench-cluster.sh            (release binaries; builds them when missing)
 #   SUBS (1000) EVENTS (2000, at 200/s) PUB_EVENTS (30000)  sizes
 #   OUT   directory for the JSON-lines results (default bench/results/cluster-DATE)
+#   ONLY=fanout | ONLY=publish  run only that part (the Redis ceiling goes with publish)
+#   GAPLESS_BIN, GAPLESS_BENCH  other binaries (e.g. an older build, to compare)
 #   SMOKE=1  tiny sizes with the debug binaries: checks counts, not speed
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,22 +89,31 @@ redis_ceiling() { # $1 = appendfsync
   local payload; payload="n$(head -c 100 /dev/zero | tr '\0' x)"
   echo "== redis-benchmark, append script, appendfsync $1"
   redis-benchmark -p "$REDIS_PORT" -c 64 -n "$PUB_EVENTS" -r 1000 -q \
-    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus "$payload" |
+    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus 4096 "$payload" |
     tee -a "$OUT/redis-ceiling-$1.txt"
   stop_all
 }
 
-for fsync in always everysec; do
-  redis_ceiling "$fsync"
-done
+ONLY=${ONLY:-}
+publish() { [ "$ONLY" != fanout ]; }
+fanout() { [ "$ONLY" != publish ]; }
+
+if publish; then
+  for fsync in always everysec; do
+    redis_ceiling "$fsync"
+  done
+fi
 
 for n in 1 2 3; do
   for fsync in always everysec; do
+    if ! publish && [ "$fsync" != always ]; then continue; fi
     start_redis "$fsync"
     ADDRS=(); NODE_PIDS=()
     for _ in $(seq "$n"); do start_node --redis "redis://127.0.0.1:$REDIS_PORT"; done
-    bench "cluster-$n-$fsync" "publish-cluster-$n-$fsync" publish --publishers 64 --events "$PUB_EVENTS"
-    if [ "$fsync" = always ]; then
+    if publish; then
+      bench "cluster-$n-$fsync" "publish-cluster-$n-$fsync" publish --publishers 64 --events "$PUB_EVENTS"
+    fi
+    if fanout && [ "$fsync" = always ]; then
       bench "cluster-$n" "fanout-cluster-$n" fanout --subs "$SUBS" --events "$EVENTS" --rate 200
     fi
     stop_all
@@ -110,11 +121,14 @@ for n in 1 2 3; do
 done
 
 for durability in sync async; do
+  if ! publish && [ "$durability" != sync ]; then continue; fi
   ADDRS=(); NODE_PIDS=()
   rm -rf "$WORK/data"
   start_node --data-dir "$WORK/data" --durability "$durability"
-  bench "embedded-$durability" "publish-embedded-$durability" publish --publishers 64 --events "$PUB_EVENTS"
-  if [ "$durability" = sync ]; then
+  if publish; then
+    bench "embedded-$durability" "publish-embedded-$durability" publish --publishers 64 --events "$PUB_EVENTS"
+  fi
+  if fanout && [ "$durability" = sync ]; then
     bench "embedded" "fanout-embedded" fanout --subs "$SUBS" --events "$EVENTS" --rate 200
   fi
   stop_all

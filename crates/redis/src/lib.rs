@@ -21,6 +21,7 @@
 mod bus;
 mod codec;
 mod conn;
+mod notification;
 mod scripts;
 mod sessions;
 
@@ -39,13 +40,16 @@ use tokio_util::sync::CancellationToken;
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
 /// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
-/// channel, then one payload (`n<data>`) per event.
+/// channel, inline bytes (see [`RedisOptions::inline_bytes`]), then one
+/// payload (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
 
 /// The Redis pub/sub channel that carries commit notifications between nodes.
 pub const BUS_CHANNEL: &str = "gapless:bus";
+
+pub use notification::DEFAULT_INLINE_BYTES;
 
 /// How the cluster journal connects and what it keeps.
 #[derive(Debug, Clone)]
@@ -65,9 +69,19 @@ pub struct RedisOptions {
     /// it follows (catching a notification the bus lost when no later one
     /// comes), and applies retention by age to them (default 1000; 0 = never).
     pub poll_ms: u64,
+    /// The largest append, in bytes of payload (type and data of all its
+    /// events), whose events the notification carries itself, so that the
+    /// other nodes deliver them without reading Redis (default
+    /// [`DEFAULT_INLINE_BYTES`]; 0 = never: every node reads every commit).
+    /// Larger appends are notified by reference.
+    pub inline_bytes: u64,
     /// Testing only: drop every Nth notification received from the bus, as if
     /// the bus had lost it (0, the default, drops none).
     pub drop_notifications_every: u64,
+    /// Testing only: hold back every Nth notification received from the bus
+    /// and handle it after the next one, as if the bus had reordered them (0,
+    /// the default, holds none).
+    pub reorder_notifications_every: u64,
 }
 
 impl Default for RedisOptions {
@@ -78,7 +92,9 @@ impl Default for RedisOptions {
             timeout_ms: 2000,
             retention: Retention::default(),
             poll_ms: 1000,
+            inline_bytes: DEFAULT_INLINE_BYTES,
             drop_notifications_every: 0,
+            reorder_notifications_every: 0,
         }
     }
 }
@@ -99,6 +115,7 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     last_poll_ms: AtomicU64,
     notifications: AtomicU64,
+    outcomes: bus::Outcomes,
     leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
@@ -131,6 +148,7 @@ impl RedisJournal {
             closed: AtomicBool::new(false),
             last_poll_ms: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
+            outcomes: bus::Outcomes::new(),
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
@@ -246,7 +264,8 @@ impl Inner {
                     .arg(r.max_events)
                     .arg(r.max_age_ms)
                     .arg(&fresh)
-                    .arg(BUS_CHANNEL);
+                    .arg(BUS_CHANNEL)
+                    .arg(self.opts.inline_bytes);
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }
