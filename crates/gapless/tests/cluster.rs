@@ -507,6 +507,49 @@ async fn inline_notifications_and_dropped_or_reordered_ones_all_deliver_exactly(
     assert!((1.0..=2.0).contains(&read), "inline {inline}, read {read}");
 }
 
+fn published(m: &BTreeMap<String, f64>, durability: &str) -> Option<f64> {
+    m.get(&format!(
+        "gapless_events_published_total{{durability=\"{durability}\"}}"
+    ))
+    .copied()
+}
+
+#[tokio::test]
+async fn the_durability_label_is_what_the_redis_settings_give() {
+    // AOF fsynced at every write: `sync`.
+    let redis = Redis::start().await;
+    let a = node(&redis, &[]).await;
+    a.publish(CH, "x").await;
+    a.publish(CH, "y").await;
+    let m = metrics(&a).await;
+    assert_eq!(published(&m, "sync"), Some(2.0), "{m:?}");
+    // fsynced once a second: `async`, and the start warns, naming the setting.
+    let lazy = Redis::start_with(&["--appendfsync", "everysec"]).await;
+    let b = node(&lazy, &[]).await;
+    b.publish(CH, "z").await;
+    let m = metrics(&b).await;
+    assert_eq!(
+        (published(&m, "async"), published(&m, "sync")),
+        (Some(1.0), None),
+        "{m:?}"
+    );
+    assert!(
+        b.log().contains("Redis appendfsync is 'everysec'"),
+        "{}",
+        b.log()
+    );
+    // No persistence at all, switched while the node runs: seen when the node
+    // reconnects its bus (as after a restart or failover of Redis).
+    lazy.cli(&["CONFIG", "SET", "appendonly", "no"]).await;
+    lazy.cli(&["CONFIG", "SET", "save", ""]).await;
+    lazy.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    eventually("publishes counted as `memory`", WAIT, || async {
+        b.publish(CH, "w").await;
+        published(&metrics(&b).await, "memory").is_some()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn cross_node_delivery_takes_a_few_milliseconds() {
     let redis = Redis::start().await;

@@ -365,9 +365,15 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                 if was_up {
                     tracing::info!("Redis notifications reconnected; re-reading followed heads");
                 }
-                // Whatever was committed while we were not listening.
+                // Whatever was committed while we were not listening; and
+                // Redis may have restarted or failed over with other settings.
                 let resync = inner.clone();
-                tokio::spawn(async move { resync.resync().await });
+                tokio::spawn(async move {
+                    resync.resync().await;
+                    if let Err(e) = resync.read_settings(gapless_core::journal::now_ms()).await {
+                        tracing::debug!(error = %e, "could not read the Redis persistence settings");
+                    }
+                });
                 let mut stream = ps.into_on_message();
                 // Testing only: a notification held back to be handled after the next.
                 let mut held: Option<Vec<u8>> = None;

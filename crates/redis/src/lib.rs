@@ -24,6 +24,7 @@ mod conn;
 mod notification;
 mod scripts;
 mod sessions;
+mod settings;
 
 use async_trait::async_trait;
 use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
@@ -116,6 +117,7 @@ pub(crate) struct Inner {
     last_poll_ms: AtomicU64,
     notifications: AtomicU64,
     outcomes: bus::Outcomes,
+    durability: settings::Durability,
     leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
@@ -149,6 +151,7 @@ impl RedisJournal {
             last_poll_ms: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
             outcomes: bus::Outcomes::new(),
+            durability: settings::Durability::default(),
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
@@ -158,68 +161,29 @@ impl RedisJournal {
         Ok(RedisJournal { inner, tasks })
     }
 
-    /// Reads the Redis settings that durability depends on and returns one
-    /// warning per setting that cannot give the promise (`sync`: a 2xx means
-    /// the event is in the primary's AOF, fsynced: `appendonly yes` and
+    /// Reads the Redis settings that durability depends on, sets the
+    /// durability label from them (`settings.rs`), and returns one warning
+    /// per setting that cannot give the promise (`sync`: a 2xx means the
+    /// event is in the primary's AOF, fsynced: `appendonly yes` and
     /// `appendfsync always`; either way `maxmemory-policy noeviction`, since
     /// an evicted channel loses its history, which clients are told as an
-    /// `epoch` gap). A Redis that refuses `CONFIG GET` gets one warning saying so.
+    /// `epoch` gap). A Redis that refuses `CONFIG GET` gets one warning saying
+    /// so, and the label `unknown`.
     ///
     /// # Errors
     /// [`JournalError::Unavailable`] when Redis cannot be reached.
     pub async fn check_settings(&self, sync: bool) -> Result<Vec<String>, JournalError> {
-        let got = self
+        match self
             .inner
-            .conn
-            .run(|mut c| async move {
-                let mut p = redis::pipe();
-                p.cmd("CONFIG").arg("GET").arg("appendonly");
-                p.cmd("CONFIG").arg("GET").arg("appendfsync");
-                p.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
-                p.query_async::<Vec<Vec<String>>>(&mut c).await
-            })
-            .await;
-        let got = match got {
-            Ok(g) => g,
-            Err(JournalError::Storage(e)) => {
-                return Ok(vec![format!(
-                    "could not read the Redis persistence settings (CONFIG GET: {e}); \
-                     check appendonly, appendfsync and maxmemory-policy by hand"
-                )])
-            }
-            Err(e) => return Err(e),
-        };
-        let value = |i: usize| {
-            got.get(i)
-                .and_then(|v| v.get(1))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let mut warnings = Vec::new();
-        if sync && value(0) != "yes" {
-            warnings.push(format!(
-                "Redis appendonly is '{}': with --durability sync an acknowledged event \
-                 must be in the AOF; set `appendonly yes` (a restart of Redis would lose \
-                 events, which clients are told as an epoch gap)",
-                value(0)
-            ));
+            .read_settings(gapless_core::journal::now_ms())
+            .await?
+        {
+            settings::Read::Settings(s) => Ok(s.warnings(sync)),
+            settings::Read::Refused(e) => Ok(vec![format!(
+                "could not read the Redis persistence settings (CONFIG GET: {e}); \
+                 check appendonly, appendfsync, save and maxmemory-policy by hand"
+            )]),
         }
-        if sync && value(1) != "always" {
-            warnings.push(format!(
-                "Redis appendfsync is '{}': with --durability sync a 2xx must mean fsynced; \
-                 set `appendfsync always` (otherwise a crash of Redis can lose up to a second \
-                 of acknowledged events without a gap notice)",
-                value(1)
-            ));
-        }
-        if value(2) != "noeviction" {
-            warnings.push(format!(
-                "Redis maxmemory-policy is '{}': set `noeviction` (an evicted channel loses \
-                 its whole history; clients are told so with an epoch gap)",
-                value(2)
-            ));
-        }
-        Ok(warnings)
     }
 
     fn fresh_epoch() -> String {
@@ -434,8 +398,12 @@ impl Journal for RedisJournal {
     /// fills any head this node missed. Channels nobody here follows are
     /// trimmed by age at their next read or publish.
     async fn evict_expired(&self, now: u64) -> Result<(), JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.inner.reread_settings(now).await;
         let poll = self.inner.opts.poll_ms;
-        if poll == 0 || self.inner.closed.load(Ordering::Acquire) {
+        if poll == 0 {
             return Ok(());
         }
         let last = self.inner.last_poll_ms.load(Ordering::Relaxed);
@@ -445,6 +413,12 @@ impl Journal for RedisJournal {
         self.inner.last_poll_ms.store(now, Ordering::Relaxed);
         self.inner.resync().await;
         Ok(())
+    }
+
+    /// What Redis's persistence settings give an acknowledged append, as
+    /// last read: `sync`, `async`, `memory` or `unknown` (`settings.rs`).
+    fn durability(&self) -> &'static str {
+        self.inner.durability()
     }
 
     async fn ready(&self) -> Result<(), JournalError> {
