@@ -8,15 +8,19 @@
 //! notification to the other nodes happen in one atomic step, and a batch is
 //! all or nothing.
 //!
-//! Fan-out between nodes (`bus.rs`): the append script publishes
-//! `<epoch> <first> <last> <channel>` on the Redis pub/sub channel
-//! `gapless:bus`. A node that follows the channel reads the events it does
-//! not have yet from Redis (once per node, not per subscriber) and feeds them
-//! to its hub through the [`CommitSink`], exactly as its own commits. A node
+//! Fan-out between nodes (`bus.rs`): the append script publishes a
+//! notification on the Redis pub/sub channel `gapless:bus`
+//! (`notification.rs`): `<epoch> <first> <last> <channel>`, followed by the
+//! events themselves when the append is small (`inline_bytes`). A node that
+//! follows the channel feeds the events it does not have yet to its hub
+//! through the [`CommitSink`], exactly as its own commits: from the
+//! notification when they continue exactly what it delivered before,
+//! otherwise read from Redis (once per node, not per subscriber). A node
 //! that sees a hole (a lost or late notification) reads the whole missing
 //! range first, so the order is exact even when the bus drops a message;
 //! after losing its bus connection, and every `poll_ms` anyway, it re-reads
-//! the heads of the channels it follows.
+//! the heads of the channels it follows. `settings.rs` reads Redis's
+//! persistence settings (start-up warnings, the durability label).
 
 mod bus;
 mod codec;
