@@ -12,6 +12,7 @@
 #   SUBS (1000) EVENTS (2000, at 200/s) PUB_EVENTS (30000)  sizes
 #   OUT   directory for the JSON-lines results (default bench/results/cluster-DATE)
 #   ONLY=fanout | ONLY=publish  run only that part (the Redis ceiling goes with publish)
+#   NODE_COUNTS ("1 2 3")  cluster sizes to run; EMBEDDED=0 skips the embedded single node
 #   GAPLESS_BIN, GAPLESS_BENCH  other binaries (e.g. an older build, to compare)
 #   SMOKE=1  tiny sizes with the debug binaries: checks counts, not speed
 set -euo pipefail
@@ -104,7 +105,7 @@ if publish; then
   done
 fi
 
-for n in 1 2 3; do
+for n in ${NODE_COUNTS-1 2 3}; do
   for fsync in always everysec; do
     if ! publish && [ "$fsync" != always ]; then continue; fi
     start_redis "$fsync"
@@ -121,6 +122,7 @@ for n in 1 2 3; do
 done
 
 for durability in sync async; do
+  if [ "${EMBEDDED:-1}" = 0 ]; then break; fi
   if ! publish && [ "$durability" != sync ]; then continue; fi
   ADDRS=(); NODE_PIDS=()
   rm -rf "$WORK/data"
