@@ -4,13 +4,20 @@
 #   - publish throughput, 64 publishers spread over the nodes, with Redis at
 #     `appendfsync always` (what --durability sync needs) and at `everysec` (async);
 #   - fan-out: SUBS subscribers spread over the nodes, 200 events/s published on the first
-#     node: end-to-end latency p50/p99 and deliveries/s;
+#     node: end-to-end latency p50/p99 (also per node) and deliveries/s;
+#   - the hop alone: two nodes, 200 events/s published on the first, all SUBS subscribers
+#     on the first ("local"), then all on the second ("remote"): the same processes and
+#     work, only the subscribers' node differs;
 # and the same two on one embedded node (sync; publish also async), and `redis-benchmark`
 # running the append script itself (EVALSHA, 64 clients) at both fsync settings.
 #
 # Usage: scripts/bench-cluster.sh            (release binaries; builds them when missing)
 #   SUBS (1000) EVENTS (2000, at 200/s) PUB_EVENTS (30000)  sizes
 #   OUT   directory for the JSON-lines results (default bench/results/cluster-DATE)
+#   ONLY=fanout | ONLY=publish  run only that part (the Redis ceiling goes with publish)
+#   NODE_COUNTS ("1 2 3")  cluster sizes to run; EMBEDDED=0 skips the embedded single node;
+#   HOP=0 skips the hop-alone pair (run with two nodes)
+#   GAPLESS_BIN, GAPLESS_BENCH  other binaries (e.g. an older build, to compare)
 #   SMOKE=1  tiny sizes with the debug binaries: checks counts, not speed
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,40 +84,67 @@ bench() { # label file scenario args…
     grep -E 'counts|events/s|deliveries|latency|p50|p99' | sed 's/^/   /' || true
 }
 
+hop() { # label file: publish on ADDRS[0], every subscriber on $3
+  local label=$1 file=$2 sub=$3
+  local pids=(); for p in "${NODE_PIDS[@]}"; do pids+=(--server-pid "$p"); done
+  echo "== $label: fanout, subscribers on $sub"
+  "$BENCH" --addr "${ADDRS[0]}" --sub-url "http://$sub/v1/channels/{channel}/sse" "${pids[@]}" \
+    --label "$label" --timeout-secs 60 --json "$OUT/$file.jsonl" \
+    fanout --subs "$SUBS" --events "$EVENTS" --rate 200 | tee "$WORK/out.txt" |
+    grep -E 'counts|events/s|deliveries|latency|p50|p99' | sed 's/^/   /' || true
+}
+
 redis_ceiling() { # $1 = appendfsync
   start_redis "$1"
   local sha; sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$script_src")
   local payload; payload="n$(head -c 100 /dev/zero | tr '\0' x)"
   echo "== redis-benchmark, append script, appendfsync $1"
   redis-benchmark -p "$REDIS_PORT" -c 64 -n "$PUB_EVENTS" -r 1000 -q \
-    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus "$payload" |
+    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus 4096 "$payload" |
     tee -a "$OUT/redis-ceiling-$1.txt"
   stop_all
 }
 
-for fsync in always everysec; do
-  redis_ceiling "$fsync"
-done
+ONLY=${ONLY:-}
+publish() { [ "$ONLY" != fanout ]; }
+fanout() { [ "$ONLY" != publish ]; }
 
-for n in 1 2 3; do
+if publish; then
   for fsync in always everysec; do
+    redis_ceiling "$fsync"
+  done
+fi
+
+for n in ${NODE_COUNTS-1 2 3}; do
+  for fsync in always everysec; do
+    if ! publish && [ "$fsync" != always ]; then continue; fi
     start_redis "$fsync"
     ADDRS=(); NODE_PIDS=()
     for _ in $(seq "$n"); do start_node --redis "redis://127.0.0.1:$REDIS_PORT"; done
-    bench "cluster-$n-$fsync" "publish-cluster-$n-$fsync" publish --publishers 64 --events "$PUB_EVENTS"
-    if [ "$fsync" = always ]; then
+    if publish; then
+      bench "cluster-$n-$fsync" "publish-cluster-$n-$fsync" publish --publishers 64 --events "$PUB_EVENTS"
+    fi
+    if fanout && [ "$fsync" = always ]; then
       bench "cluster-$n" "fanout-cluster-$n" fanout --subs "$SUBS" --events "$EVENTS" --rate 200
+      if [ "$n" = 2 ] && [ "${HOP:-1}" = 1 ]; then
+        hop "hop-local" "fanout-hop-local" "${ADDRS[0]}"
+        hop "hop-remote" "fanout-hop-remote" "${ADDRS[1]}"
+      fi
     fi
     stop_all
   done
 done
 
 for durability in sync async; do
+  if [ "${EMBEDDED:-1}" = 0 ]; then break; fi
+  if ! publish && [ "$durability" != sync ]; then continue; fi
   ADDRS=(); NODE_PIDS=()
   rm -rf "$WORK/data"
   start_node --data-dir "$WORK/data" --durability "$durability"
-  bench "embedded-$durability" "publish-embedded-$durability" publish --publishers 64 --events "$PUB_EVENTS"
-  if [ "$durability" = sync ]; then
+  if publish; then
+    bench "embedded-$durability" "publish-embedded-$durability" publish --publishers 64 --events "$PUB_EVENTS"
+  fi
+  if fanout && [ "$durability" = sync ]; then
     bench "embedded" "fanout-embedded" fanout --subs "$SUBS" --events "$EVENTS" --rate 200
   fi
   stop_all

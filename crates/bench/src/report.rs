@@ -77,6 +77,20 @@ impl Record {
         self.curves.push((prefix.to_owned(), points));
     }
 
+    /// Records `{prefix}_p50_ms` and `{prefix}_p99_ms` of a latency histogram
+    /// (µs), without a curve (per-node breakdowns of a latency already recorded).
+    pub fn quantiles(&mut self, prefix: &str, h: &Histogram<u64>) {
+        if h.is_empty() {
+            return;
+        }
+        for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+            self.metric(
+                &format!("{prefix}_{name}_ms"),
+                h.value_at_quantile(q) as f64 / 1000.0,
+            );
+        }
+    }
+
     /// Records a failed exactness check.
     pub fn problem(&mut self, what: String) {
         self.exact = false;

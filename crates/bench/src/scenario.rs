@@ -155,7 +155,7 @@ impl Group {
     /// Subscribes tracker `i` to channel `names[trackers[i].channel]`, resuming
     /// after the tracker's last event ID when `resume` is set.
     fn spawn(ctx: &Ctx, names: &[String], trackers: Vec<Tracker>, resume: bool) -> Group {
-        let board = Board::new(trackers.len());
+        let board = Board::new(trackers.len(), ctx.nodes.len());
         let stop = CancellationToken::new();
         let tasks = trackers
             .into_iter()
@@ -571,6 +571,9 @@ async fn spread(
         .load(Ordering::Relaxed)
         .saturating_sub(t0_us);
     let latency = group.board.latency();
+    let node_latency: Vec<_> = (0..group.board.nodes())
+        .map(|k| group.board.node_latency(k))
+        .collect();
     let trackers = group.finish().await?;
 
     let published: u64 = outcome.issued.iter().sum();
@@ -584,6 +587,11 @@ async fn spread(
     );
     r.metric("events_per_read", delivered as f64 / reads.max(1) as f64);
     r.latency("latency", &latency);
+    if node_latency.len() > 1 {
+        for (k, h) in node_latency.iter().enumerate() {
+            r.quantiles(&format!("latency_node{k}"), h);
+        }
+    }
     r.latency("ack", &outcome.ack);
     cpu_metrics(&mut r, &usage, delivered, "delivery");
     if !complete {

@@ -5,7 +5,9 @@
 //!
 //! Tasks report progress through a shared [`Board`]: attached count, warm-up
 //! numbers seen, unique deliveries, the time of the latest one, and latency
-//! histograms (sharded, recorded once per socket read).
+//! histograms (sharded, recorded once per socket read; with several nodes
+//! each shard holds the subscribers of one node, so latency is also known per
+//! node).
 
 use crate::http::{request, Conn};
 use crate::payload::{self, Payload};
@@ -41,14 +43,20 @@ pub struct Board {
     pub connected: AtomicUsize,
     /// Subscriber tasks that ended with an error.
     pub failed: AtomicUsize,
+    /// Shard `s` holds subscribers `i` with `i % latency.len() == s`; its
+    /// node is `s % nodes` (subscriber `i` is on node `i % nodes`).
     latency: Vec<Mutex<Histogram<u64>>>,
+    nodes: usize,
     connect: Mutex<Histogram<u64>>,
     first_error: Mutex<Option<String>>,
 }
 
 impl Board {
-    /// A board for `n` subscribers.
-    pub fn new(n: usize) -> Arc<Self> {
+    /// A board for `n` subscribers spread round robin over `nodes` nodes (1
+    /// for a single server).
+    pub fn new(n: usize, nodes: usize) -> Arc<Self> {
+        let nodes = nodes.max(1);
+        let shards = SHARDS.div_ceil(nodes) * nodes;
         Arc::new(Board {
             warm: (0..n).map(|_| AtomicU64::new(0)).collect(),
             delivered: AtomicU64::new(0),
@@ -57,7 +65,8 @@ impl Board {
             record_latency: AtomicBool::new(true),
             connected: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
-            latency: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
+            latency: (0..shards).map(|_| Mutex::new(histogram())).collect(),
+            nodes,
             connect: Mutex::new(histogram()),
             first_error: Mutex::new(None),
         })
@@ -71,6 +80,23 @@ impl Board {
             let _ = all.add(&*s.lock());
         }
         all
+    }
+
+    /// Delivery latency (µs) of the subscribers on node `node` (0-based, in
+    /// the order of `--addr` then `--nodes`).
+    pub fn node_latency(&self, node: usize) -> Histogram<u64> {
+        let mut all = histogram();
+        for (i, s) in self.latency.iter().enumerate() {
+            if i % self.nodes == node {
+                let _ = all.add(&*s.lock());
+            }
+        }
+        all
+    }
+
+    /// How many nodes the subscribers are spread over.
+    pub fn nodes(&self) -> usize {
+        self.nodes
     }
 
     /// Clears the latency histograms.
@@ -296,7 +322,7 @@ async fn run(
     drop(permit);
     board.connected.fetch_add(1, Ordering::Relaxed);
 
-    let shard = &board.latency[tracker.id % SHARDS];
+    let shard = &board.latency[tracker.id % board.latency.len()];
     let warm = &board.warm[tracker.id];
     let mut latencies: Vec<u64> = Vec::with_capacity(64);
     loop {

@@ -355,7 +355,10 @@ pub struct Hub {
     journal: Arc<dyn Journal>,
     /// Metric handles of the publish path, looked up once (the recorder is
     /// installed before the hub is built; without one they record nothing).
-    published: metrics::Counter,
+    /// `gapless_events_published_total` under the journal's durability label
+    /// as last seen (a journal in Redis reports what Redis's settings give,
+    /// which can change while the server runs).
+    published: parking_lot::RwLock<(&'static str, metrics::Counter)>,
     published_ephemeral: metrics::Counter,
     publish_seconds: metrics::Histogram,
 }
@@ -374,10 +377,13 @@ impl Hub {
     /// Builds a hub. `channels` must be the sink the journal was opened with.
     pub fn new(channels: Arc<Channels>, journal: Arc<dyn Journal>) -> Self {
         Hub {
-            published: metrics::counter!(
-                "gapless_events_published_total",
-                "durability" => journal.durability()
-            ),
+            published: parking_lot::RwLock::new((
+                journal.durability(),
+                metrics::counter!(
+                    "gapless_events_published_total",
+                    "durability" => journal.durability()
+                ),
+            )),
             published_ephemeral: metrics::counter!(
                 "gapless_events_published_total",
                 "durability" => "ephemeral"
@@ -411,9 +417,24 @@ impl Hub {
             .await?;
         self.publish_seconds.record(started.elapsed());
         if !appended.duplicate {
-            self.published.increment(n);
+            self.count_published(n);
         }
         Ok(appended)
+    }
+
+    /// Counts `n` published events under the journal's current durability label.
+    fn count_published(&self, n: u64) {
+        let label = self.journal.durability();
+        {
+            let p = self.published.read();
+            if p.0 == label {
+                p.1.increment(n);
+                return;
+            }
+        }
+        let c = metrics::counter!("gapless_events_published_total", "durability" => label);
+        c.increment(n);
+        *self.published.write() = (label, c);
     }
 
     /// Delivers an event live to the channel's current subscribers only: no seq,

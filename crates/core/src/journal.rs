@@ -204,8 +204,9 @@ pub trait Journal: Send + Sync + 'static {
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError>;
 
     /// When an append is acknowledged, as the `durability` label of
-    /// `gapless_events_published_total`: `sync`, `async` or `memory`.
-    /// Default `sync`.
+    /// `gapless_events_published_total`: `sync`, `async` or `memory`
+    /// (`unknown` from a journal that cannot tell). Asked at every publish,
+    /// so it may change while the server runs. Default `sync`.
     fn durability(&self) -> &'static str {
         "sync"
     }

@@ -252,6 +252,15 @@ pub struct RedisArgs {
         default_value_t = 1000
     )]
     pub poll_ms: u64,
+    /// Largest append (bytes of type and data over its events) whose events the bus notification
+    /// carries, so other nodes deliver them without reading Redis; larger ones are read. 0 = never.
+    #[arg(
+        long = "redis-inline-bytes",
+        env = "GAPLESS_REDIS_INLINE_BYTES",
+        default_value_t = gapless_redis::DEFAULT_INLINE_BYTES,
+        value_parser = clap::value_parser!(u64).range(0..=1_048_576)
+    )]
+    pub inline_bytes: u64,
     /// Testing only: drop every Nth notification from the bus, as if it were lost; 0 = none.
     #[arg(
         long = "redis-test-drop-notifications",
@@ -260,4 +269,13 @@ pub struct RedisArgs {
         hide = true
     )]
     pub test_drop_notifications: u64,
+    /// Testing only: handle every Nth notification from the bus after the next one, as if the
+    /// bus had reordered them; 0 = none.
+    #[arg(
+        long = "redis-test-reorder-notifications",
+        env = "GAPLESS_REDIS_TEST_REORDER_NOTIFICATIONS",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub test_reorder_notifications: u64,
 }

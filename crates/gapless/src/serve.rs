@@ -209,7 +209,9 @@ async fn open_redis(
             timeout_ms: r.timeout_ms,
             retention,
             poll_ms: r.poll_ms,
+            inline_bytes: r.inline_bytes,
             drop_notifications_every: r.test_drop_notifications,
+            reorder_notifications_every: r.test_reorder_notifications,
         },
         channels,
     )

@@ -425,6 +425,131 @@ async fn a_dropped_bus_notification_does_not_change_the_order() {
     }
 }
 
+/// `name{labels}` -> value of a node's `GET /metrics`.
+async fn metrics(n: &Server) -> BTreeMap<String, f64> {
+    let r = n.get("/metrics").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn notifications(m: &BTreeMap<String, f64>, outcome: &str) -> f64 {
+    m.get(&format!(
+        "gapless_cluster_notifications_total{{outcome=\"{outcome}\"}}"
+    ))
+    .copied()
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn inline_notifications_and_dropped_or_reordered_ones_all_deliver_exactly() {
+    let redis = Redis::start().await;
+    let a = node(&redis, &[]).await;
+    // b hears the bus as it is: small appends arrive inline, the large one by reference.
+    let b = node(&redis, &[]).await;
+    // c loses every second notification, d handles every third after the next one.
+    let c = node(&redis, &["--redis-test-drop-notifications", "2"]).await;
+    let d = node(&redis, &["--redis-test-reorder-notifications", "3"]).await;
+    let mut subs = Vec::new();
+    for n in [&a, &b, &c, &d] {
+        subs.push(n.subscribe(CH, "since=earliest").await.0);
+    }
+    // (type, data) per seq, in the order published on a.
+    let mut want: Vec<(String, String)> = Vec::new();
+    let single = |k: usize| format!("e{k}: a colon\nand a second line");
+    for k in 1..=12 {
+        a.publish(CH, &single(k)).await;
+        want.push(("message".into(), single(k)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let batch = serde_json::json!([
+        {"data": "b1", "type": "t1"},
+        {"data": "b2\n\nz"},
+        {"data": "", "type": "t3"}
+    ]);
+    a.batch(CH, &batch, &[]).await.expect(201);
+    want.extend([
+        ("t1".into(), "b1".into()),
+        ("message".into(), "b2\n\nz".into()),
+        ("t3".into(), String::new()),
+    ]);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Larger than --redis-inline-bytes (4096 by default): notified by reference.
+    let large = "L".repeat(5000);
+    a.publish(CH, &large).await;
+    want.push(("message".into(), large));
+    for k in 13..=24 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        a.publish(CH, &single(k)).await;
+        want.push(("message".into(), single(k)));
+    }
+    let total = want.len() as u64;
+    for (i, sub) in subs.iter_mut().enumerate() {
+        let got = read_until(sub, total).await;
+        assert_eq!(seqs(&got), (1..=total).collect::<Vec<_>>(), "node {i}");
+        for e in &got {
+            let (t, d) = &want[(seq(e) - 1) as usize];
+            assert_eq!((&e.event, &e.data), (t, d), "node {i}, seq {}", seq(e));
+        }
+    }
+    // b delivered the small appends from the notifications themselves: of its
+    // 26 notifications at most the first (before b knew the channel's head)
+    // and the large one were read from Redis.
+    let m = metrics(&b).await;
+    let (inline, read) = (notifications(&m, "inline"), notifications(&m, "read"));
+    assert!(inline >= 24.0, "inline {inline}, read {read}: {m:?}");
+    assert!((1.0..=2.0).contains(&read), "inline {inline}, read {read}");
+}
+
+fn published(m: &BTreeMap<String, f64>, durability: &str) -> Option<f64> {
+    m.get(&format!(
+        "gapless_events_published_total{{durability=\"{durability}\"}}"
+    ))
+    .copied()
+}
+
+#[tokio::test]
+async fn the_durability_label_is_what_the_redis_settings_give() {
+    // AOF fsynced at every write: `sync`.
+    let redis = Redis::start().await;
+    let a = node(&redis, &[]).await;
+    a.publish(CH, "x").await;
+    a.publish(CH, "y").await;
+    let m = metrics(&a).await;
+    assert_eq!(published(&m, "sync"), Some(2.0), "{m:?}");
+    // fsynced once a second: `async`, and the start warns, naming the setting.
+    let lazy = Redis::start_with(&["--appendfsync", "everysec"]).await;
+    let b = node(&lazy, &[]).await;
+    b.publish(CH, "z").await;
+    let m = metrics(&b).await;
+    assert_eq!(
+        (published(&m, "async"), published(&m, "sync")),
+        (Some(1.0), None),
+        "{m:?}"
+    );
+    assert!(
+        b.log().contains("Redis appendfsync is 'everysec'"),
+        "{}",
+        b.log()
+    );
+    // No persistence at all, switched while the node runs: seen when the node
+    // reconnects its bus (as after a restart or failover of Redis).
+    lazy.cli(&["CONFIG", "SET", "appendonly", "no"]).await;
+    lazy.cli(&["CONFIG", "SET", "save", ""]).await;
+    lazy.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    eventually("publishes counted as `memory`", WAIT, || async {
+        b.publish(CH, "w").await;
+        published(&metrics(&b).await, "memory").is_some()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn cross_node_delivery_takes_a_few_milliseconds() {
     let redis = Redis::start().await;

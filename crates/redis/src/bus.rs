@@ -11,14 +11,19 @@
 //! - a report at or below the known head is dropped (already delivered);
 //! - a local commit that starts right after the known head is reported as is
 //!   (no read);
+//! - a notification that carries its events (inline, `notification.rs`) and
+//!   starts right after the known head, in the known epoch, is reported as is
+//!   (no read): the common case of live fan-out from another node, handled in
+//!   the listener itself when the track is free;
 //! - anything else (a hole: a lost, late or reordered notification, a new
-//!   epoch, a commit made on another node) is *filled*: the events after the
+//!   epoch, a notification by reference) is *filled*: the events after the
 //!   known head are read from Redis in pages and reported in order. A hole
 //!   longer than [`FILL_MAX`] events reports only the newest `FILL_MAX`; the
 //!   hub then sees a discontinuity, and subscribers further behind read the
 //!   journal themselves.
 
 use crate::conn::{jitter, MAX_BACKOFF, MIN_BACKOFF};
+use crate::notification::{self, Notification};
 use crate::{Inner, BUS_CHANNEL};
 use futures::StreamExt;
 use gapless_core::journal::ChannelState;
@@ -38,6 +43,34 @@ const FILL_PAGE: usize = 256;
 const FILL_BYTES: usize = 1 << 20;
 /// Channels re-read at once by a resync.
 const RESYNC_CONCURRENCY: usize = 32;
+
+/// How this node handled the commit notifications it received, counted in
+/// `gapless_cluster_notifications_total{outcome}` (handles looked up once):
+/// `inline` (reported from the notification itself), `read` (a hole, a new
+/// epoch or a notification by reference: read from Redis), `known` (already
+/// reported: its own commit, or filled before) and `ignored` (a channel this
+/// node does not follow).
+pub(crate) struct Outcomes {
+    inline: metrics::Counter,
+    read: metrics::Counter,
+    known: metrics::Counter,
+    ignored: metrics::Counter,
+}
+
+impl Outcomes {
+    pub(crate) fn new() -> Self {
+        let c = |o: &'static str| metrics::counter!(NOTIFICATIONS, "outcome" => o);
+        Outcomes {
+            inline: c("inline"),
+            read: c("read"),
+            known: c("known"),
+            ignored: c("ignored"),
+        }
+    }
+}
+
+/// The metric [`Outcomes`] counts in.
+const NOTIFICATIONS: &str = "gapless_cluster_notifications_total";
 
 /// What this node has reported to its hub for one channel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,33 +136,74 @@ impl Inner {
         }
     }
 
-    /// A notification `<epoch> <first> <last> <channel>` from the bus.
-    async fn on_notification(&self, msg: &[u8]) {
-        let Some((epoch, first, last, channel)) = parse_notification(msg) else {
+    /// Handles a notification from the bus (format: `notification.rs`) at
+    /// once, in the listener, when that needs no wait: a channel this node
+    /// does not follow, a notification already delivered, or one that carries
+    /// exactly the events after the known head (reported without a read).
+    /// Anything else (a hole, a new epoch, a notification by reference, a
+    /// track busy with a fill) goes to [`Inner::on_notification`] in a task of
+    /// its own, so the listener never waits for Redis.
+    pub(crate) fn dispatch(self: &Arc<Self>, msg: &[u8]) {
+        let Some(n) = notification::parse(msg) else {
             tracing::warn!(message = %String::from_utf8_lossy(msg), "malformed notification on the bus; ignored");
             return;
         };
-        if !self.sink.follows(channel) {
-            self.trackers.remove(channel);
+        if !self.sink.follows(n.channel) {
+            self.trackers.remove(n.channel);
+            self.outcomes.ignored.increment(1);
             return;
         }
-        let track = self.trackers.get(channel);
-        let mut t = track.lock().await;
-        if let Some((e, head, _)) = t.known {
-            if e == epoch && head >= last {
+        let track = self.trackers.get(n.channel);
+        if let Ok(mut t) = track.try_lock() {
+            if delivered(&t, &n) {
+                self.outcomes.known.increment(1);
+                return;
+            }
+            if let Some((state, events)) = continuation(&t, &n) {
+                self.report(&mut t, n.channel, state, &events);
+                self.outcomes.inline.increment(1);
                 return;
             }
         }
+        let payload = msg.to_vec();
+        let worker = self.clone();
+        tokio::spawn(async move { worker.on_notification(&payload).await });
+    }
+
+    /// The slow path of [`Inner::dispatch`]: waits for the channel's track,
+    /// then reports the carried events if they continue what it knows, or
+    /// fills from Redis everything up to the notified head.
+    async fn on_notification(&self, msg: &[u8]) {
+        let Some(n) = notification::parse(msg) else {
+            return;
+        };
+        if !self.sink.follows(n.channel) {
+            self.trackers.remove(n.channel);
+            self.outcomes.ignored.increment(1);
+            return;
+        }
+        let track = self.trackers.get(n.channel);
+        let mut t = track.lock().await;
+        if delivered(&t, &n) {
+            self.outcomes.known.increment(1);
+            return;
+        }
+        if let Some((state, events)) = continuation(&t, &n) {
+            self.report(&mut t, n.channel, state, &events);
+            self.outcomes.inline.increment(1);
+            return;
+        }
+        self.outcomes.read.increment(1);
         let target = ChannelState {
-            epoch,
-            floor: first,
-            head: last,
+            epoch: n.epoch,
+            floor: n.first,
+            head: n.last,
         };
         if let Err(e) = self
-            .fill(&mut t, channel, target, first.saturating_sub(1))
+            .fill(&mut t, n.channel, target, n.first.saturating_sub(1))
             .await
         {
-            tracing::warn!(channel, error = %e, "could not read notified events; the next notification or re-read catches up");
+            tracing::warn!(channel = n.channel, error = %e, "could not read notified events; the next notification or re-read catches up");
         }
     }
 
@@ -237,22 +311,38 @@ impl Inner {
     }
 }
 
-/// Parses `<epoch> <first> <last> <channel>`.
-fn parse_notification(msg: &[u8]) -> Option<(Epoch, u64, u64, &str)> {
-    let s = std::str::from_utf8(msg).ok()?;
-    let mut parts = s.splitn(4, ' ');
-    let epoch = parts.next()?.parse().ok()?;
-    let first = parts.next()?.parse().ok()?;
-    let last = parts.next()?.parse().ok()?;
-    let channel = parts.next()?;
-    if channel.is_empty() || first == 0 || last < first {
+/// Whether everything `n` announces was reported already (same epoch, at or
+/// below the known head: our own commit, or a notification filled before).
+fn delivered(t: &Track, n: &Notification<'_>) -> bool {
+    matches!(t.known, Some((e, head, _)) if e == n.epoch && head >= n.last)
+}
+
+/// The events `n` carries and the state to report with them, when they are
+/// exactly the ones after the known head in the known epoch; `None` (read
+/// from Redis instead) for a notification by reference, a hole, an overlap,
+/// a new epoch, a track that knows nothing yet, or values that do not decode.
+/// So what is delivered never depends on the bus being complete or in order.
+fn continuation(t: &Track, n: &Notification<'_>) -> Option<(ChannelState, Vec<Arc<Event>>)> {
+    let (epoch, head, _) = t.known?;
+    if epoch != n.epoch || n.first != head + 1 {
         return None;
     }
-    Some((Epoch(epoch), first, last, channel))
+    let floor = n.inline.as_ref()?.floor;
+    let mut events = n.events()?;
+    // Count retention may have dropped the first events of a large batch
+    // already; a read would start at the floor too.
+    events.retain(|e| e.seq >= floor);
+    let state = ChannelState {
+        epoch,
+        floor,
+        head: n.last,
+    };
+    Some((state, events))
 }
 
 /// The notification listener: subscribes to [`BUS_CHANNEL`] on its own
-/// connection, hands each notification to a task, and on any loss of the
+/// connection, handles each notification ([`Inner::dispatch`]: at once, or
+/// in a task when it needs a read or a wait), and on any loss of the
 /// connection reconnects with backoff and jitter, then re-reads the heads of
 /// every followed channel. Ends when `cancel` fires.
 pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
@@ -275,10 +365,18 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                 if was_up {
                     tracing::info!("Redis notifications reconnected; re-reading followed heads");
                 }
-                // Whatever was committed while we were not listening.
+                // Whatever was committed while we were not listening; and
+                // Redis may have restarted or failed over with other settings.
                 let resync = inner.clone();
-                tokio::spawn(async move { resync.resync().await });
+                tokio::spawn(async move {
+                    resync.resync().await;
+                    if let Err(e) = resync.read_settings(gapless_core::journal::now_ms()).await {
+                        tracing::debug!(error = %e, "could not read the Redis persistence settings");
+                    }
+                });
                 let mut stream = ps.into_on_message();
+                // Testing only: a notification held back to be handled after the next.
+                let mut held: Option<Vec<u8>> = None;
                 loop {
                     let msg = tokio::select! {
                         () = cancel.cancelled() => return,
@@ -299,9 +397,16 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                         tracing::debug!(n, "dropping a bus notification (testing)");
                         continue;
                     }
-                    let payload = msg.get_payload_bytes().to_vec();
-                    let worker = inner.clone();
-                    tokio::spawn(async move { worker.on_notification(&payload).await });
+                    let reorder = inner.opts.reorder_notifications_every;
+                    if reorder > 0 && n.is_multiple_of(reorder) && held.is_none() {
+                        tracing::debug!(n, "holding back a bus notification (testing)");
+                        held = Some(msg.get_payload_bytes().to_vec());
+                        continue;
+                    }
+                    inner.dispatch(msg.get_payload_bytes());
+                    if let Some(h) = held.take() {
+                        inner.dispatch(&h);
+                    }
                 }
                 was_up = true;
                 tracing::warn!("lost the Redis notification connection; reconnecting");
@@ -314,33 +419,6 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notifications_parse_and_bad_ones_are_refused() {
-        assert_eq!(
-            parse_notification(b"17 3 5 news:eu"),
-            Some((Epoch(17), 3, 5, "news:eu"))
-        );
-        assert_eq!(
-            parse_notification(b"17 1 1 session/ab"),
-            Some((Epoch(17), 1, 1, "session/ab"))
-        );
-        for bad in [
-            &b""[..],
-            b"17 3 5",
-            b"x 3 5 c",
-            b"17 0 5 c",
-            b"17 5 3 c",
-            b"17 3 5 ",
-        ] {
-            assert_eq!(parse_notification(bad), None, "{bad:?}");
         }
     }
 }

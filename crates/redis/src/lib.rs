@@ -8,21 +8,27 @@
 //! notification to the other nodes happen in one atomic step, and a batch is
 //! all or nothing.
 //!
-//! Fan-out between nodes (`bus.rs`): the append script publishes
-//! `<epoch> <first> <last> <channel>` on the Redis pub/sub channel
-//! `gapless:bus`. A node that follows the channel reads the events it does
-//! not have yet from Redis (once per node, not per subscriber) and feeds them
-//! to its hub through the [`CommitSink`], exactly as its own commits. A node
+//! Fan-out between nodes (`bus.rs`): the append script publishes a
+//! notification on the Redis pub/sub channel `gapless:bus`
+//! (`notification.rs`): `<epoch> <first> <last> <channel>`, followed by the
+//! events themselves when the append is small (`inline_bytes`). A node that
+//! follows the channel feeds the events it does not have yet to its hub
+//! through the [`CommitSink`], exactly as its own commits: from the
+//! notification when they continue exactly what it delivered before,
+//! otherwise read from Redis (once per node, not per subscriber). A node
 //! that sees a hole (a lost or late notification) reads the whole missing
 //! range first, so the order is exact even when the bus drops a message;
 //! after losing its bus connection, and every `poll_ms` anyway, it re-reads
-//! the heads of the channels it follows.
+//! the heads of the channels it follows. `settings.rs` reads Redis's
+//! persistence settings (start-up warnings, the durability label).
 
 mod bus;
 mod codec;
 mod conn;
+mod notification;
 mod scripts;
 mod sessions;
+mod settings;
 
 use async_trait::async_trait;
 use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
@@ -39,13 +45,16 @@ use tokio_util::sync::CancellationToken;
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
 /// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
-/// channel, then one payload (`n<data>`) per event.
+/// channel, inline bytes (see [`RedisOptions::inline_bytes`]), then one
+/// payload (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
 
 /// The Redis pub/sub channel that carries commit notifications between nodes.
 pub const BUS_CHANNEL: &str = "gapless:bus";
+
+pub use notification::DEFAULT_INLINE_BYTES;
 
 /// How the cluster journal connects and what it keeps.
 #[derive(Debug, Clone)]
@@ -65,9 +74,19 @@ pub struct RedisOptions {
     /// it follows (catching a notification the bus lost when no later one
     /// comes), and applies retention by age to them (default 1000; 0 = never).
     pub poll_ms: u64,
+    /// The largest append, in bytes of payload (type and data of all its
+    /// events), whose events the notification carries itself, so that the
+    /// other nodes deliver them without reading Redis (default
+    /// [`DEFAULT_INLINE_BYTES`]; 0 = never: every node reads every commit).
+    /// Larger appends are notified by reference.
+    pub inline_bytes: u64,
     /// Testing only: drop every Nth notification received from the bus, as if
     /// the bus had lost it (0, the default, drops none).
     pub drop_notifications_every: u64,
+    /// Testing only: hold back every Nth notification received from the bus
+    /// and handle it after the next one, as if the bus had reordered them (0,
+    /// the default, holds none).
+    pub reorder_notifications_every: u64,
 }
 
 impl Default for RedisOptions {
@@ -78,7 +97,9 @@ impl Default for RedisOptions {
             timeout_ms: 2000,
             retention: Retention::default(),
             poll_ms: 1000,
+            inline_bytes: DEFAULT_INLINE_BYTES,
             drop_notifications_every: 0,
+            reorder_notifications_every: 0,
         }
     }
 }
@@ -99,6 +120,8 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     last_poll_ms: AtomicU64,
     notifications: AtomicU64,
+    outcomes: bus::Outcomes,
+    durability: settings::Durability,
     leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
@@ -131,6 +154,8 @@ impl RedisJournal {
             closed: AtomicBool::new(false),
             last_poll_ms: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
+            outcomes: bus::Outcomes::new(),
+            durability: settings::Durability::default(),
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
@@ -140,68 +165,29 @@ impl RedisJournal {
         Ok(RedisJournal { inner, tasks })
     }
 
-    /// Reads the Redis settings that durability depends on and returns one
-    /// warning per setting that cannot give the promise (`sync`: a 2xx means
-    /// the event is in the primary's AOF, fsynced: `appendonly yes` and
+    /// Reads the Redis settings that durability depends on, sets the
+    /// durability label from them (`settings.rs`), and returns one warning
+    /// per setting that cannot give the promise (`sync`: a 2xx means the
+    /// event is in the primary's AOF, fsynced: `appendonly yes` and
     /// `appendfsync always`; either way `maxmemory-policy noeviction`, since
     /// an evicted channel loses its history, which clients are told as an
-    /// `epoch` gap). A Redis that refuses `CONFIG GET` gets one warning saying so.
+    /// `epoch` gap). A Redis that refuses `CONFIG GET` gets one warning saying
+    /// so, and the label `unknown`.
     ///
     /// # Errors
     /// [`JournalError::Unavailable`] when Redis cannot be reached.
     pub async fn check_settings(&self, sync: bool) -> Result<Vec<String>, JournalError> {
-        let got = self
+        match self
             .inner
-            .conn
-            .run(|mut c| async move {
-                let mut p = redis::pipe();
-                p.cmd("CONFIG").arg("GET").arg("appendonly");
-                p.cmd("CONFIG").arg("GET").arg("appendfsync");
-                p.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
-                p.query_async::<Vec<Vec<String>>>(&mut c).await
-            })
-            .await;
-        let got = match got {
-            Ok(g) => g,
-            Err(JournalError::Storage(e)) => {
-                return Ok(vec![format!(
-                    "could not read the Redis persistence settings (CONFIG GET: {e}); \
-                     check appendonly, appendfsync and maxmemory-policy by hand"
-                )])
-            }
-            Err(e) => return Err(e),
-        };
-        let value = |i: usize| {
-            got.get(i)
-                .and_then(|v| v.get(1))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let mut warnings = Vec::new();
-        if sync && value(0) != "yes" {
-            warnings.push(format!(
-                "Redis appendonly is '{}': with --durability sync an acknowledged event \
-                 must be in the AOF; set `appendonly yes` (a restart of Redis would lose \
-                 events, which clients are told as an epoch gap)",
-                value(0)
-            ));
+            .read_settings(gapless_core::journal::now_ms())
+            .await?
+        {
+            settings::Read::Settings(s) => Ok(s.warnings(sync)),
+            settings::Read::Refused(e) => Ok(vec![format!(
+                "could not read the Redis persistence settings (CONFIG GET: {e}); \
+                 check appendonly, appendfsync, save and maxmemory-policy by hand"
+            )]),
         }
-        if sync && value(1) != "always" {
-            warnings.push(format!(
-                "Redis appendfsync is '{}': with --durability sync a 2xx must mean fsynced; \
-                 set `appendfsync always` (otherwise a crash of Redis can lose up to a second \
-                 of acknowledged events without a gap notice)",
-                value(1)
-            ));
-        }
-        if value(2) != "noeviction" {
-            warnings.push(format!(
-                "Redis maxmemory-policy is '{}': set `noeviction` (an evicted channel loses \
-                 its whole history; clients are told so with an epoch gap)",
-                value(2)
-            ));
-        }
-        Ok(warnings)
     }
 
     fn fresh_epoch() -> String {
@@ -246,7 +232,8 @@ impl Inner {
                     .arg(r.max_events)
                     .arg(r.max_age_ms)
                     .arg(&fresh)
-                    .arg(BUS_CHANNEL);
+                    .arg(BUS_CHANNEL)
+                    .arg(self.opts.inline_bytes);
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }
@@ -415,8 +402,12 @@ impl Journal for RedisJournal {
     /// fills any head this node missed. Channels nobody here follows are
     /// trimmed by age at their next read or publish.
     async fn evict_expired(&self, now: u64) -> Result<(), JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.inner.reread_settings(now).await;
         let poll = self.inner.opts.poll_ms;
-        if poll == 0 || self.inner.closed.load(Ordering::Acquire) {
+        if poll == 0 {
             return Ok(());
         }
         let last = self.inner.last_poll_ms.load(Ordering::Relaxed);
@@ -426,6 +417,12 @@ impl Journal for RedisJournal {
         self.inner.last_poll_ms.store(now, Ordering::Relaxed);
         self.inner.resync().await;
         Ok(())
+    }
+
+    /// What Redis's persistence settings give an acknowledged append, as
+    /// last read: `sync`, `async`, `memory` or `unknown` (`settings.rs`).
+    fn durability(&self) -> &'static str {
+        self.inner.durability()
     }
 
     async fn ready(&self) -> Result<(), JournalError> {

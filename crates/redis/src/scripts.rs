@@ -91,10 +91,13 @@ end
 "#;
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
-/// for none), max events, max age ms, fresh epoch, bus channel, then one
-/// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
-/// head, time, prev epoch ("" for none), fork}`. Seq assignment, the idempotency check, retention by count
-/// and age, the append and the notification happen in this one step.
+/// for none), max events, max age ms, fresh epoch, bus channel, inline
+/// bytes, then one payload per event. Returns `{epoch, first, last,
+/// duplicate (0/1), floor, head, time, prev epoch ("" for none), fork}`. Seq
+/// assignment, the idempotency check, retention by count and age, the append
+/// and the notification happen in this one step. The notification carries
+/// the events themselves when their payloads total at most `inline bytes`
+/// (0: never), by reference otherwise (format: `notification.rs`).
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
@@ -120,8 +123,10 @@ local time = now_ms()
 if last > time then time = last end
 local first = head + 1
 local ts = S(time) .. ':'
-for i = 7, #ARGV do
+local size = 0
+for i = 8, #ARGV do
   head = head + 1
+  size = size + #ARGV[i]
   redis.call('HSET', k, 'e' .. S(head), ts .. ARGV[i])
 end
 if key ~= '' then
@@ -134,7 +139,15 @@ if cf > floor then
   floor = cf
 end
 redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
-redis.call('PUBLISH', ARGV[6], epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1])
+local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1]
+if size <= tonumber(ARGV[7]) then
+  local parts = {note, '\n', S(floor), '\n'}
+  for i = 8, #ARGV do
+    parts[#parts + 1] = S(#ts + #ARGV[i]) .. ':' .. ts .. ARGV[i]
+  end
+  note = table.concat(parts)
+end
+redis.call('PUBLISH', ARGV[6], note)
 return {epoch, first, head, 0, floor, head, time, prev, fork}
 "#;
 
