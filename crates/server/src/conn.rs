@@ -548,7 +548,6 @@ fn poll_peer_closed(
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<()> {
     use std::task::Poll;
-    let mut scratch = [0u8; 4096];
     // At most a few reads per poll, so a sender cannot hold the thread.
     for _ in 0..4 {
         if *discarded >= DISCARD_MAX {
@@ -559,6 +558,9 @@ fn poll_peer_closed(
             Poll::Ready(Err(_)) => return Poll::Ready(()),
             Poll::Ready(Ok(())) => {}
         }
+        // Made only when there is something to read: this poll runs once per
+        // write of every stream, and zeroing 4 KiB each time showed in profiles.
+        let mut scratch = [0u8; 4096];
         match tcp.try_read(&mut scratch) {
             Ok(0) => return Poll::Ready(()),
             Ok(n) => *discarded += n,
