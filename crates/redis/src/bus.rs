@@ -148,20 +148,11 @@ impl Inner {
             tracing::warn!(message = %String::from_utf8_lossy(msg), "malformed notification on the bus; ignored");
             return;
         };
-        if !self.sink.follows(n.channel) {
-            self.trackers.remove(n.channel);
-            self.outcomes.ignored.increment(1);
+        let Some(track) = self.track_of(n.channel) else {
             return;
-        }
-        let track = self.trackers.get(n.channel);
+        };
         if let Ok(mut t) = track.try_lock() {
-            if delivered(&t, &n) {
-                self.outcomes.known.increment(1);
-                return;
-            }
-            if let Some((state, events)) = continuation(&t, &n) {
-                self.report(&mut t, n.channel, state, &events);
-                self.outcomes.inline.increment(1);
+            if self.settle_known(&mut t, &n) {
                 return;
             }
         }
@@ -177,20 +168,11 @@ impl Inner {
         let Some(n) = notification::parse(msg) else {
             return;
         };
-        if !self.sink.follows(n.channel) {
-            self.trackers.remove(n.channel);
-            self.outcomes.ignored.increment(1);
+        let Some(track) = self.track_of(n.channel) else {
             return;
-        }
-        let track = self.trackers.get(n.channel);
+        };
         let mut t = track.lock().await;
-        if delivered(&t, &n) {
-            self.outcomes.known.increment(1);
-            return;
-        }
-        if let Some((state, events)) = continuation(&t, &n) {
-            self.report(&mut t, n.channel, state, &events);
-            self.outcomes.inline.increment(1);
+        if self.settle_known(&mut t, &n) {
             return;
         }
         self.outcomes.read.increment(1);
@@ -205,6 +187,36 @@ impl Inner {
         {
             tracing::warn!(channel = n.channel, error = %e, "could not read notified events; the next notification or re-read catches up");
         }
+    }
+
+    /// The track of a notified channel this node follows; `None` (the
+    /// notification counted as ignored, any old track dropped) when it does
+    /// not follow it.
+    fn track_of(&self, channel: &str) -> Option<Arc<tokio::sync::Mutex<Track>>> {
+        if self.sink.follows(channel) {
+            Some(self.trackers.get(channel))
+        } else {
+            self.trackers.remove(channel);
+            self.outcomes.ignored.increment(1);
+            None
+        }
+    }
+
+    /// Settles `n` from what the track knows, without Redis: already
+    /// delivered (counted `known`), or carrying exactly the events after the
+    /// known head (reported, counted `inline`). Whether it was settled; if
+    /// not, the caller reads from Redis.
+    fn settle_known(&self, t: &mut Track, n: &Notification<'_>) -> bool {
+        if delivered(t, n) {
+            self.outcomes.known.increment(1);
+            return true;
+        }
+        if let Some((state, events)) = continuation(t, n) {
+            self.report(t, n.channel, state, &events);
+            self.outcomes.inline.increment(1);
+            return true;
+        }
+        false
     }
 
     /// Re-reads the state of every followed channel and fills what this node
