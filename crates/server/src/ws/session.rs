@@ -14,6 +14,7 @@ use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
+use crate::openapi::shared::{Handshake, SessionPath};
 use crate::query::Query;
 use crate::stream_log::{Ended, Tally};
 use crate::App;
@@ -42,14 +43,10 @@ use std::sync::Arc;
     tag = "sessions",
     description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4412 (`session_ended`: completed or cancelled, and no `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
     params(
-        ("id" = crate::sessions::SessionId, Path, description = "The session."),
+        SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
         ("takeover" = Option<crate::publish::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
-        ("Connection" = String, Header, pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]", description = "Must include `upgrade` (RFC 6455 section 4.1)."),
-        ("Upgrade" = String, Header, pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$", description = "`websocket`."),
-        ("Sec-WebSocket-Version" = String, Header, pattern = "^13$", description = "`13`."),
-        ("Sec-WebSocket-Key" = String, Header, pattern = "^[A-Za-z0-9+/]{22}==$", description = "16 random bytes in base64."),
-        ("Sec-WebSocket-Protocol" = Option<String>, Header, nullable = false, description = "Subprotocols offered: when present, it must include `gapless.v1`, which the answer then names."),
+        Handshake,
     ),
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
