@@ -229,6 +229,27 @@ async fn a_refused_token_is_told_the_claim_at_fault_and_no_other() {
         r.text
     );
     assert!(!r.message().contains("gapless"), "{}", r.text);
+    // A header this server does not read is named as such, not as "not a JWT".
+    let none = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &base,
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("signing");
+    let payload = none.split('.').nth(1).expect("payload");
+    let none = format!("eyJhbGciOiJub25lIn0.{payload}.");
+    let r = get_as(&s, "/v1/channels/c", &none).await;
+    r.expect_error(401, "unauthorized");
+    assert!(
+        r.message().contains("header") && r.message().contains("none"),
+        "{}",
+        r.text
+    );
+    for t in ["garbage", "a.b", "!!.??.**"] {
+        let r = get_as(&s, "/v1/channels/c", t).await;
+        r.expect_error(401, "unauthorized");
+        assert!(r.message().contains("not a JWT"), "{t}: {}", r.text);
+    }
     // Left out, `gapless` verifies and allows nothing (403, not 401).
     get_as(&s, "/v1/channels/c", &with("gapless", None))
         .await

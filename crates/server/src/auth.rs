@@ -236,8 +236,18 @@ impl Auth {
     /// # Errors
     /// 401 `unauthorized` saying what is wrong.
     pub fn verify(&self, token: &str, now_ms: u64) -> Result<Grant, ApiError> {
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| unauthorized(&format!("the token is not a JWT: {e}"), true))?;
+        let header = jsonwebtoken::decode_header(token).map_err(|e| {
+            let why = match e.kind() {
+                // Three parts whose first is JSON, but not a header this server reads
+                // (an `alg` such as `none`, which no key verifies).
+                jsonwebtoken::errors::ErrorKind::Json(e) => format!(
+                    "the token's header is not one this server reads ({e}); tokens are \
+                     signed with HS256, RS256 or ES256"
+                ),
+                _ => NOT_A_JWT.to_owned(),
+            };
+            unauthorized(&why, true)
+        })?;
         let mut last = None;
         for k in self
             .keys
@@ -286,9 +296,7 @@ impl Auth {
                 jsonwebtoken::errors::ErrorKind::InvalidToken
                 | jsonwebtoken::errors::ErrorKind::Base64(_)
                 | jsonwebtoken::errors::ErrorKind::Utf8(_),
-            ) => "the token is not a JWT: three base64url parts separated by dots \
-                  (RFC 7519 section 3)"
-                .to_owned(),
+            ) => NOT_A_JWT.to_owned(),
             Some(other) => format!("the token does not verify: {other:?}"),
         };
         Err(unauthorized(&why, true))
@@ -351,6 +359,10 @@ fn seconds_to_ms(s: f64) -> u64 {
         0
     }
 }
+
+/// The refusal of a token that is not a JWT at all.
+const NOT_A_JWT: &str =
+    "the token is not a JWT: three base64url parts separated by dots (RFC 7519 section 3)";
 
 /// What each claim gapless reads must hold, for a refusal's message.
 fn claim_shape(claim: &str) -> &'static str {
