@@ -161,8 +161,8 @@ export class WsConn {
  *
  * - 4401: the token was refused or expired (`unauthorized`, or `token_expired` when the reason
  *   says so); 4403: `forbidden`;
- * - 4400, 4404, 4409, 4410: session refusals (`resume_disabled`, `session_not_found`,
- *   `session_attached`, `session_not_retained`): terminal;
+ * - 4400, 4404, 4409, 4410, 4412: session refusals (`resume_disabled`, `session_not_found`,
+ *   `session_attached`, `session_not_retained`, `session_ended`): terminal;
  * - 4408: no answer to the server's pings: not terminal (reconnect);
  * - 4422, 1002, 1003, 1007, 1009: the client broke the protocol: terminal `protocol`;
  * - anything else (1006 when the connection simply broke): `disconnected`, not terminal.
@@ -197,8 +197,15 @@ export function closeError(
     case 4400:
     case 4404:
     case 4409:
-    case 4410: {
-      const fallback = { 4400: "resume_disabled", 4404: "session_not_found", 4409: "session_attached", 4410: "session_not_retained" }[code];
+    case 4410:
+    case 4412: {
+      const fallback = {
+        4400: "resume_disabled",
+        4404: "session_not_found",
+        4409: "session_attached",
+        4410: "session_not_retained",
+        4412: "session_ended",
+      }[code];
       return new GaplessError({
         code: refusal?.code ?? fallback,
         message: refusal?.message ?? (reason || `the server closed the WebSocket with ${code}`),

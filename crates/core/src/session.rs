@@ -468,8 +468,9 @@ impl Sessions {
     /// `takeover`: replace a live attachment instead of being refused.
     ///
     /// # Errors
-    /// Each refusal of the session protocol: [`SessionError::NotFound`] (also an
-    /// ended session without `last_seq`), [`SessionError::ResumeDisabled`],
+    /// Each refusal of the session protocol: [`SessionError::NotFound`],
+    /// [`SessionError::Ended`] (an ended session without `last_seq`: nothing
+    /// live to attach to), [`SessionError::ResumeDisabled`],
     /// [`SessionError::Attached`], [`SessionError::NotRetained`].
     pub async fn attach(
         &self,
@@ -491,7 +492,11 @@ impl Sessions {
         let st = hub.state(&channel).await?;
         let status = entry.state.lock().status;
         if status != Status::Open && last_seq.is_none() {
-            return Err(SessionError::NotFound(id.to_owned()));
+            // Nothing live to attach to; with `last_seq` the rest and the end are delivered.
+            return Err(SessionError::Ended {
+                id: id.to_owned(),
+                status,
+            });
         }
         if let Some(n) = last_seq {
             let why = if n > st.head {

@@ -167,6 +167,97 @@ async fn each_bad_token_is_a_401_saying_what_is_wrong() {
 }
 
 #[tokio::test]
+async fn a_refused_token_is_told_the_claim_at_fault_and_no_other() {
+    let s = secured(&["--jwt-audience", "aud-1", "--jwt-issuer", "iss-1"]).await;
+    let exp = now_s() + 600;
+    let base = json!({"exp": exp, "aud": "aud-1", "iss": "iss-1", "gapless": {"subscribe": ["c"]}});
+    let with = |key: &str, value: Option<Value>| {
+        let mut c = base.clone();
+        match value {
+            Some(v) => c[key] = v,
+            None => {
+                c.as_object_mut().expect("object").remove(key);
+            }
+        }
+        sign(&c)
+    };
+    let claims = ["exp", "nbf", "aud", "iss", "sub", "gapless"];
+    let cases = [
+        // docs/security.md: a `gapless` claim that is not a JSON object is a 401.
+        ("gapless", Some(Value::Null), "`gapless` claim"),
+        ("gapless", Some(json!("c")), "`gapless` claim"),
+        (
+            "gapless",
+            Some(json!({"subscribe": null})),
+            "`gapless` claim",
+        ),
+        ("aud", None, "`aud` claim"),
+        ("aud", Some(json!(5)), "`aud` claim"),
+        ("aud", Some(Value::Null), "`aud` claim"),
+        ("aud", Some(json!("other")), "`aud`"),
+        ("iss", None, "`iss` claim"),
+        ("iss", Some(json!(5)), "`iss` claim"),
+        ("iss", Some(json!("other")), "`iss`"),
+        ("exp", None, "`exp` claim"),
+        ("exp", Some(json!("soon")), "`exp` claim"),
+        ("exp", Some(Value::Null), "`exp` claim"),
+        ("nbf", Some(json!("now")), "`nbf` claim"),
+        ("nbf", Some(Value::Null), "`nbf` claim"),
+        ("sub", Some(json!(5)), "`sub` claim"),
+    ];
+    for (claim, value, says) in cases {
+        let r = get_as(&s, "/v1/channels/c", &with(claim, value.clone())).await;
+        r.expect_error(401, "unauthorized");
+        let message = r.message();
+        assert!(message.contains(says), "{claim}={value:?}: {message}");
+        let words: Vec<&str> = message
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .collect();
+        for other in claims.iter().filter(|c| **c != claim) {
+            assert!(
+                !words.contains(other),
+                "{claim}={value:?}: the message names only {claim}, not {other}: {message}"
+            );
+        }
+    }
+    // A payload that is not a JSON object names the payload, no claim.
+    let r = get_as(&s, "/v1/channels/c", &sign(&json!([exp, "aud-1"]))).await;
+    r.expect_error(401, "unauthorized");
+    assert!(
+        r.message().contains("payload is not a JSON object"),
+        "{}",
+        r.text
+    );
+    assert!(!r.message().contains("gapless"), "{}", r.text);
+    // A header this server does not read is named as such, not as "not a JWT".
+    let none = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &base,
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("signing");
+    let payload = none.split('.').nth(1).expect("payload");
+    let none = format!("eyJhbGciOiJub25lIn0.{payload}.");
+    let r = get_as(&s, "/v1/channels/c", &none).await;
+    r.expect_error(401, "unauthorized");
+    assert!(
+        r.message().contains("header") && r.message().contains("none"),
+        "{}",
+        r.text
+    );
+    for t in ["garbage", "a.b", "!!.??.**"] {
+        let r = get_as(&s, "/v1/channels/c", t).await;
+        r.expect_error(401, "unauthorized");
+        assert!(r.message().contains("not a JWT"), "{t}: {}", r.text);
+    }
+    // Left out, `gapless` verifies and allows nothing (403, not 401).
+    get_as(&s, "/v1/channels/c", &with("gapless", None))
+        .await
+        .expect_error(403, "forbidden");
+    get_as(&s, "/v1/channels/c", &sign(&base)).await.expect(200);
+}
+
+#[tokio::test]
 async fn a_forbidden_channel_with_history_and_one_never_used_get_the_same_answer() {
     let s = secured(&[]).await;
     let admin = token(&["*"], &["*"]);

@@ -74,6 +74,18 @@ async fn history_limit_default_max_and_invalid() {
         let r = s.history("c", &format!("limit={bad}")).await;
         r.expect_error(400, "invalid_request");
     }
+    // A parameter given twice is read from its first occurrence (docs/api.md).
+    let page = s.history("c", "limit=2&limit=5").await.expect(200).clone();
+    assert_eq!(seqs(&page), [1, 2]);
+    s.history("c", "limit=abc&limit=5")
+        .await
+        .expect_error(400, "invalid_request");
+    let page = s
+        .history("c", "limit=3&limit=abc")
+        .await
+        .expect(200)
+        .clone();
+    assert_eq!(seqs(&page), [1, 2, 3]);
 }
 
 #[tokio::test]

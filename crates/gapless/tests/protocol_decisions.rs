@@ -25,10 +25,15 @@ async fn a_session_cancelled_by_its_grace_window_is_ended_not_expired() {
     assert_eq!(c.expect_op("session.resumed").await["replayed_events"], 1);
     assert_eq!(c.expect_op("session.cancelled").await["seq"], 3);
     assert_eq!(c.expect_close().await.0, 1000);
-    // Without last_seq there is nothing live to attach to: 4404.
+    // Without last_seq there is nothing live to attach to: 4412 `session_ended`
+    // (not 4404: it is ended, not expired).
     let mut c = consume(&s, &id, "").await;
-    assert_eq!(c.expect_op("error").await["code"], "session_not_found");
-    assert_eq!(c.expect_close().await.0, 4404);
+    let e = c.expect_op("error").await;
+    assert_eq!(
+        (&e["code"], &e["status"]),
+        (&json!("session_ended"), &json!("cancelled"))
+    );
+    assert_eq!(c.expect_close().await.0, 4412);
 }
 
 #[tokio::test]

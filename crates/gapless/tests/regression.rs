@@ -234,6 +234,75 @@ async fn websocket_paths_without_upgrade_headers_get_a_json_error() {
     }
 }
 
+/// The methods an `Allow` header lists.
+fn allowed(r: &reqwest::Response) -> Vec<String> {
+    r.headers()
+        .get("allow")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(',')
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_405_has_an_allow_header_listing_only_methods_its_route_takes() {
+    let s = Server::memory(&["--console", "true"]).await;
+    let doc = s.get("/v1/openapi.json").await.json;
+    let paths = doc["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 15, "{paths:?}");
+    let send = |method: &str, path: &str| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        s.http.request(method, s.url(path)).send()
+    };
+    for (template, item) in paths {
+        let path = template.replace("{channel}", "c").replace("{id}", "s1");
+        // No route takes PATCH.
+        let r = send("PATCH", &path).await.expect("answer");
+        assert_eq!(r.status(), 405, "PATCH {path}");
+        let allow = allowed(&r);
+        for documented in item.as_object().expect("path item").keys() {
+            let m = documented.to_ascii_uppercase();
+            assert!(allow.contains(&m), "{path}: Allow {allow:?} lacks {m}");
+        }
+        // Each method listed is taken: answered, not 405.
+        for m in &allow {
+            let r = send(m, &path).await.expect("answer");
+            assert_ne!(r.status(), 405, "{m} {path} is in Allow {allow:?}");
+        }
+        if path.ends_with("/ws") {
+            // A WebSocket handshake is a GET (RFC 6455 section 4.1): HEAD is not taken.
+            // (OPTIONS is the CORS layer's, on every path.)
+            assert_eq!(allow, ["GET"], "{path}");
+            for m in ["HEAD", "POST", "PUT", "DELETE", "get"] {
+                let r = send(m, &path).await.expect("answer");
+                assert_eq!(r.status(), 405, "{m} {path}");
+                assert_eq!(allowed(&r), ["GET"], "{m} {path}");
+                if m != "HEAD" {
+                    let body: Value = r.json().await.expect("a JSON body");
+                    assert_eq!(body["error"], "method_not_allowed", "{m} {path}: {body}");
+                    let message = body["message"].as_str().unwrap_or_default();
+                    let why = if m == "get" {
+                        "case-sensitive"
+                    } else {
+                        "RFC 6455"
+                    };
+                    assert!(message.contains(why), "{m} {path}: {message}");
+                }
+            }
+        }
+    }
+    // GET on both WebSocket routes upgrades.
+    let mut ws = Ws::connect(s.addr, "/v1/ws").await;
+    ws.subscribe_live("c").await;
+    s.post("/v1/sessions", r#"{"id":"s1"}"#, &[])
+        .await
+        .expect(201);
+    let mut consumer = Ws::connect(s.addr, "/v1/sessions/s1/ws").await;
+    assert_eq!(consumer.json().await["op"], "session.resumed");
+}
+
 // ---- 3. duplicate Idempotency-Key ----
 
 #[tokio::test]

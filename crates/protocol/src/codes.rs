@@ -43,7 +43,9 @@ pub enum ErrorCode {
     SessionNotFound,
     /// 409: a session with this id already exists.
     SessionExists,
-    /// 409: the session is completed or cancelled; it takes no more events.
+    /// 409 / close 4412: the session is completed or cancelled; it takes no
+    /// more events, and a consumer attaching without `last_seq` has nothing
+    /// live to attach to.
     SessionEnded,
     /// Close 4409: the session is attached to another live connection.
     SessionAttached,
@@ -233,6 +235,12 @@ pub mod close {
     /// The session is attached to another live connection, or this attachment
     /// was taken over by a newer one.
     pub const SESSION_ATTACHED: u16 = 4409;
+    /// The session has ended (completed or cancelled) and the consumer attached
+    /// without `last_seq`: there is nothing live to attach to. Attach with
+    /// `last_seq` for the rest of its events and its end, or read its history.
+    /// (4409 and 4410, the codes nearest HTTP's 409 `session_ended`, were taken;
+    /// 412 is HTTP's "Precondition Failed": the session is not open.)
+    pub const SESSION_ENDED: u16 = 4412;
     /// The events after `last_seq` are not all retained, or `last_seq` is beyond
     /// the newest event: start over (never a partial replay).
     pub const SESSION_NOT_RETAINED: u16 = 4410;

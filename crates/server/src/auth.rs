@@ -26,6 +26,7 @@ use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -235,17 +236,31 @@ impl Auth {
     /// # Errors
     /// 401 `unauthorized` saying what is wrong.
     pub fn verify(&self, token: &str, now_ms: u64) -> Result<Grant, ApiError> {
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| unauthorized(&format!("the token is not a JWT: {e}"), true))?;
+        let header = jsonwebtoken::decode_header(token).map_err(|e| {
+            let why = match e.kind() {
+                // Three parts whose first is JSON, but not a header this server reads
+                // (an `alg` such as `none`, which no key verifies).
+                jsonwebtoken::errors::ErrorKind::Json(e) => format!(
+                    "the token's header is not one this server reads ({e}); tokens are \
+                     signed with HS256, RS256 or ES256"
+                ),
+                _ => NOT_A_JWT.to_owned(),
+            };
+            unauthorized(&why, true)
+        })?;
         let mut last = None;
         for k in self
             .keys
             .iter()
             .filter(|k| k.validation.algorithms.contains(&header.alg))
         {
-            // Claims are a JSON object (RFC 7519 section 7.2), never serde's array form.
-            match jsonwebtoken::decode::<Object<Claims>>(token, &k.key, &k.validation) {
-                Ok(data) => return self.grant(data.claims.0, now_ms),
+            // Claims are a JSON object (RFC 7519 section 7.2), read one claim
+            // at a time so a refusal names the claim at fault (`Claims::read`).
+            match jsonwebtoken::decode::<Map<String, Value>>(token, &k.key, &k.validation) {
+                Ok(data) => {
+                    let claims = Claims::read(data.claims).map_err(|e| unauthorized(&e, true))?;
+                    return self.grant(claims, now_ms);
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -259,9 +274,12 @@ impl Auth {
             }
             Some(jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(c)) => {
                 format!(
-                    "the token has no valid `{c}` claim, which this server requires \
-                     (exp and nbf are whole seconds since 1970)"
+                    "the token has no valid `{c}` claim, which this server requires: {}",
+                    claim_shape(c)
                 )
+            }
+            Some(jsonwebtoken::errors::ErrorKind::InvalidClaimFormat(c)) => {
+                format!("the token's `{c}` claim is malformed: {}", claim_shape(c))
             }
             Some(jsonwebtoken::errors::ErrorKind::InvalidAudience) => {
                 "the token's `aud` does not name this server (--jwt-audience)".to_owned()
@@ -269,10 +287,16 @@ impl Auth {
             Some(jsonwebtoken::errors::ErrorKind::InvalidIssuer) => {
                 "the token's `iss` is not the expected issuer (--jwt-issuer)".to_owned()
             }
+            // The claims are read as a map: only a payload that is not a JSON
+            // object fails here.
             Some(jsonwebtoken::errors::ErrorKind::Json(e)) => format!(
-                "the token's claims are malformed: {e}; the gapless claim must be \
-                 {{\"subscribe\": [pattern], \"publish\": [pattern]}}"
+                "the token's payload is not a JSON object of claims (RFC 7519 section 7.2): {e}"
             ),
+            Some(
+                jsonwebtoken::errors::ErrorKind::InvalidToken
+                | jsonwebtoken::errors::ErrorKind::Base64(_)
+                | jsonwebtoken::errors::ErrorKind::Utf8(_),
+            ) => NOT_A_JWT.to_owned(),
             Some(other) => format!("the token does not verify: {other:?}"),
         };
         Err(unauthorized(&why, true))
@@ -288,7 +312,7 @@ impl Auth {
                 return Err(unauthorized("the token is not valid yet (nbf)", true));
             }
         }
-        let rights = claims.gapless.map(Object::into_inner).unwrap_or_default();
+        let rights = claims.gapless.unwrap_or_default();
         let parse = |list: Vec<String>, what: &str| {
             list.into_iter()
                 .map(|p| Pattern::parse(&p))
@@ -336,13 +360,75 @@ fn seconds_to_ms(s: f64) -> u64 {
     }
 }
 
+/// The refusal of a token that is not a JWT at all.
+const NOT_A_JWT: &str =
+    "the token is not a JWT: three base64url parts separated by dots (RFC 7519 section 3)";
+
+/// What each claim gapless reads must hold, for a refusal's message.
+fn claim_shape(claim: &str) -> &'static str {
+    match claim {
+        "exp" => "a number of seconds since 1970 (RFC 7519 section 4.1.4)",
+        "nbf" => "a number of seconds since 1970 (RFC 7519 section 4.1.5), or left out",
+        "aud" => {
+            "a string, or an array of strings, naming this server (--jwt-audience; \
+             RFC 7519 section 4.1.3)"
+        }
+        "iss" => "the string this server expects (--jwt-issuer; RFC 7519 section 4.1.1)",
+        "sub" => "a string (RFC 7519 section 4.1.2), or left out",
+        "gapless" => {
+            "an object {\"subscribe\": [pattern], \"publish\": [pattern]} (either list \
+             may be left out), or the claim left out"
+        }
+        _ => "see docs/security.md",
+    }
+}
+
 /// The claims gapless reads; others are ignored.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 struct Claims {
     exp: f64,
     nbf: Option<f64>,
     sub: Option<String>,
-    gapless: Option<Object<Rights>>,
+    gapless: Option<Rights>,
+}
+
+impl Claims {
+    /// Reads the claims gapless uses from the payload `map`, one at a time.
+    /// A claim that is left out is absent; one that is present must have its
+    /// type (`null` is not a left-out claim: `"gapless": null` is refused,
+    /// as docs/security.md says of a `gapless` claim that is not an object).
+    ///
+    /// # Errors
+    /// What is wrong, naming the claim.
+    fn read(mut map: Map<String, Value>) -> Result<Claims, String> {
+        fn claim<T: serde::de::DeserializeOwned>(
+            map: &mut Map<String, Value>,
+            name: &str,
+        ) -> Result<Option<T>, String> {
+            match map.remove(name) {
+                None => Ok(None),
+                Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
+                    format!(
+                        "the token's `{name}` claim is malformed ({e}): it must be {}",
+                        claim_shape(name)
+                    )
+                }),
+            }
+        }
+        let exp = claim::<f64>(&mut map, "exp")?.ok_or_else(|| {
+            format!(
+                "the token has no `exp` claim, which this server requires: {}",
+                claim_shape("exp")
+            )
+        })?;
+        Ok(Claims {
+            exp,
+            nbf: claim(&mut map, "nbf")?,
+            sub: claim(&mut map, "sub")?,
+            // An object only: serde's derive would also take the lists by position.
+            gapless: claim::<Object<Rights>>(&mut map, "gapless")?.map(Object::into_inner),
+        })
+    }
 }
 
 /// The `gapless` claim, exactly this shape (an object: read through [`Object`]).

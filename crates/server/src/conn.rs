@@ -11,7 +11,8 @@
 //! watched for the client's FIN, so a closed stream releases its subscriber at
 //! once rather than at the next write.
 //!
-//! A first head that is not HTTP/1 is answered `400 invalid_request` here,
+//! A first head that is not HTTP/1, or whose body's length cannot be
+//! determined (RFC 9112 section 6.3), is answered `400 invalid_request` here,
 //! with what is wrong (`head_error.rs`); one over `--max-header-bytes` (or
 //! 100 header lines), `431 too_large`; one begun but not finished within
 //! `--header-timeout-ms`, `408 request_timeout` (so is a later head that
@@ -191,7 +192,8 @@ enum First {
     Sse(Box<Request<Body>>),
     /// Anything else (including heads this reader declines): for hyper.
     Other,
-    /// Not HTTP/1: answered 400 here, with what is wrong (`head_error.rs`).
+    /// Not HTTP/1, or a body of unknown length: answered 400 here, with what
+    /// is wrong (`head_error.rs`).
     Malformed(String),
     /// Over `--max-header-bytes` or [`HEADERS_MAX`] lines: answered 431 here.
     TooLarge,
@@ -222,6 +224,13 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
     let mut parsed = httparse::Request::new(&mut headers);
     match parsed.parse(buf) {
         Ok(httparse::Status::Complete(_)) => {
+            // Well formed, but a body of unknown length (or a target that is
+            // not a URI): what hyper would refuse with a bare 400.
+            let target = parsed.path.unwrap_or_default();
+            let version = parsed.version.unwrap_or(1);
+            if let Some(e) = crate::head_error::framing(target, version, parsed.headers) {
+                return Some(First::Malformed(e));
+            }
             Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
         }
         Ok(httparse::Status::Partial) if buf.len() < max => None,
@@ -256,7 +265,8 @@ pub enum FirstHead {
     Sse(String),
     /// Anything else, left to hyper (which re-reads the same bytes).
     Other,
-    /// Not HTTP/1: answered `400 invalid_request` with this reason.
+    /// Not HTTP/1, or a body of unknown length: answered `400 invalid_request`
+    /// with this reason.
     Malformed(String),
     /// Over `max` bytes or [`HEADERS_MAX`] lines: answered `431 head_too_large`.
     TooLarge,

@@ -8,6 +8,10 @@
 //! target SP version, single spaces) and section 5 (field lines: token `:`
 //! value) and names the first part that breaks it.
 //!
+//! A head the parser accepts may still be refused: [`framing`] names a body
+//! whose length cannot be determined (RFC 9112 section 6.3), which the HTTP
+//! layer would refuse with a bare 400.
+//!
 //! One repair is made instead of a refusal: control bytes in a
 //! `Last-Event-ID` value become `?` ([`mask_last_event_id_controls`]).
 //! A browser's EventSource sends back whatever id it last read, and stops
@@ -166,6 +170,113 @@ fn field_lines(rest: &[u8]) -> Option<String> {
     None
 }
 
+/// What makes the body's length of a whole, well-formed request head
+/// impossible to determine, if anything (RFC 9112 section 6.3; section 6.1
+/// for HTTP/1.0), or a request target that is not a URI (RFC 9112 section
+/// 3.2). `version` is httparse's minor version (0 or 1).
+///
+/// These are exactly the heads the HTTP layer (hyper) refuses once the
+/// parser has accepted them, read by the same rules, so a first head gets a
+/// JSON answer where a later one on a keep-alive connection gets hyper's
+/// bare 400:
+/// - a `Transfer-Encoding` in an HTTP/1.0 request (section 6.1);
+/// - a `Transfer-Encoding` whose last line does not end with `chunked`
+///   (section 6.3 rule 4: a request's body length is otherwise unknowable);
+/// - before any `Transfer-Encoding` line (which overrides them, rule 3), a
+///   `Content-Length` that is not digits (`-1`, `+2`, `2, 2`), over the
+///   largest length hyper takes, or repeated with a different value (rule 5;
+///   RFC 9110 section 8.6). Repeats of one value are accepted.
+pub fn framing(target: &str, version: u8, headers: &[httparse::Header<'_>]) -> Option<String> {
+    if let Err(e) = axum::http::Uri::try_from(target) {
+        return Some(format!(
+            "the request target {} is not a URI this server reads ({e}): a target is a path \
+             such as /v1/sse?channel=a (RFC 9112 section 3.2)",
+            quote(target.as_bytes())
+        ));
+    }
+    let mut length: Option<(u64, &[u8])> = None;
+    // The last Transfer-Encoding line: it alone says whether the body is chunked.
+    let mut coding: Option<&[u8]> = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if version == 0 {
+                return Some(format!(
+                    "Transfer-Encoding {} in an HTTP/1.0 request: HTTP/1.0 has no transfer \
+                     codings, so the body's length cannot be trusted (RFC 9112 section 6.1); \
+                     send HTTP/1.1, or a Content-Length",
+                    quote(h.value)
+                ));
+            }
+            coding = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("content-length") && coding.is_none() {
+            let Some(n) = content_length(h.value) else {
+                return Some(format!(
+                    "the Content-Length {} is not a number of bytes (one value, digits only: \
+                     RFC 9110 section 8.6), so the body's length cannot be determined \
+                     (RFC 9112 section 6.3)",
+                    quote(h.value)
+                ));
+            };
+            match length {
+                Some((first, said)) if first != n => {
+                    return Some(format!(
+                        "Content-Length is given twice with different values, {} and {}: the \
+                         body's length cannot be determined (RFC 9112 section 6.3)",
+                        quote(said),
+                        quote(h.value)
+                    ));
+                }
+                Some(_) => {}
+                None => length = Some((n, h.value)),
+            }
+        }
+    }
+    match coding {
+        Some(v) if !ends_chunked(v) => Some(format!(
+            "the Transfer-Encoding {} does not end with chunked: a request's body length is \
+             known only when chunked is its last transfer coding (RFC 9112 section 6.3); \
+             send Content-Length instead",
+            quote(v)
+        )),
+        _ => None,
+    }
+}
+
+/// The largest `Content-Length` the HTTP layer takes (hyper's limit).
+const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
+
+/// A `Content-Length` value: digits only, no sign, no list (RFC 9110 section 8.6).
+fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() {
+        return None;
+    }
+    let mut n = 0u64;
+    for &b in value {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    (n <= MAX_CONTENT_LENGTH).then_some(n)
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked` (visible
+/// ASCII only, as the HTTP layer reads it).
+fn ends_chunked(value: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(value) else {
+        return false;
+    };
+    if value
+        .iter()
+        .any(|&b| b != b'\t' && !(0x20..0x7f).contains(&b))
+    {
+        return false;
+    }
+    text.rsplit(',')
+        .next()
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
 /// `head` with each control byte (other than tab) in the value of a
 /// `Last-Event-ID` field line replaced by `?`; `None` if no such byte is
 /// there (nothing to repair). Only the head's field lines are read (up to
@@ -298,6 +409,83 @@ mod tests {
             super::mask_last_event_id_controls(b"GET / HTTP/1.1\r\nLast-Event-ID: ok\r\n\r\n"),
             None
         );
+    }
+
+    fn framing_of(head: &[u8]) -> Option<String> {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(req.parse(head).expect("well formed").is_complete());
+        super::framing(
+            req.path.expect("target"),
+            req.version.expect("version"),
+            req.headers,
+        )
+    }
+
+    #[test]
+    fn a_body_length_that_cannot_be_determined_is_named() {
+        for (head, want) in [
+            (
+                &b"POST / HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 3\r\n\r\n"[..],
+                "Content-Length is given twice with different values, \"2\" and \"3\"",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+                "the Content-Length \"-1\" is not a number of bytes",
+            ),
+            (b"POST / HTTP/1.1\r\nContent-Length: +2\r\n\r\n", "\"+2\""),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n",
+                "\"2, 2\"",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+                "Content-Length \"\"",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 18446744073709551614\r\n\r\n",
+                "not a number of bytes",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+                "the Transfer-Encoding \"gzip\" does not end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
+                "\"gzip\" does not end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+                "does not end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "in an HTTP/1.0 request",
+            ),
+            (
+                b"GET http:// HTTP/1.1\r\n\r\n",
+                "the request target \"http://\" is not a URI",
+            ),
+        ] {
+            let got = framing_of(head).unwrap_or_default();
+            assert!(got.contains(want), "{head:?}: {got:?}");
+            assert!(
+                got.contains("RFC 9112") || got.contains("RFC 9110"),
+                "{got}"
+            );
+        }
+        for head in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nContent-Length: 18446744073709551613\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, CHUNKED \r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // Transfer-Encoding overrides a Content-Length after it (RFC 9112 section 6.3 rule 3).
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: -1\r\n\r\n",
+            b"POST / HTTP/1.0\r\nContent-Length: 0\r\n\r\n",
+            b"GET /v1/sse?channel=a&channel=b HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(framing_of(head), None, "{head:?}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::error::ErrorBody;
+use crate::openapi::shared::{JournalUnreadable, ServerErrors, SubscribeForbidden, Unauthorized};
 use crate::query::{self, Query};
 use crate::App;
 use axum::extract::{Path, RawQuery, State};
@@ -72,10 +73,10 @@ fn events_json<S: serde::Serializer>(events: &[Arc<Event>], s: S) -> Result<S::O
     responses(
         (status = 200, description = "One page of history.", body = HistoryPage),
         (status = 400, description = "`invalid_channel`, `invalid_cursor` (`after` fails its check or names no position on this channel), or `invalid_request` (a bad `limit`).", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to this channel.", body = ErrorBody),
+        Unauthorized,
+        SubscribeForbidden,
         (status = 410, description = "`cursor_not_served`: the journal cannot serve `after` (`reason`: `evicted`, `epoch`, `ahead` or `unknown`); `floor` and `floor_cursor` say where reading can restart.", body = ErrorBody),
-        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
+        JournalUnreadable,
         (status = 503, description = "`unavailable` (cluster mode: Redis unreachable) or `shutting_down`.", body = ErrorBody),
     ),
 )]
@@ -269,10 +270,8 @@ pub struct ChannelInfo {
     responses(
         (status = 200, description = "The channel's bounds. A channel never published to answers `floor: 1, head: 0`.", body = ChannelInfo),
         (status = 400, description = "`invalid_channel`.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to this channel.", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        SubscribeForbidden,
+        ServerErrors,
     ),
 )]
 pub async fn channel_info(

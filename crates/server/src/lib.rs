@@ -108,6 +108,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(ws::get_only))
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(axum::middleware::from_fn(busy::busy))
         .with_state(app);
@@ -234,18 +235,29 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no such path: {}", uri.path()))
 }
 
-/// 405 naming the method; one in lower case is told that methods are
-/// case-sensitive (RFC 9110 section 9.1: `get` is not `GET`).
+/// 405 for a path whose route does not take the method (the router adds
+/// `Allow`, listing the methods it does take).
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    method_not_allowed_error(&method, uri.path(), "")
+}
+
+/// `405 method_not_allowed` naming `method` and `path`, then `why`; a method
+/// in lower case is told that methods are case-sensitive (RFC 9110 section
+/// 9.1: `get` is not `GET`). The caller adds `Allow`.
+pub(crate) fn method_not_allowed_error(
+    method: &axum::http::Method,
+    path: &str,
+    why: &str,
+) -> ApiError {
     let upper = method.as_str().to_ascii_uppercase();
     let hint = if upper != method.as_str() {
         format!(" (method names are case-sensitive: {upper}, not {method})")
     } else {
-        String::new()
+        why.to_owned()
     };
     ApiError::new(
         ErrorCode::MethodNotAllowed,
-        format!("{method} is not allowed on {}{hint}", uri.path()),
+        format!("{method} is not allowed on {path}{hint}"),
     )
 }
 

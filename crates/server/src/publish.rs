@@ -6,6 +6,7 @@
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
 use crate::limits::BodyPace;
+use crate::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::query::{self, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
@@ -124,8 +125,8 @@ pub(crate) enum Flag {
         (status = 202, description = "Ephemeral: handed to this many current subscribers.", body = EphemeralDelivered),
         (status = 400, description = "`invalid_channel`, `invalid_type`, `invalid_utf8` (the message gives the offset of the first bad byte), or `invalid_request` (a bad `Idempotency-Key`, `ephemeral` not true/false, an `Idempotency-Key` on an ephemeral publish).", body = ErrorBody),
         (status = 401, description = "`unauthorized`: tokens are on and the request has none, or a bad one.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to this channel.", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        PublishForbidden,
+        SlowBody,
         (status = 413, description = "`too_large`: the data is over `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
         (status = 429, description = "`rate_limited`: over `--publish-rate`; nothing was appended.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
@@ -264,9 +265,9 @@ pub struct BatchEvent {
         (status = 201, description = "Appended.", body = BatchPublished),
         (status = 200, description = "An idempotent retry: nothing was appended; the original seqs and cursors.", body = BatchPublished),
         (status = 400, description = "`invalid_channel`, `invalid_type` (the message names the item), or `invalid_request` (not a JSON array of such objects, an unknown field, empty, a bad `Idempotency-Key`).", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to this channel.", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        Unauthorized,
+        PublishForbidden,
+        SlowBody,
         (status = 413, description = "`too_large`: over `--max-batch-events`, `--max-batch-bytes` or, for one item, `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
         (status = 429, description = "`rate_limited`: over `--publish-rate`, or a batch larger than `--publish-burst`; nothing was appended.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait."))),

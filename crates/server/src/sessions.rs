@@ -4,6 +4,10 @@
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
 use crate::history::{self, HistoryPage};
+use crate::openapi::shared::{
+    JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionMarkerNotStored,
+    SessionNotFound, SessionPath, SessionPublishForbidden, SessionSubscribeForbidden, SlowBody,
+};
 use crate::publish::{read_body, read_event};
 use crate::query::Query;
 use crate::{App, Peer};
@@ -149,14 +153,12 @@ pub struct CreateBody {
     responses(
         (status = 201, description = "Created: an open session with its opening marker (head 1).", body = SessionInfo),
         (status = 400, description = "`invalid_request`: a body that is not `{\"id\": ID}`, or a bad id.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 403, description = "`forbidden`: the token may not publish to `session/ID` (or, for a drawn id, to `session/*`).", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body arrived slower than `--min-body-rate`.", body = ErrorBody),
+        SlowBody,
         (status = 409, description = "`session_exists`: a session with this id exists.", body = ErrorBody),
         (status = 413, description = "`too_large`: the body is over 4096 bytes.", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`.", body = ErrorBody),
+        JournalFull,
+        ServerErrors,
     ),
 )]
 pub async fn create(
@@ -213,16 +215,14 @@ pub async fn create(
     operation_id = "session_info",
     summary = "A session's state",
     tag = "sessions",
-    params(("id" = SessionId, Path, description = "The session.")),
+    params(SessionPath),
     responses(
         (status = 200, description = "The session.", body = SessionInfo),
-        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to `session/ID`.", body = ErrorBody),
+        PathNotUtf8,
+        SessionSubscribeForbidden,
         (status = 404, description = "`session_not_found`: no such session, or it expired.", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`: a session whose grace window ran out is cancelled when it is looked at, and its marker could not be stored.", body = ErrorBody),
+        SessionMarkerNotStored,
+        ServerErrors,
     ),
 )]
 pub async fn info(
@@ -245,7 +245,7 @@ pub async fn info(
     summary = "Append an event to a session",
     tag = "sessions",
     params(
-        ("id" = SessionId, Path, description = "The session."),
+        SessionPath,
         ("type" = Option<gapless_protocol::schema::EventType>, Query, description = "The event's type; none by default."),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 256, pattern = r"^[!-~]{1,256}$",
             description = "As for a channel publish."),
@@ -259,17 +259,15 @@ pub async fn info(
         (status = 201, description = "Appended.", body = SessionAppended),
         (status = 200, description = "An idempotent retry: nothing was appended; the original seq.", body = SessionAppended),
         (status = 400, description = "`invalid_type`, `invalid_utf8`, or `invalid_request` (a bad `Idempotency-Key`; `ephemeral`, which sessions do not have).", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
-        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        SessionPublishForbidden,
+        SessionNotFound,
         (status = 408, description = "`request_timeout`.", body = ErrorBody),
         (status = 409, description = "`session_ended`: the session is completed or cancelled (`status` says which).", body = ErrorBody),
         (status = 413, description = "`too_large`: over `--max-event-bytes`.", body = ErrorBody),
         (status = 429, description = "`rate_limited`.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`.", body = ErrorBody),
+        JournalFull,
+        ServerErrors,
     ),
 )]
 pub async fn append(
@@ -319,17 +317,10 @@ pub async fn append(
     operation_id = "session_complete",
     summary = "Complete a session",
     tag = "sessions",
-    params(("id" = SessionId, Path, description = "The session.")),
+    params(SessionPath),
     responses(
         (status = 200, description = "Completes the session: its consumer gets every event, then the end. The session as it is now.", body = SessionInfo),
-        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
-        (status = 404, description = "`session_not_found`.", body = ErrorBody),
-        (status = 409, description = "`session_ended`: already completed or cancelled (`status` says which).", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`: the end marker could not be stored.", body = ErrorBody),
+        SessionEndErrors,
     ),
 )]
 pub async fn complete(
@@ -349,17 +340,10 @@ pub async fn complete(
     operation_id = "session_cancel",
     summary = "Cancel a session",
     tag = "sessions",
-    params(("id" = SessionId, Path, description = "The session.")),
+    params(SessionPath),
     responses(
         (status = 200, description = "Cancels the session. The session as it is now.", body = SessionInfo),
-        (status = 400, description = "`invalid_request`: the path is not UTF-8.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to `session/ID`.", body = ErrorBody),
-        (status = 404, description = "`session_not_found`.", body = ErrorBody),
-        (status = 409, description = "`session_ended`: already completed or cancelled (`status` says which).", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`: the end marker could not be stored.", body = ErrorBody),
+        SessionEndErrors,
     ),
 )]
 pub async fn cancel(
@@ -382,7 +366,7 @@ pub async fn cancel(
     summary = "One page of a session's history",
     tag = "sessions",
     params(
-        ("id" = SessionId, Path, description = "The session."),
+        SessionPath,
         ("after" = Option<gapless_protocol::Cursor>, Query, description = "Read the events after this cursor (not with `after_seq`)."),
         ("after_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Read the events after this seq (a consumer's `last_seq`; not with `after`)."),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
@@ -390,13 +374,11 @@ pub async fn cancel(
     responses(
         (status = 200, description = "One page of the session's history; `channel` is the session's id; lifecycle markers are events of types `gapless.session.*`.", body = HistoryPage),
         (status = 400, description = "`invalid_cursor`, or `invalid_request` (a bad `limit` or `after_seq`, or both `after` and `after_seq`).", body = ErrorBody),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to `session/ID`.", body = ErrorBody),
-        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        SessionSubscribeForbidden,
+        SessionNotFound,
         (status = 410, description = "`cursor_not_served`, as for a channel's history.", body = ErrorBody),
-        (status = 500, description = "`journal_failed`.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
-        (status = 507, description = "`journal_full`: a session whose grace window ran out is cancelled when it is looked at, and its marker could not be stored.", body = ErrorBody),
+        SessionMarkerNotStored,
+        ServerErrors,
     ),
 )]
 pub async fn history(

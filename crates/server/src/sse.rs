@@ -17,6 +17,7 @@
 use crate::auth::{Access, Action, Grant};
 use crate::conn::DirectSse;
 use crate::error::{ApiError, ErrorBody};
+use crate::openapi::shared::{LastEventIdHeader, SseAnswers, SseQuery};
 use crate::query::{self, Query};
 use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::App;
@@ -210,21 +211,11 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
     tag = "subscribe",
     params(
         ("channel" = gapless_protocol::schema::ChannelName, Path, description = "The channel to follow."),
-        ("last_event_id" = Option<Cursor>, Query, description = "Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`."),
-        ("since" = Option<Since>, Query, description = "Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live."),
-        ("format" = Option<SseFormat>, Query, description = "`plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{\"channel\",\"seq\",\"type\",\"data\",\"time\"}` (schema `Envelope`)."),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error."),
+        SseQuery,
+        LastEventIdHeader,
     ),
     responses(
-        (status = 200, description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` instead of a 503, so a browser reconnects later (docs/api.md).", content_type = "text/event-stream", body = SseEvent,
-            headers(
-                ("Cache-Control" = String, description = "`no-cache, no-transform`"),
-                ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
-            )),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to a channel of the stream (one refuses the whole stream).", body = ErrorBody),
-        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        SseAnswers,
         (status = 400, description = "`invalid_channel`, `invalid_cursor` (a garbage `last_event_id`), or `invalid_request` (a bad `since` or `format`; `channel=` in the query, which is for `/v1/sse`).", body = ErrorBody),
     ),
 )]
@@ -256,21 +247,11 @@ pub async fn channel_sse(
     params(
         ("channel" = Vec<gapless_protocol::schema::ChannelName>, Query, explode, style = Form, min_items = 1,
             description = "The channels to follow (repeat the parameter; duplicates count once): 1 to `--max-subscription-channels` (default 64). The stream's cursors hold every channel's position, so resuming resumes all; a channel added to the URL later starts live."),
-        ("last_event_id" = Option<Cursor>, Query, description = "Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`."),
-        ("since" = Option<Since>, Query, description = "Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live."),
-        ("format" = Option<SseFormat>, Query, description = "`plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{\"channel\",\"seq\",\"type\",\"data\",\"time\"}` (schema `Envelope`)."),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error."),
+        SseQuery,
+        LastEventIdHeader,
     ),
     responses(
-        (status = 200, description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` instead of a 503, so a browser reconnects later (docs/api.md).", content_type = "text/event-stream", body = SseEvent,
-            headers(
-                ("Cache-Control" = String, description = "`no-cache, no-transform`"),
-                ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
-            )),
-        (status = 401, description = "`unauthorized`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not subscribe to a channel of the stream (one refuses the whole stream).", body = ErrorBody),
-        (status = 500, description = "`journal_failed`: the journal could not be read.", body = ErrorBody),
-        (status = 503, description = "`unavailable` (cluster mode) or `shutting_down`.", body = ErrorBody),
+        SseAnswers,
         (status = 400, description = "`invalid_channel`, `invalid_cursor`, or `invalid_request` (no channel, more than `--max-subscription-channels`, a bad `since` or `format`).", body = ErrorBody),
     ),
 )]

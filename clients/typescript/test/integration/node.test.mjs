@@ -302,7 +302,7 @@ test('sessions: a consumer resumed with lastSeq across kill -9 gets every event 
   assert.equal((await it.next()).done, true, 'the consumer ends after the session does');
 });
 
-test('sessions: refusals 4404, 4409, 4410 are typed errors that do not reconnect', async () => {
+test('sessions: refusals 4404, 4412, 4409, 4410 are typed errors that do not reconnect', async () => {
   const srv = await server();
   const c = client(srv);
   const attempts = async (consumer) => {
@@ -321,6 +321,14 @@ test('sessions: refusals 4404, 4409, 4410 are typed errors that do not reconnect
   assert.equal(e404.closeCode, 4404);
   assert.equal(e404.status, 404);
   assert.ok(e404.terminal);
+
+  // An ended session, attached without lastSeq: nothing live to attach to.
+  const done = await c.createSession('done');
+  await c.completeSession(done.id);
+  const e412 = await attempts(c.attachSession(done.id));
+  assert.equal(e412.code, 'session_ended');
+  assert.equal(e412.closeCode, 4412);
+  assert.ok(e412.terminal);
 
   const s = await c.createSession('held');
   const holder = c.attachSession(s.id);

@@ -10,6 +10,7 @@ use super::messages::{self, ClientMessage};
 use super::{close, configure, json, text, Beat, Heartbeat};
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
+use crate::openapi::shared::Handshake;
 use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -40,11 +41,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
     tag = "subscribe",
     description = "A WebSocket (RFC 6455) of subprotocol `gapless.v1`: one socket follows many channels and may publish; messages are JSON text frames (docs/protocol.md). The request must be a WebSocket handshake (`Connection: upgrade`, `Upgrade: websocket`, `Sec-WebSocket-Version: 13`, `Sec-WebSocket-Key`). A token is checked after the upgrade: a refusal is one `error` message, then close 4401 (`unauthorized`) or 4403 (`forbidden`).",
     params(
-        ("Connection" = String, Header, pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]", description = "Must include `upgrade` (RFC 6455 section 4.1)."),
-        ("Upgrade" = String, Header, pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$", description = "`websocket`."),
-        ("Sec-WebSocket-Version" = String, Header, pattern = "^13$", description = "`13`."),
-        ("Sec-WebSocket-Key" = String, Header, pattern = "^[A-Za-z0-9+/]{22}==$", description = "16 random bytes in base64."),
-        ("Sec-WebSocket-Protocol" = Option<String>, Header, nullable = false, description = "Subprotocols offered: when present, it must include `gapless.v1`, which the answer then names."),
+        Handshake,
     ),
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (`Sec-WebSocket-Protocol: gapless.v1` when the client offered it)."),

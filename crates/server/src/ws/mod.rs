@@ -18,6 +18,7 @@ use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::Value;
@@ -26,6 +27,37 @@ use tokio::time::Instant;
 
 /// The subprotocol this server speaks.
 pub const SUBPROTOCOL: &str = "gapless.v1";
+
+/// Whether `path` is a WebSocket route: `/v1/ws` or `/v1/sessions/{id}/ws`.
+pub fn is_ws_path(path: &str) -> bool {
+    path == "/v1/ws"
+        || path
+            .strip_prefix("/v1/sessions/")
+            .and_then(|rest| rest.strip_suffix("/ws"))
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// Middleware: a WebSocket route takes `GET` only, the one method of a
+/// handshake (RFC 6455 section 4.1); any other method, `HEAD` included (which
+/// the router would otherwise hand to the `GET` handler), is answered
+/// `405 method_not_allowed` with `Allow: GET` (RFC 9110 section 15.5.6: a
+/// 405 lists the methods the route takes) before routing.
+pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let mut resp = crate::method_not_allowed_error(
+        req.method(),
+        req.uri().path(),
+        " (a WebSocket handshake is a GET: RFC 6455 section 4.1)",
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static("GET"),
+    );
+    resp
+}
 
 /// Refuses a handshake that offers subprotocols, none of which is [`SUBPROTOCOL`].
 ///

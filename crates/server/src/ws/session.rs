@@ -1,7 +1,7 @@
 //! `GET /v1/sessions/{id}/ws?last_seq=N&takeover=true`: the consumer side of a session.
 //!
 //! Refusals accept the socket first, send one `error` message, then close with
-//! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
+//! the code of the refusal (4404, 4412, 4409, 4410, 4400): a refusal before the
 //! upgrade would collapse into a bare HTTP status that browsers do not expose.
 //! With `last_seq`, every retained event with `seq > last_seq` is replayed in
 //! order, then one `session.resumed` message, then live events; without it,
@@ -14,6 +14,7 @@ use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
+use crate::openapi::shared::{Handshake, SessionPath};
 use crate::query::Query;
 use crate::stream_log::{Ended, Tally};
 use crate::App;
@@ -40,16 +41,12 @@ use std::sync::Arc;
     operation_id = "ws_session",
     summary = "WebSocket: a session's consumer",
     tag = "sessions",
-    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
+    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4412 (`session_ended`: completed or cancelled, and no `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
     params(
-        ("id" = crate::sessions::SessionId, Path, description = "The session."),
+        SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
         ("takeover" = Option<crate::publish::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
-        ("Connection" = String, Header, pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]", description = "Must include `upgrade` (RFC 6455 section 4.1)."),
-        ("Upgrade" = String, Header, pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$", description = "`websocket`."),
-        ("Sec-WebSocket-Version" = String, Header, pattern = "^13$", description = "`13`."),
-        ("Sec-WebSocket-Key" = String, Header, pattern = "^[A-Za-z0-9+/]{22}==$", description = "16 random bytes in base64."),
-        ("Sec-WebSocket-Protocol" = Option<String>, Header, nullable = false, description = "Subprotocols offered: when present, it must include `gapless.v1`, which the answer then names."),
+        Handshake,
     ),
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
@@ -94,6 +91,7 @@ pub async fn handler(
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
     match e {
+        SessionError::Ended { .. } => (code::SESSION_ENDED, ErrorCode::SessionEnded),
         SessionError::Attached(_) => (code::SESSION_ATTACHED, ErrorCode::SessionAttached),
         SessionError::NotRetained { .. } => {
             (code::SESSION_NOT_RETAINED, ErrorCode::SessionNotRetained)
@@ -121,7 +119,16 @@ async fn run(
         Ok(a) => a,
         Err(e) => {
             let (close_code, err) = refusal(&e);
-            let msg = json!({"op": "error", "code": err.as_str(), "message": e.to_string()});
+            let mut msg = json!({"op": "error", "code": err.as_str(), "message": e.to_string()});
+            if let SessionError::Ended { id, status } = &e {
+                // Not the producer's "takes no more events": what the consumer can do.
+                msg["message"] = Value::from(format!(
+                    "session {id:?} is {}: there is nothing live to attach to; attach with \
+                     last_seq to receive the rest of its events and its end, or read its history",
+                    status.as_str()
+                ));
+                msg["status"] = Value::from(status.as_str());
+            }
             let _ = socket.send(json(&msg)).await;
             close(&mut socket, close_code, err.as_str()).await;
             return;

@@ -22,6 +22,10 @@
 //!   become `maxItems` of the batch body and of `/v1/sse`'s `channel`.
 //!
 //! The document is built once per router and served as the same bytes.
+//! The parameters and answers several operations share are written once, in
+//! [`shared`].
+
+pub mod shared;
 
 use crate::App;
 use axum::body::Bytes;
@@ -34,10 +38,6 @@ use utoipa::OpenApi;
 /// Operations that never need a token: probes, metrics, the console page and
 /// this document (`auth.rs` is not consulted by their handlers).
 pub const OPEN: &[&str] = &["healthz", "readyz", "metrics", "console", "openapi"];
-
-/// Operations served even on a connection refused for the connection limit
-/// (`busy.rs`).
-const PROBES: &[&str] = &["healthz", "readyz", "metrics"];
 
 /// The names of the three security schemes, one per way of presenting a token.
 const SCHEMES: [&str; 3] = ["bearer", "cookie", "query"];
@@ -72,6 +72,9 @@ is JSON `ErrorBody`.",
         gapless_protocol::codes::GapReason,
         gapless_protocol::schema::Seq,
         crate::sse::ExpiredNotice,
+        // Named only by `shared`'s answers, which do not register their bodies.
+        crate::error::ErrorBody,
+        crate::sse::SseEvent,
     )),
     modifiers(&SecuritySchemes),
 )]
@@ -192,7 +195,7 @@ fn fit(doc: &mut Value, app: &App) {
                 "The first request head on a connection that is not valid HTTP/1.x gets \
                  `invalid_request` naming the problem.",
             );
-            if !PROBES.contains(&id.as_str()) && !path.ends_with("/sse") {
+            if !crate::busy::PROBES.contains(&path.as_str()) && !path.ends_with("/sse") {
                 add_response(
                     responses,
                     "503",
