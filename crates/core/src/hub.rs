@@ -528,20 +528,22 @@ impl Hub {
         let head_rx = cell.watch_head();
         let eph_seen = cell.ephemeral_count();
         let st = cell.state();
+        let fork = match start {
+            Start::After { epoch, .. } if epoch != st.epoch => {
+                self.journal.fork_of(channel, epoch, st.epoch)
+            }
+            _ => None,
+        };
         let start = match start {
             // A position the journal carried into its new epoch (a failover
             // that kept it) is the same position there.
-            Start::After { epoch, seq }
-                if epoch != st.epoch && self.journal.continues(channel, epoch, seq, st.epoch) =>
-            {
-                Start::After {
-                    epoch: st.epoch,
-                    seq,
-                }
-            }
+            Start::After { seq, .. } if fork.is_some_and(|fork| seq <= fork) => Start::After {
+                epoch: st.epoch,
+                seq,
+            },
             other => other,
         };
-        let (pos, gap) = resolve(&cell.name, st, start);
+        let (pos, gap) = resolve(&cell.name, st, start, fork);
         match (&gap, start) {
             (Some(g), _) => {
                 metrics::counter!("gapless_gaps_total", "reason" => g.reason.as_str()).increment(1);
@@ -570,8 +572,15 @@ impl Hub {
 }
 
 /// Where a subscription starts on one channel, given the channel's state
-/// (design: "Resume rules").
-fn resolve(channel: &Arc<str>, st: ChannelState, start: Start) -> (u64, Option<Gap>) {
+/// (design: "Resume rules"). `fork`: for a cursor of another epoch, the
+/// point the channel's epoch forked from it ([`Journal::fork_of`]); such a
+/// cursor beyond it continues right after it, with an `epoch` gap.
+fn resolve(
+    channel: &Arc<str>,
+    st: ChannelState,
+    start: Start,
+    fork: Option<u64>,
+) -> (u64, Option<Gap>) {
     let gap = |after: Option<(Epoch, u64)>, reason| {
         Some(Gap {
             channel: channel.clone(),
@@ -586,7 +595,14 @@ fn resolve(channel: &Arc<str>, st: ChannelState, start: Start) -> (u64, Option<G
         Start::After { epoch, seq } => {
             let after = Some((epoch, seq));
             if epoch != st.epoch {
-                (st.head, gap(after, GapReason::Epoch))
+                let next = fork.map_or(st.head, |fork| fork.min(st.head));
+                let gap = Some(Gap {
+                    channel: channel.clone(),
+                    after,
+                    next: (st.epoch, next),
+                    reason: GapReason::Epoch,
+                });
+                (next, gap)
             } else if seq > st.head {
                 (st.head, gap(after, GapReason::Ahead))
             } else if seq + 1 < st.floor {

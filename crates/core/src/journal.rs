@@ -226,12 +226,25 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The fork point when epoch `to` of `channel` began as a fork of epoch
+    /// `from`: the journal changed epoch (a Redis failover, or a Redis that
+    /// came back with an older copy of the channel) while keeping every event
+    /// of `from` up to that seq, and every event after it in `to` is new.
+    /// A position at or below it continues in `to` without a gap
+    /// ([`Journal::continues`]); a position beyond it held events `to` lacks,
+    /// so its subscriber gets an `epoch` gap and continues after the fork
+    /// point of `to` (receiving everything appended since the fork). Default:
+    /// `None` (a new epoch lost everything; continue at its head).
+    fn fork_of(&self, _channel: &str, _from: Epoch, _to: Epoch) -> Option<u64> {
+        None
+    }
+
     /// Whether position `seq` of epoch `from` is also position `seq` of epoch
-    /// `to` of `channel`: the journal changed epoch (a Redis failover) while
-    /// keeping every event up to `seq`. A subscriber there then continues
-    /// without a gap. Default: never (a new epoch lost everything).
-    fn continues(&self, _channel: &str, _from: Epoch, _seq: u64, _to: Epoch) -> bool {
-        false
+    /// `to` of `channel`: `seq` is at or below [`Journal::fork_of`]. A
+    /// subscriber there then continues without a gap.
+    fn continues(&self, channel: &str, from: Epoch, seq: u64, to: Epoch) -> bool {
+        self.fork_of(channel, from, to)
+            .is_some_and(|fork| seq <= fork)
     }
 
     /// The attach state shared between nodes, for a journal shared between

@@ -329,7 +329,10 @@ impl Subscription {
                 f.epoch = st.epoch;
                 return Box::pin(self.poll_follow(i)).await;
             }
-            Pending::EpochChanged(st) => Some(epoch_changed(f, st)),
+            Pending::EpochChanged(st) => {
+                let fork = self.journal.fork_of(f.cell.name(), f.epoch, st.epoch);
+                Some(epoch_changed(f, st, fork))
+            }
             Pending::Behind => {
                 let page = self
                     .journal
@@ -344,7 +347,10 @@ impl Subscription {
                     return Box::pin(self.poll_follow(i)).await;
                 }
                 if page.state.epoch != f.epoch {
-                    Some(epoch_changed(f, page.state))
+                    let fork = self
+                        .journal
+                        .fork_of(f.cell.name(), f.epoch, page.state.epoch);
+                    Some(epoch_changed(f, page.state, fork))
                 } else if f.pos + 1 < page.state.floor {
                     Some(evicted(f, page.state))
                 } else {
@@ -404,16 +410,20 @@ fn evicted(f: &mut Follow, st: ChannelState) -> Item {
     Item::Gap(gap)
 }
 
-/// The journal is a new incarnation: everything of the old one is lost; continue at the head.
-fn epoch_changed(f: &mut Follow, st: ChannelState) -> Item {
+/// The journal is a new incarnation: what the reader held of the old one is
+/// lost; continue at the head, or right after the fork point when the new
+/// epoch is a fork of the reader's ([`Journal::fork_of`]: everything after
+/// it in the new epoch was appended since, and is delivered).
+fn epoch_changed(f: &mut Follow, st: ChannelState, fork: Option<u64>) -> Item {
+    let next = fork.map_or(st.head, |fork| fork.min(st.head));
     let gap = Gap {
         channel: f.cell.name().clone(),
         after: Some((f.epoch, f.pos)),
-        next: (st.epoch, st.head),
+        next: (st.epoch, next),
         reason: GapReason::Epoch,
     };
     f.epoch = st.epoch;
-    f.pos = st.head;
+    f.pos = next;
     metrics::counter!("gapless_gaps_total", "reason" => GapReason::Epoch.as_str()).increment(1);
     Item::Gap(gap)
 }

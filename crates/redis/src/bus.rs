@@ -8,7 +8,11 @@
 //! notification from the bus, a periodic re-read of the head) takes the
 //! channel's track lock, so reports are serialized per channel, and:
 //!
-//! - a report at or below the known head is dropped (already delivered);
+//! - a report at or below the known head is dropped (already delivered),
+//!   unless its events were committed later than the event at the known
+//!   head: times never go back within a channel, so that is an event of
+//!   another history under the same epoch (Redis came back with an older
+//!   copy of the channel), and it is read from Redis as a hole (below);
 //! - a local commit that starts right after the known head is reported as is
 //!   (no read);
 //! - a notification that carries its events (inline, `notification.rs`) and
@@ -21,6 +25,14 @@
 //!   longer than [`FILL_MAX`] events reports only the newest `FILL_MAX`; the
 //!   hub then sees a discontinuity, and subscribers further behind read the
 //!   journal themselves.
+//!
+//! Every script this tracker runs (the append, the reads of a fill, the
+//! head re-read) carries what the track knows (`Track::arg`): the script
+//! forks the channel into a new epoch when Redis is behind it (a head below
+//! the known head, or another event at it), so that nothing is ever
+//! delivered under a seq that this node delivered with other content. A
+//! fill after a fork starts at the fork point (`Inner::fork_of`), so that
+//! subscribers get an `epoch` gap and then every event appended since.
 
 use crate::conn::{jitter, MAX_BACKOFF, MIN_BACKOFF};
 use crate::notification::{self, Notification};
@@ -77,6 +89,29 @@ const NOTIFICATIONS: &str = "gapless_cluster_notifications_total";
 pub(crate) struct Track {
     /// `(epoch, head, floor)` reported last; `None` before the first report.
     known: Option<(Epoch, u64, u64)>,
+    /// The commit time (Unix ms) of the event at the known head, when this
+    /// node reported that event itself.
+    time: Option<u64>,
+}
+
+impl Track {
+    /// What the scripts take as `known` (`scripts.rs`, `load`):
+    /// `<epoch>:<head>:<time or empty>`, or `""` before the first report.
+    fn arg(&self) -> String {
+        match (self.known, self.time) {
+            (Some((e, head, _)), Some(t)) => format!("{}:{head}:{t}", e.0),
+            (Some((e, head, _)), None) => format!("{}:{head}:", e.0),
+            (None, _) => String::new(),
+        }
+    }
+
+    /// Whether an event at or below the known head, in the known epoch,
+    /// committed at `time` cannot be one this node reported: it is newer
+    /// than the event at the known head (or that time is unknown, so it
+    /// cannot be told: a read, which carries [`Track::arg`], settles it).
+    fn impossible(&self, time: u64) -> bool {
+        self.time.is_none_or(|t| time > t)
+    }
 }
 
 /// The tracks of the followed channels.
@@ -101,9 +136,23 @@ impl Trackers {
     fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.map.lock().retain(|k, _| keep(k));
     }
+
+    /// [`Track::arg`] of `channel`'s track; `""` when it has none, or when it
+    /// is busy (a fill): the report that follows the script checks again.
+    fn arg(&self, channel: &str) -> String {
+        let track = self.map.lock().get(channel).cloned();
+        track
+            .and_then(|t| t.try_lock().ok().map(|t| t.arg()))
+            .unwrap_or_default()
+    }
 }
 
 impl Inner {
+    /// What this node delivered of `channel`, for a script (`Track::arg`).
+    pub(crate) fn known_arg(&self, channel: &str) -> String {
+        self.trackers.arg(channel)
+    }
+
     /// Reports this node's own commit (see the module doc). Never fails: when
     /// a fill cannot be read, the events are reported as they are, and the
     /// hub's subscribers read any hole from the journal.
@@ -122,11 +171,18 @@ impl Inner {
         let track = self.trackers.get(channel);
         let mut t = track.lock().await;
         match t.known {
-            Some((epoch, head, _)) if epoch == state.epoch && state.head <= head => {}
+            Some((epoch, head, _))
+                if epoch == state.epoch
+                    && first <= head
+                    && !events.first().is_some_and(|e| t.impossible(e.time))
+                    && state.head <= head => {}
             Some((epoch, head, _)) if epoch == state.epoch && first == head + 1 => {
                 self.report(&mut t, channel, state, &events);
             }
             None => self.report(&mut t, channel, state, &events),
+            // A hole, a new epoch, or a commit at or below the known head that
+            // is not one reported before: the fill's reads carry the track,
+            // so Redis forks the channel if it lost what this node delivered.
             Some(_) => {
                 if let Err(e) = self.fill(&mut t, channel, state, first - 1).await {
                     tracing::warn!(channel, error = %e, "could not read a hole before a commit; reporting the commit alone");
@@ -205,7 +261,8 @@ impl Inner {
     /// Settles `n` from what the track knows, without Redis: already
     /// delivered (counted `known`), or carrying exactly the events after the
     /// known head (reported, counted `inline`). Whether it was settled; if
-    /// not, the caller reads from Redis.
+    /// not, the caller reads from Redis (which forks the channel when the
+    /// notification shows that Redis lost events this node delivered).
     fn settle_known(&self, t: &mut Track, n: &Notification<'_>) -> bool {
         if delivered(t, n) {
             self.outcomes.known.increment(1);
@@ -233,7 +290,8 @@ impl Inner {
                 if unreachable.load(Ordering::Relaxed) {
                     return;
                 }
-                let state = match self.state(&channel).await {
+                let known = self.trackers.get(&channel).lock().await.arg();
+                let state = match self.state(&channel, &known).await {
                     Ok(s) => s,
                     Err(e) => {
                         if matches!(e, JournalError::Unavailable(_)) {
@@ -267,11 +325,28 @@ impl Inner {
 
     fn report(&self, t: &mut Track, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
         self.sink.committed(channel, state, events);
-        let head = match t.known {
-            Some((e, h, _)) if e == state.epoch => h.max(state.head),
-            _ => state.head,
-        };
-        t.known = Some((state.epoch, head, state.floor));
+        match t.known {
+            Some((e, h, _)) if e == state.epoch && h >= state.head => {
+                t.known = Some((e, h, state.floor));
+            }
+            _ => {
+                t.known = Some((state.epoch, state.head, state.floor));
+                t.time = events
+                    .last()
+                    .filter(|e| e.seq == state.head)
+                    .map(|e| e.time);
+            }
+        }
+    }
+
+    /// Where a fill toward `epoch` starts when the track knows another
+    /// epoch: right after the fork point when `epoch` forked from it (every
+    /// event after it is new to this node), else `hint`.
+    fn fill_start(&self, t: &Track, channel: &str, epoch: Epoch, hint: u64) -> u64 {
+        match t.known {
+            Some((e, _, _)) => self.fork_of(channel, e, epoch).unwrap_or(hint),
+            None => hint,
+        }
     }
 
     /// Reads and reports, in order, the events after what `t` knows, up to
@@ -287,12 +362,14 @@ impl Inner {
         let mut epoch = target.epoch;
         let mut after = match t.known {
             Some((e, head, _)) if e == epoch => head,
-            _ => hint,
+            _ => self.fill_start(t, channel, epoch, hint),
         };
         after = after.max(target.head.saturating_sub(FILL_MAX));
         let mut restarts = 0;
         loop {
-            let page = self.read(channel, after, FILL_PAGE, FILL_BYTES).await?;
+            let (page, time) = self
+                .read(channel, after, FILL_PAGE, FILL_BYTES, &t.arg())
+                .await?;
             if page.state.epoch != epoch {
                 // The channel changed incarnation again since the notice.
                 restarts += 1;
@@ -302,11 +379,13 @@ impl Inner {
                     )));
                 }
                 epoch = page.state.epoch;
+                let start = self.fill_start(t, channel, epoch, 0);
                 after = page
                     .state
                     .head
                     .saturating_sub(FILL_MAX)
-                    .max(page.state.floor.saturating_sub(1));
+                    .max(page.state.floor.saturating_sub(1))
+                    .max(start);
                 continue;
             }
             let reported = page.events.last().map_or(page.state.head, |e| e.seq);
@@ -315,6 +394,12 @@ impl Inner {
                 ..page.state
             };
             self.report(t, channel, state, &page.events);
+            // the hash's `time` is the commit time of the event at its head
+            let at_head =
+                matches!(t.known, Some((e, h, _)) if e == page.state.epoch && h == page.state.head);
+            if at_head && t.time.is_none() {
+                t.time = Some(time);
+            }
             if page.events.is_empty() || reported >= page.state.head {
                 return Ok(());
             }
@@ -324,9 +409,19 @@ impl Inner {
 }
 
 /// Whether everything `n` announces was reported already (same epoch, at or
-/// below the known head: our own commit, or a notification filled before).
+/// below the known head: our own commit, or a notification filled before),
+/// and, when it carries its events, they are not newer than the event at the
+/// known head (else Redis lost what this node delivered, and reused the seqs).
 fn delivered(t: &Track, n: &Notification<'_>) -> bool {
     matches!(t.known, Some((e, head, _)) if e == n.epoch && head >= n.last)
+        && !first_time(n).is_some_and(|time| t.impossible(time))
+}
+
+/// The commit time of the first event an inline notification carries.
+fn first_time(n: &Notification<'_>) -> Option<u64> {
+    let v = n.inline.as_ref()?.values.first()?;
+    let colon = v.iter().position(|&b| b == b':')?;
+    std::str::from_utf8(&v[..colon]).ok()?.parse().ok()
 }
 
 /// The events `n` carries and the state to report with them, when they are

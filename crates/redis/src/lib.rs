@@ -45,8 +45,10 @@ use tokio_util::sync::CancellationToken;
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
 /// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
-/// channel, inline bytes (see [`RedisOptions::inline_bytes`]), then one
-/// payload (`n<data>`) per event.
+/// channel, inline bytes (see [`RedisOptions::inline_bytes`]), what the
+/// calling node delivered of the channel (`""`: nothing; else
+/// `<epoch>:<head>:<commit time of the head event>`), then one payload
+/// (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
@@ -125,8 +127,9 @@ pub(crate) struct Inner {
     leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
-    /// Per channel, the failover its epoch began with, when one did:
-    /// `(epoch, previous epoch, fork)` (see [`Journal::continues`]).
+    /// Per channel, the fork its epoch began with, when one did (a failover,
+    /// a restart from an RDB snapshot, a loss a node noticed): `(epoch,
+    /// previous epoch, fork)` (see [`Journal::fork_of`]).
     lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
 }
 
@@ -196,7 +199,16 @@ impl RedisJournal {
 }
 
 impl Inner {
-    /// Remembers the failover `channel`'s epoch began with, if the script said so.
+    /// The fork point of `channel`'s epoch `to` from epoch `from`, if the
+    /// scripts said `to` began so (see [`Journal::fork_of`]).
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        self.lineage
+            .lock()
+            .get(channel)
+            .and_then(|&(epoch, prev, fork)| (epoch == to && prev == from).then_some(fork))
+    }
+
+    /// Remembers the fork `channel`'s epoch began with, if the script said so.
     fn note_lineage(
         &self,
         channel: &str,
@@ -211,12 +223,15 @@ impl Inner {
         }
     }
 
-    /// The append script.
+    /// The append script. `known`: what this node delivered of the channel
+    /// (`bus::Track::arg`), so that the script forks the channel instead of
+    /// appending under an epoch whose newer events Redis lost.
     async fn append(
         &self,
         channel: &str,
         events: &[NewEvent],
         idempotency_key: Option<&str>,
+        known: &str,
     ) -> Result<(ChannelState, Appended, u64), JournalError> {
         let key = scripts::key_of(channel);
         let payloads: Vec<Vec<u8>> = events.iter().map(codec::encode).collect();
@@ -233,7 +248,8 @@ impl Inner {
                     .arg(r.max_age_ms)
                     .arg(&fresh)
                     .arg(BUS_CHANNEL)
-                    .arg(self.opts.inline_bytes);
+                    .arg(self.opts.inline_bytes)
+                    .arg(known);
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }
@@ -256,14 +272,18 @@ impl Inner {
         Ok((state, appended, time))
     }
 
-    /// The read script: up to `limit` events after `after`, stopping past `max_bytes`.
+    /// The read script: up to `limit` events after `after`, stopping past
+    /// `max_bytes`. `known` as for [`Inner::append`] (`""` from a
+    /// subscriber). Also returns the commit time (Unix ms) of the event at
+    /// the page's head.
     async fn read(
         &self,
         channel: &str,
         after: u64,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<Page, JournalError> {
+        known: &str,
+    ) -> Result<(Page, u64), JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
         let max_age = self.retention.max_age_ms;
@@ -278,7 +298,8 @@ impl Inner {
                     .arg(max_age)
                     .arg(after)
                     .arg(limit)
-                    .arg(max_bytes);
+                    .arg(max_bytes)
+                    .arg(known);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -291,6 +312,7 @@ impl Inner {
         let head = int_of(it.next().as_ref()).ok_or_else(|| bad("head"))?;
         let (prev, fork) = (it.next(), it.next());
         self.note_lineage(channel, epoch, prev.as_ref(), fork.as_ref());
+        let time = int_of(it.next().as_ref()).ok_or_else(|| bad("time"))?;
         let start = int_of(it.next().as_ref()).ok_or_else(|| bad("start"))?;
         let name: Arc<str> = Arc::from(channel);
         let mut events = Vec::new();
@@ -302,14 +324,15 @@ impl Inner {
                 .map_err(JournalError::Storage)?;
             events.push(Arc::new(e));
         }
-        Ok(Page {
+        let page = Page {
             state: ChannelState { epoch, floor, head },
             events,
-        })
+        };
+        Ok((page, time))
     }
 
-    /// The state script.
-    async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
+    /// The state script. `known` as for [`Inner::append`].
+    async fn state(&self, channel: &str, known: &str) -> Result<ChannelState, JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
         let max_age = self.retention.max_age_ms;
@@ -317,7 +340,7 @@ impl Inner {
             .conn
             .run(|mut c| {
                 let mut inv = self.scripts.state.prepare_invoke();
-                inv.key(&key).arg(&fresh).arg(max_age);
+                inv.key(&key).arg(&fresh).arg(max_age).arg(known);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -356,7 +379,11 @@ impl Journal for RedisJournal {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
-        let (state, appended, time) = self.inner.append(channel, &events, idempotency_key).await?;
+        let known = self.inner.known_arg(channel);
+        let (state, appended, time) = self
+            .inner
+            .append(channel, &events, idempotency_key, &known)
+            .await?;
         if appended.duplicate {
             return Ok(appended);
         }
@@ -380,7 +407,11 @@ impl Journal for RedisJournal {
     }
 
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {
-        self.inner.read(channel, after, limit, usize::MAX).await
+        let (page, _) = self
+            .inner
+            .read(channel, after, limit, usize::MAX, "")
+            .await?;
+        Ok(page)
     }
 
     async fn read_bounded(
@@ -390,11 +421,15 @@ impl Journal for RedisJournal {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        self.inner.read(channel, after, limit, max_bytes).await
+        let (page, _) = self
+            .inner
+            .read(channel, after, limit, max_bytes, "")
+            .await?;
+        Ok(page)
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        self.inner.state(channel).await
+        self.inner.state(channel, "").await
     }
 
     /// Every `poll_ms`: re-reads the state of every followed channel (which
@@ -440,12 +475,8 @@ impl Journal for RedisJournal {
         }
     }
 
-    fn continues(&self, channel: &str, from: Epoch, seq: u64, to: Epoch) -> bool {
-        self.inner
-            .lineage
-            .lock()
-            .get(channel)
-            .is_some_and(|&(epoch, prev, fork)| epoch == to && prev == from && seq <= fork)
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        self.inner.fork_of(channel, from, to)
     }
 
     fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {

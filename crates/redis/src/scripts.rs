@@ -10,7 +10,7 @@
 //! | `floor`, `head` | oldest retained seq (`head + 1` when none), newest seq |
 //! | `time` | commit time of the newest event, Unix ms (times never go back) |
 //! | `lin` | `master_replid` of the Redis primary that last touched the channel |
-//! | `prev_epoch`, `fork` | after a failover: the epoch before it, and the head the new primary had; positions up to `fork` of `prev_epoch` continue in `epoch` |
+//! | `prev_epoch`, `fork` | after a fork (a failover, a restart from an RDB snapshot, or a loss a node noticed): the epoch before it, and the last seq both histories share; positions up to `fork` of `prev_epoch` continue in `epoch` |
 //! | `e<seq>` | one event: `<time>:` then the payload (see `codec.rs`) |
 //! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named |
 //! | `i<last>` | the key whose append ended at seq `last` (to forget it with its events) |
@@ -21,16 +21,22 @@
 //! touch the channel draws a new epoch (subscribers get an `epoch` gap).
 //!
 //! Every script first runs `LOAD` (the prelude): it creates the channel with
-//! the caller's fresh epoch when the hash is missing, applies the failover
-//! rule (a channel last touched by the primary this one was promoted from
-//! gets a new epoch, since the promoted replica may lack its newest events),
-//! and evicts events older than the retention age. Scripts call `TIME` and
-//! `INFO`, so they rely on effect replication (the default since Redis 5).
+//! the caller's fresh epoch when the hash is missing, applies the fork rules
+//! (the channel gets a new epoch, keeping as `fork` the last seq both
+//! histories share, when its data may be older than what was acknowledged:
+//! last touched by the primary this one was promoted from; or by this Redis
+//! before it restarted without an AOF, so from an RDB snapshot; or older than
+//! what the calling node already delivered), and evicts events older than the
+//! retention age. Scripts call `TIME` and `INFO`, so they rely on effect
+//! replication (the default since Redis 5).
 
-/// Shared by every script: helpers and `load(k, fresh, max_age)`, which
-/// returns `epoch, floor, head, time`. The `#!lua` line makes Redis refuse
-/// the whole script up front when it is out of memory, rather than fail its
-/// writes one by one, so a batch is never half applied.
+/// Shared by every script: helpers and `load(k, fresh, max_age, known)`,
+/// which returns `epoch, floor, head, time, prev epoch, fork`. `known` is
+/// what the calling node last delivered of the channel,
+/// `<epoch>:<head>:<commit time of the event at head, or empty>` (`""`:
+/// nothing). The `#!lua` line makes Redis refuse the whole script up front
+/// when it is out of memory, rather than fail its writes one by one, so a
+/// batch is never half applied.
 const PRELUDE: &str = r#"#!lua
 local function S(n) return string.format('%d', n) end
 local function now_ms()
@@ -45,7 +51,23 @@ local function drop(k, from, to)
     if key then redis.call('HDEL', k, 'i' .. ss, 'k' .. key) end
   end
 end
-local function load(k, fresh, max_age)
+local function event_time(k, s)
+  local v = redis.call('HGET', k, 'e' .. S(s))
+  return v and tonumber(string.match(v, '^(%d+):'))
+end
+-- the newest seq at or below `top` whose event was committed at or before
+-- `t` (`floor - 1` when none): times never go back within a channel, so
+-- the events up to it are older than `t`, the ones after it newer
+local function older_until(k, floor, top, t)
+  local lo, hi = floor - 1, top
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    local mt = event_time(k, mid)
+    if mt and mt <= t then lo = mid else hi = mid - 1 end
+  end
+  return lo
+end
+local function load(k, fresh, max_age, known)
   local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork')
   local info = redis.call('INFO', 'replication')
   local rid = string.match(info, 'master_replid:(%w+)') or ''
@@ -66,8 +88,37 @@ local function load(k, fresh, max_age)
       prev, fork = m[1], head
       epoch = fresh
       redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
+    elseif string.match(redis.call('INFO', 'persistence'), 'aof_enabled:0') then
+      -- this Redis restarted (its replication ID changed) without an AOF:
+      -- the channel came back from an RDB snapshot, which may lack the
+      -- newest events; the ones it has are as they were
+      prev, fork = m[1], head
+      epoch = fresh
+      redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
     end
     redis.call('HSET', k, 'lin', rid)
+  end
+  local ke, kh, kt = string.match(known or '', '^(%d+):(%d+):(%d*)$')
+  if ke and ke == epoch then
+    -- the caller delivered this epoch up to seq kh (committed at kt): a
+    -- head behind it, or another event at kh, means this Redis lost events
+    -- it had acknowledged (an older AOF or snapshot under the same epoch)
+    kh, kt = tonumber(kh), tonumber(kt)
+    local lost = head < kh
+    if not lost and kt and kh >= floor then
+      local t = event_time(k, kh)
+      lost = t ~= nil and t ~= kt
+    end
+    if lost then
+      prev = epoch
+      if kt then
+        fork = older_until(k, floor, math.min(head, kh), kt)
+      else
+        fork = floor - 1
+      end
+      epoch = fresh
+      redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
+    end
   end
   if max_age > 0 and floor <= head then
     local cutoff = now_ms() - max_age
@@ -92,7 +143,7 @@ end
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
 /// for none), max events, max age ms, fresh epoch, bus channel, inline
-/// bytes, then one payload per event. Returns `{epoch, first, last,
+/// bytes, known (see `load`), then one payload per event. Returns `{epoch, first, last,
 /// duplicate (0/1), floor, head, time, prev epoch ("" for none), fork}`. Seq
 /// assignment, the idempotency check, retention by count and age, the append
 /// and the notification happen in this one step. The notification carries
@@ -101,7 +152,7 @@ end
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
-local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]))
+local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8])
 local key = ARGV[2]
 if key ~= '' then
   local v = redis.call('HGET', k, 'k' .. key)
@@ -124,7 +175,7 @@ if last > time then time = last end
 local first = head + 1
 local ts = S(time) .. ':'
 local size = 0
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   head = head + 1
   size = size + #ARGV[i]
   redis.call('HSET', k, 'e' .. S(head), ts .. ARGV[i])
@@ -142,7 +193,7 @@ redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
 local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1]
 if size <= tonumber(ARGV[7]) then
   local parts = {note, '\n', S(floor), '\n'}
-  for i = 8, #ARGV do
+  for i = 9, #ARGV do
     parts[#parts + 1] = S(#ts + #ARGV[i]) .. ':' .. ts .. ARGV[i]
   end
   note = table.concat(parts)
@@ -152,19 +203,19 @@ return {epoch, first, head, 0, floor, head, time, prev, fork}
 "#;
 
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
-/// limit, max bytes. Returns `{epoch, floor, head, prev epoch, fork, start,
-/// payload...}`: the
+/// limit, max bytes, known (see `load`). Returns `{epoch, floor, head, prev
+/// epoch, fork, time (of the event at head), start, payload...}`: the
 /// events from seq `start` on, at most `limit`, stopping once their stored
 /// size passes `max bytes` (always at least one).
 const READ: &str = r#"
 local k = KEYS[1]
-local epoch, floor, head, _, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]))
+local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[6])
 local after = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local max_bytes = tonumber(ARGV[5])
 local start = after + 1
 if start < floor then start = floor end
-local out = {epoch, floor, head, prev, fork, start}
+local out = {epoch, floor, head, prev, fork, S(time), start}
 local bytes = 0
 local s = start
 while s <= head and limit > 0 do
@@ -181,11 +232,12 @@ end
 return out
 "#;
 
-/// `STATE`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms.
+/// `STATE`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, known
+/// (see `load`).
 /// Returns `{epoch, floor, head, prev epoch, fork}` (creating the channel, and applying
 /// retention by age, as every script does).
 const STATE: &str = r#"
-local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3])
 return {epoch, floor, head, prev, fork}
 "#;
 
