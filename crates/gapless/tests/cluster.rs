@@ -776,6 +776,76 @@ async fn after_losing_its_bus_connection_a_node_rereads_the_heads_it_follows() {
 }
 
 #[tokio::test]
+async fn a_session_opened_on_one_node_lives_on_another_that_started_long_before() {
+    // Nodes up longer than the grace window: a session opened on A was
+    // cancelled the first time B touched it (B counted it detached since
+    // B's own start).
+    let redis = Redis::start().await;
+    let grace = ["--session-grace-ms", "1500"];
+    let (a, b, c) = (
+        node(&redis, &grace).await,
+        node(&redis, &grace).await,
+        node(&redis, &grace).await,
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let id = new_session(&a, "late-touch").await;
+    assert_eq!(append_ok(&b, &id, "e2").await, 2);
+    let info = session_info(&c, &id).await;
+    assert_eq!(info.json["status"], "open", "{}", info.text);
+    let mut on_c = consume(&c, &id, "").await;
+    append_ok(&b, &id, "e3").await;
+    assert_session_event(&on_c.json().await, 3, "e3");
+    drop(on_c);
+    // The grace window still applies once nobody consumes: cancelled on every node.
+    eventually("cancelled after the grace window", WAIT, || async {
+        session_info(&b, &id).await.json["status"] == "cancelled"
+    })
+    .await;
+    append(&a, &id, "late")
+        .await
+        .expect_error(409, "session_ended");
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_id_on_two_nodes_one_wins() {
+    let redis = Redis::start().await;
+    let (a, b) = (node(&redis, &[]).await, node(&redis, &[]).await);
+    for round in 0..8 {
+        let id = format!("race-{round}");
+        let creates: Vec<_> = [&a, &b, &a, &b]
+            .into_iter()
+            .map(|n| {
+                let http = n.http.clone();
+                let url = n.url("/v1/sessions");
+                let body = serde_json::json!({ "id": id }).to_string();
+                tokio::spawn(async move {
+                    let r = http
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .expect("create");
+                    let status = r.status().as_u16();
+                    (status, r.json::<Value>().await.unwrap_or(Value::Null))
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for c in creates {
+            match c.await.expect("create task") {
+                (201, _) => created += 1,
+                (409, body) => assert_eq!(body["error"], "session_exists", "{body}"),
+                (other, body) => panic!("create answered {other}: {body}"),
+            }
+        }
+        assert_eq!(created, 1, "round {round}: exactly one create wins");
+        let info = session_info(&a, &id).await;
+        assert_eq!(info.json["head"], 1, "one opening marker: {}", info.text);
+    }
+}
+
+#[tokio::test]
 async fn no_session_event_lands_after_an_end_written_on_another_node() {
     let redis = Redis::start().await;
     let (a, b) = (node(&redis, &[]).await, node(&redis, &[]).await);
