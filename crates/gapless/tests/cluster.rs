@@ -776,6 +776,72 @@ async fn after_losing_its_bus_connection_a_node_rereads_the_heads_it_follows() {
 }
 
 #[tokio::test]
+async fn an_ephemeral_event_reaches_subscribers_on_every_node() {
+    let redis = Redis::start().await;
+    let (a, b, c) = (
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+    );
+    let mut on_b = b.sse("/v1/channels/eph/sse", &[]).await;
+    let mut on_c = c.sse("/v1/channels/eph/sse", &[]).await;
+    // Journaled first, so each subscriber is known to be following.
+    a.post("/v1/channels/eph/events", "first", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "first");
+    }
+    let r = a
+        .post(
+            "/v1/channels/eph/events?ephemeral=true&type=typing",
+            "hi there",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        r.expect(202)["subscribers"],
+        0,
+        "the count is of the publishing node's own subscribers"
+    );
+    for sub in [&mut on_b, &mut on_c] {
+        let e = sub.next_event().await;
+        assert_eq!(
+            (e.event.as_str(), e.data.as_str(), e.id),
+            ("typing", "hi there", None)
+        );
+    }
+    // The node that took it delivers it once to its own subscribers (its
+    // own bus message is skipped), and the others once too.
+    let mut on_a = a.sse("/v1/channels/eph/sse", &[]).await;
+    b.post("/v1/channels/eph/events", "second", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "second");
+    }
+    a.post("/v1/channels/eph/events?ephemeral=true", "again", &[])
+        .await
+        .expect(202);
+    b.post("/v1/channels/eph/events", "third", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        let mut got = vec![sub.next_event().await.data, sub.next_event().await.data];
+        got.sort();
+        assert_eq!(got, ["again", "third"]);
+    }
+    // No second copy: the bus is one ordered connection, so a copy of
+    // "again" would come before the notification of "fourth".
+    b.post("/v1/channels/eph/events", "fourth", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "fourth", "each once");
+    }
+}
+
+#[tokio::test]
 async fn a_session_opened_on_one_node_lives_on_another_that_started_long_before() {
     // Nodes up longer than the grace window: a session opened on A was
     // cancelled the first time B touched it (B counted it detached since

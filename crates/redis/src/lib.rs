@@ -25,6 +25,7 @@
 mod bus;
 mod codec;
 mod conn;
+mod ephemeral;
 mod notification;
 mod scripts;
 mod sessions;
@@ -128,6 +129,8 @@ pub(crate) struct Inner {
     /// Per channel, the failover its epoch began with, when one did:
     /// `(epoch, previous epoch, fork)` (see [`Journal::continues`]).
     lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
+    /// This node's name on the bus (random): it skips its own ephemeral messages.
+    node: String,
 }
 
 type KickFn = Box<dyn Fn(&str) + Send + Sync>;
@@ -159,6 +162,7 @@ impl RedisJournal {
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            node: format!("{:016x}", rand::random::<u64>()),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
@@ -446,6 +450,26 @@ impl Journal for RedisJournal {
             .lock()
             .get(channel)
             .is_some_and(|&(epoch, prev, fork)| epoch == to && prev == from && seq <= fork)
+    }
+
+    fn share_ephemeral(&self, channel: &str, event_type: Option<&str>, data: &str) {
+        let msg = ephemeral::encode(&self.inner.node, channel, event_type, data);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let sent = inner
+                .conn
+                .run(|mut c| async move {
+                    redis::cmd("PUBLISH")
+                        .arg(BUS_CHANNEL)
+                        .arg(msg)
+                        .query_async::<i64>(&mut c)
+                        .await
+                })
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "could not pass an ephemeral event to the other nodes");
+            }
+        });
     }
 
     fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {
