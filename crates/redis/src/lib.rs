@@ -144,6 +144,25 @@ impl RedisJournal {
     /// # Errors
     /// [`JournalError::Storage`] when the URL (or a Sentinel URL) is invalid.
     pub fn open(opts: RedisOptions, sink: Arc<dyn CommitSink>) -> Result<Self, JournalError> {
+        let urls: Vec<&str> = match opts.sentinel_master {
+            None => vec![opts.url.as_str()],
+            Some(_) => opts
+                .url
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect(),
+        };
+        for (i, url) in urls.iter().enumerate() {
+            conn::check_url(url).map_err(|why| {
+                let which = if urls.len() > 1 {
+                    format!(" (Sentinel URL {} of {})", i + 1, urls.len())
+                } else {
+                    String::new()
+                };
+                JournalError::Storage(format!("invalid Redis URL{which}: {why}"))
+            })?;
+        }
         let target = conn::Target::new(&opts.url, opts.sentinel_master.as_deref())
             .map_err(|e| JournalError::Storage(format!("invalid Redis URL: {e}")))?;
         let timeout = Duration::from_millis(opts.timeout_ms.max(1));
@@ -430,16 +449,24 @@ impl Journal for RedisJournal {
     }
 
     async fn ready(&self) -> Result<(), JournalError> {
+        // A script, not `PING`: Redis refuses it whenever it would refuse an
+        // append (out of memory, read-only, persistence failing), which
+        // `PING` does not tell (`scripts::READY`). A refusal that is not a
+        // connection-level one (`OOM`, `MISCONF`) is `JournalError::Storage`,
+        // as the append's would be.
         let pong: String = self
             .inner
             .conn
-            .run(|mut c| async move { redis::cmd("PING").query_async(&mut c).await })
+            .run(|mut c| {
+                let inv = self.inner.scripts.ready.prepare_invoke();
+                async move { inv.invoke_async(&mut c).await }
+            })
             .await?;
         if pong == "PONG" {
             Ok(())
         } else {
             Err(JournalError::Unavailable(format!(
-                "Redis answered PING with {pong:?}"
+                "Redis answered the readiness script with {pong:?}"
             )))
         }
     }
