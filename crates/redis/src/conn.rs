@@ -43,7 +43,8 @@ pub(crate) const SCHEMES: &[&str] = &[
 /// # Errors
 /// What is wrong, for a person: no `scheme://`, or a scheme not in [`SCHEMES`].
 pub(crate) fn check_url(url: &str) -> Result<(), String> {
-    const FORM: &str = "a Redis URL is redis://[user:password@]host:port[/db], or rediss://… for TLS \
+    const FORM: &str =
+        "a Redis URL is redis://[user:password@]host:port[/db], or rediss://… for TLS \
                         (e.g. redis://127.0.0.1:6379)";
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(format!("it has no scheme (no ://): {FORM}"));
@@ -57,7 +58,9 @@ pub(crate) fn check_url(url: &str) -> Result<(), String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
     if plain {
-        Err(format!("the scheme is {scheme}://, not a Redis one: {FORM}"))
+        Err(format!(
+            "the scheme is {scheme}://, not a Redis one: {FORM}"
+        ))
     } else {
         Err(format!("it does not start with a scheme: {FORM}"))
     }

@@ -359,7 +359,10 @@ async fn open(
             // An EventSource gives up for good on a 503: tell it to come back.
             metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
             let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
-            return Ok(retry_later(retry_ms, &format!("unavailable: {}", e.message)));
+            return Ok(retry_later(
+                retry_ms,
+                &format!("unavailable: {}", e.message),
+            ));
         }
     };
     let mut head = Vec::with_capacity(128);
