@@ -309,6 +309,8 @@ async fn readyz_is_503_while_redis_refuses_writes_for_lack_of_memory() {
     );
     assert!(r.message().contains("OOM"), "{}", r.message());
     assert_eq!(a.get("/healthz").await.status, 200);
+    // Reads are refused too: every script may write (docs/cluster.md).
+    a.history(CH, "").await.expect_error(500, "journal_failed");
 
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).await;
     assert_eq!(a.get("/readyz").await.status, 200);
