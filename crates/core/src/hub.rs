@@ -329,6 +329,16 @@ impl CommitSink for Channels {
     fn followed(&self) -> Vec<Arc<str>> {
         self.map.read().keys().cloned().collect()
     }
+
+    fn ephemeral(&self, channel: &str, event_type: Option<String>, data: String) {
+        if let Some(cell) = self.get(channel) {
+            cell.push_ephemeral(Arc::new(Ephemeral::new(
+                cell.name.clone(),
+                event_type,
+                data,
+            )));
+        }
+    }
 }
 
 /// What [`Hub::follow`] resolved.
@@ -446,6 +456,8 @@ impl Hub {
         data: String,
     ) -> usize {
         self.published_ephemeral.increment(1);
+        self.journal
+            .share_ephemeral(channel, event_type.as_deref(), &data);
         let Some(cell) = self.channels.get(channel) else {
             return 0;
         };

@@ -138,6 +138,11 @@ pub trait CommitSink: Send + Sync + 'static {
     fn followed(&self) -> Vec<Arc<str>> {
         Vec::new()
     }
+    /// An ephemeral event published on another node (a journal shared
+    /// between nodes passes them on, see [`Journal::share_ephemeral`]): it
+    /// goes to this node's current subscribers of `channel`, like one
+    /// published here. Default: dropped.
+    fn ephemeral(&self, _channel: &str, _event_type: Option<String>, _data: String) {}
 }
 
 /// A sink that drops everything (for tools and tests).
@@ -246,6 +251,12 @@ pub trait Journal: Send + Sync + 'static {
         self.fork_of(channel, from, to)
             .is_some_and(|fork| seq <= fork)
     }
+
+    /// Passes an ephemeral event published on this node to the other nodes
+    /// sharing the journal, best effort (ephemeral events are never
+    /// journaled: a node that misses it does not get it later). Each of them
+    /// hands it to its [`CommitSink::ephemeral`]. Default: nothing (one node).
+    fn share_ephemeral(&self, _channel: &str, _event_type: Option<&str>, _data: &str) {}
 
     /// The attach state shared between nodes, for a journal shared between
     /// nodes (see [`crate::session::SessionRegistry`]). Default: none, so

@@ -40,6 +40,9 @@ pub const COMPLETED: &str = "gapless.session.completed";
 pub const CANCELLED: &str = "gapless.session.cancelled";
 /// Longest session id, in characters (`A-Z a-z 0-9 _ -`).
 pub const MAX_ID_LEN: usize = 128;
+/// The idempotency key of a session's opening marker: of two creates of one
+/// id that both found it absent, the journal takes one marker.
+const CREATE_KEY: &str = "gapless.session.create";
 
 /// The journal channel of session `id`.
 pub fn channel_of(id: &str) -> String {
@@ -365,7 +368,15 @@ impl Sessions {
             event_type: Some(OPENED.to_owned()),
             data: String::new(),
         };
-        let appended = hub.publish(&channel, vec![marker], None).await?;
+        // Two creates of one id may both find it absent (on two nodes, in
+        // cluster mode); the key makes the journal take one opening marker
+        // and answer the other as a duplicate.
+        let appended = hub
+            .publish(&channel, vec![marker], Some(CREATE_KEY))
+            .await?;
+        if appended.duplicate {
+            return Err(SessionError::Exists(id));
+        }
         {
             let mut st = entry.state.lock();
             st.status = Status::Open;
@@ -610,10 +621,19 @@ impl Sessions {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let mut failed = None;
         for (id, entry) in entries {
             if self.due(&entry) {
                 let _ops = entry.ops.lock().await;
-                self.expire_if_due(hub, &id, &entry).await?;
+                match self.expire_if_due(hub, &id, &entry).await {
+                    Ok(()) => {}
+                    // Another node ended it first (cluster mode): nothing to do.
+                    Err(SessionError::Ended { .. }) => {}
+                    // The other sessions are still swept; the first failure is returned.
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
         }
         // Forget ended sessions nobody holds; they are reloaded from the journal if touched.
@@ -621,7 +641,7 @@ impl Sessions {
             let st = e.state.lock();
             st.status == Status::Open || st.attached.is_some() || Arc::strong_count(e) > 1
         });
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     fn due(&self, entry: &Entry) -> bool {
@@ -758,7 +778,12 @@ impl Sessions {
         let Some(status) = read_status(hub, id).await? else {
             return Err(SessionError::NotFound(id.to_owned()));
         };
-        let entry = self.entry(id, self.started_ms);
+        let opened_ms = read_opened(hub, id).await?;
+        // Detached since it was opened, or since this server started if that
+        // is later (what an earlier process knew of its consumers is gone).
+        // In cluster mode it may have been opened on another node a moment
+        // ago: counting from this node's start would cancel it at once.
+        let entry = self.entry(id, self.started_ms.max(opened_ms));
         {
             let mut es = entry.state.lock();
             if !es.known {
@@ -785,6 +810,16 @@ async fn read_status(hub: &Hub, id: &str) -> Result<Option<Status>, SessionError
             .and_then(|e| Status::of_marker(e.event_type.as_deref()))
             .unwrap_or(Status::Open),
     ))
+}
+
+/// When session `id` was opened, Unix ms: the time of its oldest retained
+/// event (the opening marker, unless retention evicted it); 0 when it has
+/// none.
+async fn read_opened(hub: &Hub, id: &str) -> Result<u64, SessionError> {
+    let channel = channel_of(id);
+    let floor = hub.state(&channel).await?.floor.max(1);
+    let page = hub.read(&channel, floor - 1, 1, usize::MAX).await?;
+    Ok(page.events.first().map_or(0, |e| e.time))
 }
 
 /// Keeps `holder`'s lease alive until `done` fires; fires `kicked` when the

@@ -776,6 +776,142 @@ async fn after_losing_its_bus_connection_a_node_rereads_the_heads_it_follows() {
 }
 
 #[tokio::test]
+async fn an_ephemeral_event_reaches_subscribers_on_every_node() {
+    let redis = Redis::start().await;
+    let (a, b, c) = (
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+        node(&redis, &[]).await,
+    );
+    let mut on_b = b.sse("/v1/channels/eph/sse", &[]).await;
+    let mut on_c = c.sse("/v1/channels/eph/sse", &[]).await;
+    // Journaled first, so each subscriber is known to be following.
+    a.post("/v1/channels/eph/events", "first", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "first");
+    }
+    let r = a
+        .post(
+            "/v1/channels/eph/events?ephemeral=true&type=typing",
+            "hi there",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        r.expect(202)["subscribers"],
+        0,
+        "the count is of the publishing node's own subscribers"
+    );
+    for sub in [&mut on_b, &mut on_c] {
+        let e = sub.next_event().await;
+        assert_eq!(
+            (e.event.as_str(), e.data.as_str(), e.id),
+            ("typing", "hi there", None)
+        );
+    }
+    // The node that took it delivers it once to its own subscribers (its
+    // own bus message is skipped), and the others once too.
+    let mut on_a = a.sse("/v1/channels/eph/sse", &[]).await;
+    b.post("/v1/channels/eph/events", "second", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "second");
+    }
+    a.post("/v1/channels/eph/events?ephemeral=true", "again", &[])
+        .await
+        .expect(202);
+    b.post("/v1/channels/eph/events", "third", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        let mut got = vec![sub.next_event().await.data, sub.next_event().await.data];
+        got.sort();
+        assert_eq!(got, ["again", "third"]);
+    }
+    // No second copy: the bus is one ordered connection, so a copy of
+    // "again" would come before the notification of "fourth".
+    b.post("/v1/channels/eph/events", "fourth", &[])
+        .await
+        .expect(201);
+    for sub in [&mut on_a, &mut on_b, &mut on_c] {
+        assert_eq!(sub.next_event().await.data, "fourth", "each once");
+    }
+}
+
+#[tokio::test]
+async fn a_session_opened_on_one_node_lives_on_another_that_started_long_before() {
+    // Nodes up longer than the grace window: a session opened on A was
+    // cancelled the first time B touched it (B counted it detached since
+    // B's own start).
+    let redis = Redis::start().await;
+    let grace = ["--session-grace-ms", "1500"];
+    let (a, b, c) = (
+        node(&redis, &grace).await,
+        node(&redis, &grace).await,
+        node(&redis, &grace).await,
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let id = new_session(&a, "late-touch").await;
+    assert_eq!(append_ok(&b, &id, "e2").await, 2);
+    let info = session_info(&c, &id).await;
+    assert_eq!(info.json["status"], "open", "{}", info.text);
+    let mut on_c = consume(&c, &id, "").await;
+    append_ok(&b, &id, "e3").await;
+    assert_session_event(&on_c.json().await, 3, "e3");
+    drop(on_c);
+    // The grace window still applies once nobody consumes: cancelled on every node.
+    eventually("cancelled after the grace window", WAIT, || async {
+        session_info(&b, &id).await.json["status"] == "cancelled"
+    })
+    .await;
+    append(&a, &id, "late")
+        .await
+        .expect_error(409, "session_ended");
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_id_on_two_nodes_one_wins() {
+    let redis = Redis::start().await;
+    let (a, b) = (node(&redis, &[]).await, node(&redis, &[]).await);
+    for round in 0..8 {
+        let id = format!("race-{round}");
+        let creates: Vec<_> = [&a, &b, &a, &b]
+            .into_iter()
+            .map(|n| {
+                let http = n.http.clone();
+                let url = n.url("/v1/sessions");
+                let body = serde_json::json!({ "id": id }).to_string();
+                tokio::spawn(async move {
+                    let r = http
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .expect("create");
+                    let status = r.status().as_u16();
+                    (status, r.json::<Value>().await.unwrap_or(Value::Null))
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for c in creates {
+            match c.await.expect("create task") {
+                (201, _) => created += 1,
+                (409, body) => assert_eq!(body["error"], "session_exists", "{body}"),
+                (other, body) => panic!("create answered {other}: {body}"),
+            }
+        }
+        assert_eq!(created, 1, "round {round}: exactly one create wins");
+        let info = session_info(&a, &id).await;
+        assert_eq!(info.json["head"], 1, "one opening marker: {}", info.text);
+    }
+}
+
+#[tokio::test]
 async fn no_session_event_lands_after_an_end_written_on_another_node() {
     let redis = Redis::start().await;
     let (a, b) = (node(&redis, &[]).await, node(&redis, &[]).await);

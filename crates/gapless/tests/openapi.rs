@@ -419,6 +419,21 @@ async fn streams_and_upgrades_answer_as_documented() {
             ok["content"].get("text/event-stream").is_some(),
             "{path}: {ok}"
         );
+        // The journal unreachable at open is a 200 with `retry:` only (an
+        // EventSource gives up on a 503): documented there, not as a 503
+        // (tests/cluster_outage.rs drives it).
+        let ok_text = ok["description"].as_str().unwrap_or_default();
+        assert!(
+            ok_text.contains("journal is unreachable") && ok_text.contains("`retry:`"),
+            "{path}: {ok_text}"
+        );
+        let busy = op["responses"]["503"]["description"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            busy.contains("`shutting_down`") && !busy.starts_with("`unavailable`"),
+            "{path}: {busy}"
+        );
         let req = s
             .http
             .get(s.url(target))

@@ -1,5 +1,6 @@
 //! Fan-out between nodes: the notification listener (which also carries
-//! `kick <holder>` messages of session takeovers), and the per-channel
+//! `kick <holder>` messages of session takeovers and the ephemeral events of
+//! other nodes, `ephemeral.rs`), and the per-channel
 //! tracker that feeds this node's hub every commit in seq order, whoever
 //! made it.
 //!
@@ -35,6 +36,7 @@
 //! subscribers get an `epoch` gap and then every event appended since.
 
 use crate::conn::{jitter, MAX_BACKOFF, MIN_BACKOFF};
+use crate::ephemeral;
 use crate::notification::{self, Notification};
 use crate::{Inner, BUS_CHANNEL};
 use futures::StreamExt;
@@ -242,6 +244,24 @@ impl Inner {
             .await
         {
             tracing::warn!(channel = n.channel, error = %e, "could not read notified events; the next notification or re-read catches up");
+        }
+    }
+
+    /// An ephemeral event another node took (`ephemeral.rs`): to this node's
+    /// subscribers of the channel, if it has any.
+    fn on_ephemeral(&self, rest: &[u8]) {
+        match ephemeral::parse(rest) {
+            Some(e) if e.node == self.node => {}
+            Some(e) => {
+                if self.sink.follows(e.channel) {
+                    self.sink.ephemeral(
+                        e.channel,
+                        e.event_type.map(str::to_owned),
+                        e.data.to_owned(),
+                    );
+                }
+            }
+            None => tracing::warn!("malformed ephemeral event on the bus; ignored"),
         }
     }
 
@@ -490,6 +510,10 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                         m = stream.next() => m,
                     };
                     let Some(msg) = msg else { break };
+                    if let Some(rest) = msg.get_payload_bytes().strip_prefix(ephemeral::PREFIX) {
+                        inner.on_ephemeral(rest);
+                        continue;
+                    }
                     if let Some(holder) = msg.get_payload_bytes().strip_prefix(b"kick ") {
                         if let (Ok(holder), Some(kick)) =
                             (std::str::from_utf8(holder), inner.kick.read().as_ref())

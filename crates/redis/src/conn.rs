@@ -22,6 +22,50 @@ pub(crate) enum Target {
     Sentinel(Mutex<SentinelClient>),
 }
 
+/// The URL schemes the Redis client accepts (the `redis` crate's
+/// `parse_redis_url`): `redis://` and `rediss://` (TLS) are the documented
+/// ones (docs/cluster.md); the client also reads the Valkey spellings and
+/// Unix sockets (`redis+unix:///path`, `unix:///path`).
+pub(crate) const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// Checks that `url` is a Redis URL by its scheme, before the client parses
+/// it, so the error names what is wrong (the client says only "Redis URL did
+/// not parse"). The URL itself is never quoted: it may hold a password.
+///
+/// # Errors
+/// What is wrong, for a person: no `scheme://`, or a scheme not in [`SCHEMES`].
+pub(crate) fn check_url(url: &str) -> Result<(), String> {
+    const FORM: &str =
+        "a Redis URL is redis://[user:password@]host:port[/db], or rediss://… for TLS \
+                        (e.g. redis://127.0.0.1:6379)";
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(format!("it has no scheme (no ://): {FORM}"));
+    };
+    let lower = scheme.to_ascii_lowercase();
+    if SCHEMES.contains(&lower.as_str()) {
+        return Ok(());
+    }
+    let plain = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
+    if plain {
+        Err(format!(
+            "the scheme is {scheme}://, not a Redis one: {FORM}"
+        ))
+    } else {
+        Err(format!("it does not start with a scheme: {FORM}"))
+    }
+}
+
 impl Target {
     /// Builds the target from `--redis` (one URL, or comma-separated
     /// Sentinel URLs when `sentinel_master` is given).
@@ -207,4 +251,38 @@ fn connection_level(e: &RedisError) -> bool {
                     | ServerErrorKind::TryAgain
             )
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_that_is_not_redis_is_named_by_what_is_wrong_and_never_quoted() {
+        for ok in [
+            "redis://127.0.0.1:6379",
+            "rediss://h:6380/#insecure",
+            "REDIS://h",
+            "redis+unix:///tmp/r.sock",
+        ] {
+            assert_eq!(check_url(ok), Ok(()), "{ok}");
+        }
+        let e = check_url("http://x").expect_err("http");
+        assert!(e.contains("the scheme is http://"), "{e}");
+        assert!(e.contains("redis://") && e.contains("rediss://"), "{e}");
+        let e = check_url("127.0.0.1:6379").expect_err("no scheme");
+        assert!(e.contains("no scheme"), "{e}");
+        let e = check_url("user:secret@h://x").expect_err("garbled");
+        assert!(e.contains("does not start with a scheme"), "{e}");
+        assert!(!e.contains("secret"), "the URL is not quoted: {e}");
+        // Every scheme let through is one the client reads.
+        for s in SCHEMES {
+            let url = if s.contains("unix") {
+                format!("{s}:///tmp/r.sock")
+            } else {
+                format!("{s}://127.0.0.1:6379")
+            };
+            assert!(redis::parse_redis_url(&url).is_some(), "{url}");
+        }
+    }
 }

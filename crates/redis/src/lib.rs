@@ -25,6 +25,7 @@
 mod bus;
 mod codec;
 mod conn;
+mod ephemeral;
 mod notification;
 mod scripts;
 mod sessions;
@@ -131,6 +132,8 @@ pub(crate) struct Inner {
     /// a restart from an RDB snapshot, a loss a node noticed): `(epoch,
     /// previous epoch, fork)` (see [`Journal::fork_of`]).
     lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
+    /// This node's name on the bus (random): it skips its own ephemeral messages.
+    node: String,
 }
 
 type KickFn = Box<dyn Fn(&str) + Send + Sync>;
@@ -144,6 +147,25 @@ impl RedisJournal {
     /// # Errors
     /// [`JournalError::Storage`] when the URL (or a Sentinel URL) is invalid.
     pub fn open(opts: RedisOptions, sink: Arc<dyn CommitSink>) -> Result<Self, JournalError> {
+        let urls: Vec<&str> = match opts.sentinel_master {
+            None => vec![opts.url.as_str()],
+            Some(_) => opts
+                .url
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect(),
+        };
+        for (i, url) in urls.iter().enumerate() {
+            conn::check_url(url).map_err(|why| {
+                let which = if urls.len() > 1 {
+                    format!(" (Sentinel URL {} of {})", i + 1, urls.len())
+                } else {
+                    String::new()
+                };
+                JournalError::Storage(format!("invalid Redis URL{which}: {why}"))
+            })?;
+        }
         let target = conn::Target::new(&opts.url, opts.sentinel_master.as_deref())
             .map_err(|e| JournalError::Storage(format!("invalid Redis URL: {e}")))?;
         let timeout = Duration::from_millis(opts.timeout_ms.max(1));
@@ -162,6 +184,7 @@ impl RedisJournal {
             leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            node: format!("{:016x}", rand::random::<u64>()),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
@@ -461,22 +484,50 @@ impl Journal for RedisJournal {
     }
 
     async fn ready(&self) -> Result<(), JournalError> {
+        // A script, not `PING`: Redis refuses it whenever it would refuse an
+        // append (out of memory, read-only, persistence failing), which
+        // `PING` does not tell (`scripts::READY`). A refusal that is not a
+        // connection-level one (`OOM`, `MISCONF`) is `JournalError::Storage`,
+        // as the append's would be.
         let pong: String = self
             .inner
             .conn
-            .run(|mut c| async move { redis::cmd("PING").query_async(&mut c).await })
+            .run(|mut c| {
+                let inv = self.inner.scripts.ready.prepare_invoke();
+                async move { inv.invoke_async(&mut c).await }
+            })
             .await?;
         if pong == "PONG" {
             Ok(())
         } else {
             Err(JournalError::Unavailable(format!(
-                "Redis answered PING with {pong:?}"
+                "Redis answered the readiness script with {pong:?}"
             )))
         }
     }
 
     fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
         self.inner.fork_of(channel, from, to)
+    }
+
+    fn share_ephemeral(&self, channel: &str, event_type: Option<&str>, data: &str) {
+        let msg = ephemeral::encode(&self.inner.node, channel, event_type, data);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let sent = inner
+                .conn
+                .run(|mut c| async move {
+                    redis::cmd("PUBLISH")
+                        .arg(BUS_CHANNEL)
+                        .arg(msg)
+                        .query_async::<i64>(&mut c)
+                        .await
+                })
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "could not pass an ephemeral event to the other nodes");
+            }
+        });
     }
 
     fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {

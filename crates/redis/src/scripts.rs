@@ -241,12 +241,21 @@ local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2
 return {epoch, floor, head, prev, fork}
 "#;
 
-/// The three scripts, compiled once (the crate sends `EVALSHA`, and the
+/// `READY`: touches nothing and returns `PONG`; the readiness check. Like
+/// every script above it is declared with `#!lua` and no flags, so Redis
+/// refuses it exactly when it would refuse an append before running it:
+/// out of memory at `maxmemory` with `noeviction` (`OOM`), a read-only
+/// replica (`READONLY`), persistence failing (`MISCONF`), loading
+/// (`LOADING`). A `PING` answers in all of these.
+const READY: &str = "#!lua\nreturn 'PONG'\n";
+
+/// The scripts, compiled once (the crate sends `EVALSHA`, and the
 /// source when Redis does not have it cached).
 pub(crate) struct Scripts {
     pub(crate) append: redis::Script,
     pub(crate) read: redis::Script,
     pub(crate) state: redis::Script,
+    pub(crate) ready: redis::Script,
 }
 
 impl Scripts {
@@ -255,6 +264,7 @@ impl Scripts {
             append: redis::Script::new(&append_source()),
             read: redis::Script::new(&format!("{PRELUDE}{READ}")),
             state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
+            ready: redis::Script::new(READY),
         }
     }
 }

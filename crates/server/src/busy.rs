@@ -4,19 +4,20 @@
 //! - `/healthz`, `/readyz` and `/metrics` are served as usual, so a liveness probe does
 //!   not restart a busy server and set off a reconnect storm.
 //! - An SSE request gets `200 text/event-stream` carrying only a jittered
-//!   `retry:` and a comment, then the end of the stream: a browser's
-//!   `EventSource` treats any other status as final and never reconnects,
-//!   but it reconnects after `retry:` from a stream that ends, keeping its
-//!   `Last-Event-ID` (the answer has no `id:`).
+//!   `retry:` (1 to 10 s) and a comment, then the end of the stream
+//!   ([`crate::sse::retry_later`], also used when the journal is
+//!   unreachable at open): a browser's `EventSource` treats any other
+//!   status as final and never reconnects, but it reconnects after `retry:`
+//!   from a stream that ends, keeping its `Last-Event-ID` (the answer has
+//!   no `id:`).
 //! - Anything else gets `503 limit_reached` with a jittered `Retry-After`.
 //!
 //! The connection is closed after the answer.
 
 use crate::error::ApiError;
 use crate::listener::Refused;
-use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gapless_protocol::codes::ErrorCode;
@@ -37,11 +38,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
     }
     let mut resp = if req.method() == Method::GET && wants_sse(&req) {
         let retry_ms = rand::random_range(1_000..=10_000u64);
-        let body = format!("retry: {retry_ms}\n: busy: {why}\n\n");
-        let mut r = Response::new(Body::from(body));
-        *r.status_mut() = StatusCode::OK;
-        crate::sse::stream_headers(r.headers_mut());
-        r
+        crate::sse::retry_later(retry_ms, &format!("busy: {why}"))
     } else {
         ApiError::new(ErrorCode::LimitReached, why)
             .retry_after(rand::random_range(1..=5u64))

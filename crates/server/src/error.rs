@@ -87,6 +87,10 @@ impl ErrorBody {
     }
 }
 
+/// The end of a 503 `unavailable` message (the journal is unreachable)
+/// outside a publish, where [`ApiError::publish_refused`] replaces it.
+const RETRY_LATER: &str = "; retry later";
+
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {
@@ -114,6 +118,24 @@ impl ApiError {
         self.with("retry_after", seconds.max(1))
     }
 
+    /// The refusal of a publish (HTTP publish and batch, a WebSocket
+    /// `publish`, a session append): a 503 `unavailable` adds that the
+    /// publish may still have been applied (the request may have reached
+    /// the journal before it stopped answering, docs/cluster.md) and is to
+    /// be retried with the same idempotency key, named as the caller sends
+    /// it (`key`: `Idempotency-Key`, or `idempotency_key` over WebSocket).
+    /// Any other error is returned as is.
+    pub fn publish_refused(mut self, key: &str) -> Self {
+        if self.code == ErrorCode::Unavailable {
+            self.message = format!(
+                "{}; a publish may still have been applied: retry it with the same {key}, \
+                 which answers with the original seq",
+                self.message.trim_end_matches(RETRY_LATER)
+            );
+        }
+        self
+    }
+
     /// Adds a field to the JSON body.
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.extra.insert(key.to_owned(), value.into());
@@ -135,12 +157,11 @@ impl From<JournalError> for ApiError {
                 )
                 .retry_after(5)
             }
+            // Said of every operation: only a publish adds that it may have
+            // been applied ([`ApiError::publish_refused`]).
             JournalError::Unavailable(why) => ApiError::new(
                 ErrorCode::Unavailable,
-                format!(
-                    "the journal is unreachable ({why}); a publish may still have been applied: \
-                     retry it with the same Idempotency-Key, which answers with the original seq"
-                ),
+                format!("the journal is unreachable ({why}){RETRY_LATER}"),
             )
             .retry_after(1),
             other => {

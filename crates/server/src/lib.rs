@@ -201,7 +201,9 @@ async fn healthz() -> Json<Health> {
 }
 
 /// 200 `{"status":"ready"}` while the journal accepts appends; 503
-/// `unavailable` while it cannot (cluster mode: Redis unreachable).
+/// `unavailable` while it cannot, with `reason` the journal's own code
+/// (`journal_full`, `unavailable`, `journal_failed`, `shutting_down`;
+/// docs/api.md). `Retry-After` as the journal's error gives it.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -210,21 +212,22 @@ async fn healthz() -> Json<Health> {
     tag = "operations",
     responses(
         (status = 200, description = "The journal accepts appends: point a load balancer's readiness check here.", body = Ready),
-        (status = 503, description = "`unavailable`, with `reason`: the journal's own code (`journal_full` when the disk is below `--min-free-disk-bytes`; `unavailable` in cluster mode when Redis is unreachable, hung, loading or read-only).", body = ErrorBody),
+        (status = 503, description = "`unavailable`, always with `reason`, the journal's own code: `journal_full` (the disk is below `--min-free-disk-bytes`), `unavailable` (cluster mode: Redis unreachable, hung, loading, or a read-only replica), `journal_failed` (cluster mode: Redis refuses writes, e.g. out of memory at `maxmemory` with `noeviction`), `shutting_down` (the server is stopping).", body = ErrorBody),
     ),
 )]
 async fn readyz(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
 ) -> Result<Json<Ready>, ApiError> {
     // Not ready is always a 503 (what load balancers and probes expect); the
-    // journal's own code is kept as `reason` (e.g. `journal_full`, `unavailable`).
+    // journal's own code is kept as `reason` (docs/api.md, `GET /readyz`).
     if let Err(e) = app.hub.journal().ready().await {
         let inner = ApiError::from(e);
-        return Err(if inner.code.status() == 503 {
-            inner
-        } else {
-            ApiError::new(ErrorCode::Unavailable, inner.message).with("reason", inner.code.as_str())
-        });
+        let mut out = ApiError::new(ErrorCode::Unavailable, inner.message)
+            .with("reason", inner.code.as_str());
+        if let Some(secs) = inner.extra.get("retry_after").and_then(|v| v.as_u64()) {
+            out = out.retry_after(secs);
+        }
+        return Err(out);
     }
     Ok(Json(Ready {
         status: Readiness::Ready,

@@ -176,7 +176,8 @@ pub async fn publish(
             vec![NewEvent { event_type, data }],
             key.as_deref(),
         )
-        .await?;
+        .await
+        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
     let status = if appended.duplicate {
         StatusCode::OK
     } else {
@@ -347,7 +348,11 @@ pub async fn publish_batch(
     }
     app.publish_limiter
         .take(&grant, peer.map(|Extension(p)| p.0.ip()), events.len())?;
-    let appended = app.hub.publish(&channel, events, key.as_deref()).await?;
+    let appended = app
+        .hub
+        .publish(&channel, events, key.as_deref())
+        .await
+        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
     let status = if appended.duplicate {
         StatusCode::OK
     } else {

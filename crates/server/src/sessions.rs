@@ -293,7 +293,8 @@ pub async fn append(
     let (appended, attached) = app
         .sessions
         .append(&app.hub, &id, vec![event], key.as_deref())
-        .await?;
+        .await
+        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
     let status = if appended.duplicate {
         StatusCode::OK
     } else {

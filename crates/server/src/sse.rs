@@ -202,6 +202,28 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
 
+/// The `retry:` (ms, drawn from this range: jittered, so a node's pages do
+/// not all come back at once) of an SSE open answered while the journal is
+/// unreachable (cluster mode: Redis down, hung or loading); see
+/// [`retry_later`]. At least the node's own reconnect backoff (up to 2 s)
+/// and short enough that a blip costs a page a few seconds (docs/api.md).
+pub const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
+
+/// The answer to an SSE request that cannot be served now but may be soon
+/// (a refused connection, `busy.rs`; the journal unreachable at open): 200
+/// `text/event-stream` holding only `retry: retry_ms` and the comment
+/// `: why` (CR and LF in `why` become spaces), then the end of the stream.
+/// A browser's `EventSource` treats any status but 200 as final and never
+/// reconnects, but it reconnects after `retry:` from a stream that ends,
+/// with the same URL and `Last-Event-ID` (the answer has no `id:`, so the
+/// client's last event ID is kept). docs/api.md, "Errors".
+pub(crate) fn retry_later(retry_ms: u64, why: &str) -> Response {
+    let why = why.replace(['\r', '\n'], " ");
+    let mut r = Response::new(Body::from(format!("retry: {retry_ms}\n: {why}\n\n")));
+    stream_headers(r.headers_mut());
+    r
+}
+
 /// `GET /v1/channels/{channel}/sse`.
 #[utoipa::path(
     get,
@@ -320,13 +342,29 @@ async fn open(
             "the server is shutting down",
         ));
     }
-    let (sub, gaps) = app
+    let (sub, gaps) = match app
         .hub
         .subscribe(
             channels.into_iter().zip(starts).collect(),
             app.config.read_batch,
         )
-        .await?;
+        .await
+    {
+        Ok(opened) => opened,
+        Err(e) => {
+            let e = ApiError::from(e);
+            if e.code != ErrorCode::Unavailable {
+                return Err(e);
+            }
+            // An EventSource gives up for good on a 503: tell it to come back.
+            metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
+            let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
+            return Ok(retry_later(
+                retry_ms,
+                &format!("unavailable: {}", e.message),
+            ));
+        }
+    };
     let mut head = Vec::with_capacity(128);
     head.extend_from_slice(&sse::retry_frame(app.config.retry_ms));
     for g in &gaps {

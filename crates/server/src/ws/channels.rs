@@ -485,7 +485,8 @@ impl Conn {
             .app
             .hub
             .publish(channel, vec![NewEvent { event_type, data }], key.as_deref())
-            .await?;
+            .await
+            .map_err(|e| ApiError::from(e).publish_refused("idempotency_key"))?;
         Ok(json!({
             "op": "published",
             "channel": channel,
