@@ -106,7 +106,9 @@ local function load(k, fresh, max_age, known)
     kh, kt = tonumber(kh), tonumber(kt)
     local lost = head < kh
     if not lost and kt and kh >= floor then
-      local t = event_time(k, kh)
+      -- `time` is the commit time of the event at the head: no read then
+      local t = time
+      if kh ~= head then t = event_time(k, kh) end
       lost = t ~= nil and t ~= kt
     end
     if lost then
