@@ -311,6 +311,21 @@ async fn readyz_is_503_while_redis_refuses_writes_for_lack_of_memory() {
     assert_eq!(a.get("/healthz").await.status, 200);
     // Reads are refused too: every script may write (docs/cluster.md).
     a.history(CH, "").await.expect_error(500, "journal_failed");
+    // A stream opened now (a channel this node has no window for, so it
+    // reads Redis) is told to retry, not given a 500 an EventSource would
+    // never come back from.
+    let mut r = a.sse("/v1/channels/fresh/sse", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.raw_text());
+    let (items, end) = r.until_end(Duration::from_secs(5)).await;
+    assert_eq!(end, Next::End);
+    let [Item::Retry(ms), Item::Comment(why)] = items.as_slice() else {
+        panic!("only retry: and a comment, got {items:?}");
+    };
+    assert!((1_000..=5_000).contains(ms), "retry: {ms}");
+    assert!(
+        why.trim_start().starts_with("journal_failed: ") && why.contains("OOM"),
+        "{why:?}"
+    );
 
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).await;
     assert_eq!(a.get("/readyz").await.status, 200);

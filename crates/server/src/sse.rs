@@ -210,7 +210,7 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
 pub const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
 
 /// The answer to an SSE request that cannot be served now but may be soon
-/// (a refused connection, `busy.rs`; the journal unreachable at open): 200
+/// (a refused connection, `busy.rs`; the journal unreachable or failing at open): 200
 /// `text/event-stream` holding only `retry: retry_ms` and the comment
 /// `: why` (CR and LF in `why` become spaces), then the end of the stream.
 /// A browser's `EventSource` treats any status but 200 as final and never
@@ -353,15 +353,17 @@ async fn open(
         Ok(opened) => opened,
         Err(e) => {
             let e = ApiError::from(e);
-            if e.code != ErrorCode::Unavailable {
+            if !matches!(e.code, ErrorCode::Unavailable | ErrorCode::JournalFailed) {
                 return Err(e);
             }
-            // An EventSource gives up for good on a 503: tell it to come back.
+            // An EventSource gives up for good on a 503 or a 500: tell it to
+            // come back (the journal unreachable, or failing: Redis refusing
+            // scripts for lack of memory, say).
             metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
             let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
             return Ok(retry_later(
                 retry_ms,
-                &format!("unavailable: {}", e.message),
+                &format!("{}: {}", e.code.as_str(), e.message),
             ));
         }
     };

@@ -224,7 +224,7 @@ pub struct EndMarkerNotStored(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(
     status = 200,
-    description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` (1 to 10 s) and a comment instead of a 503, so a browser reconnects later; so does a stream opened while the journal is unreachable (cluster mode: Redis down, hung or loading): `retry:` of 1 to 5 s and the comment `: unavailable: …`, then the end, and the reconnect with the same `Last-Event-ID` resumes exactly (docs/api.md).",
+    description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` (1 to 10 s) and a comment instead of a 503, so a browser reconnects later; so does a stream opened while the journal is unreachable (cluster mode: Redis down, hung or loading) or failing (a storage error, e.g. Redis refusing scripts for lack of memory): `retry:` of 1 to 5 s and the comment `: unavailable: …` or `: journal_failed: …`, then the end, and the reconnect with the same `Last-Event-ID` resumes exactly (docs/api.md).",
     content_type = "text/event-stream",
     headers(
         ("Cache-Control" = String, description = "`no-cache, no-transform`"),
@@ -249,6 +249,7 @@ group! {
 
 group! {
     /// Every answer of both SSE operations but their 400: the stream, 401,
-    /// 403, 500 (the journal could not be read), 503 `shutting_down`.
-    SseAnswers = SseStream, Unauthorized, StreamForbidden, JournalUnreadable, StreamShuttingDown
+    /// 403, 503 `shutting_down` (the journal unreachable or failing at open
+    /// is a 200 with `retry:` only, described with the stream).
+    SseAnswers = SseStream, Unauthorized, StreamForbidden, StreamShuttingDown
 }
