@@ -21,22 +21,13 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+from quiet import busy  # noqa: E402
 CONFIGS = ["cluster-1", "cluster-2", "cluster-3"]
-
-
-def busy(sec=2.0):
-    def snap():
-        with open("/proc/stat") as f:
-            v = list(map(int, f.readline().split()[1:]))
-        return sum(v), v[3] + v[4]
-
-    t0, i0 = snap()
-    time.sleep(sec)
-    t1, i1 = snap()
-    return 1 - (i1 - i0) / max(1, t1 - t0)
 
 
 def run(a):

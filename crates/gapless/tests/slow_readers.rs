@@ -18,22 +18,9 @@ mod support;
 mod ws_support;
 
 use serde_json::Value;
-use slow_support::{raw_sse, read_events, read_slowly, Path};
+use slow_support::{long_tests, raw_sse, read_events, read_slowly, Path, SHORT_TIMERS};
 use std::time::{Duration, Instant};
 use ws_support::RawWs;
-
-const SHORT_TIMERS: &[&str] = &[
-    "--heartbeat-ms",
-    "1000",
-    "--tcp-keepalive-ms",
-    "1000",
-    "--tcp-user-timeout-ms",
-    "3000",
-];
-
-fn long_tests() -> bool {
-    std::env::var("GAPLESS_LONG_TESTS").is_ok_and(|v| v == "1")
-}
 
 /// 200 events of 60 KB (12 MB): data starts with the index, 5 digits.
 fn publish_200(url: String) -> tokio::task::JoinHandle<()> {

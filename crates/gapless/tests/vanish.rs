@@ -23,23 +23,10 @@ mod support;
 mod ws_support;
 
 use netns_support::{netns_or_skip, Netns, NsServer};
-use slow_support::{raw_sse, Path};
+use slow_support::{long_tests, raw_sse, Path, SHORT_TIMERS};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use ws_support::RawWs;
-
-fn long_tests() -> bool {
-    std::env::var("GAPLESS_LONG_TESTS").is_ok_and(|v| v == "1")
-}
-
-const SHORT_TIMERS: &[&str] = &[
-    "--heartbeat-ms",
-    "1000",
-    "--tcp-keepalive-ms",
-    "1000",
-    "--tcp-user-timeout-ms",
-    "3000",
-];
 
 /// Waits until `released` holds and the server no longer holds a
 /// connection to `client`; returns the time since `t0`, or panics after `limit`.

@@ -10,6 +10,23 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
+/// Timers short enough for a test to see a client kept or released in
+/// seconds: heartbeat and keepalive 1 s, liveness bound 3 s.
+pub const SHORT_TIMERS: &[&str] = &[
+    "--heartbeat-ms",
+    "1000",
+    "--tcp-keepalive-ms",
+    "1000",
+    "--tcp-user-timeout-ms",
+    "3000",
+];
+
+/// Whether the long versions run (`GAPLESS_LONG_TESTS=1`; `scripts/test.sh`
+/// runs the short ones always).
+pub fn long_tests() -> bool {
+    std::env::var("GAPLESS_LONG_TESTS").is_ok_and(|v| v == "1")
+}
+
 /// Which writer serves a raw SSE stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
