@@ -3,7 +3,10 @@
 // - a credentialed cross-origin EventSource carries the gapless_token cookie
 //   (allowed by --cors-origin), while one without credentials is refused;
 // - an EventSource refused at the per-IP connection limit is told to retry
-//   (200 + retry:), and once a slot frees it connects and gets the events.
+//   (200 + retry:), and once a slot frees it connects and gets the events;
+// - a same-origin EventSource on a connection that carried a request before
+//   (Chromium reuses it) gets `gapless.expired` when its cookie's token
+//   expires, refreshes the cookie, and resumes with every event once.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -101,4 +104,47 @@ test('an EventSource refused at the per-IP limit retries and then follows', asyn
   }, { timeoutMs: 20_000, intervalMs: 200, describe });
   await waitFor('the event on the page', async () => (await sub.seen()).data.includes('through'), { describe });
   await sub.page.close();
+});
+
+test('a same-origin EventSource on a reused connection is told its token expired and resumes', async () => {
+  const srv = await newServer(['--jwt-secret', SECRET, '--jwt-leeway-ms', '0']);
+  const writer = token([], ['news']);
+  await publishAs(srv, writer, 'news', 'before');
+  const page = await suite.browser.context.newPage();
+  // A page of gapless's own origin: the EventSource is same-origin and sends the cookie.
+  await page.goto(`${srv.base}/healthz`);
+  // Expires in 2 to 3 s (whole seconds).
+  const short = token(['news'], [], 3);
+  const fresh = token(['news'], []);
+  await page.evaluate(async ([shortT, freshT]) => {
+    document.cookie = `gapless_token=${shortT}; path=/`;
+    // A request first, so the connection is idle in Chromium's pool when the
+    // EventSource opens, and carries it as its second request (served by hyper).
+    await (await fetch('/healthz')).text();
+    window.seen = { data: [], expired: 0, opens: 0, errors: 0 };
+    const es = new EventSource('/v1/channels/news/sse?since=earliest');
+    window.es2 = es;
+    es.onopen = () => { window.seen.opens++; };
+    es.onerror = () => { window.seen.errors++; };
+    es.onmessage = (e) => window.seen.data.push(e.data);
+    es.addEventListener('gapless.expired', () => {
+      window.seen.expired++;
+      // The EventSource reconnects by itself with the same URL and its
+      // Last-Event-ID: a fresh cookie is all it needs.
+      document.cookie = `gapless_token=${freshT}; path=/`;
+    });
+  }, [short, fresh]);
+  const seen = () => page.evaluate(() => ({ ...window.seen, readyState: window.es2.readyState }));
+  const describe = async () => `${JSON.stringify(await seen())}\n${srv.log.slice(-10).join('\n')}`;
+  await waitFor('the EventSource to open', async () => (await seen()).opens >= 1, { describe });
+  await publishAs(srv, writer, 'news', 'one');
+  await waitFor('gapless.expired on the page', async () => (await seen()).expired >= 1, { timeoutMs: 15_000, describe });
+  await waitFor('the EventSource to reopen', async () => (await seen()).opens >= 2, { describe });
+  await publishAs(srv, writer, 'news', 'two');
+  await waitFor('the event after the refresh', async () => (await seen()).data.includes('two'), { describe });
+  const st = await seen();
+  assert.deepEqual(st.data, ['before', 'one', 'two'], 'every event once, in order');
+  assert.equal(st.expired, 1);
+  assert.notEqual(st.readyState, 2, 'still following');
+  await page.close();
 });

@@ -517,7 +517,8 @@ fn abort(tcp: &TcpStream) {
 pub(crate) enum Waited {
     /// The socket can take more.
     Writable,
-    /// The stream must end (shutdown or token expiry).
+    /// The stream must end now (shutdown; token expiry lets the write finish,
+    /// [`Feed::poll_blocked`]).
     Ended,
     /// The stream's timer ticked: time to check the client is alive.
     Tick,
@@ -585,7 +586,8 @@ fn poll_peer_closed(
 /// Writes every frame of `out` (emptying it), in `writev` calls of up to 64 frames.
 ///
 /// A write that has to wait for the client (its window is full) gives up
-/// when `stop` fires, so a reader that stopped reading cannot hold shutdown;
+/// at shutdown, so a reader that stopped reading cannot hold it (token
+/// expiry lets the write finish: [`Feed::poll_blocked`]);
 /// with `watch`, it also checks the client on each tick of the stream's timer
 /// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::tcp_info::Bound::dead)):
 /// a client that reads, however slowly, is waited for.
@@ -612,7 +614,7 @@ async fn write_frames(
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The stream's own end future (shutdown, token expiry) and
+                // The stream's own end future (shutdown) and
                 // timer are polled in place: no future of their own is held
                 // here (this wait is part of every stream's task).
                 let waited = std::future::poll_fn(|cx| {

@@ -469,9 +469,12 @@ pub enum Flow {
     /// A heartbeat tick: its frame was appended (none with heartbeats off);
     /// the writer checks the client's liveness, then calls again.
     Tick,
-    /// The stream ends cleanly (server shutdown): the client reconnects at once.
+    /// The stream ends cleanly (server shutdown, or token expiry with its
+    /// frame appended): the writer writes what was appended, then ends the
+    /// body; the client reconnects at once.
     End,
-    /// The journal failed: abort the response so the client backs off.
+    /// The journal failed: the writer writes what was appended (nothing
+    /// today), then aborts the response so the client backs off.
     Fail(String),
 }
 
@@ -497,6 +500,10 @@ pub struct Feed {
     end: Pin<Box<dyn Future<Output = End> + Send>>,
     /// `end` has completed (it is not polled again).
     ended: bool,
+    /// The token expired while a writer waited for a full socket
+    /// ([`Feed::poll_blocked`]): the writer finishes what it holds, and the
+    /// next [`Feed::next`] appends the expiry frame and ends the stream.
+    expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
 }
@@ -540,6 +547,7 @@ impl Feed {
         Feed {
             end,
             ended: false,
+            expired_while_blocked: false,
             tally: Tally::new(gaps),
             app,
             sub,
@@ -559,6 +567,9 @@ impl Feed {
             out.push(head);
             return Flow::More;
         }
+        if self.expired_while_blocked {
+            return self.finish(End::Expired, out);
+        }
         let heartbeat_ms = self.app.config.heartbeat_ms;
         let tick_ms = self.tick_ms();
         let beat = Self::beat(&mut self.beat, tick_ms);
@@ -566,13 +577,7 @@ impl Feed {
             biased;
             end = self.end.as_mut(), if !self.ended => {
                 self.ended = true;
-                if end == End::Expired {
-                    out.push(Bytes::from_static(EXPIRED_FRAME));
-                    self.ended_by(Ended::TokenExpired);
-                } else {
-                    self.ended_by(Ended::Shutdown);
-                }
-                return Flow::End;
+                return self.finish(end, out);
             }
             item = self.sub.next() => item,
             _ = std::future::poll_fn(|cx| beat.poll_tick(cx)), if tick_ms > 0 => {
@@ -619,6 +624,20 @@ impl Feed {
         }
     }
 
+    /// The stream ends for `end`: appends its last frame to `out` (the expiry
+    /// notice for [`End::Expired`], none at shutdown). Every writer writes
+    /// what `out` holds before it ends the body, whatever the [`Flow`].
+    fn finish(&mut self, end: End, out: &mut Vec<Bytes>) -> Flow {
+        match end {
+            End::Expired => {
+                out.push(Bytes::from_static(EXPIRED_FRAME));
+                self.ended_by(Ended::TokenExpired);
+            }
+            End::Shutdown => self.ended_by(Ended::Shutdown),
+        }
+        Flow::End
+    }
+
     /// Records why the stream ends (the first reason given wins).
     pub fn ended_by(&mut self, why: Ended) {
         self.tally.ended_by(why);
@@ -658,9 +677,15 @@ impl Feed {
     }
 
     /// For a writer blocked on a full socket: whether the stream must end
-    /// (its end future: shutdown or token expiry), or, with `ticks`, its
-    /// timer ticked (time to check the client). Polled in place by the
-    /// writer, so the wait holds no future of its own.
+    /// now (shutdown: a client that stopped reading cannot hold it), or,
+    /// with `ticks`, its timer ticked (time to check the client). Polled in
+    /// place by the writer, so the wait holds no future of its own.
+    ///
+    /// Token expiry does not cut the write: what the writer holds was read
+    /// while the token was honoured, and a client that reads, however
+    /// slowly, is owed the expiry frame after it (the next [`Feed::next`]
+    /// appends it and reads nothing more). From then on the end future
+    /// waits for shutdown only.
     pub(crate) fn poll_blocked(
         &mut self,
         cx: &mut std::task::Context<'_>,
@@ -671,12 +696,20 @@ impl Feed {
         if self.ended {
             return Poll::Ready(crate::conn::Waited::Ended);
         }
-        if let Poll::Ready(end) = self.end.as_mut().poll(cx) {
-            self.ended = true;
-            self.ended_by(match end {
-                End::Shutdown => Ended::Shutdown,
-                End::Expired => Ended::TokenExpired,
+        let mut end = self.end.as_mut().poll(cx);
+        if end == Poll::Ready(End::Expired) {
+            self.expired_while_blocked = true;
+            self.ended_by(Ended::TokenExpired);
+            let shutdown = self.app.shutdown.child_token().cancelled_owned();
+            self.end = Box::pin(async move {
+                shutdown.await;
+                End::Shutdown
             });
+            end = self.end.as_mut().poll(cx);
+        }
+        if end.is_ready() {
+            self.ended = true;
+            self.ended_by(Ended::Shutdown);
             return Poll::Ready(crate::conn::Waited::Ended);
         }
         if ticks && self.poll_tick(cx).is_ready() {
@@ -705,16 +738,20 @@ impl Feed {
             let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
             let mut out = Vec::new();
             loop {
-                match self.next(&mut out).await {
-                    Flow::More | Flow::Tick => {
-                        crate::metrics::written(
-                            crate::metrics::Transport::Sse,
-                            out.iter().map(Bytes::len).sum(),
-                        );
-                        for frame in out.drain(..) {
-                            yield Ok(frame);
-                        }
+                let flow = self.next(&mut out).await;
+                // Whatever the flow, what it queued goes out first: the
+                // expiry frame comes with `Flow::End`.
+                if !out.is_empty() {
+                    crate::metrics::written(
+                        crate::metrics::Transport::Sse,
+                        out.iter().map(Bytes::len).sum(),
+                    );
+                    for frame in out.drain(..) {
+                        yield Ok(frame);
                     }
+                }
+                match flow {
+                    Flow::More | Flow::Tick => {}
                     Flow::End => break,
                     Flow::Fail(e) => {
                         tracing::warn!(error = %e, "aborting a stream: journal read failed");

@@ -258,12 +258,41 @@ impl SseClient {
         headers: &[(&str, &[u8])],
         opts: ConnectOptions,
     ) -> SseClient {
+        Self::open(addr, None, target, headers, opts).await
+    }
+
+    /// Like [`SseClient::connect`], after a GET of `prior` on the same
+    /// connection (its answer read whole and dropped): the stream is a later
+    /// request of a keep-alive connection, the one hyper serves rather than
+    /// the first-request writer (crates/server/src/conn.rs).
+    pub async fn connect_after(
+        addr: SocketAddr,
+        prior: &str,
+        target: &str,
+        headers: &[(&str, &[u8])],
+        opts: ConnectOptions,
+    ) -> SseClient {
+        Self::open(addr, Some(prior), target, headers, opts).await
+    }
+
+    async fn open(
+        addr: SocketAddr,
+        prior: Option<&str>,
+        target: &str,
+        headers: &[(&str, &[u8])],
+        opts: ConnectOptions,
+    ) -> SseClient {
         let fut = async {
             let sock = TcpSocket::new_v4()?;
             if let Some(n) = opts.recv_buffer {
                 sock.set_recv_buffer_size(n)?;
             }
             let mut stream = sock.connect(addr).await?;
+            if let Some(prior) = prior {
+                stream
+                    .write_all(format!("GET {prior} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+                    .await?;
+            }
             let mut req = Vec::new();
             req.extend_from_slice(
                 format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n")
@@ -287,6 +316,11 @@ impl SseClient {
                 headers: Vec::new(),
                 ended: None,
             };
+            if prior.is_some() {
+                client.read_head().await?;
+                while client.body_chunk().await?.is_some() {}
+                client.headers.clear();
+            }
             client.read_head().await?;
             Ok::<_, io::Error>(client)
         };

@@ -1,0 +1,248 @@
+//! Every way an SSE stream ends on its own sends what it queued, whichever
+//! transport writes it (crates/server/src/conn.rs): the first request of a
+//! connection (the first-request writer) and a later request of a keep-alive
+//! connection (hyper), one channel and several. At token expiry the last
+//! frame is `event: gapless.expired` and the body ends cleanly (its last
+//! chunk), so a browser refreshes its credential and resumes with its cursor
+//! (docs/security.md); at shutdown the body ends cleanly too.
+
+mod support;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::json;
+use std::time::Duration;
+use support::{ConnectOptions, Item, Next, Server, SseClient};
+
+const SECRET: &str = "a-test-secret-that-is-long-enough-32";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}
+
+/// A token for every channel that expires `ttl_s` seconds from now.
+fn token(ttl_s: i64) -> String {
+    let claims = json!({"exp": now_s() + ttl_s, "gapless": {"subscribe": ["*"], "publish": ["*"]}});
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("signing")
+}
+
+async fn secured() -> Server {
+    Server::memory(&["--jwt-secret", SECRET, "--jwt-leeway-ms", "0"]).await
+}
+
+/// One stream of the matrix: first request of its connection or not, one
+/// channel or two.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    after_a_request: bool,
+    multi: bool,
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        after_a_request: false,
+        multi: false,
+    },
+    Case {
+        after_a_request: true,
+        multi: false,
+    },
+    Case {
+        after_a_request: false,
+        multi: true,
+    },
+    Case {
+        after_a_request: true,
+        multi: true,
+    },
+];
+
+impl Case {
+    /// This case's own channels (so cases on one server do not meet).
+    fn channels(self, i: usize) -> Vec<String> {
+        let n = if self.multi { 2 } else { 1 };
+        (0..n).map(|k| format!("c{i}-{k}")).collect()
+    }
+
+    async fn open(self, s: &Server, channels: &[String], token: &str) -> SseClient {
+        self.open_with(s, channels, token, ConnectOptions::default())
+            .await
+    }
+
+    async fn open_with(
+        self,
+        s: &Server,
+        channels: &[String],
+        token: &str,
+        opts: ConnectOptions,
+    ) -> SseClient {
+        let target = if self.multi {
+            let q: Vec<String> = channels.iter().map(|c| format!("channel={c}")).collect();
+            format!("/v1/sse?{}&access_token={token}", q.join("&"))
+        } else {
+            format!("/v1/channels/{}/sse?access_token={token}", channels[0])
+        };
+        let c = if self.after_a_request {
+            SseClient::connect_after(s.addr, "/healthz", &target, &[], opts).await
+        } else {
+            SseClient::connect_with(s.addr, &target, &[], opts).await
+        };
+        assert_eq!(c.status, 200, "{self:?}: {}", c.raw_text());
+        if self.after_a_request {
+            // hyper's answer: keep-alive, no `connection: close`.
+            assert_eq!(c.header("connection"), None, "{self:?}");
+        } else {
+            assert_eq!(c.header("connection"), Some("close"), "{self:?}");
+        }
+        c
+    }
+}
+
+async fn publish(s: &Server, channel: &str, data: &str) {
+    let r = s
+        .send(
+            s.http
+                .post(s.url(&format!("/v1/channels/{channel}/events")))
+                .bearer_auth(token(3600))
+                .body(data.to_owned()),
+        )
+        .await;
+    r.expect(201);
+}
+
+/// The data of the events among `items`, and the types of the others.
+fn events(items: &[Item]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(e) => Some((e.event.clone(), e.data.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn at_token_expiry_every_stream_ends_with_the_expiry_frame_then_its_last_chunk() {
+    let s = secured().await;
+    // Expires in 1 to 2 s (whole seconds); every stream opens well before.
+    let t = token(2);
+    let runs = CASES.iter().enumerate().map(|(i, &case)| {
+        let s = &s;
+        let t = &t;
+        async move {
+            let channels = case.channels(i);
+            let mut c = case.open(s, &channels, t).await;
+            for ch in &channels {
+                publish(s, ch, &format!("to {ch}")).await;
+            }
+            let (items, end) = c.until_end(WAIT).await;
+            let got = events(&items);
+            let want: Vec<(String, String)> = channels
+                .iter()
+                .map(|ch| ("message".to_owned(), format!("to {ch}")))
+                .chain([("gapless.expired".to_owned(), String::new())])
+                .collect();
+            let types: Vec<&str> = got.iter().map(|(t, _)| t.as_str()).collect();
+            let want_types: Vec<&str> = want.iter().map(|(t, _)| t.as_str()).collect();
+            assert_eq!(types, want_types, "{case:?}: {items:?}");
+            let Some(Item::Event(last)) = items.last() else {
+                panic!("{case:?}: the last item is an event: {items:?}");
+            };
+            assert_eq!(last.event, "gapless.expired", "{case:?}");
+            assert_eq!(last.json()["error"], "token_expired", "{case:?}");
+            assert_eq!(last.id, None, "{case:?}: the notice carries no id");
+            assert_eq!(end, Next::End, "{case:?}: a clean end (the last chunk)");
+        }
+    });
+    futures::future::join_all(runs).await;
+}
+
+#[tokio::test]
+async fn at_shutdown_every_stream_sends_what_it_has_then_its_last_chunk() {
+    let mut s = secured().await;
+    let t = token(3600);
+    let mut clients = Vec::new();
+    for (i, &case) in CASES.iter().enumerate() {
+        let channels = case.channels(i);
+        let c = case.open(&s, &channels, &t).await;
+        for ch in &channels {
+            publish(&s, ch, &format!("to {ch}")).await;
+        }
+        clients.push((case, channels, c));
+    }
+    // Each stream has written its events before the signal.
+    for (case, channels, c) in &mut clients {
+        let got = c.events(channels.len()).await;
+        assert_eq!(got.len(), channels.len(), "{case:?}");
+    }
+    s.sigterm().await;
+    for (case, _, mut c) in clients {
+        let (items, end) = c.until_end(WAIT).await;
+        assert!(
+            events(&items).is_empty(),
+            "{case:?}: no event after the ones published: {items:?}"
+        );
+        assert_eq!(end, Next::End, "{case:?}: a clean end (the last chunk)");
+    }
+}
+
+/// A client that stops reading with megabytes on their way to it, and reads
+/// again after its token expired: what the server had read for it while the
+/// token was honoured arrives whole and in order (nothing more is read after
+/// expiry), then the expiry frame, then the last chunk (a writer waiting on the full socket does not cut the stream at
+/// expiry; it cuts it at shutdown, sse_transport.rs).
+#[tokio::test]
+async fn a_reader_that_paused_across_expiry_gets_what_was_queued_then_the_expiry_frame() {
+    let s = secured().await;
+    // Expires in 2 to 3 s (whole seconds): time to open, publish, and fill the socket.
+    let exp = now_s() + 3;
+    let t = token(3);
+    let blob = "y".repeat(512 * 1024);
+    let n = 16;
+    let runs = CASES.iter().enumerate().map(|(i, &case)| {
+        let (s, t, blob) = (&s, &t, &blob);
+        async move {
+            let channels = case.channels(i);
+            let opts = ConnectOptions {
+                recv_buffer: Some(4096),
+            };
+            let mut c = case.open_with(s, &channels, t, opts).await;
+            let _ = c.events(0).await;
+            for k in 0..n {
+                publish(s, &channels[k % channels.len()], &format!("{k:02}{blob}")).await;
+            }
+            (case, c)
+        }
+    });
+    let clients = futures::future::join_all(runs).await;
+    // Read nothing until the token has expired.
+    while now_s() <= exp {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let blob = &blob;
+    let reads = clients.into_iter().map(|(case, mut c)| async move {
+        let (items, end) = c.until_end(Duration::from_secs(30)).await;
+        let got = events(&items);
+        let (last, delivered) = got.split_last().expect("events");
+        assert_eq!(last.0, "gapless.expired", "{case:?}: {} events", got.len());
+        // The events read before expiry, whole and in order (the rest is
+        // read on the next stream, from the cursor).
+        assert!(!delivered.is_empty() && delivered.len() < n, "{case:?}");
+        for (k, (t, d)) in delivered.iter().enumerate() {
+            assert_eq!(t, "message", "{case:?}");
+            assert_eq!(d.len(), 2 + blob.len(), "{case:?}");
+            assert_eq!(&d[..2], format!("{k:02}"), "{case:?}");
+        }
+        assert_eq!(end, Next::End, "{case:?}: a clean end (the last chunk)");
+    });
+    futures::future::join_all(reads).await;
+}
