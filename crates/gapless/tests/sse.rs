@@ -403,6 +403,75 @@ async fn envelope_format_carries_channel_seq_type_data_time() {
     assert!(env["time"].is_u64());
 }
 
+/// `format=message`: the envelope, with every event of the default type
+/// `message` (the type inside the envelope), so an EventSource's
+/// `onmessage` sees every event; the same ids as `envelope`; gap notices keep
+/// their type. One channel and several, typed, untyped and ephemeral.
+#[tokio::test]
+async fn message_format_sends_every_event_as_a_message_with_its_type_inside() {
+    let s = Server::memory(&[]).await;
+    for (ch, q, d) in [
+        ("fa", "type=quote", "q1"),
+        ("fa", "", "plain"),
+        ("fb", "type=chat.msg", "hello\nworld"),
+    ] {
+        s.publish_q(ch, q, d).await;
+    }
+    for target in [
+        "/v1/channels/fa/sse?since=earliest",
+        "/v1/sse?channel=fa&channel=fb&since=earliest",
+    ] {
+        let mut env = s.sse(&format!("{target}&format=envelope"), &[]).await;
+        env.preamble().await;
+        let mut msg = s.sse(&format!("{target}&format=message"), &[]).await;
+        msg.preamble().await;
+        let n = if target.contains("fb") { 3 } else { 2 };
+        let (want, got) = (env.events(n).await, msg.events(n).await);
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!(g.event, "message", "{target}: {g:?}");
+            assert_eq!((&g.id, &g.data), (&w.id, &w.data), "{target}");
+            let t = g.json()["type"].clone();
+            let want_t = if w.event == "message" {
+                json!(null)
+            } else {
+                json!(w.event)
+            };
+            assert_eq!(t, want_t, "{target}");
+        }
+        // An ephemeral event, typed.
+        s.post(
+            "/v1/channels/fa/events?ephemeral=true&type=typing",
+            "eph",
+            &[],
+        )
+        .await
+        .expect(202);
+        let e = msg.next_event().await;
+        assert_eq!((e.event.as_str(), e.id.as_deref()), ("message", None));
+        assert_eq!(
+            (e.json()["type"].clone(), e.json()["data"].clone()),
+            (json!("typing"), json!("eph"))
+        );
+    }
+    // A notice keeps its type: a cursor of another version is a gap `unknown`.
+    let mut c = s
+        .sse(
+            "/v1/channels/fa/sse?format=message",
+            &[("Last-Event-ID", other_version_cursor().as_bytes())],
+        )
+        .await;
+    let pre = c.preamble().await;
+    assert_eq!(pre.gaps.len(), 1, "{:?}", pre.gaps);
+    // A format that is none of these is refused, naming them.
+    let r = s.get("/v1/channels/fa/sse?format=typeless").await;
+    r.expect_error(400, "invalid_request");
+    assert!(
+        r.message().contains("plain, envelope or message"),
+        "{}",
+        r.message()
+    );
+}
+
 #[tokio::test]
 async fn multi_channel_resume_delivers_every_missed_event_per_channel_in_order() {
     let s = Server::start(&[]).await;

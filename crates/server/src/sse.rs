@@ -56,6 +56,20 @@ pub(crate) enum SseFormat {
     Plain,
     /// JSON `Envelope`.
     Envelope,
+    /// JSON `Envelope`, and every event of the default type `message` (no
+    /// `event:` line; its type is the envelope's `type`).
+    Message,
+}
+
+/// A stream's `format=`: the events' pre-encoded format, and whether their
+/// `event:` line is left out (`message`: `Envelope` data, every event of the
+/// default SSE type, so an `EventSource`'s `onmessage` sees every event
+/// whatever its type; the console follows this way). Gap notices and
+/// `gapless.expired` keep their types.
+#[derive(Debug, Clone, Copy)]
+struct StreamFormat {
+    format: Format,
+    untyped: bool,
 }
 
 /// The data of the last frame of a stream whose token expired
@@ -141,11 +155,14 @@ impl utoipa::PartialSchema for SseEvent {
                 AnyOfBuilder::new()
                     .item(named("message"))
                     .item(Ref::from_schema_name(<EventType as ToSchema>::name()))
-                    .description(Some("The event's type; `message` when it has none."))
+                    .description(Some(
+                        "The event's type; `message` when it has none, and for every event with \
+                         `format=message` (its type is then the envelope's `type`).",
+                    ))
                     .into(),
                 ObjectBuilder::new().description(Some(
-                    "The event's data; with `format=envelope`, JSON `Envelope`. Ephemeral \
-                     events come without an `id:` of their own.",
+                    "The event's data; with `format=envelope` or `format=message`, JSON \
+                     `Envelope`. Ephemeral events come without an `id:` of their own.",
                 )),
             ))
             .item(Self::variant(
@@ -325,16 +342,18 @@ async fn open(
     for c in &channels {
         grant.require(Action::Subscribe, c)?;
     }
-    let format = match q.get("format") {
-        None | Some("plain") => Format::Plain,
-        Some("envelope") => Format::Envelope,
+    let (format, untyped) = match q.get("format") {
+        None | Some("plain") => (Format::Plain, false),
+        Some("envelope") => (Format::Envelope, false),
+        Some("message") => (Format::Envelope, true),
         Some(f) => {
             return Err(ApiError::new(
                 ErrorCode::InvalidRequest,
-                format!("format={f:?} must be plain or envelope"),
+                format!("format={f:?} must be plain, envelope or message"),
             ))
         }
     };
+    let format = StreamFormat { format, untyped };
     let starts = starts(&channels, q, headers)?;
     if app.shutdown.is_cancelled() {
         return Err(ApiError::new(
@@ -455,6 +474,35 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
     })
 }
 
+/// Appends an event's pre-encoded `frame` to `out`; with `untyped`, without
+/// its `event:` line (one or two slices of the shared bytes, no copy). Only
+/// the lines before the first `data:` line are looked at (`id:`, `event:`).
+fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
+    if untyped {
+        let mut start = 0;
+        loop {
+            let rest = &frame[start..];
+            let is_event = rest.starts_with(b"event:");
+            if !is_event && !rest.starts_with(b"id:") {
+                break;
+            }
+            let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let end = start + nl + 1;
+            if is_event {
+                if start > 0 {
+                    out.push(frame.slice(..start));
+                }
+                out.push(frame.slice(end..));
+                return;
+            }
+            start = end;
+        }
+    }
+    out.push(frame.clone());
+}
+
 /// The last frame of a stream whose token expired: an event of the reserved
 /// type `gapless.expired`, with no `id:` (the client's cursor stays the last
 /// event's), after which the stream ends. The client reconnects with a fresh
@@ -485,7 +533,7 @@ pub enum Flow {
 pub struct Feed {
     app: Arc<App>,
     sub: Subscription,
-    format: Format,
+    format: StreamFormat,
     /// `retry:`, gap notices and the first `id:` frame; taken by the first call.
     head: Option<Bytes>,
     /// Made by the first wait, on the runtime that drives the stream.
@@ -526,7 +574,7 @@ impl Feed {
     fn new(
         app: Arc<App>,
         sub: Subscription,
-        format: Format,
+        format: StreamFormat,
         head: Bytes,
         expires: Option<std::time::Instant>,
         gaps: usize,
@@ -600,12 +648,15 @@ impl Feed {
                     events.last().map_or(0, |e| e.time),
                     self.sub.lag(index),
                 );
+                let StreamFormat { format, untyped } = self.format;
                 if self.sub.len() == 1 {
-                    out.extend(events.iter().map(|e| e.sse_frame(self.format).clone()));
+                    for e in &events {
+                        push_frame(out, e.sse_frame(format), untyped);
+                    }
                 } else {
                     for e in &events {
                         out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
-                        out.push(e.sse_body(self.format).clone());
+                        push_frame(out, e.sse_body(format), untyped);
                     }
                 }
                 Flow::More
@@ -618,7 +669,7 @@ impl Feed {
             }
             Ok(Item::Ephemeral(e)) => {
                 self.tally.events(1);
-                out.push(e.sse_frame(self.format).clone());
+                push_frame(out, e.sse_frame(self.format.format), self.format.untyped);
                 Flow::More
             }
         }
@@ -767,6 +818,29 @@ impl Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_untyped_frame_loses_its_event_line_and_nothing_else() {
+        let joined = |frame: &[u8]| {
+            let mut out = Vec::new();
+            push_frame(&mut out, &Bytes::copy_from_slice(frame), true);
+            out.concat()
+        };
+        for (frame, want) in [
+            (
+                &b"id: C\nevent: quote\ndata: {}\n\n"[..],
+                &b"id: C\ndata: {}\n\n"[..],
+            ),
+            (
+                b"event: quote\ndata: a\ndata: b\n\n",
+                b"data: a\ndata: b\n\n",
+            ),
+            (b"id: C\ndata: event: x\n\n", b"id: C\ndata: event: x\n\n"),
+            (b"data: x\nevent: y\n\n", b"data: x\nevent: y\n\n"),
+        ] {
+            assert_eq!(joined(frame), want, "{:?}", String::from_utf8_lossy(frame));
+        }
+    }
 
     #[test]
     fn the_expired_frame_is_what_the_document_says() {

@@ -55,7 +55,7 @@ pub struct SseQuery {
     /// Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live.
     #[param(value_type = Option<Since>, nullable = false)]
     pub since: Option<String>,
-    /// `plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{"channel","seq","type","data","time"}` (schema `Envelope`).
+    /// `plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{"channel","seq","type","data","time"}` (schema `Envelope`); `message`: as `envelope`, and every event comes with no `event:` line, as the default type `message` (its type is the envelope's `type`), so an EventSource's `onmessage` sees every event whatever its type. Gap notices and `gapless.expired` keep their types in every format.
     #[param(value_type = Option<SseFormat>, nullable = false)]
     pub format: Option<String>,
 }
