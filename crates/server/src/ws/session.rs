@@ -1,7 +1,7 @@
 //! `GET /v1/sessions/{id}/ws?last_seq=N&takeover=true`: the consumer side of a session.
 //!
 //! Refusals accept the socket first, send one `error` message, then close with
-//! the code of the refusal (4404, 4412, 4409, 4410, 4400): a refusal before the
+//! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
 //! upgrade would collapse into a bare HTTP status that browsers do not expose.
 //! With `last_seq`, every retained event with `seq > last_seq` is replayed in
 //! order, then one `session.resumed` message, then live events; without it,
@@ -41,7 +41,7 @@ use std::sync::Arc;
     operation_id = "ws_session",
     summary = "WebSocket: a session's consumer",
     tag = "sessions",
-    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4412 (`session_ended`: completed or cancelled, and no `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
+    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no session to attach to: `session_not_found` for an unknown or expired one; `session_ended`, with `status`, for a completed or cancelled one attached without `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
     params(
         SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
@@ -91,7 +91,9 @@ pub async fn handler(
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
     match e {
-        SessionError::Ended { .. } => (code::SESSION_ENDED, ErrorCode::SessionEnded),
+        // One close code for "unknown, completed or cancelled session" (the
+        // design's 4404); the `error` message's code and `status` say which.
+        SessionError::Ended { .. } => (code::SESSION_NOT_FOUND, ErrorCode::SessionEnded),
         SessionError::Attached(_) => (code::SESSION_ATTACHED, ErrorCode::SessionAttached),
         SessionError::NotRetained { .. } => {
             (code::SESSION_NOT_RETAINED, ErrorCode::SessionNotRetained)
