@@ -261,7 +261,7 @@ impl Conn {
                     .await?
                 {
                     Ok(()) => None,
-                    Err(e) => Some(messages::error(id.as_ref(), e.code, &e.message)),
+                    Err(e) => Some(messages::refused(id.as_ref(), &e)),
                 }
             }
             ClientMessage::Unsubscribe { id, channel } => {
@@ -296,7 +296,7 @@ impl Conn {
                         }
                         v
                     }
-                    Err(e) => messages::error(id.as_ref(), e.code, &e.message),
+                    Err(e) => messages::refused(id.as_ref(), &e),
                 },
             ),
         };
@@ -452,10 +452,12 @@ impl Conn {
             return Err(ApiError::new(
                 ErrorCode::TooLarge,
                 format!(
-                    "event data is {} bytes; at most {max} are allowed (--max-event-bytes)",
+                    "event data is {} bytes; at most {max} bytes are allowed (--max-event-bytes)",
                     data.len()
                 ),
-            ));
+            )
+            .with("limit", max));
+        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
         }
         self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
         if ephemeral {
