@@ -12,7 +12,7 @@
 
 use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::auth::{Access, Action, Grant};
+use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::openapi::shared::{Handshake, SessionPath};
 use crate::query::Query;
@@ -35,6 +35,8 @@ use std::sync::Arc;
 /// The token must allow `subscribe` on `session/ID`: a missing or invalid
 /// token is closed with 4401, a forbidden one with 4403, after the upgrade
 /// and one `error` message (the same whether or not the session exists).
+/// The `gapless_token` cookie from a foreign page is refused before the
+/// upgrade: 403 ([`super::access`]).
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ws",
@@ -51,11 +53,11 @@ use std::sync::Arc;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
         (status = 400, description = "`invalid_request`: a bad `last_seq` or `takeover`, not a WebSocket handshake, or subprotocols offered without `gapless.v1`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
     ),
 )]
 pub async fn handler(
     State(app): State<Arc<App>>,
-    access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     tcp: Option<Extension<crate::tcp_info::Peer>>,
@@ -63,7 +65,7 @@ pub async fn handler(
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let grant = access.and_then(|Access(g)| {
+    let grant = super::access(&app, &headers, raw.as_deref())?.and_then(|g| {
         g.require_session(Action::Subscribe, &id)?;
         Ok(g)
     });
