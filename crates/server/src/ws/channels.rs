@@ -172,7 +172,10 @@ async fn run(
                     match delivered {
                         Ok(()) if std::mem::take(&mut ping_owed) => {
                             match socket.send(Message::Ping(Default::default())).await {
-                                Ok(()) => Flow::Continue,
+                                Ok(()) => {
+                                    hb.pinged();
+                                    Flow::Continue
+                                }
                                 Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                             }
                         }
@@ -184,7 +187,10 @@ async fn run(
             },
             beat = hb.tick() => match beat {
                 Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
-                    Ok(()) => Flow::Continue,
+                    Ok(()) => {
+                        hb.pinged();
+                        Flow::Continue
+                    }
                     Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                 },
                 Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
@@ -450,6 +456,7 @@ impl Conn {
         crate::query::channel(channel)?;
         self.grant.require(Action::Publish, channel)?;
         let event_type = crate::query::event_type(event_type.as_deref())?;
+        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
         let max = self.app.config.max_event_bytes;
         if data.len() > max {
             return Err(ApiError::new(
@@ -460,7 +467,6 @@ impl Conn {
                 ),
             )
             .with("limit", max));
-        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
         }
         self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
         if ephemeral {

@@ -219,9 +219,12 @@ async fn consume(
                 Some(Ok(_)) => hb.alive(),
             },
             beat = hb.tick() => match beat {
-                Beat::Ping => if socket.send(Message::Ping(Default::default())).await.is_err() {
-                    return (0, String::new());
-                },
+                Beat::Ping => {
+                    if socket.send(Message::Ping(Default::default())).await.is_err() {
+                        return (0, String::new());
+                    }
+                    hb.pinged();
+                }
                 Beat::Dead => return (code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },
             item = att.sub.next() => match item {
