@@ -12,8 +12,8 @@
  * session's head read just before that attach.
  *
  * Refusals end it with a {@link GaplessError} carrying `closeCode` and never reconnect:
- * 4404 `session_not_found`, 4412 `session_ended` (completed or cancelled, attached without
- * `lastSeq`: nothing live to attach to), 4409 `session_attached` (held elsewhere without takeover, or
+ * 4404 with code `session_not_found` (unknown or expired) or `session_ended` (completed or
+ * cancelled, attached without `lastSeq`: nothing live to attach to), 4409 `session_attached` (held elsewhere without takeover, or
  * taken over by a newer connection), 4410 `session_not_retained` (the events after `lastSeq`
  * are gone: start over), 4400 `resume_disabled`, 4403 `forbidden`, and 4401 once `getToken`
  * could not help. A close 1001 (server shutting down) re-attaches at once; other drops wait

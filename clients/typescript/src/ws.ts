@@ -161,8 +161,10 @@ export class WsConn {
  *
  * - 4401: the token was refused or expired (`unauthorized`, or `token_expired` when the reason
  *   says so); 4403: `forbidden`;
- * - 4400, 4404, 4409, 4410, 4412: session refusals (`resume_disabled`, `session_not_found`,
- *   `session_attached`, `session_not_retained`, `session_ended`): terminal;
+ * - 4400, 4404, 4409, 4410: session refusals (`resume_disabled`; `session_not_found` or
+ *   `session_ended`, told apart by the `error` message's code; `session_attached`;
+ *   `session_not_retained`): terminal. 4412, which earlier servers sent for `session_ended`,
+ *   is retired; it is still read as terminal `session_ended`;
  * - 4408: no answer to the server's pings: not terminal (reconnect);
  * - 4422, 1002, 1003, 1007, 1009: the client broke the protocol: terminal `protocol`;
  * - anything else (1006 when the connection simply broke): `disconnected`, not terminal.
@@ -198,7 +200,7 @@ export function closeError(
     case 4404:
     case 4409:
     case 4410:
-    case 4412: {
+    case 4412 /* retired: earlier servers' `session_ended` */: {
       const fallback = {
         4400: "resume_disabled",
         4404: "session_not_found",

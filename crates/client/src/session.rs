@@ -40,9 +40,9 @@
 //! intervals (4408), after which this one re-attaches and loses nothing.
 //!
 //! Terminal errors ([`Error::Api`], with [`ApiError::close_code`]): 4404
-//! `session_not_found` (unknown or expired session), 4412 `session_ended`
-//! (completed or cancelled, and attached without `last_seq`: nothing live to
-//! attach to; the message says which), 4409
+//! with [`ApiError::error_code`] `session_not_found` (unknown or expired
+//! session) or `session_ended` (completed or cancelled, and attached without
+//! `last_seq`: nothing live to attach to; the message says which), 4409
 //! `session_attached` (attached elsewhere, without takeover; or taken over),
 //! 4410 `session_not_retained` (the events after `last_seq` are gone), 4400
 //! `resume_disabled` (`last_seq` on a server started with
@@ -51,6 +51,7 @@
 //! [`Backoff::initial`]).
 //!
 //! [`ApiError::close_code`]: crate::ApiError::close_code
+//! [`ApiError::error_code`]: crate::ApiError::error_code
 
 use crate::backoff::Backoff;
 use crate::client::{segment, Client};

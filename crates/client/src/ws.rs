@@ -299,8 +299,9 @@ impl Socket {
 ///
 /// `refusal` is the `error` message (code, message) that came just before
 /// the close, if any. Application codes (4000 to 4999) become
-/// [`Error::Api`] with status `code - 4000`, so that 4404, 4409, 4410, 4412,
-/// 4400 and 4422 are terminal and 4408 (no answer to ping) is not; 1002, 1003,
+/// [`Error::Api`] with status `code - 4000`, so that 4404, 4409, 4410, 4400
+/// and 4422 are terminal (and 4412, which earlier servers sent for
+/// `session_ended`) and 4408 (no answer to ping) is not; 1002, 1003,
 /// 1007 and 1009 (this client broke the protocol) are [`Error::Protocol`];
 /// any other code (1011, 1012, 1013, …) is [`Error::Disconnected`].
 pub(crate) fn close_error(
@@ -362,6 +363,7 @@ mod tests {
         assert!(close_error(s, Some(1001), "shutting down", None).is_none());
         for (c, code) in [
             (4404, "session_not_found"),
+            (4404, "session_ended"),
             (4409, "session_attached"),
             (4410, "session_not_retained"),
             (4412, "session_ended"),

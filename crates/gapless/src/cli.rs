@@ -186,10 +186,14 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_MIN_BODY_RATE", default_value_t = 4096)]
     pub min_body_rate: u64,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
+    /// Keep it at least 6 x --max-event-bytes + 65536, so that a WebSocket
+    /// publish takes every event an HTTP publish takes however its data is
+    /// escaped (the default is that for the default --max-event-bytes; the
+    /// server warns at start when it is lower).
     #[arg(
         long,
         env = "GAPLESS_WS_MAX_MESSAGE_BYTES",
-        default_value_t = 1_114_112
+        default_value_t = 6_356_992
     )]
     pub ws_max_message_bytes: usize,
     /// Milliseconds an open session survives with no consumer attached before it is cancelled.

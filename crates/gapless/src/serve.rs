@@ -161,6 +161,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("console: http://{addr}/ (--console false turns it off)");
     }
     std::io::stdout().flush().ok();
+    let ws_needs = gapless_server::config::ws_message_bytes_for(args.max_event_bytes);
+    if args.ws_max_message_bytes < ws_needs {
+        tracing::warn!(
+            "--ws-max-message-bytes {} is below 6 x --max-event-bytes + 65536 = {ws_needs}: a WebSocket publish of an event the HTTP publish accepts may be closed with 1009 (docs/protocol.md); raise it to {ws_needs}",
+            args.ws_max_message_bytes
+        );
+    }
     if app.auth.is_open() {
         tracing::warn!(
             "running open: no --jwt-secret or --jwt-public-key, so anyone who can reach {addr} may publish to and read every channel (docs/security.md)"

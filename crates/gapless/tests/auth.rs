@@ -597,6 +597,139 @@ async fn websocket_refuses_a_bad_connect_with_4401_and_a_forbidden_subscribe_wit
     );
 }
 
+/// A handshake to try: what it is, its target, its extra headers.
+type Handshake<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>);
+
+/// Whether a WebSocket opened on `path` works: a subscribe on `news` is
+/// answered (`/v1/ws`), or the live attach is answered (a session).
+async fn ws_works(ws: &mut Ws, path: &str) -> Value {
+    if path.starts_with("/v1/ws") {
+        ws.subscribe(json!(1), "news", json!({})).await;
+    }
+    ws.json().await
+}
+
+/// Issue 17: cross-site WebSocket hijacking. Browsers send a page's
+/// WebSocket handshake with the server's cookies whatever the page's origin,
+/// and apply no CORS to it; so a handshake whose credential is the
+/// `gapless_token` cookie must come from the server's own origin or one
+/// allowed by `--cors-origin`, else it is refused before the upgrade (403
+/// naming the origin and the setting). A Bearer header or `access_token`
+/// (which a foreign page cannot read) works from any origin; from a foreign
+/// page the cookie is never the credential. No `Origin` (not a browser):
+/// the cookie is the credential, as on HTTP. Both WebSocket routes.
+#[tokio::test]
+async fn a_cookie_websocket_is_taken_only_from_this_server_or_an_allowed_origin() {
+    let s = secured(&["--cors-origin", "https://app.example"]).await;
+    let producer = token(&[], &["session/*"]);
+    post_as(&s, "/v1/sessions", r#"{"id":"s1"}"#, &producer)
+        .await
+        .expect(201);
+    let t = token(&["news", "session/s1"], &[]);
+    let cookie = format!("gapless_token={t}");
+    // A token that allows neither: used, it makes every request `forbidden`.
+    let other = token(&["weather"], &[]);
+    let own = format!("http://{}", s.addr);
+    for path in ["/v1/ws", "/v1/sessions/s1/ws?takeover=true"] {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        for origin in [
+            "https://evil.example",
+            "http://app.example",
+            "https://app.example.evil.example",
+            "https://app.example:8443",
+            "null",
+            "http://localhost",
+        ] {
+            let refused =
+                Ws::try_connect_headers(s.addr, path, &[("origin", origin), ("cookie", &cookie)])
+                    .await
+                    .err()
+                    .unwrap_or_else(|| panic!("{path} from {origin} with the cookie: upgraded"));
+            assert_eq!(refused.status, 403, "{path} from {origin}: {refused:?}");
+            assert_eq!(refused.json["error"], "forbidden", "{refused:?}");
+            let message = refused.json["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(&format!("{origin:?}")) && message.contains("--cors-origin"),
+                "{path}: the refusal names the origin and the setting: {message}"
+            );
+        }
+        let bearer = format!("Bearer {t}");
+        let with_query = format!("{path}{sep}access_token={t}");
+        let with_other_query = format!("{path}{sep}access_token={other}");
+        let evil = "https://evil.example";
+        let accepted: [Handshake; 6] = [
+            (
+                "own origin, cookie",
+                path,
+                vec![("origin", &own), ("cookie", &cookie)],
+            ),
+            (
+                "allowed origin, cookie",
+                path,
+                vec![("origin", "https://app.example"), ("cookie", &cookie)],
+            ),
+            ("no origin, cookie", path, vec![("cookie", &cookie)]),
+            (
+                "foreign origin, header",
+                path,
+                vec![
+                    ("origin", evil),
+                    ("authorization", &bearer),
+                    ("cookie", &cookie),
+                ],
+            ),
+            (
+                "foreign origin, access_token",
+                &with_query,
+                vec![("origin", evil)],
+            ),
+            (
+                "foreign origin, access_token and cookie",
+                &with_query,
+                vec![("origin", evil), ("cookie", &cookie)],
+            ),
+        ];
+        for (what, target, headers) in accepted {
+            let mut ws = Ws::try_connect_headers(s.addr, target, &headers)
+                .await
+                .unwrap_or_else(|r| panic!("{path}, {what}: refused {r:?}"));
+            let got = ws_works(&mut ws, path).await;
+            let want = if path == "/v1/ws" {
+                "subscribed"
+            } else {
+                "session.resumed"
+            };
+            assert_eq!(got["op"], want, "{path}, {what}: {got}");
+        }
+        // From a foreign page with both, the query's token is the credential,
+        // not the cookie: this one allows neither the channel nor the session.
+        let mut ws = Ws::try_connect_headers(
+            s.addr,
+            &with_other_query,
+            &[("origin", evil), ("cookie", &cookie)],
+        )
+        .await
+        .unwrap_or_else(|r| panic!("{path}: refused {r:?}"));
+        let got = ws_works(&mut ws, path).await;
+        assert_eq!(
+            (got["op"].clone(), got["code"].clone()),
+            (json!("error"), json!("forbidden")),
+            "{path}: the cookie was not used: {got}"
+        );
+    }
+
+    // An open server reads no token: a cookie is no credential there.
+    let open = Server::memory(&[]).await;
+    let mut ws = Ws::try_connect_headers(
+        open.addr,
+        "/v1/ws",
+        &[("origin", "https://evil.example"), ("cookie", &cookie)],
+    )
+    .await
+    .expect("an open server upgrades");
+    assert_eq!(ws_works(&mut ws, "/v1/ws").await["op"], "subscribed");
+}
+
 /// Generates a key pair with openssl: (private PKCS#8 PEM, public PEM).
 fn keypair(dir: &std::path::Path, kind: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let private = dir.join(format!("{kind}.key"));

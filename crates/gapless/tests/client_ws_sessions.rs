@@ -1,8 +1,8 @@
 //! The Rust client SDK's sessions against the real server: the producer
 //! calls, the consumer (`Client::attach_session`) with resume, automatic
 //! re-attach across kill -9 (every event once, then `Resumed`, then
-//! `Completed` ends the stream), takeover, and terminal refusals (4404, 4412,
-//! 4409, 4410) as typed errors.
+//! `Completed` ends the stream), takeover, and terminal refusals (4404
+//! `session_not_found` and `session_ended`, 4409, 4410) as typed errors.
 
 mod client_support;
 
@@ -356,7 +356,9 @@ async fn refusals_4404_4410_4409_are_terminal_typed_errors() {
     );
     assert!(err.is_terminal());
 
-    // 4412: ended, and attached without last_seq: nothing live to attach to.
+    // 4404 `session_ended`: ended, and attached without last_seq: nothing
+    // live to attach to. Terminal, and told apart from an unknown session by
+    // the `error` message's code.
     client.create_session(Some("done")).await.expect("create");
     client.complete_session("done").await.expect("complete");
     let err = client
@@ -366,7 +368,7 @@ async fn refusals_4404_4410_4409_are_terminal_typed_errors() {
         .expect_err("ended");
     assert_eq!(
         err.api().map(|a| (a.error_code(), a.close_code())),
-        Some((Some(ErrorCode::SessionEnded), Some(4412)))
+        Some((Some(ErrorCode::SessionEnded), Some(4404)))
     );
     assert!(err.is_terminal());
 

@@ -25,15 +25,16 @@ async fn a_session_cancelled_by_its_grace_window_is_ended_not_expired() {
     assert_eq!(c.expect_op("session.resumed").await["replayed_events"], 1);
     assert_eq!(c.expect_op("session.cancelled").await["seq"], 3);
     assert_eq!(c.expect_close().await.0, 1000);
-    // Without last_seq there is nothing live to attach to: 4412 `session_ended`
-    // (not 4404: it is ended, not expired).
+    // Without last_seq there is nothing live to attach to: close 4404 (the
+    // design's "unknown, completed or cancelled session") with the `error`
+    // message `session_ended` and its `status` (ended, not expired).
     let mut c = consume(&s, &id, "").await;
     let e = c.expect_op("error").await;
     assert_eq!(
         (&e["code"], &e["status"]),
         (&json!("session_ended"), &json!("cancelled"))
     );
-    assert_eq!(c.expect_close().await.0, 4412);
+    assert_eq!(c.expect_close().await.0, 4404);
 }
 
 #[tokio::test]

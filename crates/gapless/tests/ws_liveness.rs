@@ -140,6 +140,63 @@ async fn a_silent_client_is_closed_two_intervals_after_its_last_frame() {
     }
 }
 
+/// Sends `signal` (`STOP`, `CONT`) to process `pid` with kill(1).
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}: {status:?}");
+}
+
+/// Issue 17: a paused server (`kill -STOP`: a VM pause, a container freeze)
+/// sent no ping while it was stopped, so its clients' silence was its own.
+/// Clients that answer every ping at once keep their sockets across a pause
+/// of 2.5 intervals; one that never answers is still closed with 4408.
+#[tokio::test]
+async fn a_paused_server_does_not_close_clients_that_answer_its_pings() {
+    let s = Server::start(&["--heartbeat-ms", "1000"]).await;
+    let mut ch = Ws::channels(&s).await;
+    ch.subscribe_live("paused").await;
+    new_session(&s, "paused").await;
+    let mut sess = consume(&s, "paused", "").await;
+    // Both read (and so answer every ping at once) for a while first.
+    let settle = Duration::from_millis(1300);
+    tokio::join!(ch.expect_quiet(settle), sess.expect_quiet(settle));
+    assert!(ch.pings >= 1 && sess.pings >= 1, "pinged before the pause");
+    // A client that never answers, connected just before the pause.
+    let mut silent = RawWs::connect(s.addr, "/v1/ws").await;
+
+    signal(s.pid(), "STOP");
+    let pause = Duration::from_millis(2500);
+    // The clients keep reading while the server is stopped: nothing comes.
+    tokio::join!(ch.expect_quiet(pause), sess.expect_quiet(pause));
+    signal(s.pid(), "CONT");
+    let (ch_pings, sess_pings) = (ch.pings, sess.pings);
+
+    // Three intervals after the pause: pings only, no close (before the fix:
+    // 4408 "no answer to ping" at once on both).
+    let after = Duration::from_millis(3000);
+    tokio::join!(ch.expect_quiet(after), sess.expect_quiet(after));
+    assert!(
+        ch.pings > ch_pings && sess.pings > sess_pings,
+        "pinged again after the pause"
+    );
+    // Both still deliver.
+    s.publish("paused", "after").await;
+    assert_eq!(ch.expect_op("event").await["data"], "after");
+    let seq = append_ok(&s, "paused", "y").await;
+    let e = sess.expect_op("event").await;
+    assert_eq!(
+        (e["seq"].clone(), e["data"].clone()),
+        (json!(seq), json!("y"))
+    );
+    // The client that never answered was closed with 4408 after the pause.
+    let (pings, close, _, _) = silent_until_close(&mut silent, Instant::now()).await;
+    assert_eq!(close.close_code(), Some(4408), "{close:?}");
+    assert!(pings >= 1, "pinged before being closed");
+}
+
 #[tokio::test]
 async fn a_client_that_sends_messages_but_never_pongs_counts_as_alive() {
     // "closes a client that has sent nothing (a pong counts) for two intervals":

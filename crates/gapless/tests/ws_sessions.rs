@@ -280,12 +280,14 @@ async fn refusals_send_one_error_then_their_close_code() {
     // 4404: unknown (or invalid) id.
     expect_refusal(&s, "nope", "", "session_not_found", 4404).await;
     expect_refusal(&s, "nope", "last_seq=1", "session_not_found", 4404).await;
-    // 4412: an ended session without last_seq; the message says how it ended
-    // and what to do (never "unknown, or expired").
+    // 4404 (the design's "unknown, completed or cancelled session"; 4412 is
+    // retired): an ended session without last_seq; the `error` message is
+    // `session_ended` and says how it ended and what to do (never "unknown,
+    // or expired").
     let done = new_session(&s, "done").await;
     append_ok(&s, &done, "x").await;
     end_session(&s, &done, "complete").await.expect(200);
-    expect_refusal(&s, &done, "", "session_ended", 4412).await;
+    expect_refusal(&s, &done, "", "session_ended", 4404).await;
     let mut ws = Ws::connect(s.addr, &consumer_path(&done, "")).await;
     let e = ws.expect_op("error").await;
     assert_eq!(e["status"], "completed", "{e}");
@@ -295,7 +297,7 @@ async fn refusals_send_one_error_then_their_close_code() {
         "{message}"
     );
     assert!(!message.contains("unknown"), "{message}");
-    assert_eq!(ws.expect_close().await.0, 4412);
+    assert_eq!(ws.expect_close().await.0, 4404);
     let gone = new_session(&s, "gone").await;
     end_session(&s, &gone, "cancel").await.expect(200);
     let mut ws = Ws::connect(s.addr, &consumer_path(&gone, "")).await;
@@ -304,7 +306,7 @@ async fn refusals_send_one_error_then_their_close_code() {
         (&e["code"], &e["status"]),
         (&json!("session_ended"), &json!("cancelled"))
     );
-    assert_eq!(ws.expect_close().await.0, 4412);
+    assert_eq!(ws.expect_close().await.0, 4404);
     // 4410: last_seq beyond the newest event.
     let open = new_session(&s, "open").await;
     append_ok(&s, &open, "x").await; // head 2

@@ -43,9 +43,9 @@ pub enum ErrorCode {
     SessionNotFound,
     /// 409: a session with this id already exists.
     SessionExists,
-    /// 409 / close 4412: the session is completed or cancelled; it takes no
+    /// 409 / close 4404: the session is completed or cancelled; it takes no
     /// more events, and a consumer attaching without `last_seq` has nothing
-    /// live to attach to.
+    /// live to attach to (its `error` message has this code and `status`).
     SessionEnded,
     /// Close 4409: the session is attached to another live connection.
     SessionAttached,
@@ -228,19 +228,22 @@ pub mod close {
     pub const UNAUTHORIZED: u16 = 4401;
     /// The token does not allow attaching to this session.
     pub const FORBIDDEN: u16 = 4403;
-    /// Unknown or expired session.
+    /// No session to attach to: unknown or expired (`error` message
+    /// `session_not_found`), or completed or cancelled and attached without
+    /// `last_seq`, so nothing live is left (`session_ended`, with `status`:
+    /// attach with `last_seq` for the rest of its events and its end, or read
+    /// its history). The design gapless follows gives one code to "unknown,
+    /// completed or cancelled session"; the `error` message tells them apart.
+    ///
+    /// 4412, which earlier gapless versions sent for the second case, is
+    /// retired: no gapless server sends it any more, and the SDKs read the `error`
+    /// message's code, not the close code, to tell the cases apart.
     pub const SESSION_NOT_FOUND: u16 = 4404;
     /// No answer to a ping within the heartbeat interval.
     pub const HEARTBEAT_TIMEOUT: u16 = 4408;
     /// The session is attached to another live connection, or this attachment
     /// was taken over by a newer one.
     pub const SESSION_ATTACHED: u16 = 4409;
-    /// The session has ended (completed or cancelled) and the consumer attached
-    /// without `last_seq`: there is nothing live to attach to. Attach with
-    /// `last_seq` for the rest of its events and its end, or read its history.
-    /// (4409 and 4410, the codes nearest HTTP's 409 `session_ended`, were taken;
-    /// 412 is HTTP's "Precondition Failed": the session is not open.)
-    pub const SESSION_ENDED: u16 = 4412;
     /// The events after `last_seq` are not all retained, or `last_seq` is beyond
     /// the newest event: start over (never a partial replay).
     pub const SESSION_NOT_RETAINED: u16 = 4410;

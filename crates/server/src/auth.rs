@@ -217,7 +217,30 @@ impl Auth {
         if self.is_open() {
             return Ok(self.open.clone());
         }
-        match Self::token_of(headers, query)? {
+        self.grant_of_token(Self::token_of(headers, query)?)
+    }
+
+    /// Whether the token [`Auth::token_of`] finds in `headers` is the
+    /// [`COOKIE`] cookie: no `Authorization` header, and the cookie set.
+    /// A browser sends the cookie with any page's request, whatever the
+    /// page's origin (`ws::access` checks the origin of a WebSocket's).
+    pub fn cookie_is_credential(headers: &HeaderMap) -> bool {
+        !headers.contains_key(axum::http::header::AUTHORIZATION)
+            && matches!(Self::token_of(headers, None), Ok(Some(_)))
+    }
+
+    /// What a request may do on the token of its [`QUERY`] parameter alone,
+    /// its `Authorization` header and cookie ignored.
+    ///
+    /// # Errors
+    /// As [`Auth::grant_of`].
+    pub fn grant_of_query(&self, query: Option<&str>) -> Result<Arc<Grant>, ApiError> {
+        self.grant_of(&HeaderMap::new(), query)
+    }
+
+    /// What `token` (none: no token presented) may do on a server with keys.
+    fn grant_of_token(&self, token: Option<String>) -> Result<Arc<Grant>, ApiError> {
+        match token {
             None => Err(unauthorized(
                 "this server requires a token: send `Authorization: Bearer <token>`, \
                  the gapless_token cookie, or ?access_token=",

@@ -60,7 +60,10 @@ pub struct ServerConfig {
     /// `request_timeout` and the connection closed. 0 = no limit. Default 4096.
     pub min_body_rate: u64,
     /// Largest WebSocket message a client may send, in bytes; a larger one closes
-    /// the socket with 1009. Default 1114112 (`--max-event-bytes` plus 64 KiB of JSON).
+    /// the socket with 1009 (it cannot be read). Default 6356992:
+    /// [`ws_message_bytes_for`] the default `max_event_bytes`, so that a
+    /// `publish` message fits every event the HTTP publish accepts, however
+    /// its data is escaped (docs/protocol.md, "Errors and bad input").
     pub ws_max_message_bytes: usize,
     /// Milliseconds a client has to send a whole request head; a slower one is
     /// answered 408 `request_timeout` if part of a head came, and
@@ -105,7 +108,7 @@ impl Default for ServerConfig {
             publish_rate: 0,
             publish_burst: 0,
             min_body_rate: 4096,
-            ws_max_message_bytes: (1 << 20) + (64 << 10),
+            ws_max_message_bytes: ws_message_bytes_for(1 << 20),
             header_timeout_ms: 10_000,
             max_header_bytes: 16 * 1024,
             read_batch: 256,
@@ -114,6 +117,24 @@ impl Default for ServerConfig {
             on_thread_idle: None,
         }
     }
+}
+
+/// JSON a WebSocket `publish` message holds besides its escaped `data`:
+/// `op`, `id`, `channel`, `type`, `idempotency_key` and their escapes, with
+/// room to spare (64 KiB).
+pub const WS_MESSAGE_OVERHEAD: usize = 64 << 10;
+
+/// The smallest `ws_max_message_bytes` that fits a `publish` of every event
+/// of up to `max_event_bytes` bytes of data: 6 bytes per byte of data (the
+/// most a JSON string escape takes: a control character is written
+/// `\u0001`, six bytes for one; a quote, a backslash or a newline takes
+/// two; a character of 2 to 4 bytes written as `\uXXXX`, or as a surrogate
+/// pair, takes at most three per byte) plus [`WS_MESSAGE_OVERHEAD`].
+/// Saturates instead of overflowing.
+pub fn ws_message_bytes_for(max_event_bytes: usize) -> usize {
+    max_event_bytes
+        .saturating_mul(6)
+        .saturating_add(WS_MESSAGE_OVERHEAD)
 }
 
 impl ServerConfig {

@@ -302,7 +302,7 @@ test('sessions: a consumer resumed with lastSeq across kill -9 gets every event 
   assert.equal((await it.next()).done, true, 'the consumer ends after the session does');
 });
 
-test('sessions: refusals 4404, 4412, 4409, 4410 are typed errors that do not reconnect', async () => {
+test('sessions: refusals 4404 (not found, ended), 4409, 4410 are typed errors that do not reconnect', async () => {
   const srv = await server();
   const c = client(srv);
   const attempts = async (consumer) => {
@@ -322,13 +322,16 @@ test('sessions: refusals 4404, 4412, 4409, 4410 are typed errors that do not rec
   assert.equal(e404.status, 404);
   assert.ok(e404.terminal);
 
-  // An ended session, attached without lastSeq: nothing live to attach to.
+  // An ended session, attached without lastSeq: nothing live to attach to. Close 4404 (the
+  // design's "unknown, completed or cancelled session"), told apart by the error's code.
   const done = await c.createSession('done');
   await c.completeSession(done.id);
-  const e412 = await attempts(c.attachSession(done.id));
-  assert.equal(e412.code, 'session_ended');
-  assert.equal(e412.closeCode, 4412);
-  assert.ok(e412.terminal);
+  const ended = await attempts(c.attachSession(done.id));
+  assert.equal(ended.code, 'session_ended');
+  assert.equal(ended.closeCode, 4404);
+  assert.equal(ended.status, 409);
+  assert.match(ended.message, /is completed/);
+  assert.ok(ended.terminal);
 
   const s = await c.createSession('held');
   const holder = c.attachSession(s.id);

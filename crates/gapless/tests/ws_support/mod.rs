@@ -80,14 +80,24 @@ impl Ws {
         path: &str,
         protocols: &[&str],
     ) -> Result<Ws, Refused> {
-        Self::try_connect_with(addr, path, protocols, None).await
+        Self::try_connect_with(addr, path, protocols, None, &[]).await
+    }
+
+    /// Connects to `path` offering `gapless.v1`, with extra request
+    /// `headers` (say, `Origin` and `Cookie`, as a browser sends them).
+    pub async fn try_connect_headers(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Ws, Refused> {
+        Self::try_connect_with(addr, path, &[PROTOCOL], None, headers).await
     }
 
     /// Connects to `path` offering `gapless.v1` with a small client receive
     /// buffer (which turns off receive autotuning), so a client that stops
     /// reading stalls the server's writes quickly.
     pub async fn connect_small_rcvbuf(addr: SocketAddr, path: &str, rcvbuf: u32) -> Ws {
-        Self::try_connect_with(addr, path, &[PROTOCOL], Some(rcvbuf))
+        Self::try_connect_with(addr, path, &[PROTOCOL], Some(rcvbuf), &[])
             .await
             .unwrap_or_else(|r| panic!("handshake to {path} refused: {r:?}"))
     }
@@ -97,10 +107,17 @@ impl Ws {
         path: &str,
         protocols: &[&str],
         rcvbuf: Option<u32>,
+        headers: &[(&str, &str)],
     ) -> Result<Ws, Refused> {
         let mut req = format!("ws://{addr}{path}")
             .into_client_request()
             .expect("a valid request");
+        for (name, value) in headers {
+            req.headers_mut().append(
+                tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+                HeaderValue::from_str(value).expect("header value"),
+            );
+        }
         if !protocols.is_empty() {
             req.headers_mut().insert(
                 "sec-websocket-protocol",

@@ -8,13 +8,13 @@
 
 use super::messages::{self, ClientMessage};
 use super::{close, configure, json, text, Beat, Heartbeat};
-use crate::auth::{Access, Action, Grant};
+use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::openapi::shared::Handshake;
 use crate::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::SinkExt;
@@ -32,7 +32,8 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
 ///
 /// A token that is missing or fails verification is refused after the
 /// upgrade (browsers do not show a handshake's HTTP status): one `error`
-/// message `unauthorized`, then close 4401.
+/// message `unauthorized`, then close 4401. The `gapless_token` cookie
+/// from a foreign page is refused before it: 403 ([`super::access`]).
 #[utoipa::path(
     get,
     path = "/v1/ws",
@@ -46,23 +47,25 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (`Sec-WebSocket-Protocol: gapless.v1` when the client offered it)."),
         (status = 400, description = "`invalid_request`: not a WebSocket handshake (the message names the header), or subprotocols offered without `gapless.v1`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
     ),
 )]
 pub async fn handler(
     State(app): State<Arc<App>>,
-    access: Result<Access, ApiError>,
+    RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,
     tcp: Option<Extension<crate::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
+    let access = super::access(&app, &headers, raw.as_deref())?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
     let peer = peer.map(|Extension(p)| p.0.ip());
     let tcp = tcp.map(|Extension(t)| t);
     Ok(match access {
-        Ok(Access(grant)) => {
+        Ok(grant) => {
             ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer, tcp)))
         }
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
@@ -169,7 +172,10 @@ async fn run(
                     match delivered {
                         Ok(()) if std::mem::take(&mut ping_owed) => {
                             match socket.send(Message::Ping(Default::default())).await {
-                                Ok(()) => Flow::Continue,
+                                Ok(()) => {
+                                    hb.pinged();
+                                    Flow::Continue
+                                }
                                 Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                             }
                         }
@@ -181,7 +187,10 @@ async fn run(
             },
             beat = hb.tick() => match beat {
                 Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
-                    Ok(()) => Flow::Continue,
+                    Ok(()) => {
+                        hb.pinged();
+                        Flow::Continue
+                    }
                     Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
                 },
                 Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
@@ -261,7 +270,7 @@ impl Conn {
                     .await?
                 {
                     Ok(()) => None,
-                    Err(e) => Some(messages::error(id.as_ref(), e.code, &e.message)),
+                    Err(e) => Some(messages::refused(id.as_ref(), &e)),
                 }
             }
             ClientMessage::Unsubscribe { id, channel } => {
@@ -296,7 +305,7 @@ impl Conn {
                         }
                         v
                     }
-                    Err(e) => messages::error(id.as_ref(), e.code, &e.message),
+                    Err(e) => messages::refused(id.as_ref(), &e),
                 },
             ),
         };
@@ -447,15 +456,17 @@ impl Conn {
         crate::query::channel(channel)?;
         self.grant.require(Action::Publish, channel)?;
         let event_type = crate::query::event_type(event_type.as_deref())?;
+        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
         let max = self.app.config.max_event_bytes;
         if data.len() > max {
             return Err(ApiError::new(
                 ErrorCode::TooLarge,
                 format!(
-                    "event data is {} bytes; at most {max} are allowed (--max-event-bytes)",
+                    "event data is {} bytes; at most {max} bytes are allowed (--max-event-bytes)",
                     data.len()
                 ),
-            ));
+            )
+            .with("limit", max));
         }
         self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
         if ephemeral {

@@ -74,6 +74,20 @@ pub fn error(id: Option<&Value>, code: ErrorCode, message: &str) -> Value {
     json!({"op": "error", "id": id, "code": code.as_str(), "message": message})
 }
 
+/// `{"op":"error","id","code","message",…}` for a request refused with `e`:
+/// the extra fields of the HTTP answer too (`limit`, `retry_after`,
+/// `retry_after_ms`, …), so that a refusal over the socket says what the
+/// same refusal over HTTP says.
+pub fn refused(id: Option<&Value>, e: &crate::error::ApiError) -> Value {
+    let mut v = error(id, e.code, &e.message);
+    if let Some(o) = v.as_object_mut() {
+        for (k, x) in &e.extra {
+            o.entry(k.clone()).or_insert_with(|| x.clone());
+        }
+    }
+    v
+}
+
 /// `{"op":"gap","channel","after","next","reason"}`.
 pub fn gap(g: &Gap) -> Value {
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap_or_else(|_| json!({}));

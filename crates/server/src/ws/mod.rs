@@ -3,9 +3,11 @@
 //! session ([`session`], `GET /v1/sessions/{id}/ws`). Messages are JSON text
 //! frames, one message per frame (`docs/protocol.md`).
 //!
-//! Shared here: the handshake check, socket limits, the heartbeat (a ping
-//! every `--heartbeat-ms`; a client that has sent nothing for two intervals
-//! since its last frame is closed with 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
+//! Shared here: the handshake check and its cookie guard ([`access`]), socket
+//! limits, the heartbeat (a ping every `--heartbeat-ms`; a client that has
+//! sent nothing for two intervals since its last frame, one of its pings
+//! unanswered for a whole interval while the server ran, is closed with
+//! 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
 //! 1005 or 1006 (those are for local reporting only); a client's close frame is
 //! always answered ([`answer_close`]).
 
@@ -13,7 +15,7 @@ pub mod channels;
 pub mod messages;
 pub mod session;
 
-use crate::auth::Grant;
+use crate::auth::{Auth, Grant};
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -22,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use gapless_protocol::codes::ErrorCode;
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -80,6 +83,92 @@ pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
             format!("this endpoint speaks the subprotocol {SUBPROTOCOL}; the client offered {offered:?}"),
         ))
     }
+}
+
+/// What a WebSocket handshake may do, with the guard against cross-site
+/// WebSocket hijacking (docs/security.md, "WebSockets and the cookie").
+///
+/// Browsers send a page's WebSocket handshake with the server's cookies,
+/// whatever the page's origin, and apply no CORS to it. So when the
+/// handshake's credential is the [`COOKIE`](crate::auth::COOKIE) cookie (no
+/// `Authorization` header) on a server with keys, its `Origin` must be the
+/// server's own (the same host and port as the `Host` header; a port left
+/// out is the scheme's default, 80 or 443) or one listed by `--cors-origin`
+/// (`*` lists none: it allows no credentials). From any other origin the
+/// cookie is never the credential: the `access_token` parameter is, when
+/// the handshake has one (a foreign page can send its own token, not read
+/// the cookie's), else the handshake is refused. A handshake without
+/// `Origin` is not a browser's (browsers always send one on a WebSocket), so
+/// its cookie is taken, as on HTTP.
+///
+/// # Errors
+/// Outer: 403 `forbidden` before the upgrade, naming the origin and
+/// `--cors-origin`. Inner: the token's refusal, sent after the upgrade
+/// ([`refuse`]).
+pub fn access(
+    app: &App,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Result<Arc<Grant>, ApiError>, ApiError> {
+    use axum::http::header::{HOST, ORIGIN};
+    let origin = match headers.get(ORIGIN) {
+        Some(o) if !app.auth.is_open() && Auth::cookie_is_credential(headers) => {
+            String::from_utf8_lossy(o.as_bytes()).into_owned()
+        }
+        _ => return Ok(app.auth.grant_of(headers, query)),
+    };
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok());
+    let listed = app
+        .config
+        .cors_origins
+        .iter()
+        .map(|o| o.trim().trim_end_matches('/'))
+        .any(|o| o != "*" && o.eq_ignore_ascii_case(&origin));
+    if listed || host.is_some_and(|h| same_origin(&origin, h)) {
+        return Ok(app.auth.grant_of(headers, query));
+    }
+    let has_query_token = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .any(|(k, v)| k == crate::auth::QUERY && !v.is_empty());
+    if has_query_token {
+        return Ok(app.auth.grant_of_query(query));
+    }
+    tracing::debug!(origin, "a cookie WebSocket from a foreign origin: refused");
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "this WebSocket handshake's credential is the {cookie} cookie, and the page's origin \
+             {origin:?} is neither this server's own ({host}) nor one allowed by --cors-origin: \
+             browsers send the cookie with any page's WebSocket, so it is honoured only from \
+             those origins (cross-site WebSocket hijacking; docs/security.md). If the page is \
+             yours, add its origin to --cors-origin; or send the token as \
+             `Authorization: Bearer` or ?{query_param}=",
+            cookie = crate::auth::COOKIE,
+            host = host.unwrap_or("no Host header"),
+            query_param = crate::auth::QUERY,
+        ),
+    ))
+}
+
+/// Whether the `Origin` value `origin` (`scheme://host[:port]`) names the
+/// host and port of the `Host` header value `host`; a port left out is the
+/// default of the origin's scheme (80 for `http`, 443 for `https`). The
+/// scheme is not compared further: behind a TLS proxy the server sees
+/// `http` for its own `https` pages, and the port already tells them apart.
+fn same_origin(origin: &str, host: &str) -> bool {
+    use axum::http::uri::{Authority, Uri};
+    let Ok(o) = origin.parse::<Uri>() else {
+        return false;
+    };
+    let default = match o.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("http") => 80,
+        Some(s) if s.eq_ignore_ascii_case("https") => 443,
+        _ => return false,
+    };
+    let (Some(oa), Ok(ha)) = (o.authority(), host.parse::<Authority>()) else {
+        return false;
+    };
+    oa.host().eq_ignore_ascii_case(ha.host())
+        && oa.port_u16().unwrap_or(default) == ha.port_u16().unwrap_or(default)
 }
 
 /// Applies the subprotocol and the socket limits to an upgrade.
@@ -184,9 +273,22 @@ pub async fn answer_close(socket: &mut WebSocket) {
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.flush()).await;
 }
 
-/// Ping schedule and liveness: the client must show it is alive (any frame,
-/// a pong included) within two intervals of the last frame it sent; the
-/// check runs at that deadline, not at the next ping.
+/// Ping schedule and liveness. A client is closed (4408) when it has sent
+/// nothing (any frame, a pong included) for two intervals since its last
+/// frame **and** a ping the server sent has stayed unanswered for a whole
+/// interval **while the server was running**; the check runs at that
+/// deadline, not at the next ping.
+///
+/// The silence is judged from the pings the server actually sent (the
+/// caller reports each with [`Heartbeat::pinged`]) and from time the server
+/// itself was running: a wake-up that comes more than a quarter interval
+/// after its time means the server was stopped or starved meanwhile (a
+/// `SIGSTOP`, a VM pause, a container freeze), so it sent no ping and read
+/// no answer. Then nobody is judged at that wake-up: the next ping goes out
+/// at once, and the client has a full interval of running time from then to
+/// answer it, while an answer already waiting is read first. So a pause of
+/// any length closes no client that answers, and a client that never
+/// answers is still closed an interval after the pause.
 ///
 /// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (every
 /// socket hyper serves has one where `tcp_info` can be read), a client that
@@ -199,8 +301,14 @@ pub async fn answer_close(socket: &mut WebSocket) {
 pub struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// When `sleep` is due, to tell how late it woke.
+    due: Instant,
     next_ping: Instant,
     last_seen: Instant,
+    /// When the oldest ping sent since the client's last frame went out
+    /// (moved to the end of a pause: see the type's doc); `None`: every
+    /// ping sent is answered.
+    unanswered: Option<Instant>,
     period: Duration,
     tcp: Option<crate::tcp_info::Peer>,
 }
@@ -222,16 +330,46 @@ impl Heartbeat {
         let sleep = (heartbeat_ms > 0).then(|| Box::pin(tokio::time::sleep_until(now + period)));
         Heartbeat {
             sleep,
+            due: now + period,
             next_ping: now + period,
             last_seen: now,
+            unanswered: None,
             period,
             tcp,
         }
     }
 
-    /// The client sent something.
+    /// The client sent something: every ping sent before is answered.
     pub fn alive(&mut self) {
         self.last_seen = Instant::now();
+        self.unanswered = None;
+    }
+
+    /// A ping was handed to the socket just now (after a [`Beat::Ping`]):
+    /// the client's time to answer it runs from now.
+    pub fn pinged(&mut self) {
+        if self.unanswered.is_none() {
+            self.unanswered = Some(Instant::now());
+        }
+        self.arm(self.next_wake());
+    }
+
+    /// The next moment to look: the next ping, or the moment the client
+    /// becomes silent enough to close.
+    fn next_wake(&self) -> Instant {
+        match self.unanswered {
+            Some(sent) => self
+                .next_ping
+                .min((self.last_seen + self.period * 2).max(sent + self.period)),
+            None => self.next_ping,
+        }
+    }
+
+    fn arm(&mut self, at: Instant) {
+        self.due = at;
+        if let Some(sleep) = self.sleep.as_mut() {
+            sleep.as_mut().reset(at);
+        }
     }
 
     /// Whether the client is silent but reading behind (see the type's doc).
@@ -264,30 +402,37 @@ impl Heartbeat {
                 sleep.as_mut().await;
             }
             let now = Instant::now();
-            let deadline = self.last_seen + period * 2;
-            let mut beat = None;
-            if now >= deadline {
+            if now.saturating_duration_since(self.due) > period / 4 {
+                // The server itself was not running on time (stopped, frozen,
+                // starved): no ping went out and no answer was read
+                // meanwhile. Judge nobody now; ping at once, and give the
+                // client a full interval from now (see the type's doc).
+                if self.unanswered.is_some() {
+                    self.unanswered = Some(now);
+                }
+                self.next_ping = now + period;
+                self.arm(self.next_wake());
+                return Beat::Ping;
+            }
+            let silent = self.last_seen + period * 2 <= now
+                && self.unanswered.is_some_and(|sent| sent + period <= now);
+            if silent {
                 if self.excused() {
                     // Its answer is queued behind data it has not read: count again from now.
                     self.last_seen = now;
                 } else {
                     // Asked again (a caller that cannot close yet) only a period later.
-                    if let Some(sleep) = self.sleep.as_mut() {
-                        sleep.as_mut().reset(now + period);
-                    }
+                    self.arm(now + period);
                     return Beat::Dead;
                 }
             }
-            if now >= self.next_ping {
+            let ping = now >= self.next_ping;
+            if ping {
                 self.next_ping = now + period;
-                beat = Some(Beat::Ping);
             }
-            let next = self.next_ping.min(self.last_seen + period * 2);
-            if let Some(sleep) = self.sleep.as_mut() {
-                sleep.as_mut().reset(next);
-            }
-            if let Some(b) = beat {
-                return b;
+            self.arm(self.next_wake());
+            if ping {
+                return Beat::Ping;
             }
         }
     }

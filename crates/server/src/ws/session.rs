@@ -1,7 +1,7 @@
 //! `GET /v1/sessions/{id}/ws?last_seq=N&takeover=true`: the consumer side of a session.
 //!
 //! Refusals accept the socket first, send one `error` message, then close with
-//! the code of the refusal (4404, 4412, 4409, 4410, 4400): a refusal before the
+//! the code of the refusal (4404, 4409, 4410, 4400): a refusal before the
 //! upgrade would collapse into a bare HTTP status that browsers do not expose.
 //! With `last_seq`, every retained event with `seq > last_seq` is replayed in
 //! order, then one `session.resumed` message, then live events; without it,
@@ -12,7 +12,7 @@
 
 use super::channels::receive_error;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::auth::{Access, Action, Grant};
+use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::openapi::shared::{Handshake, SessionPath};
 use crate::query::Query;
@@ -35,13 +35,15 @@ use std::sync::Arc;
 /// The token must allow `subscribe` on `session/ID`: a missing or invalid
 /// token is closed with 4401, a forbidden one with 4403, after the upgrade
 /// and one `error` message (the same whether or not the session exists).
+/// The `gapless_token` cookie from a foreign page is refused before the
+/// upgrade: 403 ([`super::access`]).
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ws",
     operation_id = "ws_session",
     summary = "WebSocket: a session's consumer",
     tag = "sessions",
-    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no such session), 4412 (`session_ended`: completed or cancelled, and no `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
+    description = "The consumer side of a session: a WebSocket (RFC 6455) of subprotocol `gapless.v1` that delivers the session's events, then its end (docs/protocol.md). The request must be a WebSocket handshake. Refusals come after the upgrade, as one `error` message and a close code: 4401 or 4403 (token), 4404 (no session to attach to: `session_not_found` for an unknown or expired one; `session_ended`, with `status`, for a completed or cancelled one attached without `last_seq`), 4409 (attached elsewhere), 4410 (events after `last_seq` not retained), 4400 (resume turned off).",
     params(
         SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
@@ -51,11 +53,11 @@ use std::sync::Arc;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
         (status = 400, description = "`invalid_request`: a bad `last_seq` or `takeover`, not a WebSocket handshake, or subprotocols offered without `gapless.v1`.", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
     ),
 )]
 pub async fn handler(
     State(app): State<Arc<App>>,
-    access: Result<Access, ApiError>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     tcp: Option<Extension<crate::tcp_info::Peer>>,
@@ -63,7 +65,7 @@ pub async fn handler(
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let grant = access.and_then(|Access(g)| {
+    let grant = super::access(&app, &headers, raw.as_deref())?.and_then(|g| {
         g.require_session(Action::Subscribe, &id)?;
         Ok(g)
     });
@@ -91,7 +93,9 @@ pub async fn handler(
 
 fn refusal(e: &SessionError) -> (u16, ErrorCode) {
     match e {
-        SessionError::Ended { .. } => (code::SESSION_ENDED, ErrorCode::SessionEnded),
+        // One close code for "unknown, completed or cancelled session" (the
+        // design's 4404); the `error` message's code and `status` say which.
+        SessionError::Ended { .. } => (code::SESSION_NOT_FOUND, ErrorCode::SessionEnded),
         SessionError::Attached(_) => (code::SESSION_ATTACHED, ErrorCode::SessionAttached),
         SessionError::NotRetained { .. } => {
             (code::SESSION_NOT_RETAINED, ErrorCode::SessionNotRetained)
@@ -215,9 +219,12 @@ async fn consume(
                 Some(Ok(_)) => hb.alive(),
             },
             beat = hb.tick() => match beat {
-                Beat::Ping => if socket.send(Message::Ping(Default::default())).await.is_err() {
-                    return (0, String::new());
-                },
+                Beat::Ping => {
+                    if socket.send(Message::Ping(Default::default())).await.is_err() {
+                        return (0, String::new());
+                    }
+                    hb.pinged();
+                }
                 Beat::Dead => return (code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },
             item = att.sub.next() => match item {
