@@ -65,8 +65,13 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     let mut published: Vec<(u64, String)> = Vec::new();
 
     tokio::time::sleep(SPELL).await;
-    let r = a.post(&format!("/v1/channels/{CH}/events"), "one", &[]).await;
-    published.push((ok(&r, 201, "a publish")["seq"].as_u64().expect("seq"), "one".into()));
+    let r = a
+        .post(&format!("/v1/channels/{CH}/events"), "one", &[])
+        .await;
+    published.push((
+        ok(&r, 201, "a publish")["seq"].as_u64().expect("seq"),
+        "one".into(),
+    ));
 
     tokio::time::sleep(SPELL).await;
     let r = a
@@ -107,7 +112,9 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     assert_eq!(ok(&r, 200, "channel info")["head"], 4);
 
     tokio::time::sleep(SPELL).await;
-    let mut sse = a.sse(&format!("/v1/channels/{CH}/sse?since=earliest"), &[]).await;
+    let mut sse = a
+        .sse(&format!("/v1/channels/{CH}/sse?since=earliest"), &[])
+        .await;
     assert_eq!(sse.status, 200, "an SSE open after an idle spell");
     let pre = sse.preamble().await;
     assert!(pre.gaps.is_empty(), "no gap: {:?}", pre.gaps);
@@ -122,7 +129,10 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     ws.subscribe(json!(1), CH, json!({"cursor": first[3].last_event_id}))
         .await;
     let sub = ws.expect_op("subscribed").await;
-    assert_eq!(sub["channel"], CH, "a WebSocket subscribe after an idle spell");
+    assert_eq!(
+        sub["channel"], CH,
+        "a WebSocket subscribe after an idle spell"
+    );
 
     tokio::time::sleep(SPELL).await;
     let r = a
@@ -157,14 +167,33 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     ok(&r, 200, "the readiness check");
 
     tokio::time::sleep(SPELL).await;
-    let r = a.post(&format!("/v1/channels/{CH}/events"), "five", &[]).await;
-    published.push((ok(&r, 201, "a publish")["seq"].as_u64().expect("seq"), "five".into()));
+    let r = a
+        .post(&format!("/v1/channels/{CH}/events"), "five", &[])
+        .await;
+    published.push((
+        ok(&r, 201, "a publish")["seq"].as_u64().expect("seq"),
+        "five".into(),
+    ));
 
     // The spells did close connections: the node opened new ones.
     let opened = connections_received(&redis).await - before;
     assert!(
         opened >= 10,
         "Redis closed the idle connections and the node opened new ones ({opened} accepted)"
+    );
+
+    // Redis does not close a subscriber for idleness: both nodes' bus
+    // connections are the ones they opened at start (a proxy might close
+    // them; the node then reconnects and re-reads its heads, cluster.rs).
+    let subscribers = redis.cli(&["CLIENT", "LIST", "TYPE", "pubsub"]).await;
+    let ages: Vec<u64> = subscribers
+        .lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("age=")))
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    assert!(
+        ages.len() == 2 && ages.iter().all(|&a| a >= 20),
+        "the bus connections stayed open through the spells: {subscribers}"
     );
 
     // Every acknowledged event once, in seq order, on every path.
@@ -189,7 +218,10 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     let eph = sse.next_event().await;
     assert_eq!((eph.event.as_str(), eph.data.as_str()), ("typing", "hi"));
     let e5 = sse.next_event().await;
-    assert_eq!((seq_of(&e5.last_event_id, CH), e5.data.as_str()), (5, "five"));
+    assert_eq!(
+        (seq_of(&e5.last_event_id, CH), e5.data.as_str()),
+        (5, "five")
+    );
     let msgs = ws.read_until_seq(CH, 5, Duration::from_secs(10)).await;
     let events: Vec<(Option<u64>, &str)> = msgs
         .iter()

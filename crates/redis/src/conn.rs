@@ -32,8 +32,8 @@
 
 use gapless_core::JournalError;
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind};
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;

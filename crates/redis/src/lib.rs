@@ -411,8 +411,7 @@ impl Inner {
 /// characters (never a space or LF, which the append script's key argument
 /// uses as separators, `scripts.rs`).
 fn request_token() -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut bits: u128 = rand::random();
     (0..22)
         .map(|_| {
