@@ -265,6 +265,16 @@ pub struct RedisArgs {
         value_parser = clap::value_parser!(u64).range(0..=1_048_576)
     )]
     pub inline_bytes: u64,
+    /// Milliseconds a Redis connection may stay idle before the node sends a PING on it (the
+    /// command connection when unused that long, the notification connection always), so idle
+    /// limits of Redis (`timeout`) or of a proxy longer than this never close it; a connection
+    /// closed anyway is reopened and the request sent again, without an error. 0 = no PING.
+    #[arg(
+        long = "redis-keepalive-ms",
+        env = "GAPLESS_REDIS_KEEPALIVE_MS",
+        default_value_t = gapless_redis::DEFAULT_KEEPALIVE_MS
+    )]
+    pub keepalive_ms: u64,
     /// Testing only: drop every Nth notification from the bus, as if it were lost; 0 = none.
     #[arg(
         long = "redis-test-drop-notifications",

@@ -467,12 +467,25 @@ fn continuation(t: &Track, n: &Notification<'_>) -> Option<(ChannelState, Vec<Ar
     Some((state, events))
 }
 
+/// Sleeps until `at`; forever when `None`.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The notification listener: subscribes to [`BUS_CHANNEL`] on its own
 /// connection, handles each notification ([`Inner::dispatch`]: at once, or
-/// in a task when it needs a read or a wait), and on any loss of the
-/// connection reconnects with backoff and jitter, then re-reads the heads of
-/// every followed channel. Ends when `cancel` fires.
+/// in a task when it needs a read or a wait), sends a `PING` on it every
+/// `keepalive_ms` (none when 0), and on any loss of the connection (closed,
+/// or a `PING` unanswered within the timeout) reconnects with backoff and
+/// jitter, then re-reads the heads of every followed channel: what was
+/// committed meanwhile is filled from Redis, so nothing is lost. Ends when
+/// `cancel` fires.
 pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
+    let keepalive = (inner.opts.keepalive_ms > 0)
+        .then(|| std::time::Duration::from_millis(inner.opts.keepalive_ms));
     let mut backoff = MIN_BACKOFF;
     let mut was_up = false;
     loop {
@@ -501,13 +514,30 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                         tracing::debug!(error = %e, "could not read the Redis persistence settings");
                     }
                 });
-                let mut stream = ps.into_on_message();
+                let (mut sink, mut stream) = ps.split();
                 // Testing only: a notification held back to be handled after the next.
                 let mut held: Option<Vec<u8>> = None;
+                let mut next_ping = keepalive.map(|k| tokio::time::Instant::now() + k);
                 loop {
                     let msg = tokio::select! {
                         () = cancel.cancelled() => return,
                         m = stream.next() => m,
+                        () = sleep_until(next_ping) => {
+                            // A proxy may close a connection that carries
+                            // nothing for a while (Redis itself never closes
+                            // a subscriber for idleness).
+                            let pong = tokio::time::timeout(
+                                inner.conn.timeout(),
+                                sink.ping::<redis::Value>(),
+                            )
+                            .await;
+                            if !matches!(pong, Ok(Ok(_))) {
+                                tracing::debug!("the Redis notification connection did not answer a PING");
+                                break;
+                            }
+                            next_ping = keepalive.map(|k| tokio::time::Instant::now() + k);
+                            continue;
+                        }
                     };
                     let Some(msg) = msg else { break };
                     if let Some(rest) = msg.get_payload_bytes().strip_prefix(ephemeral::PREFIX) {

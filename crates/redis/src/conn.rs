@@ -6,13 +6,60 @@
 //! Every request is bounded by the timeout (`--redis-timeout-ms`): a Redis
 //! that is down, hung, loading or read-only (a demoted primary) answers
 //! [`JournalError::Unavailable`] within it, never a wait without end.
+//!
+//! Redis (`timeout` in redis.conf, set by many managed services) and proxies
+//! close connections that stay idle. The `redis` crate's connection notices
+//! the close only as the error of the next request on it (`broken pipe`),
+//! and its `ConnectionManager` reconnects but still fails that request, so
+//! this module does what a request needs (docs/cluster.md, "Idle
+//! connections"):
+//!
+//! - [`Connector::run`] takes only commands that are safe to send twice (every
+//!   script: reads, state, leases, and appends, which always carry an
+//!   idempotency token, `scripts.rs`). When the connection turns out to be
+//!   closed (broken pipe, reset, end of stream), it reopens it and sends the
+//!   command once more, within the same timeout.
+//! - [`Connector::run_unrepeatable`] takes a command that must not be sent
+//!   twice (an ephemeral event's `PUBLISH`): on a connection idle for
+//!   [`VALIDATE_AFTER`] or more it first sends a `PING` (repeated on a new
+//!   connection if the old one was closed), so the command itself goes out on
+//!   a connection known to be open, and is never repeated.
+//! - [`Connector::keepalive`] sends a `PING` on a connection idle for the
+//!   keepalive interval (`--redis-keepalive-ms`), so that it stays open
+//!   under any idle timeout longer than that; and every socket has TCP
+//!   keepalive on ([`tcp_settings`]), which keeps NAT and load balancer
+//!   entries alive and finds a peer that vanished without a word.
 
 use gapless_core::JournalError;
 use redis::aio::MultiplexedConnection;
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind};
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
+
+/// Idle time after which TCP keepalive probes start on a Redis socket.
+pub(crate) const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(15);
+/// Time between two unanswered TCP keepalive probes.
+pub(crate) const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes after which the kernel closes the socket (so a peer that
+/// vanished is found within about 15 + 3 × 5 = 30 s of silence).
+pub(crate) const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// `base` (the URL's TCP settings) with TCP keepalive on: probes after
+/// [`TCP_KEEPALIVE_TIME`] of silence, every [`TCP_KEEPALIVE_INTERVAL`], the
+/// socket closed after [`TCP_KEEPALIVE_RETRIES`] unanswered ones. Probes keep
+/// NAT and load balancer entries alive and find a peer that vanished; they do
+/// not reset Redis's own idle `timeout`, which only commands do (hence the
+/// `PING` of [`Connector::keepalive`]).
+pub(crate) fn tcp_settings(base: TcpSettings) -> TcpSettings {
+    let ka = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
+    let ka = ka.with_retries(TCP_KEEPALIVE_RETRIES);
+    base.set_keepalive(ka)
+}
 
 /// Where the primary is.
 pub(crate) enum Target {
@@ -71,7 +118,11 @@ impl Target {
     /// Sentinel URLs when `sentinel_master` is given).
     pub(crate) fn new(url: &str, sentinel_master: Option<&str>) -> Result<Self, RedisError> {
         match sentinel_master {
-            None => Ok(Target::Direct(Client::open(url)?)),
+            None => {
+                let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+                let tcp = tcp_settings(info.tcp_settings().clone());
+                Ok(Target::Direct(Client::open(info.set_tcp_settings(tcp))?))
+            }
             Some(master) => {
                 let urls: Vec<&str> = url
                     .split(',')
@@ -84,7 +135,8 @@ impl Target {
                     urls.first().copied().unwrap_or(url),
                 )?;
                 let node = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(first.redis_settings().clone());
+                    .set_redis_connection_info(first.redis_settings().clone())
+                    .set_tcp_settings(tcp_settings(first.tcp_settings().clone()));
                 let client = SentinelClient::build(
                     urls,
                     master.to_owned(),
@@ -107,6 +159,11 @@ impl Target {
 
 struct State {
     conn: Option<MultiplexedConnection>,
+    /// Counts the connections opened, so that a failure drops only the
+    /// connection it happened on, not a newer one another request opened.
+    generation: u64,
+    /// When a request last took the connection (or the keepalive pinged it).
+    last_used: Instant,
     /// No new connection attempt before this instant (backoff).
     next_try: Instant,
     backoff: Duration,
@@ -123,20 +180,35 @@ pub(crate) struct Connector {
 pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest delay between connection attempts.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A connection idle this long may have been closed by Redis's `timeout`
+/// (whole seconds, at least 1): [`Connector::run_unrepeatable`] checks it
+/// with a `PING` first.
+pub(crate) const VALIDATE_AFTER: Duration = Duration::from_millis(900);
 
 /// `d` scaled by a random factor in [0.5, 1.0] (so nodes do not reconnect in step).
 pub(crate) fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.5 + rand::random::<f64>() * 0.5)
 }
 
+/// A connection as [`Connector::get`] hands it out.
+struct Taken {
+    conn: MultiplexedConnection,
+    generation: u64,
+    /// How long it had been idle before this request took it.
+    idle: Duration,
+}
+
 impl Connector {
     pub(crate) fn new(target: Target, timeout: Duration) -> Self {
+        let now = Instant::now();
         Connector {
             target,
             timeout,
             state: Mutex::new(State {
                 conn: None,
-                next_try: Instant::now(),
+                generation: 0,
+                last_used: now,
+                next_try: now,
                 backoff: MIN_BACKOFF,
             }),
         }
@@ -152,12 +224,18 @@ impl Connector {
     }
 
     /// The connection, opening one if there is none and the backoff allows.
-    async fn get(&self) -> Result<MultiplexedConnection, JournalError> {
+    async fn get(&self) -> Result<Taken, JournalError> {
         let mut st = self.state.lock().await;
-        if let Some(c) = &st.conn {
-            return Ok(c.clone());
-        }
         let now = Instant::now();
+        if let Some(c) = &st.conn {
+            let taken = Taken {
+                conn: c.clone(),
+                generation: st.generation,
+                idle: now.saturating_duration_since(st.last_used),
+            };
+            st.last_used = now;
+            return Ok(taken);
+        }
         if now < st.next_try {
             return Err(JournalError::Unavailable(format!(
                 "Redis is unreachable; the next connection attempt is in {} ms",
@@ -176,8 +254,14 @@ impl Connector {
         match tokio::time::timeout(self.timeout, opened).await {
             Ok(Ok(c)) => {
                 st.conn = Some(c.clone());
+                st.generation += 1;
                 st.backoff = MIN_BACKOFF;
-                Ok(c)
+                st.last_used = Instant::now();
+                Ok(Taken {
+                    conn: c,
+                    generation: st.generation,
+                    idle: Duration::ZERO,
+                })
             }
             Ok(Err(e)) => {
                 st.next_try = Instant::now() + jitter(st.backoff);
@@ -197,35 +281,95 @@ impl Connector {
         }
     }
 
-    /// Forgets the connection after a failure, so the next request opens a new one.
-    async fn drop_conn(&self) {
-        self.state.lock().await.conn = None;
+    /// Forgets connection `generation` after a failure on it (not a newer
+    /// one), so the next request opens a new one.
+    async fn drop_conn(&self, generation: u64) {
+        let mut st = self.state.lock().await;
+        if st.generation == generation {
+            st.conn = None;
+        }
     }
 
-    /// Runs `op` on the connection within the timeout. Connection-level
-    /// failures (I/O, timeout, a primary that is loading or became a replica)
-    /// drop the connection and answer [`JournalError::Unavailable`]; others
-    /// (a script error) [`JournalError::Storage`].
+    /// Runs `op` on the connection within the timeout. `op` must be safe to
+    /// run twice (see the module doc): when the connection turns out to be
+    /// closed ([`closed`]), it is reopened and `op` runs once more, within
+    /// the same timeout. Connection-level failures (I/O, timeout, a primary
+    /// that is loading or became a replica) drop the connection and answer
+    /// [`JournalError::Unavailable`]; others (a script error)
+    /// [`JournalError::Storage`].
     pub(crate) async fn run<T, F, Fut>(&self, op: F) -> Result<T, JournalError>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        self.bounded(async {
+            let taken = self.get().await?;
+            match op(taken.conn).await {
+                Err(e) if closed(&e) => {
+                    self.drop_conn(taken.generation).await;
+                    let again = self.get().await?;
+                    tracing::debug!(error = %e, "the Redis connection was closed; reconnected and sent the command again");
+                    self.outcome(op(again.conn).await, again.generation).await
+                }
+                r => self.outcome(r, taken.generation).await,
+            }
+        })
+        .await
+    }
+
+    /// Runs `op`, which must not reach Redis twice, on the connection within
+    /// the timeout, once. A connection idle for [`VALIDATE_AFTER`] or more is
+    /// checked with a `PING` first (through [`Connector::run`]), so that a
+    /// connection Redis closed for idleness is replaced before `op` is sent.
+    pub(crate) async fn run_unrepeatable<T, F, Fut>(&self, op: F) -> Result<T, JournalError>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: std::future::Future<Output = Result<T, RedisError>>,
     {
-        let work = async {
-            let conn = self.get().await?;
-            match op(conn).await {
-                Ok(v) => Ok(v),
-                Err(e) if connection_level(&e) => {
-                    self.drop_conn().await;
-                    Err(JournalError::Unavailable(format!("Redis: {e}")))
-                }
-                Err(e) => Err(JournalError::Storage(format!("Redis: {e}"))),
+        self.bounded(async {
+            let mut taken = self.get().await?;
+            if taken.idle >= VALIDATE_AFTER {
+                let pinged = self.run(ping).await;
+                pinged?;
+                taken = self.get().await?;
             }
-        };
+            self.outcome(op(taken.conn).await, taken.generation).await
+        })
+        .await
+    }
+
+    /// Sends a `PING` when the connection has been idle for `interval` or
+    /// more (a request or an earlier ping resets it), so that Redis's idle
+    /// `timeout` and proxies' idle limits longer than `interval` never close
+    /// it. Opens no connection when there is none (the next request does).
+    pub(crate) async fn keepalive(&self, interval: Duration) {
+        {
+            let st = self.state.lock().await;
+            if st.conn.is_none() || st.last_used.elapsed() < interval {
+                return;
+            }
+        }
+        if let Err(e) = self.run(ping).await {
+            tracing::debug!(error = %e, "keepalive PING to Redis failed");
+        }
+    }
+
+    /// How long until the connection has been idle for `interval` (zero when
+    /// it has been already).
+    pub(crate) async fn idle_left(&self, interval: Duration) -> Duration {
+        let st = self.state.lock().await;
+        interval.saturating_sub(st.last_used.elapsed())
+    }
+
+    /// `work` within the timeout; past it the connection is dropped.
+    async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, JournalError>>,
+    ) -> Result<T, JournalError> {
         match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
             Err(_) => {
-                self.drop_conn().await;
+                self.state.lock().await.conn = None;
                 Err(JournalError::Unavailable(format!(
                     "Redis did not answer within {} ms",
                     self.timeout.as_millis()
@@ -233,6 +377,36 @@ impl Connector {
             }
         }
     }
+
+    /// Maps the result of a command on connection `generation` (see [`Connector::run`]).
+    async fn outcome<T>(
+        &self,
+        r: Result<T, RedisError>,
+        generation: u64,
+    ) -> Result<T, JournalError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) if connection_level(&e) => {
+                self.drop_conn(generation).await;
+                Err(JournalError::Unavailable(format!("Redis: {e}")))
+            }
+            Err(e) => Err(JournalError::Storage(format!("Redis: {e}"))),
+        }
+    }
+}
+
+/// `PING` (the keepalive, and the check of an idle connection).
+async fn ping(mut c: MultiplexedConnection) -> Result<(), RedisError> {
+    redis::cmd("PING").query_async::<()>(&mut c).await
+}
+
+/// Whether `e` says the connection was closed under the command (broken
+/// pipe, reset, aborted, end of stream, not connected): the case of a
+/// connection Redis or a proxy closed while it was idle. A timeout is not
+/// (Redis may be hung: a second try would only wait again), nor a refused
+/// connect (nothing to retry on).
+fn closed(e: &RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout()
 }
 
 /// Whether `e` says the connection or the server's role is the problem (retry

@@ -45,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 /// with it (`redis-cli SCRIPT LOAD`, then `redis-benchmark … EVALSHA`; see
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
-/// idempotency key (`""`: none), max events, max age ms, fresh epoch, bus
+/// idempotency key (`""`: none; a node sends `<key>` LF `<token>`, or a
+/// space and a token, see `scripts.rs`), max events, max age ms, fresh epoch, bus
 /// channel, inline bytes (see [`RedisOptions::inline_bytes`]), what the
 /// calling node delivered of the channel (`""`: nothing; else
 /// `<epoch>:<head>:<commit time of the head event>`), then one payload
@@ -58,6 +59,11 @@ pub fn append_script() -> String {
 pub const BUS_CHANNEL: &str = "gapless:bus";
 
 pub use notification::DEFAULT_INLINE_BYTES;
+
+/// Default of [`RedisOptions::keepalive_ms`]: 15 s, well inside the idle
+/// limits of common proxies and load balancers (30 s and more) and of
+/// managed Redis services that set one (minutes).
+pub const DEFAULT_KEEPALIVE_MS: u64 = 15_000;
 
 /// How the cluster journal connects and what it keeps.
 #[derive(Debug, Clone)]
@@ -83,6 +89,14 @@ pub struct RedisOptions {
     /// [`DEFAULT_INLINE_BYTES`]; 0 = never: every node reads every commit).
     /// Larger appends are notified by reference.
     pub inline_bytes: u64,
+    /// How long, in milliseconds, a Redis connection may stay idle before
+    /// the node sends a `PING` on it (default [`DEFAULT_KEEPALIVE_MS`]; 0 =
+    /// never): the command connection when no request used it for that
+    /// long, the bus connection always. Keeps connections open under Redis's
+    /// idle `timeout` and proxies' idle limits longer than this; a closed one
+    /// is reopened at the next request anyway (docs/cluster.md, "Idle
+    /// connections").
+    pub keepalive_ms: u64,
     /// Testing only: drop every Nth notification received from the bus, as if
     /// the bus had lost it (0, the default, drops none).
     pub drop_notifications_every: u64,
@@ -101,6 +115,7 @@ impl Default for RedisOptions {
             retention: Retention::default(),
             poll_ms: 1000,
             inline_bytes: DEFAULT_INLINE_BYTES,
+            keepalive_ms: DEFAULT_KEEPALIVE_MS,
             drop_notifications_every: 0,
             reorder_notifications_every: 0,
         }
@@ -188,6 +203,9 @@ impl RedisJournal {
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
+        if inner.opts.keepalive_ms > 0 {
+            tokio::spawn(keepalive(inner.clone(), tasks.clone()));
+        }
         Ok(RedisJournal { inner, tasks })
     }
 
@@ -248,15 +266,25 @@ impl Inner {
 
     /// The append script. `known`: what this node delivered of the channel
     /// (`bus::Track::arg`), so that the script forks the channel instead of
-    /// appending under an epoch whose newer events Redis lost.
+    /// appending under an epoch whose newer events Redis lost. The append
+    /// always carries a token drawn for this request ([`request_token`]),
+    /// with the client's key if it gave one, so that sending it again (after
+    /// a connection closed under it, `conn.rs`) never appends twice; the
+    /// last value says whether a duplicate was this request's own append
+    /// (then reported as `duplicate: false`).
     async fn append(
         &self,
         channel: &str,
         events: &[NewEvent],
         idempotency_key: Option<&str>,
         known: &str,
-    ) -> Result<(ChannelState, Appended, u64), JournalError> {
+    ) -> Result<(ChannelState, Appended, u64, bool), JournalError> {
         let key = scripts::key_of(channel);
+        let token = request_token();
+        let key_arg = match idempotency_key {
+            Some(k) => format!("{k}\n{token}"),
+            None => format!(" {token}"),
+        };
         let payloads: Vec<Vec<u8>> = events.iter().map(codec::encode).collect();
         let fresh = RedisJournal::fresh_epoch();
         let r = &self.retention;
@@ -266,7 +294,7 @@ impl Inner {
                 let mut inv = self.scripts.append.prepare_invoke();
                 inv.key(&key)
                     .arg(channel)
-                    .arg(idempotency_key.unwrap_or(""))
+                    .arg(&key_arg)
                     .arg(r.max_events)
                     .arg(r.max_age_ms)
                     .arg(&fresh)
@@ -285,14 +313,15 @@ impl Inner {
         let n = |i: usize| int_of(v.get(i)).ok_or_else(bad);
         let (first, last, dup, floor, head, time) = (n(1)?, n(2)?, n(3)?, n(4)?, n(5)?, n(6)?);
         self.note_lineage(channel, epoch, v.get(7), v.get(8));
+        let own = int_of(v.get(9)) == Some(1);
         let state = ChannelState { epoch, floor, head };
         let appended = Appended {
             epoch,
             first_seq: first,
             last_seq: last,
-            duplicate: dup == 1,
+            duplicate: dup == 1 && !own,
         };
-        Ok((state, appended, time))
+        Ok((state, appended, time, dup == 1))
     }
 
     /// The read script: up to `limit` events after `after`, stopping past
@@ -378,6 +407,35 @@ impl Inner {
     }
 }
 
+/// A token for one append request: 128 random bits in 22 base64url
+/// characters (never a space or LF, which the append script's key argument
+/// uses as separators, `scripts.rs`).
+fn request_token() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bits: u128 = rand::random();
+    (0..22)
+        .map(|_| {
+            let c = ALPHABET[(bits & 63) as usize];
+            bits >>= 6;
+            char::from(c)
+        })
+        .collect()
+}
+
+/// Pings the command connection whenever it has been idle for
+/// `keepalive_ms` ([`conn::Connector::keepalive`]), until `cancel` fires.
+async fn keepalive(inner: Arc<Inner>, cancel: CancellationToken) {
+    let interval = Duration::from_millis(inner.opts.keepalive_ms);
+    loop {
+        let wait = inner.conn.idle_left(interval).await.max(interval / 4);
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        inner.conn.keepalive(interval).await;
+    }
+}
+
 fn int_of(v: Option<&Value>) -> Option<u64> {
     match v? {
         Value::Int(i) => u64::try_from(*i).ok(),
@@ -403,11 +461,14 @@ impl Journal for RedisJournal {
             return Err(JournalError::Closed);
         }
         let known = self.inner.known_arg(channel);
-        let (state, appended, time) = self
+        let (state, appended, time, stored_before) = self
             .inner
             .append(channel, &events, idempotency_key, &known)
             .await?;
-        if appended.duplicate {
+        if stored_before {
+            // A duplicate, or this request's own append sent again: its
+            // events reach this node's hub as another node's would (the bus
+            // notification of the first send, or the head re-read).
             return Ok(appended);
         }
         let name: Arc<str> = Arc::from(channel);
@@ -514,9 +575,12 @@ impl Journal for RedisJournal {
         let msg = ephemeral::encode(&self.inner.node, channel, event_type, data);
         let inner = self.inner.clone();
         tokio::spawn(async move {
+            // Not sent twice (an ephemeral event has no seq to tell a copy
+            // by): on a connection that may have been closed while idle it
+            // goes out after a PING showed the connection open.
             let sent = inner
                 .conn
-                .run(|mut c| async move {
+                .run_unrepeatable(|mut c| async move {
                     redis::cmd("PUBLISH")
                         .arg(BUS_CHANNEL)
                         .arg(msg)

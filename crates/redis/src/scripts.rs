@@ -12,8 +12,9 @@
 //! | `lin` | `master_replid` of the Redis primary that last touched the channel |
 //! | `prev_epoch`, `fork` | after a fork (a failover, a restart from an RDB snapshot, or a loss a node noticed): the epoch before it, and the last seq both histories share; positions up to `fork` of `prev_epoch` continue in `epoch` |
 //! | `e<seq>` | one event: `<time>:` then the payload (see `codec.rs`) |
-//! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named |
-//! | `i<last>` | the key whose append ended at seq `last` (to forget it with its events) |
+//! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named; `<key>` is the client's `Idempotency-Key` (visible ASCII), or a space and the token the node drew for a request without one |
+//! | `r<key>` | for a client's key: the token of the request that wrote it (so that request, sent again, is told the append was its own, not a duplicate) |
+//! | `i<last>` | the key whose append ended at seq `last` (to forget it, and its `r`, with its events) |
 //!
 //! Everything of a channel lives in one key so that it is lost whole or not
 //! at all: a FLUSHALL, an eviction under `maxmemory` or a restart without
@@ -48,7 +49,7 @@ local function drop(k, from, to)
     local ss = S(s)
     redis.call('HDEL', k, 'e' .. ss)
     local key = redis.call('HGET', k, 'i' .. ss)
-    if key then redis.call('HDEL', k, 'i' .. ss, 'k' .. key) end
+    if key then redis.call('HDEL', k, 'i' .. ss, 'k' .. key, 'r' .. key) end
   end
 end
 local function event_time(k, s)
@@ -144,23 +145,46 @@ end
 "#;
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
-/// for none), max events, max age ms, fresh epoch, bus channel, inline
-/// bytes, known (see `load`), then one payload per event. Returns `{epoch, first, last,
-/// duplicate (0/1), floor, head, time, prev epoch ("" for none), fork}`. Seq
-/// assignment, the idempotency check, retention by count and age, the append
-/// and the notification happen in this one step. The notification carries
-/// the events themselves when their payloads total at most `inline bytes`
-/// (0: never), by reference otherwise (format: `notification.rs`).
+/// for none; see below), max events, max age ms, fresh epoch, bus channel,
+/// inline bytes, known (see `load`), then one payload per event. Returns
+/// `{epoch, first, last, duplicate (0/1), floor, head, time, prev epoch (""
+/// for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
+/// retention by count and age, the append and the notification happen in
+/// this one step. The notification carries the events themselves when their
+/// payloads total at most `inline bytes` (0: never), by reference otherwise
+/// (format: `notification.rs`).
+///
+/// The key argument is what makes an append safe to send twice (the node
+/// sends it again when its connection was closed under it, `conn.rs`):
+/// - `<client key>` LF `<token>`: the client's `Idempotency-Key` and the
+///   token the node drew for this request; the key is stored (`k`, `i`) and
+///   the token with it (`r`);
+/// - space `<token>`: no client key; the node's token is the key (a space
+///   never starts a client's key, which is visible ASCII);
+/// - `<client key>` alone, or `""` (older nodes, the benchmark): as before.
+///
+/// A known key answers its original seqs and appends nothing; `own` says
+/// that the append it names was this very request's (its own token), sent
+/// again after its answer was lost: not a duplicate for the client.
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
 local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8])
-local key = ARGV[2]
+local key, token = ARGV[2], nil
+local lf = string.find(key, '\n', 1, true)
+if lf then
+  token = string.sub(key, lf + 1)
+  key = string.sub(key, 1, lf - 1)
+end
 if key ~= '' then
   local v = redis.call('HGET', k, 'k' .. key)
   if v then
     local a, b = string.match(v, '^(%d+):(%d+)$')
-    return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork}
+    local own = 0
+    if string.sub(key, 1, 1) == ' ' or (token and redis.call('HGET', k, 'r' .. key) == token) then
+      own = 1
+    end
+    return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork, own}
   end
 end
 -- a session's journal takes nothing after its end marker (types of 25
@@ -184,6 +208,7 @@ for i = 9, #ARGV do
 end
 if key ~= '' then
   redis.call('HSET', k, 'k' .. key, S(first) .. ':' .. S(head), 'i' .. S(head), key)
+  if token then redis.call('HSET', k, 'r' .. key, token) end
 end
 if max_events < 1 then max_events = 1 end
 local cf = head - max_events + 1
@@ -201,7 +226,7 @@ if size <= tonumber(ARGV[7]) then
   note = table.concat(parts)
 end
 redis.call('PUBLISH', ARGV[6], note)
-return {epoch, first, head, 0, floor, head, time, prev, fork}
+return {epoch, first, head, 0, floor, head, time, prev, fork, 0}
 "#;
 
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,

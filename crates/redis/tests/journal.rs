@@ -208,8 +208,61 @@ async fn retention_by_count_keeps_the_newest_and_forgets_their_keys() {
     assert_eq!((again.first_seq, again.duplicate), (6, false));
     // nothing of the evicted events is left in the hash
     let fields = redis.cli(&["HLEN", "gapless:{c}"]);
-    // epoch floor head time lin, events 4 to 6, and the key of 6 (k…, i6)
-    assert_eq!(fields, "10", "{}", redis.cli(&["HKEYS", "gapless:{c}"]));
+    // epoch floor head time lin, events 4 to 6, the node's token of the
+    // batch ending at 5 (`k <token>`, i5), and the key of 6 with its request
+    // token (`kfirst`, `rfirst`, i6)
+    assert_eq!(fields, "13", "{}", redis.cli(&["HKEYS", "gapless:{c}"]));
+}
+
+/// The append script run directly, as a node sends it again after its
+/// connection was closed under the first send (`conn.rs`): `(first, last,
+/// duplicate, own)` and the channel's head.
+fn append_raw(con: &mut redis::Connection, key_arg: &str, data: &str) -> (i64, i64, i64, i64) {
+    let v: Vec<redis::Value> = redis::Script::new(&gapless_redis::append_script())
+        .key("gapless:{raw}")
+        .arg("raw")
+        .arg(key_arg)
+        .arg(2)
+        .arg(0)
+        .arg("777")
+        .arg(gapless_redis::BUS_CHANNEL)
+        .arg(4096)
+        .arg("")
+        .arg(format!("n{data}"))
+        .invoke(con)
+        .expect("append script");
+    let int = |i: usize| match &v[i] {
+        redis::Value::Int(n) => *n,
+        other => panic!("field {i} of {v:?} is not an integer: {other:?}"),
+    };
+    (int(1), int(2), int(3), int(9))
+}
+
+#[tokio::test]
+async fn an_append_sent_twice_lands_once_and_is_told_it_was_its_own() {
+    let redis = Redis::start();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port)).expect("url");
+    let mut con = client.get_connection().expect("connect");
+    // No client key: the node's token is the key; the second send is its own.
+    assert_eq!(append_raw(&mut con, " tokA", "a"), (1, 1, 0, 0));
+    assert_eq!(append_raw(&mut con, " tokA", "a"), (1, 1, 1, 1));
+    // A client key with the request's token: the same request again is its
+    // own; another request with the same key is a duplicate.
+    assert_eq!(append_raw(&mut con, "K\ntokB", "b"), (2, 2, 0, 0));
+    assert_eq!(append_raw(&mut con, "K\ntokB", "b"), (2, 2, 1, 1));
+    assert_eq!(append_raw(&mut con, "K\ntokC", "b"), (2, 2, 1, 0));
+    // The forms of older nodes: a key alone is a duplicate, never "own".
+    assert_eq!(append_raw(&mut con, "K", "b"), (2, 2, 1, 0));
+    assert_eq!(append_raw(&mut con, "", "c"), (3, 3, 0, 0));
+    assert_eq!(append_raw(&mut con, "", "d"), (4, 4, 0, 0));
+    assert_eq!(redis.cli(&["HGET", "gapless:{raw}", "head"]), "4");
+    // Retention (2 events here) forgets a token, and a key's request token,
+    // with their events: 1 and 2 are gone, so are ` tokA`, `K`, `rK`.
+    let keys = redis.cli(&["HKEYS", "gapless:{raw}"]);
+    assert!(keys.lines().any(|k| k == "e3"), "{keys}");
+    for gone in ["k tokA", "kK", "rK", "e1", "e2", "i1", "i2"] {
+        assert!(!keys.lines().any(|k| k == gone), "{gone} is left: {keys}");
+    }
 }
 
 #[tokio::test]
