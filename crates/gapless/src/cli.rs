@@ -49,6 +49,15 @@ pub enum DurabilityArg {
     Async,
 }
 
+/// The header a trusted proxy writes the client's address in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ForwardedHeaderArg {
+    /// `X-Forwarded-For: client, proxy1, …`.
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1, …` (RFC 7239).
+    Forwarded,
+}
+
 /// How log lines are written (to standard error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -170,10 +179,30 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
     /// Most open connections from one client IP address (past it: refused
-    /// like past --max-connections); 0 = no limit. Behind a proxy every
-    /// client shares the proxy's address: set 0 there and limit at the proxy.
+    /// like past --max-connections); 0 = no limit. Behind a reverse proxy set
+    /// --trusted-proxy: from the proxy it counts each forwarded client's
+    /// requests in flight instead (docs/deploy.md).
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS_PER_IP", default_value_t = 1000)]
     pub max_connections_per_ip: usize,
+    /// A reverse proxy or load balancer whose forwarded client address is
+    /// believed: a network in CIDR notation or one address (repeatable, or
+    /// comma-separated), e.g. `10.0.0.0/8`. From these peers the client is the
+    /// rightmost address of --forwarded-header not itself trusted, and the
+    /// per-IP limit, the publish rate per IP and the logs use it. Default:
+    /// none (every peer is the client).
+    #[arg(
+        long = "trusted-proxy",
+        env = "GAPLESS_TRUSTED_PROXY",
+        value_delimiter = ',',
+        value_parser = gapless_server::forwarded::parse_net
+    )]
+    pub trusted_proxy: Vec<gapless_server::forwarded::IpNet>,
+    /// The header a --trusted-proxy writes the client's address in:
+    /// `x-forwarded-for` (nginx, HAProxy, Envoy, cloud load balancers) or
+    /// `forwarded` (RFC 7239 `for=`). Only this one is read: a proxy passes the
+    /// other through from the client untouched.
+    #[arg(long, env = "GAPLESS_FORWARDED_HEADER", value_enum, default_value_t = ForwardedHeaderArg::XForwardedFor)]
+    pub forwarded_header: ForwardedHeaderArg,
     /// Publish rate per publisher (token `sub`, else client IP), in events per
     /// second (past it: 429 with Retry-After); 0 = no limit.
     #[arg(long, env = "GAPLESS_PUBLISH_RATE", default_value_t = 0)]

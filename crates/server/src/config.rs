@@ -46,8 +46,13 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Most open connections from one client IP address; past it a new
     /// connection is refused like one past `max_connections`. 0 = no limit.
+    /// From a trusted proxy (`trusted_proxies`) it counts the requests in
+    /// flight per forwarded client address instead (`listener.rs`).
     /// Default 1000.
     pub max_connections_per_ip: usize,
+    /// The reverse proxies whose forwarded client address is believed
+    /// (`--trusted-proxy`, `--forwarded-header`; `forwarded.rs`). Default none.
+    pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// Publish rate per publisher (token `sub`, or client IP), in events per
     /// second; 0 = no limit. Past it: 429 `rate_limited` with `Retry-After`.
     /// Default 0.
@@ -102,6 +107,7 @@ impl Default for ServerConfig {
             tcp_user_timeout_ms: 30_000,
             cors_origins: vec!["*".to_owned()],
             max_connections_per_ip: 1000,
+            trusted_proxies: crate::forwarded::TrustedProxies::default(),
             publish_rate: 0,
             publish_burst: 0,
             min_body_rate: 4096,

@@ -19,6 +19,11 @@ use std::sync::{Arc, OnceLock};
 
 /// Open client connections, by `transport` (`sse`, `ws`, `http`).
 pub const CONNECTIONS_OPEN: &str = "gapless_connections_open";
+/// Connections (and, from a trusted proxy, requests) refused by a connection
+/// limit, by `limit` (`connections`: `--max-connections`; `per_ip`:
+/// `--max-connections-per-ip`, by the forwarded client address behind a
+/// trusted proxy).
+pub const CONNECTIONS_REFUSED: &str = "gapless_connections_refused_total";
 /// Subscribers (SSE streams and WebSocket channel subscriptions), read at scrape.
 pub const SUBSCRIBERS: &str = "gapless_subscribers";
 /// Channels this node follows in memory, read at scrape.
@@ -187,6 +192,12 @@ pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: 
     hot.delivered[i].increment(events as u64);
     hot.lag_seconds[i].record(now.saturating_sub(newest_time_ms) as f64 / 1000.0);
     hot.lag_events.record(lag as f64);
+}
+
+/// Counts one refusal by the connection limit `limit` (`connections` or
+/// `per_ip`; see [`CONNECTIONS_REFUSED`]).
+pub fn connection_refused(limit: &'static str) {
+    metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(1);
 }
 
 /// Records `bytes` written to a subscriber's socket in one step.
