@@ -40,6 +40,20 @@ pub enum Command {
     Config(ConfigArgs),
 }
 
+/// The parser of a size limit for which 0 would refuse everything and "no
+/// limit" would be unsafe: 0 is refused at start with a message. (Every
+/// other limit takes 0 as "no limit" or "off", as its help says.)
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(
+            "0 would refuse every request and this limit has no \"no limit\" value: give at least 1"
+                .to_owned(),
+        ),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
 /// When a publish is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DurabilityArg {
@@ -119,19 +133,19 @@ pub struct ServeArgs {
     /// When a publish is acknowledged.
     #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,
-    /// Largest event data, in bytes (413 above).
-    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576)]
+    /// Largest event data, in bytes (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
     pub max_event_bytes: usize,
-    /// Most events in one batch publish (413 above).
-    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000)]
+    /// Most events in one batch publish (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000, value_parser = at_least_one)]
     pub max_batch_events: usize,
-    /// Largest batch publish body, in bytes (413 above).
-    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216)]
+    /// Largest batch publish body, in bytes (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216, value_parser = at_least_one)]
     pub max_batch_bytes: usize,
     /// Most channels one SSE subscription or WebSocket may follow (SSE: 400 above; WebSocket: a `limit_reached` error).
     #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
     pub max_subscription_channels: u16,
-    /// Most open client connections (above it a connection is answered 503 and closed).
+    /// Most open client connections (above it a connection is answered 503 and closed); 0 = no limit.
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
     /// Reconnect delay sent to SSE clients in `retry:`, in milliseconds.

@@ -22,7 +22,7 @@ pub struct ServerConfig {
     /// on SSE and a `limit_reached` error on WebSocket. Default 64.
     pub max_subscription_channels: usize,
     /// Most open client connections; a connection past it is answered 503 and
-    /// closed. Default 10000.
+    /// closed. 0 = no limit (as for `max_connections_per_ip`). Default 10000.
     pub max_connections: usize,
     /// TCP keepalive idle time and probe interval on accepted sockets, in
     /// milliseconds (3 probes); 0 leaves keepalive off. Default 15000.

@@ -225,7 +225,11 @@ impl GaplessListener {
     pub fn new(inner: TcpListener, config: ServerConfig) -> Self {
         GaplessListener {
             inner,
-            permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
+            // 0: no limit, as for every connection limit.
+            permits: Arc::new(Semaphore::new(match config.max_connections {
+                0 => Semaphore::MAX_PERMITS,
+                n => n.min(Semaphore::MAX_PERMITS),
+            })),
             refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
             per_ip: Arc::new(PerIp::default()),
             trusted: Arc::new(config.trusted_proxies.clone()),
