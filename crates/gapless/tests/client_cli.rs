@@ -274,3 +274,40 @@ async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_curs
     tail.wait_for(1, 20).await;
     assert_eq!(*tail.lines.lock().expect("lock"), ["f"]);
 }
+
+#[test]
+fn a_token_ttl_that_overflows_is_refused() {
+    let secret = "a-test-secret-that-is-long-enough-32";
+    for ttl in ["18446744073709551615", "9007199254740991"] {
+        let out = gapless(
+            &[
+                "token",
+                "--secret",
+                secret,
+                "--subscribe",
+                "*",
+                "--ttl",
+                ttl,
+            ],
+            b"",
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--ttl {ttl}: {err}");
+        assert!(err.contains("--ttl") && err.contains("too long"), "{err}");
+        assert!(out.stdout.is_empty(), "no token printed");
+    }
+    // A long but representable TTL still makes a token.
+    let out = gapless(
+        &[
+            "token",
+            "--secret",
+            secret,
+            "--subscribe",
+            "*",
+            "--ttl",
+            "3153600000",
+        ],
+        b"",
+    );
+    assert!(!ok(&out).trim().is_empty());
+}
