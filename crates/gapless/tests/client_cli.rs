@@ -167,7 +167,7 @@ fn errors_are_one_line_that_says_what_to_do() {
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains("channel name contains ' ' at position 3"),
+        err.contains("channel name contains ' ' at position 4"),
         "{err}"
     );
 
