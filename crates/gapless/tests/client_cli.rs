@@ -311,3 +311,13 @@ fn a_token_ttl_that_overflows_is_refused() {
     );
     assert!(!ok(&out).trim().is_empty());
 }
+
+#[test]
+fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
+    let out = gapless(&["publish", "--help"], b"");
+    let help = ok(&out).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("appends nothing twice while the events it appended are still retained"),
+        "{help}"
+    );
+}
