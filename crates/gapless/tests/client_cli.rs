@@ -321,3 +321,50 @@ fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
         "{help}"
     );
 }
+
+#[test]
+fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
+    let secret = "a-test-secret-that-is-long-enough-32";
+    let server = Server::memory(&["--jwt-secret", secret, "--jwt-leeway-ms", "0"]);
+    let token = ok(&gapless(
+        &[
+            "token",
+            "--secret",
+            secret,
+            "--subscribe",
+            "*",
+            "--ttl",
+            "2",
+        ],
+        b"",
+    ));
+    let out = gapless(
+        &[
+            "tail",
+            "c",
+            "--token",
+            token.trim(),
+            "--server",
+            server.url.as_str(),
+        ],
+        b"",
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.first().is_some_and(|l| l.contains("token expired")),
+        "the reason first: {err}"
+    );
+    assert!(!err.contains("reconnecting in"), "{err}");
+    assert!(
+        lines.iter().any(|l| l.contains("pass --token")),
+        "what to do: {err}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.contains("resume with --since")),
+        "{err}"
+    );
+}
