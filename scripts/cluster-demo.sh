@@ -4,7 +4,8 @@
 # Usage: scripts/cluster-demo.sh
 #   REDIS_PORT   Redis port (default 6390)
 #   BASE_PORT    first node's port; the nodes listen on BASE_PORT, +1, +2 (default 8081)
-#   GAPLESS_BIN  the gapless binary (default: target/release/gapless, built here if missing)
+#   GAPLESS_BIN  the gapless binary (default: $CARGO_TARGET_DIR/release/gapless, with
+#                CARGO_TARGET_DIR defaulting to target; built here if missing)
 #
 # Redis runs with the settings --durability sync needs (appendonly yes, appendfsync always,
 # maxmemory-policy noeviction), its data in a temporary directory. Ctrl-C stops everything.
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 redis_port="${REDIS_PORT:-6390}"
 base="${BASE_PORT:-8081}"
-bin="${GAPLESS_BIN:-target/release/gapless}"
+bin="${GAPLESS_BIN:-${CARGO_TARGET_DIR:-target}/release/gapless}"
 if [ ! -x "$bin" ]; then cargo build --release -p gapless; fi
 command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install redis-server" >&2; exit 1; }
 

@@ -31,6 +31,6 @@ export async function startExampleServer(port = 0) {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const { url } = await startExampleServer(Number(process.argv[2] ?? 8081));
+  const { url } = await startExampleServer(Number(process.argv[2] ?? 8079));
   console.log(`example page: ${url}?server=http://127.0.0.1:8080&channel=news`);
 }

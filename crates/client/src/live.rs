@@ -43,6 +43,9 @@ pub(crate) struct Connection {
     idle_timeout: Option<Duration>,
     server: String,
     ended: bool,
+    /// The server said the token expired (`event: gapless.expired`): the
+    /// stream ends next.
+    expired: bool,
 }
 
 #[derive(Deserialize)]
@@ -129,10 +132,17 @@ pub(crate) async fn open(t: Target<'_>) -> Result<Connection, Error> {
         idle_timeout: t.idle_timeout,
         server: server.clone(),
         ended: false,
+        expired: false,
     })
 }
 
 impl Connection {
+    /// Whether the server ended this stream because its token expired
+    /// (it sent `event: gapless.expired`, docs/security.md).
+    pub(crate) fn token_expired(&self) -> bool {
+        self.expired
+    }
+
     /// The next frame; `Ok(None)` once the server closed the stream cleanly
     /// (an event it left unterminated is dropped, as the SSE standard says).
     /// Cancel-safe: dropping the future loses nothing.
@@ -222,9 +232,10 @@ impl Connection {
             Some(bytes) => {
                 let queue = &mut self.queue;
                 let server = &self.server;
+                let expired = &mut self.expired;
                 if let Err(e) = self
                     .parser
-                    .feed(&bytes, |item| push_item(queue, server, item))
+                    .feed(&bytes, |item| push_item(queue, server, expired, item))
                 {
                     queue.push_back(Err(Error::EventTooLarge { limit: e.limit }));
                 }
@@ -238,13 +249,21 @@ impl Connection {
     }
 }
 
-fn push_item(queue: &mut VecDeque<Result<Frame, Error>>, server: &str, item: Item<'_>) {
+fn push_item(
+    queue: &mut VecDeque<Result<Frame, Error>>,
+    server: &str,
+    expired: &mut bool,
+    item: Item<'_>,
+) {
     let frame = match item {
         Item::Retry(ms) => Ok(Frame::Retry(Duration::from_millis(ms))),
         Item::LastEventId("") => return,
         // The token ran out; the stream ends next and the subscription
         // reconnects with a fresh token from its cursor (docs/security.md).
-        Item::Event(e) if e.event_type == "gapless.expired" => return,
+        Item::Event(e) if e.event_type == "gapless.expired" => {
+            *expired = true;
+            return;
+        }
         Item::LastEventId(id) => Ok(Frame::Cursor(Cursor::from(id))),
         Item::Event(e) if e.event_type == "gap" => serde_json::from_str::<GapIn>(e.data)
             .map(|g| {

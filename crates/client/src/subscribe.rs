@@ -37,6 +37,11 @@ pub struct Reconnect<'a> {
     /// Consecutive failures so far, this one included; a clean close counts
     /// only when it follows another within a second of connecting (else 0).
     pub attempt: u32,
+    /// The server ended the stream because its token expired (SSE: `event:
+    /// gapless.expired`, docs/security.md). The reconnect sends the client's
+    /// token again: a fresh one from [`ClientBuilder::token_fn`](crate::ClientBuilder::token_fn),
+    /// else the same one, which the server then refuses (401, a terminal error).
+    pub token_expired: bool,
 }
 
 /// A callback told about each reconnection (e.g. to log it).
@@ -63,12 +68,19 @@ impl StreamOptions {
         }
     }
 
-    pub(crate) fn notify(&self, error: Option<&Error>, delay: Duration, attempt: u32) {
+    pub(crate) fn notify(
+        &self,
+        error: Option<&Error>,
+        delay: Duration,
+        attempt: u32,
+        token_expired: bool,
+    ) {
         if let Some(hook) = &self.on_reconnect {
             hook(&Reconnect {
                 error,
                 delay,
                 attempt,
+                token_expired,
             });
         }
     }
@@ -82,6 +94,9 @@ pub(crate) struct Retrier {
     pub(crate) attempt: u32,
     /// The previous clean close came less than a second after connecting.
     quick_close: bool,
+    /// The stream that just ended was ended by its token's expiry (told to
+    /// the next [`Retrier::closed`]'s notice, then cleared).
+    pub(crate) expired: bool,
 }
 
 impl Retrier {
@@ -90,6 +105,7 @@ impl Retrier {
             base: backoff.initial,
             attempt: 0,
             quick_close: false,
+            expired: false,
         }
     }
 
@@ -98,7 +114,8 @@ impl Retrier {
         let d = opts.backoff.delay(self.base, self.attempt);
         self.attempt = self.attempt.saturating_add(1);
         self.quick_close = false;
-        opts.notify(Some(e), d, self.attempt);
+        self.expired = false;
+        opts.notify(Some(e), d, self.attempt, false);
         d
     }
 
@@ -116,7 +133,7 @@ impl Retrier {
             Duration::ZERO
         };
         self.quick_close = quick;
-        opts.notify(None, d, self.attempt);
+        opts.notify(None, d, self.attempt, std::mem::take(&mut self.expired));
         d
     }
 }
@@ -355,6 +372,7 @@ fn run(
                     Err(e) => break Err(e),
                 }
             };
+            retrier.expired = conn.token_expired();
             drop(conn);
             let wait = match end {
                 Ok(()) if !opts.reconnect => return,

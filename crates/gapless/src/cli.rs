@@ -40,6 +40,20 @@ pub enum Command {
     Config(ConfigArgs),
 }
 
+/// The parser of a size limit for which 0 would refuse everything and "no
+/// limit" would be unsafe: 0 is refused at start with a message. (Every
+/// other limit takes 0 as "no limit" or "off", as its help says.)
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(
+            "0 would refuse every request and this limit has no \"no limit\" value: give at least 1"
+                .to_owned(),
+        ),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
 /// When a publish is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DurabilityArg {
@@ -47,6 +61,15 @@ pub enum DurabilityArg {
     Sync,
     /// Before the fsync; a crash may lose up to about one second of acknowledged events.
     Async,
+}
+
+/// The header a trusted proxy writes the client's address in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ForwardedHeaderArg {
+    /// `X-Forwarded-For: client, proxy1, …`.
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1, …` (RFC 7239).
+    Forwarded,
 }
 
 /// How log lines are written (to standard error).
@@ -110,19 +133,19 @@ pub struct ServeArgs {
     /// When a publish is acknowledged.
     #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,
-    /// Largest event data, in bytes (413 above).
-    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576)]
+    /// Largest event data, in bytes (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
     pub max_event_bytes: usize,
-    /// Most events in one batch publish (413 above).
-    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000)]
+    /// Most events in one batch publish (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000, value_parser = at_least_one)]
     pub max_batch_events: usize,
-    /// Largest batch publish body, in bytes (413 above).
-    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216)]
+    /// Largest batch publish body, in bytes (413 above); at least 1.
+    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216, value_parser = at_least_one)]
     pub max_batch_bytes: usize,
     /// Most channels one SSE subscription or WebSocket may follow (SSE: 400 above; WebSocket: a `limit_reached` error).
     #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
     pub max_subscription_channels: u16,
-    /// Most open client connections (above it a connection is answered 503 and closed).
+    /// Most open client connections (above it a connection is answered 503 and closed); 0 = no limit.
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
     /// Reconnect delay sent to SSE clients in `retry:`, in milliseconds.
@@ -170,10 +193,30 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
     /// Most open connections from one client IP address (past it: refused
-    /// like past --max-connections); 0 = no limit. Behind a proxy every
-    /// client shares the proxy's address: set 0 there and limit at the proxy.
+    /// like past --max-connections); 0 = no limit. Behind a reverse proxy set
+    /// --trusted-proxy: from the proxy it counts each forwarded client's
+    /// requests in flight instead (docs/deploy.md).
     #[arg(long, env = "GAPLESS_MAX_CONNECTIONS_PER_IP", default_value_t = 1000)]
     pub max_connections_per_ip: usize,
+    /// A reverse proxy or load balancer whose forwarded client address is
+    /// believed: a network in CIDR notation or one address (repeatable, or
+    /// comma-separated), e.g. `10.0.0.0/8`. From these peers the client is the
+    /// rightmost address of --forwarded-header not itself trusted, and the
+    /// per-IP limit, the publish rate per IP and the logs use it. Default:
+    /// none (every peer is the client).
+    #[arg(
+        long = "trusted-proxy",
+        env = "GAPLESS_TRUSTED_PROXY",
+        value_delimiter = ',',
+        value_parser = gapless_server::forwarded::parse_net
+    )]
+    pub trusted_proxy: Vec<gapless_server::forwarded::IpNet>,
+    /// The header a --trusted-proxy writes the client's address in:
+    /// `x-forwarded-for` (nginx, HAProxy, Envoy, cloud load balancers) or
+    /// `forwarded` (RFC 7239 `for=`). Only this one is read: a proxy passes the
+    /// other through from the client untouched.
+    #[arg(long, env = "GAPLESS_FORWARDED_HEADER", value_enum, default_value_t = ForwardedHeaderArg::XForwardedFor)]
+    pub forwarded_header: ForwardedHeaderArg,
     /// Publish rate per publisher (token `sub`, else client IP), in events per
     /// second (past it: 429 with Retry-After); 0 = no limit.
     #[arg(long, env = "GAPLESS_PUBLISH_RATE", default_value_t = 0)]

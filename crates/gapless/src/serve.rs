@@ -2,13 +2,14 @@
 //! shuts down cleanly on SIGTERM or Ctrl-C (streams end, the journal is
 //! flushed, the process exits within 5 seconds).
 
-use crate::cli::{DurabilityArg, LogFormat, ServeArgs};
+use crate::cli::{DurabilityArg, ForwardedHeaderArg, LogFormat, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
 use gapless_core::session::{SessionConfig, Sessions};
 use gapless_core::{Journal, Retention};
 use gapless_server::auth::{Auth, AuthConfig};
+use gapless_server::forwarded::ForwardedHeader;
 use gapless_server::limits::PublishLimiter;
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
@@ -114,6 +115,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tcp_user_timeout_ms: args.tcp_user_timeout_ms,
         cors_origins,
         max_connections_per_ip: args.max_connections_per_ip,
+        trusted_proxies: gapless_server::forwarded::TrustedProxies {
+            nets: args.trusted_proxy.clone(),
+            header: match args.forwarded_header {
+                ForwardedHeaderArg::XForwardedFor => ForwardedHeader::XForwardedFor,
+                ForwardedHeaderArg::Forwarded => ForwardedHeader::Forwarded,
+            },
+        },
         publish_rate: args.publish_rate,
         publish_burst: args.publish_burst,
         min_body_rate: args.min_body_rate,

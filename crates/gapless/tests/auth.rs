@@ -4,6 +4,8 @@
 //! and a token that expires mid-stream replaced with no loss and no repeat.
 
 mod support;
+
+use base64::Engine;
 mod ws_support;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -245,6 +247,26 @@ async fn a_refused_token_is_told_the_claim_at_fault_and_no_other() {
         "{}",
         r.text
     );
+    // It names only what this server accepts (an HS256 secret here).
+    assert!(r.message().contains("only HS256"), "{}", r.text);
+    for not_taken in ["HS384", "HS512", "RS256", "PS256", "ES384", "EdDSA"] {
+        assert!(!r.message().contains(not_taken), "{not_taken}: {}", r.text);
+    }
+    // A header with `crit` (RFC 7515 section 4.1.11) is named as such.
+    let crit = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(br#"{"alg":"HS256","typ":"JWT","crit":["exp"]}"#);
+    let r = get_as(&s, "/v1/channels/c", &format!("{crit}.{payload}.c2ln")).await;
+    r.expect_error(401, "unauthorized");
+    assert!(
+        r.message().contains("`crit`") && !r.message().contains("not a JWT"),
+        "{}",
+        r.text
+    );
+    // An algorithm gapless knows but no key here verifies.
+    let rs = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256"}"#);
+    let r = get_as(&s, "/v1/channels/c", &format!("{rs}.{payload}.c2ln")).await;
+    r.expect_error(401, "unauthorized");
+    assert!(r.message().contains("only HS256"), "{}", r.text);
     for t in ["garbage", "a.b", "!!.??.**"] {
         let r = get_as(&s, "/v1/channels/c", t).await;
         r.expect_error(401, "unauthorized");

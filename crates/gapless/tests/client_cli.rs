@@ -167,7 +167,7 @@ fn errors_are_one_line_that_says_what_to_do() {
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains("channel name contains ' ' at position 3"),
+        err.contains("channel name contains ' ' at position 4"),
         "{err}"
     );
 
@@ -273,4 +273,98 @@ async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_curs
     ok(&gapless(&[&["publish", "t", "f"][..], &s].concat(), b""));
     tail.wait_for(1, 20).await;
     assert_eq!(*tail.lines.lock().expect("lock"), ["f"]);
+}
+
+#[test]
+fn a_token_ttl_that_overflows_is_refused() {
+    let secret = "a-test-secret-that-is-long-enough-32";
+    for ttl in ["18446744073709551615", "9007199254740991"] {
+        let out = gapless(
+            &[
+                "token",
+                "--secret",
+                secret,
+                "--subscribe",
+                "*",
+                "--ttl",
+                ttl,
+            ],
+            b"",
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--ttl {ttl}: {err}");
+        assert!(err.contains("--ttl") && err.contains("too long"), "{err}");
+        assert!(out.stdout.is_empty(), "no token printed");
+    }
+    // A long but representable TTL still makes a token.
+    let out = gapless(
+        &[
+            "token",
+            "--secret",
+            secret,
+            "--subscribe",
+            "*",
+            "--ttl",
+            "3153600000",
+        ],
+        b"",
+    );
+    assert!(!ok(&out).trim().is_empty());
+}
+
+#[test]
+fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
+    let out = gapless(&["publish", "--help"], b"");
+    let help = ok(&out).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("appends nothing twice while the events it appended are still retained"),
+        "{help}"
+    );
+}
+
+#[test]
+fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
+    let secret = "a-test-secret-that-is-long-enough-32";
+    let server = Server::memory(&["--jwt-secret", secret, "--jwt-leeway-ms", "0"]);
+    let token = ok(&gapless(
+        &[
+            "token",
+            "--secret",
+            secret,
+            "--subscribe",
+            "*",
+            "--ttl",
+            "2",
+        ],
+        b"",
+    ));
+    let out = gapless(
+        &[
+            "tail",
+            "c",
+            "--token",
+            token.trim(),
+            "--server",
+            server.url.as_str(),
+        ],
+        b"",
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.first().is_some_and(|l| l.contains("token expired")),
+        "the reason first: {err}"
+    );
+    assert!(!err.contains("reconnecting in"), "{err}");
+    assert!(
+        lines.iter().any(|l| l.contains("pass --token")),
+        "what to do: {err}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.contains("resume with --since")),
+        "{err}"
+    );
 }

@@ -220,3 +220,16 @@ async fn a_truncated_or_overwritten_journal_is_served_whole_or_refused_never_wro
     assert!(refused > 0, "some damage is detected");
     eprintln!("damaged journals: {served} served whole, {refused} refused");
 }
+
+#[tokio::test]
+async fn journal_check_counts_in_words() {
+    let mut s = Server::start(&[]).await;
+    s.publish("only", "x").await;
+    let _ = s.sigterm().await;
+    let (whole, out) = check(&s.data_dir());
+    assert!(whole, "{out}");
+    assert!(
+        out.contains("is whole: 1 channel, 1 event retained, 0 logged commits to apply"),
+        "{out}"
+    );
+}

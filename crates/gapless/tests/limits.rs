@@ -174,3 +174,40 @@ async fn age_retention_evicts_within_about_a_second_of_expiry() {
     // New events get the next seqs.
     assert_eq!(s.publish("c", "c").await["seq"], 3);
 }
+
+#[tokio::test]
+async fn zero_means_no_limit_for_connection_limits_and_is_refused_where_there_is_none() {
+    // --max-connections 0, like --max-connections-per-ip 0: no limit.
+    let s = Server::memory(&["--max-connections", "0", "--max-connections-per-ip", "0"]).await;
+    let (_a, _) = s.subscribe("c", "").await;
+    let (_b, _) = s.subscribe("c", "").await;
+    s.get("/v1/channels/c").await.expect(200);
+    s.publish("c", "x").await;
+    // A size limit without a "no limit" value refuses 0 at start.
+    for flag in [
+        "--max-event-bytes",
+        "--max-batch-events",
+        "--max-batch-bytes",
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+            .args(["serve", "--memory", "--listen", "127.0.0.1:0", flag, "0"])
+            .output()
+            .expect("run gapless");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} 0: {err}");
+        assert!(
+            err.contains(flag) && err.contains("at least 1"),
+            "{flag}: {err}"
+        );
+    }
+    // --help says what 0 means.
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run gapless");
+    let help = String::from_utf8_lossy(&help.stdout).replace('\n', " ");
+    assert!(
+        help.contains("closed); 0 = no limit"),
+        "--max-connections: {help}"
+    );
+}

@@ -307,3 +307,34 @@ async fn each_stream_logs_one_line_when_it_ends() {
         "one line per stream, none per event: {lines:?}"
     );
 }
+
+#[tokio::test]
+async fn every_metric_has_a_help_line() {
+    let s = Server::start(&["--max-connections-per-ip", "3"]).await;
+    let (mut sse, _) = s.subscribe("h", "").await;
+    let mut ws = ws_support::Ws::channels(&s).await;
+    ws.subscribe_live("h").await;
+    s.publish("h", "x").await;
+    sse.events(1).await;
+    ws.expect_op("event").await;
+    s.get("/v1/channels/bad%20name").await;
+    // Every place of the address is held (the stream, the socket, reqwest's
+    // connection): one refusal by the per-IP cap.
+    let mut refused = support::SseClient::connect(s.addr, "/v1/channels/h/sse", &[]).await;
+    let _ = refused.until_end(std::time::Duration::from_secs(5)).await;
+    drop(ws);
+    let text = s.get("/metrics").await.text;
+    let types: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert!(types.len() >= 12, "most metrics recorded: {text}");
+    for name in types {
+        let help = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("no # HELP for {name}: {text}"));
+        assert!(help.len() > 20, "{name}: a description: {help:?}");
+    }
+}

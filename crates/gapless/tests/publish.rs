@@ -51,6 +51,32 @@ async fn channel_name_of_200_chars_accepted_201_rejected() {
 }
 
 #[tokio::test]
+async fn dot_channels_no_url_can_reach_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = Server::memory(&[]).await;
+    // Sent raw: an HTTP client library normalises the segment away itself.
+    for name in ["%2e", "%2e%2e", "%2E%2E"] {
+        for req in [
+            format!("POST /v1/channels/{name}/events HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"),
+            format!("GET /v1/channels/{name}/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        ] {
+            let mut tcp = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+            tcp.write_all(req.as_bytes()).await.expect("write");
+            let mut answer = String::new();
+            tcp.read_to_string(&mut answer).await.expect("read");
+            assert!(answer.starts_with("HTTP/1.1 400"), "{req}: {answer}");
+            assert!(answer.contains("invalid_channel"), "{answer}");
+            assert!(answer.contains("RFC 3986"), "{answer}");
+        }
+    }
+    let r = s.get("/v1/sse?channels=a,..").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    // Dots with anything else are names like any other.
+    s.publish("...", "x").await;
+    s.publish(".a", "x").await;
+}
+
+#[tokio::test]
 async fn channel_name_with_bad_character_is_400_naming_the_rule() {
     let s = Server::start(&[]).await;
     let r = s
@@ -58,7 +84,7 @@ async fn channel_name_with_bad_character_is_400_naming_the_rule() {
         .await;
     r.expect_error(400, "invalid_channel");
     assert!(
-        r.message().contains("' ' at position 1")
+        r.message().contains("' ' at position 2")
             && r.message()
                 .contains("allowed characters are A-Z a-z 0-9 _ - . : @ ~"),
         "message names the rule: {}",
@@ -108,7 +134,7 @@ async fn event_type_rules_and_reserved_types_are_400_invalid_type() {
         ("", "empty"),
         ("a%40b", "'@'"),
         ("a%20b", "' '"),
-        ("a%0Ab", "position 1"),
+        ("a%0Ab", "position 2"),
     ];
     for (t, needle) in cases {
         let r = s

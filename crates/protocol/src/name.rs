@@ -1,6 +1,9 @@
 //! Channel and event-type name rules.
 //!
-//! Channel names: 1 to [`MAX_CHANNEL_LEN`] characters of `A-Z a-z 0-9 _ - . : @ ~`.
+//! Channel names: 1 to [`MAX_CHANNEL_LEN`] characters of `A-Z a-z 0-9 _ - . : @ ~`,
+//! but not `.` or `..`: a URL path segment of only those is removed by URL
+//! normalisation (RFC 3986 §5.2.4, done by browsers, `fetch`, curl and
+//! proxies), so no client could reach such a channel's URLs.
 //! Event types: 1 to [`MAX_TYPE_LEN`] characters of `A-Z a-z 0-9 _ - . :`; the
 //! names in [`RESERVED_TYPES`] and any type starting with [`RESERVED_TYPE_PREFIX`]
 //! belong to the server's own notices, so a publisher cannot forge one.
@@ -46,11 +49,17 @@ pub enum NameError {
         what: &'static str,
         /// The first character outside the alphabet.
         found: char,
-        /// Its character index (0-based).
+        /// Its position among the name's characters, counting from 1.
         at: usize,
         /// The allowed alphabet, for the message.
         allowed: &'static str,
     },
+    /// The channel name is `.` or `..`, which URL normalisation removes.
+    #[error(
+        "channel name {0:?} is refused: URLs drop a `.` or `..` path segment (RFC 3986 \
+         section 5.2.4), so no client could reach this channel; use another name"
+    )]
+    DotSegment(String),
     /// The event type is reserved for the server's own notices.
     #[error("event type {0:?} is reserved for the server's own notices")]
     Reserved(String),
@@ -66,12 +75,12 @@ fn check(
     if name.is_empty() {
         return Err(NameError::Empty { what, max });
     }
-    for (at, c) in name.chars().enumerate() {
+    for (i, c) in name.chars().enumerate() {
         if !ok(c) {
             return Err(NameError::BadChar {
                 what,
                 found: c,
-                at,
+                at: i + 1,
                 allowed,
             });
         }
@@ -97,7 +106,11 @@ pub fn validate_channel(name: &str) -> Result<(), NameError> {
         MAX_CHANNEL_LEN,
         "A-Z a-z 0-9 _ - . : @ ~",
         |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@' | '~'),
-    )
+    )?;
+    if name == "." || name == ".." {
+        return Err(NameError::DotSegment(name.to_owned()));
+    }
+    Ok(())
 }
 
 /// Checks a publisher-supplied event type: alphabet, length, and not reserved.
@@ -128,9 +141,23 @@ mod tests {
         ));
         assert!(validate_channel(&"a".repeat(200)).is_ok());
         let err = validate_channel("a b").unwrap_err();
-        assert!(err.to_string().contains("' ' at position 1"), "{err}");
+        assert!(err.to_string().contains("' ' at position 2"), "{err}");
+        let err = validate_channel("é").unwrap_err();
+        assert!(err.to_string().contains("at position 1"), "{err}");
         assert!(validate_channel("é").is_err());
         assert!(validate_channel("a/b").is_err());
+    }
+
+    #[test]
+    fn dot_segments_are_not_channels() {
+        for name in [".", ".."] {
+            let err = validate_channel(name).unwrap_err();
+            assert!(matches!(err, NameError::DotSegment(_)), "{name}");
+            assert!(err.to_string().contains("RFC 3986"), "{err}");
+        }
+        for name in ["...", ".a", "a..", "..b"] {
+            assert!(validate_channel(name).is_ok(), "{name}");
+        }
     }
 
     #[test]

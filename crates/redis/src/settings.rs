@@ -72,12 +72,20 @@ impl Settings {
     /// AOF; either way an evicted channel loses its history.
     pub(crate) fn warnings(&self, sync: bool) -> Vec<String> {
         let mut warnings = Vec::new();
+        // What a loss does is docs/cluster.md's ("Durability", "Redis back
+        // with an older copy"), tested in tests/cluster_restore.rs.
         if sync && self.appendonly != "yes" {
+            let loss = if self.save.trim().is_empty() {
+                "every channel whole; clients are told with an epoch gap"
+            } else {
+                "the events acknowledged after the last RDB snapshot (`save`); every channel \
+                 forks at the snapshot and the clients that had lost events are told with an \
+                 epoch gap, but those events are gone"
+            };
             warnings.push(format!(
                 "Redis appendonly is '{}': with --durability sync an acknowledged event \
                  must be in the AOF; set `appendonly yes` (a restart of Redis would lose \
-                 events: every channel whole, told to clients as an epoch gap, or with RDB \
-                 snapshots (`save`) the events after the last snapshot, without a gap notice)",
+                 {loss})",
                 self.appendonly
             ));
         }
@@ -85,7 +93,9 @@ impl Settings {
             warnings.push(format!(
                 "Redis appendfsync is '{}': with --durability sync a 2xx must mean fsynced; \
                  set `appendfsync always` (otherwise a crash of Redis can lose up to a second \
-                 of acknowledged events without a gap notice)",
+                 of acknowledged events: the channel forks and their clients are told with an \
+                 epoch gap when a running node had delivered them, and nobody is told when no \
+                 node had, e.g. all restarted too; docs/cluster.md)",
                 self.appendfsync
             ));
         }
@@ -203,6 +213,16 @@ mod tests {
         let w = s("no", "always", "").warnings(true);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("appendonly"));
+        // What docs/cluster.md says and cluster_restore.rs tests: after an RDB
+        // restart the channels fork and the clients are told.
+        assert!(w[0].contains("every channel whole"), "{}", w[0]);
+        let w = s("no", "always", "3600 1").warnings(true);
+        assert!(
+            w[0].contains("forks at the snapshot") && w[0].contains("told with an epoch gap"),
+            "{}",
+            w[0]
+        );
+        assert!(!w[0].contains("without a gap notice"), "{}", w[0]);
         let mut evicting = s("yes", "always", "");
         evicting.maxmemory_policy = "allkeys-lru".into();
         assert!(evicting.warnings(false)[0].contains("maxmemory-policy"));

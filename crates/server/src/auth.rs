@@ -259,18 +259,11 @@ impl Auth {
     /// # Errors
     /// 401 `unauthorized` saying what is wrong.
     pub fn verify(&self, token: &str, now_ms: u64) -> Result<Grant, ApiError> {
-        let header = jsonwebtoken::decode_header(token).map_err(|e| {
-            let why = match e.kind() {
-                // Three parts whose first is JSON, but not a header this server reads
-                // (an `alg` such as `none`, which no key verifies).
-                jsonwebtoken::errors::ErrorKind::Json(e) => format!(
-                    "the token's header is not one this server reads ({e}); tokens are \
-                     signed with HS256, RS256 or ES256"
-                ),
-                _ => NOT_A_JWT.to_owned(),
-            };
-            unauthorized(&why, true)
-        })?;
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| unauthorized(&header_refusal(token, &self.algorithms(), &e), true))?;
+        if let Some(why) = header_json(token).and_then(|h| critical(&h)) {
+            return Err(unauthorized(&why, true));
+        }
         let mut last = None;
         for k in self
             .keys
@@ -289,8 +282,10 @@ impl Auth {
         }
         let why = match last.as_ref().map(jsonwebtoken::errors::Error::kind) {
             None => format!(
-                "the token is signed with {:?}, which no configured key verifies",
-                header.alg
+                "the token is signed with {:?}, which no configured key verifies; this server \
+                 accepts {}",
+                header.alg,
+                self.accepted()
             ),
             Some(jsonwebtoken::errors::ErrorKind::InvalidSignature) => {
                 "the token's signature does not verify".to_owned()
@@ -381,6 +376,101 @@ fn seconds_to_ms(s: f64) -> u64 {
     } else {
         0
     }
+}
+
+impl Auth {
+    /// The algorithms of the configured keys (`HS256`, `RS256`, `ES256`).
+    fn algorithms(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .flat_map(|k| k.validation.algorithms.iter().map(|a| format!("{a:?}")))
+            .collect()
+    }
+
+    /// [`Auth::algorithms`] for a refusal's message: "only HS256 or ES256".
+    fn accepted(&self) -> String {
+        accepted_text(&self.algorithms())
+    }
+}
+
+fn accepted_text(names: &[String]) -> String {
+    match names {
+        [] => "no signed token (no key is configured)".to_owned(),
+        [one] => format!("only {one}"),
+        [rest @ .., last] => format!("only {} or {last}", rest.join(", ")),
+    }
+}
+
+/// Why `token`'s header could not be read (`error`: jsonwebtoken's), said
+/// for a person: not three parts of base64url; a header that is not a JSON
+/// object; a `crit` list of extensions this server does not understand (RFC
+/// 7515 section 4.1.11 requires refusing it); an `alg` this server does not
+/// take (`none` above all). Only the `accepted` algorithms are named.
+fn header_refusal(token: &str, accepted: &[String], error: &jsonwebtoken::errors::Error) -> String {
+    let header = match header_json(token) {
+        None => return NOT_A_JWT.to_owned(),
+        Some(Value::Object(header)) => header,
+        Some(_) => {
+            return "the token's header is not a JSON object (RFC 7515 section 4)".to_owned()
+        }
+    };
+    let list = accepted_text(accepted);
+    if let Some(why) = critical(&Value::Object(header.clone())) {
+        return why;
+    }
+    match header.get("alg") {
+        None => format!(
+            "the token's header has no `alg` (RFC 7515 section 4.1.1); this server accepts {list}"
+        ),
+        Some(Value::String(alg)) if alg.eq_ignore_ascii_case("none") => format!(
+            "the token's header says `alg` none: an unsigned token (RFC 7519 section 6) is \
+             never accepted; this server accepts {list}"
+        ),
+        Some(Value::String(alg)) if accepted.contains(alg) => {
+            format!("the token's header is not one this server reads: {error}")
+        }
+        Some(alg) => {
+            format!("the token is signed with {alg}, which this server does not accept; it accepts {list}")
+        }
+    }
+}
+
+/// The JSON of `token`'s header: `None` unless the token is three parts of
+/// which the first is base64url of JSON.
+fn header_json(token: &str) -> Option<Value> {
+    use base64::Engine;
+    let mut parts = token.split('.');
+    let (Some(first), Some(_), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(first)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The refusal of a header that asks for what this server does not do:
+/// critical extensions (`crit`, RFC 7515 section 4.1.11: a recipient that
+/// does not understand them must refuse the token) or an unencoded payload
+/// (`b64`, RFC 7797). `None` for any other header.
+fn critical(header: &Value) -> Option<String> {
+    if let Some(crit) = header.get("crit") {
+        return Some(format!(
+            "the token's header lists critical extensions (`crit`: {crit}), which this server \
+             does not understand, so it must refuse the token (RFC 7515 section 4.1.11); \
+             sign tokens without `crit`"
+        ));
+    }
+    if header.get("b64").is_some() {
+        return Some(
+            "the token's header has `b64` (an unencoded payload, RFC 7797), which this server \
+             does not accept; sign tokens without it"
+                .to_owned(),
+        );
+    }
+    None
 }
 
 /// The refusal of a token that is not a JWT at all.

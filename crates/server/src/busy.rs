@@ -12,7 +12,9 @@
 //!   no `id:`).
 //! - Anything else gets `503 limit_reached` with a jittered `Retry-After`.
 //!
-//! The connection is closed after the answer.
+//! The connection is closed after the answer, unless only the request was
+//! refused on a trusted proxy's connection (`listener.rs`): that connection
+//! carries other clients' requests and stays open.
 
 use crate::error::ApiError;
 use crate::listener::Refused;
@@ -30,7 +32,7 @@ pub const PROBES: &[&str] = &["/healthz", "/readyz", "/metrics"];
 /// Middleware: answers requests of refused connections (see the module doc);
 /// passes every other request on.
 pub async fn busy(req: Request, next: Next) -> Response {
-    let Some(Refused(why)) = req.extensions().get::<Refused>().cloned() else {
+    let Some(Refused { why, close }) = req.extensions().get::<Refused>().cloned() else {
         return next.run(req).await;
     };
     if PROBES.contains(&req.uri().path()) {
@@ -44,8 +46,10 @@ pub async fn busy(req: Request, next: Next) -> Response {
             .retry_after(rand::random_range(1..=5u64))
             .into_response()
     };
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if close {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }
 

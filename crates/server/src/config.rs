@@ -22,7 +22,7 @@ pub struct ServerConfig {
     /// on SSE and a `limit_reached` error on WebSocket. Default 64.
     pub max_subscription_channels: usize,
     /// Most open client connections; a connection past it is answered 503 and
-    /// closed. Default 10000.
+    /// closed. 0 = no limit (as for `max_connections_per_ip`). Default 10000.
     pub max_connections: usize,
     /// TCP keepalive idle time and probe interval on accepted sockets, in
     /// milliseconds (3 probes); 0 leaves keepalive off. Default 15000.
@@ -46,8 +46,13 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Most open connections from one client IP address; past it a new
     /// connection is refused like one past `max_connections`. 0 = no limit.
+    /// From a trusted proxy (`trusted_proxies`) it counts the requests in
+    /// flight per forwarded client address instead (`listener.rs`).
     /// Default 1000.
     pub max_connections_per_ip: usize,
+    /// The reverse proxies whose forwarded client address is believed
+    /// (`--trusted-proxy`, `--forwarded-header`; `forwarded.rs`). Default none.
+    pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// Publish rate per publisher (token `sub`, or client IP), in events per
     /// second; 0 = no limit. Past it: 429 `rate_limited` with `Retry-After`.
     /// Default 0.
@@ -105,6 +110,7 @@ impl Default for ServerConfig {
             tcp_user_timeout_ms: 30_000,
             cors_origins: vec!["*".to_owned()],
             max_connections_per_ip: 1000,
+            trusted_proxies: crate::forwarded::TrustedProxies::default(),
             publish_rate: 0,
             publish_burst: 0,
             min_body_rate: 4096,

@@ -110,6 +110,19 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
         Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
         Ok(Ok(First::Sse(mut req))) => {
             drop(buf);
+            let mut peer = peer;
+            if let Some(p) = conn.proxied() {
+                // Behind a trusted proxy: the forwarded client, counted for as
+                // long as the connection (it carries only this request).
+                let (client, slot) = p.admit(req.headers());
+                peer = SocketAddr::new(client, 0);
+                match slot {
+                    Ok(slot) => p.hold(slot),
+                    Err(r) => {
+                        req.extensions_mut().insert(r);
+                    }
+                }
+            }
             req.extensions_mut().insert(Peer(peer));
             if let Some(r) = refused {
                 req.extensions_mut().insert(r);
@@ -721,6 +734,7 @@ async fn serve_http(
 ) {
     let bound_ms = shared.app.config.tcp_user_timeout_ms;
     let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
+    let proxied = conn.proxied().cloned();
     let conn = crate::liveness::Watched::new(conn, bound_ms);
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -732,14 +746,35 @@ async fn serve_http(
     // A refused connection carries one request (`busy.rs`), then closes.
     let keep_alive = refused.is_none();
     let service = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(Peer(peer));
+        // Behind a trusted proxy each request is its forwarded client's,
+        // counted while it is in flight (`listener.rs`).
+        let mut client = peer;
+        let mut place = None;
+        if let Some(p) = &proxied {
+            let (ip, slot) = p.admit(req.headers());
+            client = SocketAddr::new(ip, 0);
+            match slot {
+                Ok(slot) => place = Some((p.clone(), slot)),
+                Err(r) => {
+                    req.extensions_mut().insert(r);
+                }
+            }
+        }
+        req.extensions_mut().insert(Peer(client));
         if let Some(r) = &refused {
             req.extensions_mut().insert(r.clone());
         }
         if let Some(t) = tcp {
             req.extensions_mut().insert(t);
         }
-        router.clone().oneshot(req)
+        let answer = router.clone().oneshot(req);
+        async move {
+            let resp = answer.await?;
+            Ok::<_, std::convert::Infallible>(match place {
+                Some((p, slot)) => held_while_answered(resp, &p, slot),
+                None => resp,
+            })
+        }
     });
     let mut conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(keep_alive)
@@ -772,6 +807,26 @@ async fn serve_http(
             }
         }
     }
+}
+
+/// `resp`, holding `slot` (a forwarded client's place under the per-IP cap)
+/// until its body ends or is dropped (a stream: until it closes); for a
+/// WebSocket upgrade, until the connection closes.
+fn held_while_answered(
+    resp: Response<Body>,
+    proxied: &crate::listener::Proxied,
+    slot: crate::listener::ClientSlot,
+) -> Response<Body> {
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        proxied.hold(slot);
+        return resp;
+    }
+    resp.map(|body| {
+        Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+            let _held = &slot;
+            frame
+        }))
+    })
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod config;
 pub mod conn;
 pub mod console;
 pub mod error;
+pub mod forwarded;
 pub mod head_error;
 pub mod history;
 pub mod limits;
@@ -65,6 +66,8 @@ pub struct App {
 
 /// The client's address, put in every request's extensions by the
 /// connection that carries it (the key of per-IP limits on an open server).
+/// From a trusted proxy (`--trusted-proxy`) it is the forwarded client's
+/// address with port 0 (`forwarded.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub std::net::SocketAddr);
 

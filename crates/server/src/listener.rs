@@ -9,8 +9,25 @@
 //! busy rule (`busy.rs`: probes served, SSE told to retry, the rest 503) and
 //! the connection is closed. At most [`REFUSING_MAX`] refusals are in
 //! flight; past that a connection is closed at once.
+//!
+//! **Behind a trusted proxy** (`--trusted-proxy`, `forwarded.rs`) the peer's
+//! address says nothing about the client: a proxy carries many clients over
+//! a pool of keep-alive connections, and one client's requests may arrive on
+//! any of them. So a connection from a trusted peer is counted only under
+//! `max_connections`, and `max_connections_per_ip` counts, per forwarded
+//! client address, the **requests in flight** instead: a request holds its
+//! client's place from its head until its response ends (the whole stream,
+//! for SSE), or until the connection closes when the request takes it over
+//! (a WebSocket upgrade, or a stream the first-head reader writes to the
+//! socket). An idle keep-alive connection counts for nobody. A request past
+//! the cap gets the same answer as a refused connection (`busy.rs`), but the
+//! connection stays open for the proxy's other clients. Each refusal under
+//! the per-IP cap is logged at `warn` at most once a minute per address,
+//! naming the setting, and counted in `gapless_connections_refused_total`.
 
+use crate::forwarded::TrustedProxies;
 use crate::ServerConfig;
+use axum::http::HeaderMap;
 use bytes::Bytes;
 use socket2::{SockRef, TcpKeepalive};
 use std::collections::HashMap;
@@ -19,7 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,12 +50,23 @@ pub struct GaplessListener {
     permits: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
     per_ip: Arc<PerIp>,
+    trusted: Arc<TrustedProxies>,
     config: ServerConfig,
 }
 
-/// Open connections per client address.
+/// How often the per-IP refusal of one address is logged at most.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+/// Most addresses remembered as warned about (memory stays bounded whatever
+/// the number of refused addresses; past it, older entries are forgotten).
+const WARNED_MAX: usize = 4096;
+
+/// Open connections (from a trusted proxy: requests in flight) per client
+/// address, and when each refused address was last warned about.
 #[derive(Default)]
-struct PerIp(parking_lot::Mutex<HashMap<IpAddr, usize>>);
+struct PerIp {
+    counts: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    warned: parking_lot::Mutex<HashMap<IpAddr, Instant>>,
+}
 
 impl PerIp {
     /// Counts a connection from `ip` unless it already holds `max` (0: no limit).
@@ -46,13 +74,60 @@ impl PerIp {
         if max == 0 {
             return Some(IpGuard(None));
         }
-        let mut map = self.0.lock();
+        let mut map = self.counts.lock();
         let n = map.entry(ip).or_insert(0);
         if *n >= max {
             return None;
         }
         *n += 1;
         Some(IpGuard(Some((self.clone(), ip))))
+    }
+
+    /// The refusal of `ip` past `max`: counted, and logged at `warn` unless
+    /// `ip` was warned about less than [`WARN_EVERY`] ago. `via`: the trusted
+    /// proxy it came through.
+    fn refuse(&self, ip: IpAddr, via: Option<IpAddr>, max: usize, close: bool) -> Refused {
+        crate::metrics::connection_refused("per_ip");
+        let now = Instant::now();
+        let warn = {
+            let mut warned = self.warned.lock();
+            if warned.len() >= WARNED_MAX {
+                warned.retain(|_, at| now.duration_since(*at) < WARN_EVERY);
+            }
+            match warned.get(&ip) {
+                Some(at) if now.duration_since(*at) < WARN_EVERY => false,
+                _ if warned.len() >= WARNED_MAX => false,
+                _ => {
+                    warned.insert(ip, now);
+                    true
+                }
+            }
+        };
+        if warn {
+            let proxy = match via {
+                Some(p) if p != ip => format!(" (through the trusted proxy {p})"),
+                _ => String::new(),
+            };
+            let hint = if via.is_some() {
+                "raise --max-connections-per-ip (0: no limit) if this client is legitimate"
+            } else {
+                "raise --max-connections-per-ip (0: no limit); behind a reverse proxy, set \
+                 --trusted-proxy to the proxy's address so the cap counts each client behind it \
+                 (docs/deploy.md)"
+            };
+            tracing::warn!(
+                client = %ip,
+                limit = max,
+                "refusing connections from {ip}{proxy}: it holds the maximum of {max} \
+                 (--max-connections-per-ip); {hint}; said at most once a minute per address"
+            );
+        }
+        Refused {
+            why: format!(
+                "this address holds the maximum of {max} connections (--max-connections-per-ip); retry later"
+            ),
+            close,
+        }
     }
 }
 
@@ -62,7 +137,7 @@ struct IpGuard(Option<(Arc<PerIp>, IpAddr)>);
 impl Drop for IpGuard {
     fn drop(&mut self) {
         if let Some((per_ip, ip)) = self.0.take() {
-            let mut map = per_ip.0.lock();
+            let mut map = per_ip.counts.lock();
             if let Some(n) = map.get_mut(&ip) {
                 *n -= 1;
                 if *n == 0 {
@@ -73,9 +148,17 @@ impl Drop for IpGuard {
     }
 }
 
-/// Why a connection was refused: the limit and its flag, for the answer.
+/// Why a connection (or, on a trusted proxy's connection, one request) was
+/// refused: the limit and its flag, for the answer (`busy.rs`).
 #[derive(Debug, Clone)]
-pub struct Refused(pub String);
+pub struct Refused {
+    /// What the answer says: the limit, its flag, and to retry later.
+    pub why: String,
+    /// Whether the connection closes after the answer: true for a connection
+    /// past a limit; false for a request refused on a trusted proxy's
+    /// connection, which carries other clients' requests too.
+    pub close: bool,
+}
 
 /// What holds a connection's place: its slot under the limits, or its place
 /// among the refusals being answered.
@@ -90,34 +173,110 @@ enum Slot {
     },
 }
 
+/// A connection from a trusted proxy: counts each request under the per-IP
+/// cap by its forwarded client address (see the module doc). Cloned into
+/// each request's service; one allocation per such connection, none for
+/// other connections.
+#[derive(Clone)]
+pub struct Proxied(Arc<ProxiedInner>);
+
+struct ProxiedInner {
+    per_ip: Arc<PerIp>,
+    trusted: Arc<TrustedProxies>,
+    max: usize,
+    peer: IpAddr,
+    /// The place of the request that took the connection over, kept until it closes.
+    held: parking_lot::Mutex<Option<ClientSlot>>,
+}
+
+/// One request's place under the per-IP cap for its forwarded client; the
+/// place is freed when this is dropped.
+pub struct ClientSlot {
+    _guard: IpGuard,
+}
+
+impl Proxied {
+    /// The client of a request with `headers` (`forwarded.rs`), and its place
+    /// under `--max-connections-per-ip`.
+    ///
+    /// # Errors
+    /// (In the pair.) [`Refused`] with `close: false` when that client already
+    /// has the maximum of requests in flight; logged as the module doc says.
+    pub fn admit(&self, headers: &HeaderMap) -> (IpAddr, Result<ClientSlot, Refused>) {
+        let p = &self.0;
+        let client = p.trusted.client(p.peer, headers);
+        let slot = match p.per_ip.enter(client, p.max) {
+            Some(guard) => Ok(ClientSlot { _guard: guard }),
+            None => Err(p.per_ip.refuse(client, Some(p.peer), p.max, false)),
+        };
+        (client, slot)
+    }
+
+    /// Keeps `slot` until the connection closes: for the request that takes
+    /// the connection over (a WebSocket upgrade, a stream written to the
+    /// socket), after which the connection carries no other request.
+    pub fn hold(&self, slot: ClientSlot) {
+        *self.0.held.lock() = Some(slot);
+    }
+}
+
 impl GaplessListener {
     /// Wraps a bound listener.
     pub fn new(inner: TcpListener, config: ServerConfig) -> Self {
         GaplessListener {
             inner,
-            permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
+            // 0: no limit, as for every connection limit.
+            permits: Arc::new(Semaphore::new(match config.max_connections {
+                0 => Semaphore::MAX_PERMITS,
+                n => n.min(Semaphore::MAX_PERMITS),
+            })),
             refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
             per_ip: Arc::new(PerIp::default()),
+            trusted: Arc::new(config.trusted_proxies.clone()),
             config,
         }
     }
 
-    fn admit(&self, ip: IpAddr) -> Result<Slot, Refused> {
-        let Some(ip_guard) = self.per_ip.enter(ip, self.config.max_connections_per_ip) else {
-            return Err(Refused(format!(
-                "this address holds the maximum of {} connections (--max-connections-per-ip); retry later",
-                self.config.max_connections_per_ip
-            )));
+    /// A slot for a connection from `ip` under the limits. A trusted proxy's
+    /// connection is counted only under `max_connections` (its requests are
+    /// counted per client: [`Proxied`]).
+    fn admit(&self, ip: IpAddr) -> Result<(Slot, Option<Proxied>), Refused> {
+        let max_per_ip = self.config.max_connections_per_ip;
+        let proxied = self.trusted.contains(ip).then(|| {
+            Proxied(Arc::new(ProxiedInner {
+                per_ip: self.per_ip.clone(),
+                trusted: self.trusted.clone(),
+                max: max_per_ip,
+                peer: ip.to_canonical(),
+                held: parking_lot::Mutex::new(None),
+            }))
+        });
+        let ip_guard = if proxied.is_some() {
+            IpGuard(None)
+        } else {
+            match self.per_ip.enter(ip, max_per_ip) {
+                Some(guard) => guard,
+                None => return Err(self.per_ip.refuse(ip, None, max_per_ip, true)),
+            }
         };
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => Ok(Slot::Admitted {
-                _permit: permit,
-                _ip: ip_guard,
-            }),
-            Err(_) => Err(Refused(format!(
-                "the server holds its maximum of {} connections (--max-connections); retry later",
-                self.config.max_connections
-            ))),
+            Ok(permit) => Ok((
+                Slot::Admitted {
+                    _permit: permit,
+                    _ip: ip_guard,
+                },
+                proxied,
+            )),
+            Err(_) => {
+                crate::metrics::connection_refused("connections");
+                Err(Refused {
+                    why: format!(
+                        "the server holds its maximum of {} connections (--max-connections); retry later",
+                        self.config.max_connections
+                    ),
+                    close: true,
+                })
+            }
         }
     }
 
@@ -148,9 +307,16 @@ pub struct Conn {
     /// Bytes already read that reads return first (see [`Conn::unread`]).
     unread: Bytes,
     slot: Slot,
+    proxied: Option<Proxied>,
 }
 
 impl Conn {
+    /// For a connection from a trusted proxy, what counts its requests by
+    /// their forwarded client (`None` for any other connection).
+    pub fn proxied(&self) -> Option<&Proxied> {
+        self.proxied.as_ref()
+    }
+
     /// Why this connection is refused (`None`: it is admitted).
     pub fn refused(&self) -> Option<&Refused> {
         match &self.slot {
@@ -179,6 +345,7 @@ impl Conn {
         Ok(Detached {
             tcp: self.tcp.into_std()?,
             slot: self.slot,
+            proxied: self.proxied,
         })
     }
 }
@@ -187,6 +354,7 @@ impl Conn {
 pub struct Detached {
     tcp: std::net::TcpStream,
     slot: Slot,
+    proxied: Option<Proxied>,
 }
 
 impl Detached {
@@ -199,6 +367,7 @@ impl Detached {
             tcp: TcpStream::from_std(self.tcp)?,
             unread: Bytes::new(),
             slot: self.slot,
+            proxied: self.proxied,
         })
     }
 }
@@ -220,13 +389,16 @@ impl GaplessListener {
             if let Err(e) = self.tune(&tcp) {
                 tracing::debug!(error = %e, "could not set socket options");
             }
-            let slot = match self.admit(addr.ip()) {
-                Ok(slot) => slot,
+            let (slot, proxied) = match self.admit(addr.ip()) {
+                Ok(admitted) => admitted,
                 Err(why) => match self.refusing.clone().try_acquire_owned() {
-                    Ok(permit) => Slot::Refused {
-                        _permit: permit,
-                        why,
-                    },
+                    Ok(permit) => (
+                        Slot::Refused {
+                            _permit: permit,
+                            why,
+                        },
+                        None,
+                    ),
                     // Too many refusals in flight: close without an answer.
                     Err(_) => continue,
                 },
@@ -236,6 +408,7 @@ impl GaplessListener {
                     tcp,
                     unread: Bytes::new(),
                     slot,
+                    proxied,
                 },
                 addr,
             );

@@ -19,6 +19,11 @@ use std::sync::{Arc, OnceLock};
 
 /// Open client connections, by `transport` (`sse`, `ws`, `http`).
 pub const CONNECTIONS_OPEN: &str = "gapless_connections_open";
+/// Connections (and, from a trusted proxy, requests) refused by a connection
+/// limit, by `limit` (`connections`: `--max-connections`; `per_ip`:
+/// `--max-connections-per-ip`, by the forwarded client address behind a
+/// trusted proxy).
+pub const CONNECTIONS_REFUSED: &str = "gapless_connections_refused_total";
 /// Subscribers (SSE streams and WebSocket channel subscriptions), read at scrape.
 pub const SUBSCRIBERS: &str = "gapless_subscribers";
 /// Channels this node follows in memory, read at scrape.
@@ -81,7 +86,10 @@ pub fn install() -> Option<PrometheusHandle> {
                     )
                 });
             match builder.and_then(PrometheusBuilder::install_recorder) {
-                Ok(h) => Some(h),
+                Ok(h) => {
+                    describe();
+                    Some(h)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics are off: could not install the recorder");
                     None
@@ -89,6 +97,108 @@ pub fn install() -> Option<PrometheusHandle> {
             }
         })
         .clone()
+}
+
+/// The cluster bus's notification counter (recorded in `gapless-redis`).
+pub const CLUSTER_NOTIFICATIONS: &str = "gapless_cluster_notifications_total";
+
+/// Gives every metric its `# HELP` line: what it counts, in which unit, and
+/// what moves it (the same words as docs/deploy.md, "Metrics").
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        Unit::Count,
+        "Open client connections, by transport (sse: streams written by the fan-out writer; ws: \
+         upgraded WebSockets; http: other connections). Up on accept or upgrade, down on close."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        Unit::Count,
+        "Connections refused by a connection limit, by limit (connections: --max-connections; \
+         per_ip: --max-connections-per-ip, by forwarded client behind a --trusted-proxy, where \
+         it counts refused requests)."
+    );
+    describe_gauge!(
+        SUBSCRIBERS,
+        Unit::Count,
+        "Subscribers: SSE streams and WebSocket channel subscriptions, read at scrape time."
+    );
+    describe_gauge!(
+        CHANNELS_FOLLOWED,
+        Unit::Count,
+        "Channels this node holds in memory for their subscribers, read at scrape time."
+    );
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        Unit::Count,
+        "Events appended, by durability (sync, async, memory, ephemeral; in cluster mode what \
+         Redis's persistence gives, unknown when CONFIG GET is refused); a duplicate by \
+         idempotency key is not counted."
+    );
+    describe_counter!(
+        EVENTS_DELIVERED,
+        Unit::Count,
+        "Events written to subscribers' sockets, by transport (sse, ws)."
+    );
+    describe_counter!(
+        BYTES_WRITTEN,
+        Unit::Bytes,
+        "Bytes written to subscribers' sockets, by transport (sse, ws), frames included."
+    );
+    describe_counter!(
+        REPLAYS,
+        Unit::Count,
+        "Subscriptions that resumed from a cursor the journal served whole."
+    );
+    describe_counter!(
+        EVENTS_REPLAYED,
+        Unit::Count,
+        "Events those resumes had to catch up on (the head at resume time minus the cursor)."
+    );
+    describe_counter!(
+        GAPS,
+        Unit::Count,
+        "Gap notices sent, by reason (evicted, epoch, ahead, unknown): each is a range a client \
+         was told it missed."
+    );
+    describe_counter!(
+        REFUSALS,
+        Unit::Count,
+        "Error answers, by code (the JSON error: unauthorized, rate_limited, journal_full, ...)."
+    );
+    describe_histogram!(
+        PUBLISH_SECONDS,
+        Unit::Seconds,
+        "Publish acknowledgement latency in seconds, from the body received to the answer \
+         (journal append, with its fsync under --durability sync)."
+    );
+    describe_histogram!(
+        JOURNAL_COMMIT_SECONDS,
+        Unit::Seconds,
+        "One commit of the embedded journal in seconds (with its fsync under --durability sync)."
+    );
+    describe_histogram!(
+        DELIVERY_LAG_SECONDS,
+        Unit::Seconds,
+        "Seconds from the commit of the newest event of a write step to that write, by transport."
+    );
+    describe_histogram!(
+        SUBSCRIBER_LAG_EVENTS,
+        Unit::Count,
+        "Events a subscriber is still behind its channel's head after a write step."
+    );
+    describe_gauge!(
+        JOURNAL_SIZE_BYTES,
+        Unit::Bytes,
+        "Size of the embedded journal's file in bytes, read at scrape time."
+    );
+    describe_counter!(
+        CLUSTER_NOTIFICATIONS,
+        Unit::Count,
+        "Cluster mode: commit notifications from the bus, by outcome (inline: delivered from the \
+         notification; read: read from Redis; known: already had; ignored: channel not followed)."
+    );
 }
 
 /// `GET /metrics`: the Prometheus text format. Never needs a token.
@@ -187,6 +297,12 @@ pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: 
     hot.delivered[i].increment(events as u64);
     hot.lag_seconds[i].record(now.saturating_sub(newest_time_ms) as f64 / 1000.0);
     hot.lag_events.record(lag as f64);
+}
+
+/// Counts one refusal by the connection limit `limit` (`connections` or
+/// `per_ip`; see [`CONNECTIONS_REFUSED`]).
+pub fn connection_refused(limit: &'static str) {
+    metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(1);
 }
 
 /// Records `bytes` written to a subscriber's socket in one step.

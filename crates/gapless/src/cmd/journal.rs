@@ -34,15 +34,34 @@ pub fn run(cmd: JournalCommand) -> ExitCode {
         JournalCommand::Check { data_dir } => match gapless_store::check(&data_dir) {
             Ok(r) => {
                 println!(
-                    "the journal in {} is whole: {} channels, {} events retained, {} logged commits to apply",
+                    "the journal in {} is whole: {}, {} retained, {} to apply",
                     data_dir.display(),
-                    r.channels,
-                    r.events,
-                    r.logged_commits
+                    count(r.channels, "channel"),
+                    count(r.events, "event"),
+                    count(r.logged_commits, "logged commit"),
                 );
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
         },
+    }
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 channel", "2 channels", "0 events".
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_are_singular_only_for_one() {
+        assert_eq!(super::count(1, "channel"), "1 channel");
+        assert_eq!(super::count(0, "event"), "0 events");
+        assert_eq!(super::count(2, "logged commit"), "2 logged commits");
     }
 }

@@ -2,7 +2,8 @@
 //! per line of standard input (`-`), or a file of JSON lines
 //! `{"data": text, "type": optional name}` (`--file`). Lines and files are
 //! sent in batches, each with an idempotency key so that a batch retried
-//! after a connection failure is appended once; a progress bar shows on a
+//! after a connection failure is appended once (while its events are
+//! retained: a key is remembered with its events); a progress bar shows on a
 //! terminal, and a summary line ends the run.
 
 use super::{explain, fail, ServerArg};
@@ -31,7 +32,10 @@ pub struct PublishArgs {
     #[arg(long = "type", value_name = "TYPE")]
     pub event_type: Option<String>,
     /// Idempotency-Key of the event; for lines and files, the prefix of each
-    /// batch's key (KEY-1, KEY-2, …), so that rerunning the same import appends nothing twice.
+    /// batch's key (KEY-1, KEY-2, …), so that rerunning the same import appends
+    /// nothing twice while the events it appended are still retained
+    /// (--retention-events, --retention-ms): a key is remembered only with its
+    /// events, so a rerun after they are evicted appends them again (docs/api.md).
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
     /// Deliver DATA live only, to current subscribers (never journaled).

@@ -31,6 +31,12 @@ pub struct TailArgs {
 const INTERRUPTED: u8 = 130;
 
 fn reconnect_line(r: &Reconnect<'_>) -> String {
+    if r.token_expired {
+        // The reason first: the reconnect sends the same token, which the
+        // server refuses, and that refusal ends the tail (with how to resume).
+        return "gapless: the token expired, so the server ended the stream; a fresh --token is needed to go on"
+            .to_owned();
+    }
     let why = match r.error {
         Some(e) => format!("connection lost ({e})"),
         None => "the server closed the stream".to_owned(),
@@ -113,7 +119,11 @@ pub fn run(args: TailArgs) -> ExitCode {
                 }
                 Some(Err(e)) => {
                     let _ = out.flush();
-                    return fail(&explain(&e, Hint::Since));
+                    let status = fail(&explain(&e, Hint::Since));
+                    if let Some(c) = sub.cursor() {
+                        eprintln!("gapless: resume with --since {c}");
+                    }
+                    return status;
                 }
             };
             if let Err(e) = written {

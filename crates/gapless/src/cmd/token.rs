@@ -100,9 +100,10 @@ fn make(args: &TokenArgs) -> Result<String, String> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let exp = expiry(now, args.ttl)?;
     let mut claims = serde_json::json!({
         "iat": now,
-        "exp": now + args.ttl,
+        "exp": exp,
         "gapless": {"subscribe": args.subscribe, "publish": args.publish},
     });
     for (name, value) in [("sub", &args.sub), ("aud", &args.aud), ("iss", &args.iss)] {
@@ -112,6 +113,24 @@ fn make(args: &TokenArgs) -> Result<String, String> {
     }
     jsonwebtoken::encode(&Header::new(alg), &claims, &key)
         .map_err(|e| format!("cannot sign the token: {e}"))
+}
+
+/// The latest `exp` a token is given: 2^53 - 1 seconds since 1970, the
+/// largest whole number a JSON number holds exactly in the double that
+/// servers (gapless among them) and JavaScript read it into.
+const EXP_MAX: u64 = (1 << 53) - 1;
+
+/// `now + ttl` seconds, or a message when that passes [`EXP_MAX`] (a sum
+/// that wrapped around would make a token that is already expired).
+fn expiry(now: u64, ttl: u64) -> Result<u64, String> {
+    match now.checked_add(ttl) {
+        Some(exp) if exp <= EXP_MAX => Ok(exp),
+        _ => Err(format!(
+            "--ttl {ttl} is too long: the token's expiry would pass the latest time a token can \
+             hold ({EXP_MAX} seconds since 1970); give at most {} seconds",
+            EXP_MAX.saturating_sub(now)
+        )),
+    }
 }
 
 fn hmac(secret: &[u8]) -> Result<EncodingKey, String> {
