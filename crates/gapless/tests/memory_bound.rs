@@ -9,7 +9,7 @@
 //!
 //! Always run: 256 MiB of events, the first 64 MiB of them read back, about
 //! 30 s. `GAPLESS_MEMORY_BOUND_MIB=1024` publishes the full 1 GiB of the
-//! issue and reads all of it back (about 3 minutes in a debug build: JSON
+//! issue and reads all of it back (about 4 minutes in a debug build: JSON
 //! encoding in an unoptimised build takes about 0.13 s per MiB), and prints
 //! the same figures.
 //!
