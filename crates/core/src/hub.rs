@@ -26,7 +26,11 @@ use tokio::sync::{watch, OnceCell};
 pub struct WindowLimits {
     /// Most events kept in memory per followed channel (default 1024).
     pub max_events: usize,
-    /// Most bytes of event data kept in memory per followed channel (default 1 MiB).
+    /// Most bytes of event data kept in memory per followed channel (default
+    /// 1 MiB); the newest event is kept whatever its size. Counts the data
+    /// only: each kept event also holds about 0.65 KB (itself, its cursor) and
+    /// the frames built from it, about the data's size per format in use
+    /// (`docs/deploy.md`, "Memory").
     pub max_bytes: usize,
     /// Ephemeral events buffered per channel for slow readers (default 16); a
     /// reader further behind misses the oldest (ephemeral events are best

@@ -117,6 +117,13 @@ pub struct ServeArgs {
         default_value_t = 67_108_864
     )]
     pub min_free_disk_bytes: u64,
+    /// Most bytes of journal file pages kept in memory by the embedded
+    /// journal's storage engine (pages read by history and catch-up reads,
+    /// pages written and not yet on disk); at least 1048576. A larger cache
+    /// serves more reads of old events from memory; the kernel's page cache
+    /// holds the file beside it (docs/deploy.md, "Memory").
+    #[arg(long, env = "GAPLESS_JOURNAL_CACHE_BYTES", default_value_t = 67_108_864, value_parser = clap::value_parser!(u64).range(1_048_576..))]
+    pub journal_cache_bytes: u64,
     /// Most events retained per channel.
     #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_events: u64,
@@ -262,10 +269,13 @@ pub struct ServeArgs {
     /// Default: true when listening on a loopback address, false otherwise.
     #[arg(long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]
     pub console: Option<bool>,
-    /// Most recent events kept in memory per followed channel.
+    /// Most recent events kept in memory per followed channel (at least one).
     #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
     pub window_events: usize,
-    /// Most bytes of recent event data kept in memory per followed channel.
+    /// Most bytes of recent event data kept in memory per followed channel;
+    /// the newest event is kept whatever its size. The frames built from the
+    /// kept events for the streams that read them add about as much per
+    /// format in use (docs/deploy.md, "Memory").
     #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576)]
     pub window_bytes: usize,
     /// Cluster mode (docs/cluster.md).

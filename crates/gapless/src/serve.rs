@@ -82,6 +82,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 retention,
                 durability,
                 min_free_bytes: args.min_free_disk_bytes,
+                cache_bytes: usize::try_from(args.journal_cache_bytes).unwrap_or(usize::MAX),
             },
             channels.clone(),
         )

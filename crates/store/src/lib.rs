@@ -35,7 +35,7 @@ mod tables;
 mod writer;
 
 pub use open::{check, CheckReport};
-pub use options::{Durability, StoreOptions};
+pub use options::{Durability, StoreOptions, DEFAULT_CACHE_BYTES};
 
 use async_trait::async_trait;
 use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
@@ -110,7 +110,7 @@ impl EmbeddedJournal {
         std::fs::create_dir_all(dir)
             .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
-        let db = open::open_db(&path)?;
+        let db = open::open_db(&path, options.cache_bytes)?;
         let epoch = meta::init(&db, options.durability)?;
         log::recover(&db)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;

@@ -17,13 +17,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 /// Opens (creating it if missing) the journal file at `path`, refusing a
-/// damaged one.
+/// damaged one. The storage engine keeps at most `cache_bytes` of the file's
+/// pages in memory ([`crate::StoreOptions::cache_bytes`]).
 ///
 /// # Errors
 /// [`JournalError::Storage`]: the file is damaged (the message names it and
 /// says what to do), held by another process, or unreadable.
-pub(crate) fn open_db(path: &Path) -> Result<Database, JournalError> {
-    let opened = quietly(|| Database::create(path));
+pub(crate) fn open_db(path: &Path, cache_bytes: usize) -> Result<Database, JournalError> {
+    let opened = quietly(|| Database::builder().set_cache_size(cache_bytes).create(path));
     let mut db = match opened {
         Err(panic) => return Err(damaged(path, Found::Panic(panic))),
         Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
@@ -81,7 +82,8 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
             path.display()
         )));
     }
-    let db = open_db(&path)?;
+    // Reading every row once gains nothing from a large cache.
+    let db = open_db(&path, crate::options::DEFAULT_CACHE_BYTES)?;
     let report = quietly(AssertUnwindSafe(|| rows(&db)))
         .map_err(|panic| damaged(&path, Found::Panic(panic)))?
         .map_err(|found| damaged(&path, found))?;

@@ -2,8 +2,12 @@
 
 use gapless_core::Retention;
 
+/// The storage engine's page cache when not set ([`StoreOptions::cache_bytes`]):
+/// 64 MiB (`gapless serve --journal-cache-bytes`).
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
 /// Options of [`crate::EmbeddedJournal::open`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// How long events are kept (count and age limits).
     pub retention: Retention,
@@ -14,6 +18,24 @@ pub struct StoreOptions {
     /// once space is freed); 0 turns the check off. `gapless serve` default
     /// 67108864 (64 MiB, `--min-free-disk-bytes`).
     pub min_free_bytes: u64,
+    /// Most bytes of journal file pages the storage engine (redb) keeps in
+    /// memory: pages read (history and catch-up reads) and pages written but
+    /// not yet on disk. Without a bound redb keeps up to 1 GiB, which a
+    /// stream of large events fills. The cache never holds more than this;
+    /// a smaller one only makes reads of old events go to the file (and the
+    /// kernel's page cache) more often. Default [`DEFAULT_CACHE_BYTES`].
+    pub cache_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            retention: Retention::default(),
+            durability: Durability::default(),
+            min_free_bytes: 0,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
 }
 
 /// When an append is acknowledged relative to the disk.

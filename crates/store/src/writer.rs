@@ -33,6 +33,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Capacity the writer's record buffers keep after a checkpoint (they grow
+/// with a batch, up to `MAX_BATCH_BYTES` and one request).
+const KEPT_BUFFER_BYTES: usize = 1 << 20;
+
 /// Under `Durability::Async`, the longest a commit stays non-durable.
 const ASYNC_FLUSH: Duration = Duration::from_secs(1);
 
@@ -330,6 +334,12 @@ impl Writer {
             tails.clear();
             drop(tails);
             self.logged.clear();
+            // A batch of large events grew these; an idle writer keeps no
+            // more than a checkpoint's worth.
+            self.logged
+                .shrink_to(self.checkpoint_bytes.max(KEPT_BUFFER_BYTES));
+            record.clear();
+            record.shrink_to(KEPT_BUFFER_BYTES);
             self.keys.pending.clear();
             self.next_log = 0;
         } else {

@@ -46,6 +46,7 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
         },
         durability: Durability::Sync,
         min_free_bytes: 0,
+        ..StoreOptions::default()
     };
     let epoch = meta::init(&db, options.durability)?;
     let cache = Channels::load(&db, true)?;

@@ -59,6 +59,7 @@ pub fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> Stor
         },
         durability,
         min_free_bytes: 0,
+        ..StoreOptions::default()
     }
 }
 
