@@ -243,7 +243,8 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "GAPLESS_WS_MAX_MESSAGE_BYTES",
-        default_value_t = 6_356_992
+        default_value_t = 6_356_992,
+        value_parser = at_least_one
     )]
     pub ws_max_message_bytes: usize,
     /// Milliseconds an open session survives with no consumer attached before it is cancelled.
@@ -269,14 +270,14 @@ pub struct ServeArgs {
     /// Default: true when listening on a loopback address, false otherwise.
     #[arg(long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]
     pub console: Option<bool>,
-    /// Most recent events kept in memory per followed channel (at least one).
-    #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024)]
+    /// Most recent events kept in memory per followed channel; at least 1.
+    #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024, value_parser = at_least_one)]
     pub window_events: usize,
     /// Most bytes of recent event data kept in memory per followed channel;
     /// the newest event is kept whatever its size. The frames built from the
     /// kept events for the streams that read them add about as much per
-    /// format in use (docs/deploy.md, "Memory").
-    #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576)]
+    /// format in use (docs/deploy.md, "Memory"); at least 1.
+    #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
     pub window_bytes: usize,
     /// Cluster mode (docs/cluster.md).
     #[command(flatten)]

@@ -188,6 +188,9 @@ async fn zero_means_no_limit_for_connection_limits_and_is_refused_where_there_is
         "--max-event-bytes",
         "--max-batch-events",
         "--max-batch-bytes",
+        "--ws-max-message-bytes",
+        "--window-events",
+        "--window-bytes",
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
             .args(["serve", "--memory", "--listen", "127.0.0.1:0", flag, "0"])
