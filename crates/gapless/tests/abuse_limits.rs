@@ -3,12 +3,11 @@
 //! keep answering), the publish rate, a trickled body, and CORS preflights
 //! and credentials.
 
-mod support;
 
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{Item, Next, Server, SseClient};
+use gapless_testkit::{Item, Next, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
@@ -78,7 +77,7 @@ async fn past_the_per_ip_limit_sse_is_told_to_retry_others_get_503_and_probes_an
     // The streams that were there are untouched: once one closes, a publish
     // gets through and the other stream receives it.
     drop(a);
-    support::eventually("a slot frees", Duration::from_secs(5), || async {
+    gapless_testkit::eventually("a slot frees", Duration::from_secs(5), || async {
         s.post("/v1/channels/c/events", "after", &[]).await.status == 201
     })
     .await;

@@ -3,17 +3,15 @@
 //! a channel exists, patterns, sessions, WebSocket, RS256 and ES256 keys,
 //! and a token that expires mid-stream replaced with no loss and no repeat.
 
-mod support;
 
 use base64::Engine;
-mod ws_support;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
-use support::{Item, Next, Server, SseClient};
-use ws_support::{Msg, Ws};
+use gapless_testkit::{Item, Next, Server, SseClient};
+use gapless_testkit::ws::{Msg, Ws};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
 
@@ -51,11 +49,11 @@ async fn secured(extra: &[&str]) -> Server {
     Server::memory(&args).await
 }
 
-async fn get_as(s: &Server, path: &str, t: &str) -> support::Resp {
+async fn get_as(s: &Server, path: &str, t: &str) -> gapless_testkit::Resp {
     s.send(s.http.get(s.url(path)).bearer_auth(t)).await
 }
 
-async fn post_as(s: &Server, path: &str, body: &str, t: &str) -> support::Resp {
+async fn post_as(s: &Server, path: &str, body: &str, t: &str) -> gapless_testkit::Resp {
     s.send(
         s.http
             .post(s.url(path))

@@ -1,10 +1,9 @@
 //! `POST /v1/channels/{channel}/batch`: atomic, ordered, consecutive seqs,
 //! limits, body rules and idempotency.
 
-mod support;
 
 use serde_json::json;
-use support::{seq_of, Server};
+use gapless_testkit::{seq_of, Server};
 
 #[tokio::test]
 async fn batch_appends_in_order_with_consecutive_seqs() {

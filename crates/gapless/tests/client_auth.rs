@@ -4,9 +4,9 @@
 //! the stream with `unauthorized`, and `gapless token` / `--token` work
 //! together.
 
-mod client_support;
 
-use client_support::Server;
+use gapless_testkit::clients;
+use gapless_testkit::Server;
 use gapless_client::{Client, Update};
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
@@ -32,13 +32,13 @@ fn token(subscribe: &[&str], publish: &[&str], ttl_s: u64) -> String {
     .expect("sign")
 }
 
-fn server() -> Server {
-    Server::memory(&["--jwt-secret", SECRET, "--jwt-leeway-ms", "0"])
+async fn server() -> Server {
+    clients::memory(&["--jwt-secret", SECRET, "--jwt-leeway-ms", "0"]).await
 }
 
 /// A client whose callback mints a 1-second token on every call, counting calls.
 fn refreshing(server: &Server, calls: Arc<AtomicUsize>) -> Client {
-    Client::builder(&server.url)
+    Client::builder(&server.base())
         .token_fn(move || {
             calls.fetch_add(1, Ordering::SeqCst);
             async { Ok(token(&["c", "session/*"], &[], 1)) }
@@ -49,7 +49,7 @@ fn refreshing(server: &Server, calls: Arc<AtomicUsize>) -> Client {
 
 /// Publishes `n` events to `c`, 50 ms apart, with its own long-lived token.
 fn publisher(server: &Server, n: u64) -> tokio::task::JoinHandle<()> {
-    let client = Client::builder(&server.url)
+    let client = Client::builder(&server.base())
         .token(token(&[], &["c", "session/*"], 3600))
         .build()
         .expect("client");
@@ -83,7 +83,7 @@ async fn collect(
 
 #[tokio::test]
 async fn a_token_callback_keeps_sse_and_websocket_streams_whole_across_expiries() {
-    let server = server();
+    let server = server().await;
     let n = 50u64;
     let calls = Arc::new(AtomicUsize::new(0));
     let client = refreshing(&server, calls.clone());
@@ -124,8 +124,8 @@ async fn a_token_callback_keeps_sse_and_websocket_streams_whole_across_expiries(
 
 #[tokio::test]
 async fn a_session_consumer_resumes_across_an_expiry_with_a_fresh_token() {
-    let server = server();
-    let producer = Client::builder(&server.url)
+    let server = server().await;
+    let producer = Client::builder(&server.base())
         .token(token(&[], &["session/*"], 3600))
         .build()
         .expect("client");
@@ -166,8 +166,8 @@ async fn a_session_consumer_resumes_across_an_expiry_with_a_fresh_token() {
 
 #[tokio::test]
 async fn a_fixed_token_that_runs_out_ends_the_stream_with_unauthorized() {
-    let server = server();
-    let client = Client::builder(&server.url)
+    let server = server().await;
+    let client = Client::builder(&server.base())
         .token(token(&["c"], &[], 1))
         .build()
         .expect("client");
@@ -192,10 +192,10 @@ async fn a_fixed_token_that_runs_out_ends_the_stream_with_unauthorized() {
     );
 }
 
-#[test]
-fn the_cli_makes_a_token_and_uses_it() {
-    let server = server();
-    let bin = client_support::bin();
+#[tokio::test]
+async fn the_cli_makes_a_token_and_uses_it() {
+    let server = server().await;
+    let bin = gapless_testkit::bin();
     let made = Command::new(&bin)
         .args([
             "token",
@@ -216,7 +216,7 @@ fn the_cli_makes_a_token_and_uses_it() {
 
     let publish = |token: Option<&str>, channel: &str| {
         let mut cmd = Command::new(&bin);
-        cmd.args(["publish", channel, "hello", "--server", &server.url]);
+        cmd.args(["publish", channel, "hello", "--server", &server.base()]);
         cmd.env_remove("GAPLESS_TOKEN");
         if let Some(t) = token {
             cmd.env("GAPLESS_TOKEN", t);
@@ -244,7 +244,7 @@ fn the_cli_makes_a_token_and_uses_it() {
         String::from_utf8_lossy(&forbidden.stderr)
     );
     let history = Command::new(&bin)
-        .args(["history", "news", "--server", &server.url, "--token", t])
+        .args(["history", "news", "--server", &server.base(), "--token", t])
         .output()
         .expect("gapless history");
     assert!(history.status.success(), "{history:?}");

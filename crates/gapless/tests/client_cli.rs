@@ -2,16 +2,15 @@
 //! stdin lines, JSON-lines file, batching, summaries), `history` and `tail`
 //! output (plain and `--json`), gap notices on stderr, and one-line errors.
 
-mod client_support;
 
-use client_support::{Server, Tail};
+use gapless_testkit::clients::{self, Tail};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// Runs `gapless ARGS` with `stdin`, for at most 30 s.
 fn gapless(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(client_support::bin())
+    let mut child = Command::new(gapless_testkit::bin())
         .args(args)
         .env_remove("GAPLESS_SERVER")
         .stdin(Stdio::piped())
@@ -43,10 +42,11 @@ fn ok(out: &Output) -> String {
     text(&out.stdout)
 }
 
-#[test]
-fn publish_an_argument_stdin_lines_and_a_file_then_read_history() {
-    let server = Server::memory(&[]);
-    let s = ["--server", server.url.as_str()];
+#[tokio::test]
+async fn publish_an_argument_stdin_lines_and_a_file_then_read_history() {
+    let server = clients::memory(&[]).await;
+    let base = server.base();
+    let s = ["--server", base.as_str()];
     let out = gapless(
         &[
             &["publish", "c", "hello world", "--type", "greeting"][..],
@@ -106,10 +106,11 @@ fn publish_an_argument_stdin_lines_and_a_file_then_read_history() {
     assert_eq!(ok(&out), "f1\ntwo\nlines\n");
 }
 
-#[test]
-fn a_long_import_is_sent_in_batches_and_a_rerun_with_the_same_key_appends_nothing() {
-    let server = Server::memory(&[]);
-    let s = ["--server", server.url.as_str()];
+#[tokio::test]
+async fn a_long_import_is_sent_in_batches_and_a_rerun_with_the_same_key_appends_nothing() {
+    let server = clients::memory(&[]).await;
+    let base = server.base();
+    let s = ["--server", base.as_str()];
     let input: String = (1..=1200).map(|i| format!("line {i}\n")).collect();
     let args = [
         &[
@@ -140,8 +141,8 @@ fn a_long_import_is_sent_in_batches_and_a_rerun_with_the_same_key_appends_nothin
     assert_eq!(out, input);
 }
 
-#[test]
-fn errors_are_one_line_that_says_what_to_do() {
+#[tokio::test]
+async fn errors_are_one_line_that_says_what_to_do() {
     // Nothing listens on port 9 of localhost (discard is not served here).
     let out = gapless(
         &["publish", "c", "x", "--server", "http://127.0.0.1:9"],
@@ -153,15 +154,16 @@ fn errors_are_one_line_that_says_what_to_do() {
         "gapless: cannot reach http://127.0.0.1:9 (connection refused): is the server running? start it with `gapless serve`, or point --server (or GAPLESS_SERVER) at it\n"
     );
     // The environment variable names the server too.
-    let out = Command::new(client_support::bin())
+    let out = Command::new(gapless_testkit::bin())
         .args(["history", "c"])
         .env("GAPLESS_SERVER", "http://127.0.0.1:9")
         .output()
         .expect("run");
     assert!(text(&out.stderr).starts_with("gapless: cannot reach http://127.0.0.1:9 "));
 
-    let server = Server::memory(&[]);
-    let s = ["--server", server.url.as_str()];
+    let server = clients::memory(&[]).await;
+    let base = server.base();
+    let s = ["--server", base.as_str()];
     let out = gapless(&[&["publish", "bad channel", "x"][..], &s].concat(), b"");
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -216,8 +218,9 @@ fn errors_are_one_line_that_says_what_to_do() {
 
 #[tokio::test]
 async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_cursor() {
-    let server = Server::memory(&["--retention-events", "3"]);
-    let s = ["--server", server.url.as_str()];
+    let server = clients::memory(&["--retention-events", "3"]).await;
+    let base = server.base();
+    let s = ["--server", base.as_str()];
     for d in ["a", "multi\nline", "c"] {
         ok(&gapless(&[&["publish", "t", d][..], &s].concat(), b""));
     }
@@ -262,7 +265,7 @@ async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_curs
         ok(&gapless(&[&["publish", "t", d][..], &s].concat(), b""));
     }
     let tail = Tail::start(&[&["t", "--since", first.as_str()][..], &s].concat());
-    client_support::eventually(20, "a gap notice on stderr", || async {
+    gapless_testkit::eventually("a gap notice on stderr", Duration::from_secs(20), || async {
         tail.stderr
             .lock()
             .expect("lock")
@@ -275,8 +278,8 @@ async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_curs
     assert_eq!(*tail.lines.lock().expect("lock"), ["f"]);
 }
 
-#[test]
-fn a_token_ttl_that_overflows_is_refused() {
+#[tokio::test]
+async fn a_token_ttl_that_overflows_is_refused() {
     let secret = "a-test-secret-that-is-long-enough-32";
     for ttl in ["18446744073709551615", "9007199254740991"] {
         let out = gapless(
@@ -312,8 +315,8 @@ fn a_token_ttl_that_overflows_is_refused() {
     assert!(!ok(&out).trim().is_empty());
 }
 
-#[test]
-fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
+#[tokio::test]
+async fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
     let out = gapless(&["publish", "--help"], b"");
     let help = ok(&out).split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
@@ -322,10 +325,10 @@ fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
     );
 }
 
-#[test]
-fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
+#[tokio::test]
+async fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
     let secret = "a-test-secret-that-is-long-enough-32";
-    let server = Server::memory(&["--jwt-secret", secret, "--jwt-leeway-ms", "0"]);
+    let server = clients::memory(&["--jwt-secret", secret, "--jwt-leeway-ms", "0"]).await;
     let token = ok(&gapless(
         &[
             "token",
@@ -345,7 +348,7 @@ fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
             "--token",
             token.trim(),
             "--server",
-            server.url.as_str(),
+            server.base().as_str(),
         ],
         b"",
     );

@@ -4,9 +4,8 @@
 //! following), concurrent publishers, clean and killed restarts, evicted
 //! cursors and folding. Each durable seq must be delivered once, in order.
 
-mod client_support;
 
-use client_support::{assert_exactly_once, publish_surely, Server};
+use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
 use gapless_client::join::JoinPhase;
 use gapless_client::{Client, Error, Folded, GapReason, Join, Update};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,7 +47,7 @@ async fn history_data(client: &Client, channel: &str) -> Vec<(u64, String)> {
 
 #[tokio::test]
 async fn publishes_in_every_window_are_delivered_once_in_order() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     for i in 1..=5 {
         client
@@ -128,7 +127,7 @@ async fn publishes_in_every_window_are_delivered_once_in_order() {
 
 #[tokio::test]
 async fn a_concurrent_publisher_never_causes_a_loss_or_a_duplicate() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     for round in 0..3 {
         let channel = format!("c{round}");
@@ -167,7 +166,7 @@ async fn a_concurrent_publisher_never_causes_a_loss_or_a_duplicate() {
 
 #[tokio::test]
 async fn a_join_after_a_cursor_reads_only_the_rest() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let mut at = None;
     for i in 1..=6 {
@@ -196,7 +195,7 @@ async fn a_join_after_a_cursor_reads_only_the_rest() {
 
 #[tokio::test]
 async fn an_evicted_cursor_becomes_a_gap_then_the_join_reads_from_the_floor() {
-    let server = Server::memory(&["--retention-events", "3"]);
+    let server = clients::memory(&["--retention-events", "3"]).await;
     let client = server.client();
     let first = client.publish("e", "1").send().await.expect("publish");
     for i in 2..=10 {
@@ -222,7 +221,7 @@ async fn an_evicted_cursor_becomes_a_gap_then_the_join_reads_from_the_floor() {
 
 #[tokio::test]
 async fn a_fold_yields_immutable_views_and_reports_fold_errors() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     for d in ["a", "bad", "b"] {
         client.publish("f", d).send().await.expect("publish");
@@ -274,24 +273,24 @@ async fn a_fold_yields_immutable_views_and_reports_fold_errors() {
 
 #[tokio::test]
 async fn without_reconnect_a_clean_close_ends_the_join_and_a_kill_is_an_error() {
-    let mut server = Server::memory(&[]);
+    let mut server = clients::memory(&[]).await;
     let client = server.client();
     client.publish("n", "1").send().await.expect("publish");
     let mut join = client.join("n").open();
     read_until(&mut join, "1").await;
-    server.terminate();
+    server.sigterm().await;
     let end = timeout(Duration::from_secs(10), join.next())
         .await
         .expect("ends");
     assert!(end.is_none(), "a clean close ends a one-shot join: {end:?}");
 
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client.publish("n", "1").send().await.expect("publish");
     let mut join = client.join("n").open();
     read_until(&mut join, "1").await;
     let mut server = server;
-    server.kill9();
+    server.kill9().await;
     match timeout(Duration::from_secs(10), join.next())
         .await
         .expect("answer")
@@ -304,7 +303,7 @@ async fn without_reconnect_a_clean_close_ends_the_join_and_a_kill_is_an_error() 
 
 #[tokio::test]
 async fn with_reconnect_a_join_resumes_from_its_applied_cursor_after_clean_and_killed_restarts() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
     let phases: Arc<Mutex<Vec<JoinPhase>>> = Arc::default();
     let log = phases.clone();
@@ -324,15 +323,15 @@ async fn with_reconnect_a_join_resumes_from_its_applied_cursor_after_clean_and_k
 
     // Clean close: SIGTERM ends the stream; the join reopens at once, then
     // backs off until the server is back.
-    server.terminate();
-    server.restart();
+    server.sigterm().await;
+    server.restart().await;
     for i in 11..=20 {
         publish_surely(&client, "r", &format!("e{i}")).await;
     }
     got.extend(read_until(&mut join, "e20").await);
 
     // Error: SIGKILL resets the connection; publishes race the restart.
-    server.kill9();
+    server.kill9().await;
     let publisher = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -342,7 +341,7 @@ async fn with_reconnect_a_join_resumes_from_its_applied_cursor_after_clean_and_k
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    server.restart();
+    server.restart().await;
     publisher.await.expect("publisher");
     got.extend(read_until(&mut join, "e30").await);
 
@@ -363,7 +362,7 @@ async fn with_reconnect_a_join_resumes_from_its_applied_cursor_after_clean_and_k
 
 #[tokio::test]
 async fn a_live_gap_makes_the_join_walk_again_and_report_only_what_is_really_lost() {
-    let server = Server::memory(&["--retention-events", "10", "--window-events", "16"]);
+    let server = clients::memory(&["--retention-events", "10", "--window-events", "16"]).await;
     let client = server.client();
     client.publish("s", "start").send().await.expect("publish");
     let mut join = client.join("s").open();

@@ -2,9 +2,9 @@
 //! doc example is backed here, plus resumption, reconnection, terminal
 //! refusals and cancellation.
 
-mod client_support;
 
-use client_support::{assert_exactly_once, eventually, publish_surely, Server};
+use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
+use gapless_testkit::eventually;
 use futures::TryStreamExt;
 use gapless_client::{Client, Cursor, Error, GapReason, NewEvent, Update};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,7 @@ fn event(u: Update) -> gapless_client::Event {
 
 #[tokio::test]
 async fn publish_single_typed_idempotent_batch_and_ephemeral() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let one = client
         .publish("orders", "order 1 created")
@@ -138,7 +138,7 @@ async fn publish_single_typed_idempotent_batch_and_ephemeral() {
 
 #[tokio::test]
 async fn history_one_page_next_page_and_stream() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     for i in 1..=5 {
         client
@@ -192,7 +192,7 @@ async fn history_one_page_next_page_and_stream() {
 
 #[tokio::test]
 async fn history_of_evicted_cursor_is_410_with_floor_cursor() {
-    let server = Server::memory(&["--retention-events", "3"]);
+    let server = clients::memory(&["--retention-events", "3"]).await;
     let client = server.client();
     let first = client.publish("r", "1").send().await.expect("publish");
     for i in 2..=10 {
@@ -226,7 +226,7 @@ async fn history_of_evicted_cursor_is_410_with_floor_cursor() {
 
 #[tokio::test]
 async fn subscribe_several_channels_since_earliest_then_live() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client
         .publish("orders", "o1")
@@ -286,7 +286,7 @@ async fn subscribe_several_channels_since_earliest_then_live() {
 
     // Ephemeral events arrive as such and do not move the cursor. (The server
     // notices the dropped first subscription at its next heartbeat write.)
-    eventually(10, "one subscriber", || async {
+    eventually("one subscriber", Duration::from_secs(10), || async {
         subscribers(&client, "orders").await == 1
     })
     .await;
@@ -310,7 +310,7 @@ async fn subscribe_several_channels_since_earliest_then_live() {
 
 #[tokio::test]
 async fn the_preamble_cursor_counts_as_delivered() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client.publish("p", "old").send().await.expect("publish");
     let sub = client.subscribe(["p"]).connect().await.expect("connect");
@@ -330,7 +330,7 @@ async fn the_preamble_cursor_counts_as_delivered() {
 
 #[tokio::test]
 async fn a_subscription_after_an_evicted_cursor_gets_a_gap_first() {
-    let server = Server::memory(&["--retention-events", "3"]);
+    let server = clients::memory(&["--retention-events", "3"]).await;
     let client = server.client();
     let first = client.publish("g", "1").send().await.expect("publish");
     for i in 2..=10 {
@@ -372,7 +372,7 @@ async fn a_subscription_after_an_evicted_cursor_gets_a_gap_first() {
 
 #[tokio::test]
 async fn terminal_refusals_are_typed_and_not_retried() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let attempts = Arc::new(Mutex::new(0u32));
     let counter = attempts.clone();
@@ -405,7 +405,7 @@ async fn terminal_refusals_are_typed_and_not_retried() {
         .expect("ends")
         .is_none());
     // 404: a base URL that is not the server's root.
-    let wrong = Client::new(&format!("{}/nope", server.url)).expect("url");
+    let wrong = Client::new(&format!("{}/nope", server.base())).expect("url");
     let err = wrong.subscribe(["a"]).connect().await.expect_err("404");
     assert_eq!(err.api().map(|a| a.status), Some(404));
     assert!(err.is_terminal());
@@ -419,9 +419,9 @@ async fn terminal_refusals_are_typed_and_not_retried() {
 }
 
 async fn server_gone_is_retryable() {
-    let mut s = Server::memory(&[]);
-    let url = s.url.clone();
-    s.kill9();
+    let mut s = clients::memory(&[]).await;
+    let url = s.base();
+    s.kill9().await;
     let err = Client::new(&url)
         .expect("url")
         .publish("a", "x")
@@ -435,7 +435,7 @@ async fn server_gone_is_retryable() {
 
 #[tokio::test]
 async fn an_event_above_max_event_bytes_is_an_explicit_error() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let mut sub = client
         .subscribe(["big"])
@@ -470,10 +470,10 @@ async fn subscribers(client: &Client, channel: &str) -> u64 {
 
 #[tokio::test]
 async fn dropping_a_subscription_or_a_pending_next_leaves_nothing_running() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let mut sub = client.subscribe(["c"]).connect().await.expect("connect");
-    eventually(10, "one subscriber", || async {
+    eventually("one subscriber", Duration::from_secs(10), || async {
         subscribers(&client, "c").await == 1
     })
     .await;
@@ -488,7 +488,7 @@ async fn dropping_a_subscription_or_a_pending_next_leaves_nothing_running() {
         .expect("publish");
     assert_eq!(event(next_update(&mut sub).await).data, "after cancel");
     drop(sub);
-    eventually(10, "no subscriber", || async {
+    eventually("no subscriber", Duration::from_secs(10), || async {
         subscribers(&client, "c").await == 0
     })
     .await;
@@ -527,7 +527,7 @@ async fn dropping_a_subscription_or_a_pending_next_leaves_nothing_running() {
     assert_eq!(subscribers(&client, "c").await, 1);
     driver.abort();
     let _ = driver.await;
-    eventually(10, "no subscriber after the join is dropped", || async {
+    eventually("no subscriber after the join is dropped", Duration::from_secs(10), || async {
         subscribers(&client, "c").await == 0
     })
     .await;
@@ -550,7 +550,7 @@ async fn collect_seqs(sub: &mut gapless_client::Subscription, n: usize) -> Vec<u
 
 #[tokio::test]
 async fn a_subscription_resumes_exactly_across_clean_and_killed_restarts() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
     let reconnects = Arc::new(Mutex::new(Vec::new()));
     let log = reconnects.clone();
@@ -567,14 +567,14 @@ async fn a_subscription_resumes_exactly_across_clean_and_killed_restarts() {
     let mut seqs = collect_seqs(&mut sub, 5).await;
     // Clean stop: the stream ends cleanly and the client reconnects at once (and
     // then backs off while the server is down).
-    server.terminate();
-    server.restart();
+    server.sigterm().await;
+    server.restart().await;
     for i in 11..=20 {
         publish_surely(&client, "r", &format!("a{i}")).await;
     }
     seqs.extend(collect_seqs(&mut sub, 10).await);
     // Kill -9: the connection is reset; the client backs off and resumes.
-    server.kill9();
+    server.kill9().await;
     let publisher = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -584,7 +584,7 @@ async fn a_subscription_resumes_exactly_across_clean_and_killed_restarts() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    server.restart();
+    server.restart().await;
     publisher.await.expect("publisher");
     seqs.extend(collect_seqs(&mut sub, 15).await);
     assert_exactly_once(&seqs, 30);

@@ -2,16 +2,15 @@
 //! the middle of a stream, twice, while a publisher keeps publishing: every
 //! event is printed exactly once, in order.
 
-mod client_support;
 
-use client_support::{publish_surely, Server, Tail};
+use gapless_testkit::clients::{self, publish_surely, Tail};
 use std::time::Duration;
 
 #[tokio::test]
 async fn tail_survives_kill9_and_restart_mid_stream_with_no_lost_or_duplicated_line() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
-    let tail = Tail::start(&["k", "--since", "earliest", "--server", &server.url]);
+    let tail = Tail::start(&["k", "--since", "earliest", "--server", &server.base()]);
     publish_surely(&client, "k", "m1").await;
     tail.wait_for(1, 20).await;
 
@@ -27,9 +26,9 @@ async fn tail_survives_kill9_and_restart_mid_stream_with_no_lost_or_duplicated_l
     };
     for at in [40, 100] {
         tail.wait_for(at, 30).await;
-        server.kill9();
+        server.kill9().await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        server.restart();
+        server.restart().await;
     }
     publisher.await.expect("publisher");
     tail.wait_for(N, 30).await;

@@ -3,9 +3,9 @@
 //! across kill -9 and SIGTERM restarts (every seq exactly once, in order),
 //! typed gaps, and terminal refusals.
 
-mod client_support;
 
-use client_support::{assert_exactly_once, eventually, publish_surely, Server};
+use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
+use gapless_testkit::eventually;
 use gapless_client::{Backoff, Client, Cursor, GapReason, Update, WsSubscription};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -45,7 +45,7 @@ async fn subscribers(client: &Client, channel: &str) -> u64 {
 /// Backs the crate doc example "Subscribe over WebSocket".
 #[tokio::test]
 async fn ws_doc_example_since_earliest_then_live_then_resume_from_cursors() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client
         .publish("orders", "o1")
@@ -141,7 +141,7 @@ async fn ws_doc_example_since_earliest_then_live_then_resume_from_cursors() {
 
 #[tokio::test]
 async fn ws_subscription_resumes_each_channel_exactly_once_across_kill9_and_sigterm() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
     let reconnects = Arc::new(Mutex::new(Vec::new()));
     let log = reconnects.clone();
@@ -184,27 +184,27 @@ async fn ws_subscription_resumes_each_channel_exactly_once_across_kill9_and_sigt
     };
 
     publish_range(1, 15).await;
-    eventually(10, "some events before the kill", || async {
+    eventually("some events before the kill", Duration::from_secs(10), || async {
         count("a") >= 5
     })
     .await;
     // kill -9 mid-stream: reset connection, the client backs off and resumes
     // each channel from its last delivered cursor (not from `earliest` again).
-    server.kill9();
-    server.restart();
+    server.kill9().await;
+    server.restart().await;
     publish_range(16, 30).await;
-    eventually(10, "30 on each channel", || async {
+    eventually("30 on each channel", Duration::from_secs(10), || async {
         count("a") >= 30 && count("b") >= 30
     })
     .await;
 
     // SIGTERM: the server closes with 1001 and the client reconnects at once.
-    server.terminate();
+    server.sigterm().await;
     let publisher = tokio::spawn(publish_range(31, 40));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    server.restart();
+    server.restart().await;
     publisher.await.expect("publisher");
-    eventually(10, "40 on each channel", || async {
+    eventually("40 on each channel", Duration::from_secs(10), || async {
         count("a") >= 40 && count("b") >= 40
     })
     .await;
@@ -227,7 +227,7 @@ async fn ws_subscription_resumes_each_channel_exactly_once_across_kill9_and_sigt
 
 #[tokio::test]
 async fn ws_stale_cursor_gets_a_typed_gap_then_live() {
-    let server = Server::memory(&["--retention-events", "3"]);
+    let server = clients::memory(&["--retention-events", "3"]).await;
     let client = server.client();
     let first = client.publish("g", "1").send().await.expect("publish");
     for i in 2..=10 {
@@ -259,7 +259,7 @@ async fn ws_stale_cursor_gets_a_typed_gap_then_live() {
 
 #[tokio::test]
 async fn ws_refused_subscribes_are_terminal_typed_errors() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let err = client
         .subscribe_ws(["x"])
@@ -310,7 +310,7 @@ async fn ws_refused_subscribes_are_terminal_typed_errors() {
 
 #[tokio::test]
 async fn ws_live_start_counts_its_subscribed_position_and_drop_closes_the_socket() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client.publish("l", "old").send().await.expect("publish");
     let mut sub = client.subscribe_ws(["l"]).connect().await.expect("connect");
@@ -327,7 +327,7 @@ async fn ws_live_start_counts_its_subscribed_position_and_drop_closes_the_socket
         sub.cursor("l").is_some(),
         "the live start's position is known"
     );
-    eventually(10, "one subscriber", || async {
+    eventually("one subscriber", Duration::from_secs(10), || async {
         subscribers(&client, "l").await == 1
     })
     .await;
@@ -335,7 +335,7 @@ async fn ws_live_start_counts_its_subscribed_position_and_drop_closes_the_socket
     let e = event(next_update(&mut sub).await);
     assert_eq!((e.seq, e.data.as_str()), (2, "new"));
     drop(sub);
-    eventually(10, "no subscriber", || async {
+    eventually("no subscriber", Duration::from_secs(10), || async {
         subscribers(&client, "l").await == 0
     })
     .await;

@@ -4,9 +4,9 @@
 //! `Completed` ends the stream), takeover, and terminal refusals (4404
 //! `session_not_found` and `session_ended`, 4409, 4410) as typed errors.
 
-mod client_support;
 
-use client_support::{eventually, Server};
+use gapless_testkit::clients;
+use gapless_testkit::eventually;
 use gapless_client::{Backoff, Client, ErrorCode, SessionStatus, SessionStream, SessionUpdate};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ async fn attached(client: &Client, id: &str) -> bool {
 /// Backs the crate doc example "Sessions: produce".
 #[tokio::test]
 async fn session_producer_calls() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let session = client.create_session(Some("job-42")).await.expect("create");
     assert_eq!(
@@ -149,7 +149,7 @@ async fn session_producer_calls() {
 /// Backs the crate doc example "Sessions: consume".
 #[tokio::test]
 async fn session_consumer_resumes_then_follows_live_until_completed() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     client.create_session(Some("job-42")).await.expect("create");
     client
@@ -208,7 +208,7 @@ async fn session_consumer_resumes_then_follows_live_until_completed() {
 
 #[tokio::test]
 async fn session_consumer_reattaches_across_kill9_with_every_event_once() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
     client.create_session(Some("s")).await.expect("create");
     let mut consumer = client
@@ -237,12 +237,12 @@ async fn session_consumer_reattaches_across_kill9_with_every_event_once() {
     for i in 1..=15 {
         append_surely(&client, "s", &format!("e{i}")).await;
     }
-    eventually(10, "some events before the kill", || async {
+    eventually("some events before the kill", Duration::from_secs(10), || async {
         events() >= 5
     })
     .await;
-    server.kill9();
-    server.restart();
+    server.kill9().await;
+    server.restart().await;
     for i in 16..=30 {
         append_surely(&client, "s", &format!("e{i}")).await;
     }
@@ -286,7 +286,7 @@ async fn session_consumer_reattaches_across_kill9_with_every_event_once() {
 
 #[tokio::test]
 async fn a_live_first_attach_reattaches_from_the_head_it_started_at() {
-    let mut server = Server::durable(&[]);
+    let mut server = clients::durable(&[]).await;
     let client = server.client();
     client.create_session(Some("live")).await.expect("create");
     append_surely(&client, "live", "before").await;
@@ -299,8 +299,8 @@ async fn a_live_first_attach_reattaches_from_the_head_it_started_at() {
     assert_eq!(consumer.last_seq(), None);
     // Dropped before any event was delivered; the event appended meanwhile
     // (after the first attach) is not lost, the one before it is not replayed.
-    server.kill9();
-    server.restart();
+    server.kill9().await;
+    server.restart().await;
     append_surely(&client, "live", "while-away").await;
     let mut got = vec![];
     loop {
@@ -319,7 +319,7 @@ async fn a_live_first_attach_reattaches_from_the_head_it_started_at() {
 
 #[tokio::test]
 async fn refusals_4404_4410_4409_are_terminal_typed_errors() {
-    let server = Server::memory(&[]);
+    let server = clients::memory(&[]).await;
     let client = server.client();
     let err = client
         .attach_session("nope")
@@ -388,7 +388,7 @@ async fn refusals_4404_4410_4409_are_terminal_typed_errors() {
 
 #[tokio::test]
 async fn takeover_moves_the_session_and_the_old_consumer_ends_with_4409() {
-    let server = Server::memory(&["--heartbeat-ms", "2000"]);
+    let server = clients::memory(&["--heartbeat-ms", "2000"]).await;
     let client = server.client();
     client.create_session(Some("t")).await.expect("create");
     let mut old = client
@@ -397,7 +397,7 @@ async fn takeover_moves_the_session_and_the_old_consumer_ends_with_4409() {
         .connect()
         .await
         .expect("attach");
-    eventually(10, "attached", || async { attached(&client, "t").await }).await;
+    eventually("attached", Duration::from_secs(10), || async { attached(&client, "t").await }).await;
     let mut new = client
         .attach_session("t")
         .takeover(true)
@@ -443,7 +443,7 @@ async fn idle_drops_reattach_with_last_seq_and_takeover_losing_nothing() {
     // The client gives up on a silent socket long before the server's next
     // ping: every re-attach comes while the server may still hold the old
     // connection, which is what `takeover=true` on re-attach is for.
-    let server = Server::memory(&["--heartbeat-ms", "5000"]);
+    let server = clients::memory(&["--heartbeat-ms", "5000"]).await;
     let client = server.client();
     client.create_session(Some("idle")).await.expect("create");
     let drops = Arc::new(Mutex::new(0u32));
@@ -525,10 +525,10 @@ async fn freezable_proxy(port: u16) -> (String, Arc<tokio::sync::Notify>) {
 async fn a_reattach_takes_over_the_connection_the_server_still_holds() {
     // The server would notice the dead path only after two heartbeats (10 s):
     // a re-attach without takeover would be refused with 4409.
-    let server = Server::memory(&["--heartbeat-ms", "5000"]);
+    let server = clients::memory(&["--heartbeat-ms", "5000"]).await;
     let client = server.client();
     client.create_session(Some("net")).await.expect("create");
-    let (via, freeze) = freezable_proxy(server.port).await;
+    let (via, freeze) = freezable_proxy(server.addr.port()).await;
     let roaming = Client::new(&via).expect("url");
     let mut consumer = roaming
         .attach_session("net")

@@ -6,16 +6,13 @@
 //! notification lose nothing; a FLUSHALL or a failover to a replica that was
 //! behind is told as an `epoch` gap, never a different event under a held seq.
 
-mod redis_support;
-mod support;
-mod ws_support;
 
-use redis_support::Redis;
+use gapless_testkit::redis::Redis;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
-use ws_support::{
+use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
+use gapless_testkit::ws::{
     append, append_ok, consume, end_session, new_session, session_info, Msg, Ws, WAIT,
 };
 

@@ -4,15 +4,12 @@
 //! acknowledged event is stored once, and notifications between nodes go on
 //! (docs/cluster.md, "Idle connections").
 
-mod redis_support;
-mod support;
-mod ws_support;
 
-use redis_support::Redis;
+use gapless_testkit::redis::Redis;
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::{seq_of, Opts, Server};
-use ws_support::Ws;
+use gapless_testkit::{seq_of, Opts, Server};
+use gapless_testkit::ws::Ws;
 
 const CH: &str = "idle";
 
@@ -42,7 +39,7 @@ async fn connections_received(redis: &Redis) -> u64 {
 
 /// Asserts a 2xx answer (the first try: there is no retry here) and returns its JSON.
 #[track_caller]
-fn ok(r: &support::Resp, status: u16, what: &str) -> Value {
+fn ok(r: &gapless_testkit::Resp, status: u16, what: &str) -> Value {
     assert_eq!(
         r.status, status,
         "{what} after an idle spell: {} {}",
@@ -145,21 +142,21 @@ async fn after_redis_closes_idle_connections_every_request_succeeds_at_once_and_
     ok(&r, 202, "an ephemeral publish");
 
     tokio::time::sleep(SPELL).await;
-    let r = ws_support::create_session(&a, Some("idle-s")).await;
+    let r = gapless_testkit::ws::create_session(&a, Some("idle-s")).await;
     ok(&r, 201, "a session create");
 
     tokio::time::sleep(SPELL).await;
-    let r = ws_support::append(&a, "idle-s", "s1").await;
+    let r = gapless_testkit::ws::append(&a, "idle-s", "s1").await;
     let s1 = ok(&r, 201, "a session append")["seq"]
         .as_u64()
         .expect("seq");
 
     tokio::time::sleep(SPELL).await;
-    let r = ws_support::session_info(&a, "idle-s").await;
+    let r = gapless_testkit::ws::session_info(&a, "idle-s").await;
     assert_eq!(ok(&r, 200, "session info")["status"], "open");
 
     tokio::time::sleep(SPELL).await;
-    let r = ws_support::end_session(&a, "idle-s", "complete").await;
+    let r = gapless_testkit::ws::end_session(&a, "idle-s", "complete").await;
     assert_eq!(ok(&r, 200, "a session complete")["status"], "completed");
 
     tokio::time::sleep(SPELL).await;

@@ -7,17 +7,14 @@
 //! same idempotency key. Also the `--redis` URL check and `/readyz` while
 //! Redis is out of memory.
 
-mod redis_support;
-mod support;
-mod ws_support;
 
-use redis_support::Redis;
+use gapless_testkit::redis::Redis;
 use serde_json::json;
 use std::time::Duration;
-use support::sse::{Item, Next};
-use support::{eventually, seq_of, Opts, Server, SseClient};
+use gapless_testkit::sse::{Item, Next};
+use gapless_testkit::{eventually, seq_of, Opts, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use ws_support::{append, new_session, Ws};
+use gapless_testkit::ws::{append, new_session, Ws};
 
 const CH: &str = "c";
 

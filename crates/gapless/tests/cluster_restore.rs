@@ -8,13 +8,11 @@
 //! the restored head gets a gap. Two nodes, each with a live SSE subscriber
 //! from before the loss, a new subscriber after it, and resumes.
 
-mod redis_support;
-mod support;
 
-use redis_support::Redis;
+use gapless_testkit::redis::Redis;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use support::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
+use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
 
 const CH: &str = "c";
 

@@ -3,10 +3,9 @@
 //! both, bad files are refused with the key named, and `gapless config`
 //! tells where each value came from.
 
-mod support;
 
 use std::process::Command;
-use support::{Opts, Server};
+use gapless_testkit::{Opts, Server};
 
 fn gapless(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gapless"));

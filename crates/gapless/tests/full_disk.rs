@@ -4,12 +4,11 @@
 //! streams keep working, and publishing resumes without a restart once space
 //! is freed. Needs root to mount the tmpfs; skips with a message otherwise.
 
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use support::{Opts, Server};
+use gapless_testkit::{Opts, Server};
 
 /// A tmpfs mounted for the test's life.
 struct Tmpfs(PathBuf);
@@ -93,7 +92,7 @@ async fn a_full_disk_refuses_publishes_loses_nothing_and_recovers_without_a_rest
     assert!(history.iter().all(|e| e["data"] == data_64k.as_str()));
     for seq in &acked {
         let e = stream.next_event().await;
-        assert_eq!(support::seq_of(&e.last_event_id, "c"), *seq);
+        assert_eq!(gapless_testkit::seq_of(&e.last_event_id, "c"), *seq);
         assert_eq!(e.data.len(), data_64k.len());
     }
     // Still refused while full.
@@ -124,7 +123,7 @@ async fn a_full_disk_refuses_publishes_loses_nothing_and_recovers_without_a_rest
     s.get("/readyz").await.expect(200);
     let e = stream.next_event().await;
     assert_eq!(e.data, "after");
-    assert_eq!(Some(support::seq_of(&e.last_event_id, "c")), resumed);
+    assert_eq!(Some(gapless_testkit::seq_of(&e.last_event_id, "c")), resumed);
     assert_eq!(
         resumed,
         Some(*acked.last().unwrap_or(&0) + 1),

@@ -1,11 +1,10 @@
 //! `GET /v1/channels/{channel}/events` (history pages), `GET /v1/channels/{channel}`,
 //! `/healthz`, and the JSON 404/405 answers.
 
-mod support;
 
 use serde_json::Value;
 use std::time::Duration;
-use support::{eventually, make_cursor, other_version_cursor, seq_of, Server};
+use gapless_testkit::{eventually, make_cursor, other_version_cursor, seq_of, Server};
 
 fn seqs(page: &Value) -> Vec<u64> {
     page["events"]
@@ -295,7 +294,7 @@ async fn history_400_on_garbage_cursor() {
     let flipped = String::from_utf8(flipped).expect("ascii");
     for bad in ["garbage", "!!!", flipped.as_str(), "AAAAAAAAAAAA"] {
         let r = s
-            .history("c", &format!("after={}", support::pct(bad)))
+            .history("c", &format!("after={}", gapless_testkit::pct(bad)))
             .await;
         r.expect_error(400, "invalid_cursor");
     }

@@ -1,10 +1,9 @@
 //! Server settings: the connection limit, environment variables for flags,
 //! CORS origins, and retention by age.
 
-mod support;
 
 use std::time::{Duration, Instant};
-use support::{Opts, Server, SseClient};
+use gapless_testkit::{Opts, Server, SseClient};
 
 #[tokio::test]
 async fn connection_over_max_connections_is_503_limit_reached() {
@@ -31,7 +30,7 @@ async fn connection_over_max_connections_is_503_limit_reached() {
         .pool_max_idle_per_host(0)
         .build()
         .expect("client");
-    support::eventually("a connection slot frees up", Duration::from_secs(5), || {
+    gapless_testkit::eventually("a connection slot frees up", Duration::from_secs(5), || {
         let client = client.clone();
         let url = s.url("/healthz");
         async move {
@@ -147,7 +146,7 @@ async fn age_retention_evicts_within_about_a_second_of_expiry() {
         .to_owned();
     s.publish("c", "b").await;
     let acked = Instant::now();
-    support::eventually("events expire", Duration::from_secs(5), || async {
+    gapless_testkit::eventually("events expire", Duration::from_secs(5), || async {
         s.history("c", "").await.expect(200)["events"]
             .as_array()
             .is_some_and(|e| e.is_empty())

@@ -18,13 +18,12 @@
 //! while it follows, as any slow reader does; it leaves when publishing
 //! ends. The SSE subscriber gets every event.
 
-mod support;
 
 use futures::{SinkExt, StreamExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::Server;
+use gapless_testkit::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -232,7 +231,7 @@ async fn large_events_keep_memory_bounded() {
     assert!(ws_got > 0, "the WebSocket subscriber got no event");
     // The SSE subscriber gets every event.
     let want_sse = (n * MIB) as u64;
-    support::eventually(
+    gapless_testkit::eventually(
         "the SSE subscriber to get every event",
         Duration::from_secs(60),
         || {

@@ -13,19 +13,15 @@
 //! prints the figures recorded in `docs/reliability.md`). Needs root and
 //! `iptables` like `vanish.rs`; prints `SKIP` and passes without them.
 
-mod netns_support;
-mod slow_support;
-mod support;
-mod ws_support;
 
-use netns_support::{netns_or_skip, NsServer};
-use slow_support::{raw_sse, Path};
+use gapless_testkit::netns::{netns_or_skip, NsServer};
+use gapless_testkit::slow::{raw_sse, Path};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
-use ws_support::RawWs;
+use gapless_testkit::ws::RawWs;
 
 /// Channels the clients spread over.
 const CHANNELS: usize = 50;
@@ -296,7 +292,7 @@ async fn memory_returns(clients: usize) {
 /// to connect, the server's RSS with them (KiB), how long until every
 /// subscriber was released and every connection closed, and when they vanished.
 async fn round(
-    ns: &netns_support::Netns,
+    ns: &gapless_testkit::netns::Netns,
     s: &NsServer,
     clients: usize,
     cursors: &[String],
@@ -350,7 +346,7 @@ async fn round(
             .expect("a client task failed");
     }
     let connected_in = t_connect.elapsed();
-    support::eventually(
+    gapless_testkit::eventually(
         "every client counted as a subscriber",
         Duration::from_secs(60),
         || async { subscribers(s).await == clients as u64 },

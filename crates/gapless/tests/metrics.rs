@@ -2,11 +2,9 @@
 //! move with what the server did (publishes by durability, replays, gaps by
 //! reason, refusals by code, histograms), open without a token.
 
-mod support;
-mod ws_support;
 
 use std::collections::HashMap;
-use support::Server;
+use gapless_testkit::Server;
 
 /// Parses the Prometheus text format into `name{labels}` -> value.
 fn scrape(text: &str) -> HashMap<String, f64> {
@@ -129,7 +127,7 @@ async fn metrics_need_no_token() {
 async fn deliveries_are_counted_per_transport_with_lag_histograms_and_open_connections() {
     let s = Server::memory(&[]).await;
     let (mut sse, _) = s.subscribe("d", "").await;
-    let mut ws = ws_support::Ws::channels(&s).await;
+    let mut ws = gapless_testkit::ws::Ws::channels(&s).await;
     ws.subscribe_live("d").await;
     for i in 0..5 {
         s.publish("d", &format!("e{i}")).await;
@@ -181,7 +179,7 @@ async fn deliveries_are_counted_per_transport_with_lag_histograms_and_open_conne
     );
     drop(sse);
     ws.close().await;
-    support::eventually(
+    gapless_testkit::eventually(
         "closed connections stop counting",
         std::time::Duration::from_secs(5),
         || async {
@@ -239,10 +237,10 @@ fn stream_lines(log: &str) -> Vec<serde_json::Value> {
 #[tokio::test]
 async fn each_stream_logs_one_line_when_it_ends() {
     use std::time::Duration;
-    let s = Server::with(support::Opts {
+    let s = Server::with(gapless_testkit::Opts {
         memory: true,
         args: vec!["--log-format".into(), "json".into()],
-        ..support::Opts::default()
+        ..gapless_testkit::Opts::default()
     })
     .await;
     s.publish("logged", "before").await;
@@ -255,12 +253,12 @@ async fn each_stream_logs_one_line_when_it_ends() {
     // A resume from a cursor of another epoch gets a gap notice first.
     let epoch = s.epoch("logged").await;
     let other = format!("{:016x}", u64::from_str_radix(&epoch, 16).expect("hex") ^ 1);
-    let other = support::make_cursor("logged", &other, 1);
+    let other = gapless_testkit::make_cursor("logged", &other, 1);
     let (mut gapped, pre) = s.resume("logged", &other).await;
     assert!(!pre.gaps.is_empty(), "expected a gap notice at the open");
     drop(sse);
     // A WebSocket that subscribes from the start and reads all 4, then closes.
-    let mut ws = ws_support::Ws::channels(&s).await;
+    let mut ws = gapless_testkit::ws::Ws::channels(&s).await;
     ws.subscribe(
         serde_json::json!(1),
         "logged",
@@ -269,7 +267,7 @@ async fn each_stream_logs_one_line_when_it_ends() {
     .await;
     ws.read_until_seq("logged", 4, Duration::from_secs(5)).await;
     ws.close().await;
-    support::eventually("two stream lines", Duration::from_secs(5), || {
+    gapless_testkit::eventually("two stream lines", Duration::from_secs(5), || {
         let n = stream_lines(&s.log()).len();
         async move { n >= 2 }
     })
@@ -312,7 +310,7 @@ async fn each_stream_logs_one_line_when_it_ends() {
 async fn every_metric_has_a_help_line() {
     let s = Server::start(&["--max-connections-per-ip", "3"]).await;
     let (mut sse, _) = s.subscribe("h", "").await;
-    let mut ws = ws_support::Ws::channels(&s).await;
+    let mut ws = gapless_testkit::ws::Ws::channels(&s).await;
     ws.subscribe_live("h").await;
     s.publish("h", "x").await;
     sse.events(1).await;
@@ -320,7 +318,7 @@ async fn every_metric_has_a_help_line() {
     s.get("/v1/channels/bad%20name").await;
     // Every place of the address is held (the stream, the socket, reqwest's
     // connection): one refusal by the per-IP cap.
-    let mut refused = support::SseClient::connect(s.addr, "/v1/channels/h/sse", &[]).await;
+    let mut refused = gapless_testkit::SseClient::connect(s.addr, "/v1/channels/h/sse", &[]).await;
     let _ = refused.until_end(std::time::Duration::from_secs(5)).await;
     drop(ws);
     let text = s.get("/metrics").await.text;

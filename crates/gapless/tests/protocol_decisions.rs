@@ -1,12 +1,10 @@
 //! The protocol questions that `docs/protocol.md` once left open, each
 //! decided there and checked here against the real binary.
 
-mod support;
-mod ws_support;
 
 use serde_json::json;
-use support::Server;
-use ws_support::{
+use gapless_testkit::Server;
+use gapless_testkit::ws::{
     append_ok, consume, consumer_path, end_session, new_session, Msg, Ws, PROTOCOL, WAIT,
 };
 
@@ -15,7 +13,7 @@ async fn a_session_cancelled_by_its_grace_window_is_ended_not_expired() {
     let s = Server::memory(&["--session-grace-ms", "300"]).await;
     let id = new_session(&s, "g").await;
     append_ok(&s, &id, "e2").await;
-    support::eventually("the grace window cancels it", WAIT, || async {
+    gapless_testkit::eventually("the grace window cancels it", WAIT, || async {
         s.get(&format!("/v1/sessions/{id}")).await.json["status"] == "cancelled"
     })
     .await;
@@ -124,7 +122,7 @@ async fn a_cursor_naming_one_channel_twice_is_refused_as_malformed_everywhere() 
     let s = Server::memory(&[]).await;
     s.publish_many("c", "e", 3).await;
     let epoch = s.epoch("c").await;
-    let twice = support::channel_twice_cursor("c", &epoch, 2);
+    let twice = gapless_testkit::channel_twice_cursor("c", &epoch, 2);
     let says = "malformed cursor: the same channel twice";
     // History and the SSE query: the caller's own cursor, so 400.
     let r = s.history("c", &format!("after={twice}")).await;

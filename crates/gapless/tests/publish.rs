@@ -1,9 +1,8 @@
 //! `POST /v1/channels/{channel}/events`: names, types, body rules, size limit,
 //! idempotency and ephemeral events.
 
-mod support;
 
-use support::{pct, seq_of, Server};
+use gapless_testkit::{pct, seq_of, Server};
 
 #[tokio::test]
 async fn publish_answers_201_with_dense_seqs_and_cursors() {

@@ -3,12 +3,11 @@
 //! a new epoch; a restored backup keeps its epoch and reads newer cursors as
 //! `ahead`; an unclean `--durability async` run starts a new epoch.
 
-mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{copy_dir, epoch_of, seq_of, Event, Next, Server, SseClient};
+use gapless_testkit::{copy_dir, epoch_of, seq_of, Event, Next, Server, SseClient};
 use tokio::sync::Mutex;
 
 fn event_seq(e: &Event, channel: &str) -> u64 {
@@ -132,7 +131,7 @@ async fn every_acknowledged_event_survives_kill9_with_concurrent_publishers() {
             }
         }));
     }
-    support::eventually(
+    gapless_testkit::eventually(
         "200 acknowledged publishes",
         Duration::from_secs(20),
         || async {
@@ -200,7 +199,7 @@ async fn sigterm_ends_streams_cleanly_and_exits_within_5s() {
             "the stream ends with the chunked terminator, not a reset"
         );
         assert!(
-            items.iter().all(|i| matches!(i, support::Item::Comment(_))),
+            items.iter().all(|i| matches!(i, gapless_testkit::Item::Comment(_))),
             "nothing but heartbeats before the end: {items:?}"
         );
     }

@@ -3,11 +3,10 @@
 //! `evicted` gap naming the hole and continues; subscribing while events are
 //! being published delivers every seq exactly once, in order.
 
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
-use support::{seq_of, ConnectOptions, Event, Item, Server, SseClient};
+use gapless_testkit::{seq_of, ConnectOptions, Event, Item, Server, SseClient};
 use tokio::sync::Mutex;
 
 fn event_seq(e: &Event, channel: &str) -> u64 {

@@ -13,14 +13,11 @@
 //! these clients was cut about 3 s after its window filled.
 //! `GAPLESS_LONG_TESTS=1` adds the fan-out SSE case at the default settings.
 
-mod slow_support;
-mod support;
-mod ws_support;
 
 use serde_json::Value;
-use slow_support::{long_tests, raw_sse, read_events, read_slowly, Path, SHORT_TIMERS};
+use gapless_testkit::slow::{long_tests, raw_sse, read_events, read_slowly, Path, SHORT_TIMERS};
 use std::time::{Duration, Instant};
-use ws_support::RawWs;
+use gapless_testkit::ws::RawWs;
 
 /// 200 events of 60 KB (12 MB): data starts with the index, 5 digits.
 fn publish_200(url: String) -> tokio::task::JoinHandle<()> {
@@ -43,9 +40,9 @@ fn want_200() -> Vec<String> {
 /// are published, then reads the rest at full speed: every event arrives,
 /// once and in order.
 async fn sse_slow_reader_kept(args: &[&str], path: Path, rcvbuf: u32, rate: usize, secs: u64) {
-    let s = support::Server::memory(args).await;
+    let s = gapless_testkit::Server::memory(args).await;
     let mut tcp = raw_sse(s.addr, "slow", "", rcvbuf, path, None).await;
-    support::eventually("subscribed", Duration::from_secs(10), || async {
+    gapless_testkit::eventually("subscribed", Duration::from_secs(10), || async {
         s.info("slow").await["subscribers"] == 1
     })
     .await;
@@ -93,13 +90,13 @@ async fn a_slow_reader_is_kept_at_defaults() {
 /// the 3 s bound, so its window stays full; its pongs wait behind unread data.
 #[tokio::test]
 async fn a_slow_websocket_reader_is_kept_short_timers() {
-    let s = support::Server::memory(SHORT_TIMERS).await;
-    let mut ws = ws_support::Ws::connect_small_rcvbuf(s.addr, "/v1/ws", 4096).await;
+    let s = gapless_testkit::Server::memory(SHORT_TIMERS).await;
+    let mut ws = gapless_testkit::ws::Ws::connect_small_rcvbuf(s.addr, "/v1/ws", 4096).await;
     ws.subscribe_live("wslow").await;
     let publisher = publish_200(s.url("/v1/channels/wslow/events"));
     let mut got = Vec::new();
-    let next = |msg: Option<ws_support::Msg>, got: &mut Vec<String>| match msg {
-        Some(ws_support::Msg::Json(v)) if v["op"] == "event" => {
+    let next = |msg: Option<gapless_testkit::ws::Msg>, got: &mut Vec<String>| match msg {
+        Some(gapless_testkit::ws::Msg::Json(v)) if v["op"] == "event" => {
             let data = v["data"].as_str().expect("data");
             got.push(data[..5].to_owned());
         }
@@ -123,7 +120,7 @@ async fn a_slow_websocket_reader_is_kept_short_timers() {
 }
 
 /// The JSON of a text frame.
-fn json_of(f: &ws_support::Frame) -> Value {
+fn json_of(f: &gapless_testkit::ws::Frame) -> Value {
     assert_eq!(f.opcode, 1, "a text frame: {f:?}");
     serde_json::from_slice(&f.payload).expect("JSON")
 }
@@ -135,7 +132,7 @@ fn json_of(f: &ws_support::Frame) -> Value {
 /// every event and every reply, in order.
 #[tokio::test]
 async fn a_slow_websocket_reader_with_replies_waiting_is_kept_short_timers() {
-    let s = support::Server::memory(SHORT_TIMERS).await;
+    let s = gapless_testkit::Server::memory(SHORT_TIMERS).await;
     let mut raw = RawWs::connect_small_rcvbuf(s.addr, "/v1/ws", 4096, None).await;
     raw.write_frame(1, br#"{"op":"subscribe","id":"sub","channel":"wsr"}"#)
         .await;
@@ -166,7 +163,7 @@ async fn a_slow_websocket_reader_with_replies_waiting_is_kept_short_timers() {
         t0.elapsed()
     );
     let (mut events, mut replies) = (Vec::new(), Vec::new());
-    let take = |f: &ws_support::Frame, events: &mut Vec<String>, replies: &mut Vec<String>| {
+    let take = |f: &gapless_testkit::ws::Frame, events: &mut Vec<String>, replies: &mut Vec<String>| {
         let v = json_of(f);
         match v["op"].as_str() {
             Some("event") => events.push(v["data"].as_str().expect("data")[..5].to_owned()),
@@ -202,8 +199,8 @@ async fn a_slow_websocket_reader_with_replies_waiting_is_kept_short_timers() {
 /// once and in order.
 #[tokio::test]
 async fn a_slow_session_consumer_is_kept_short_timers() {
-    let s = support::Server::memory(SHORT_TIMERS).await;
-    ws_support::new_session(&s, "slow-session").await;
+    let s = gapless_testkit::Server::memory(SHORT_TIMERS).await;
+    gapless_testkit::ws::new_session(&s, "slow-session").await;
     let mut raw =
         RawWs::connect_small_rcvbuf(s.addr, "/v1/sessions/slow-session/ws", 4096, None).await;
     let resumed = raw
@@ -218,7 +215,7 @@ async fn a_slow_session_consumer_is_kept_short_timers() {
     let info = s.get("/v1/sessions/slow-session").await;
     assert_eq!(info.json["attached"], true, "still attached: {}", info.json);
     let mut got: Vec<String> = Vec::new();
-    let take = |f: &ws_support::Frame, got: &mut Vec<String>| {
+    let take = |f: &gapless_testkit::ws::Frame, got: &mut Vec<String>| {
         let v = json_of(f);
         assert_eq!(v["op"], "event", "{v}");
         got.push(v["data"].as_str().expect("data")[..5].to_owned());

@@ -2,10 +2,9 @@
 //! from the kernel with `ss`, so that a client that vanishes without a FIN is
 //! reaped even when nothing is in flight.
 
-mod support;
 
 use std::process::Command;
-use support::Server;
+use gapless_testkit::Server;
 
 /// The `ss -o` lines of the server's established sockets on its port.
 fn server_sockets(server: &Server) -> String {

@@ -2,11 +2,10 @@
 //! where a stream starts, data encoding, envelopes, multi-channel streams,
 //! gap notices at connect, heartbeats and limits.
 
-mod support;
 
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::{epoch_of, make_cursor, other_version_cursor, seq_of, Event, Item, Next, Server};
+use gapless_testkit::{epoch_of, make_cursor, other_version_cursor, seq_of, Event, Item, Next, Server};
 
 fn cursor(v: &Value) -> String {
     v["cursor"].as_str().expect("cursor").to_owned()

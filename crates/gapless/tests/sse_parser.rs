@@ -1,9 +1,8 @@
 //! The test suite's own SSE parser, checked against WHATWG examples, so the
 //! server tests rest on a parser that is known to follow the spec.
 
-mod support;
 
-use support::sse::{Event, Item, Parser};
+use gapless_testkit::sse::{Event, Item, Parser};
 
 fn parse(chunks: &[&[u8]]) -> (Vec<Item>, Parser) {
     let mut p = Parser::new();

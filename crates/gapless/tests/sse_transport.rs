@@ -6,10 +6,9 @@
 //! that closes its stream stops counting as a subscriber at once; clients
 //! that send junk or stop reading cannot stall other streams or shutdown.
 
-mod support;
 
 use std::time::Duration;
-use support::{eventually, ConnectOptions, Next, Server, SseClient};
+use gapless_testkit::{eventually, ConnectOptions, Next, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

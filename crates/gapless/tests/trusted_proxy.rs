@@ -4,10 +4,9 @@
 //! untrusted peer's `X-Forwarded-For` is ignored; malformed headers fall back
 //! to the proxy's own address; the refusal is logged once a minute per address.
 
-mod support;
 
 use std::time::Duration;
-use support::{Item, Next, Server, SseClient};
+use gapless_testkit::{Item, Next, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -257,7 +256,7 @@ async fn the_per_ip_refusal_is_logged_once_a_minute_per_address() {
         let r = s.get("/v1/channels/c/events").await;
         r.expect_error(503, "limit_reached");
     }
-    support::eventually("the warning is written", Duration::from_secs(5), || async {
+    gapless_testkit::eventually("the warning is written", Duration::from_secs(5), || async {
         warnings(&s.log(), "127.0.0.1") >= 1
     })
     .await;

@@ -1,7 +1,7 @@
 //! Vanished clients (issue 12, `docs/reliability.md`, "Vanished clients").
 //!
 //! The server runs in a network namespace of its own, reached from the test
-//! over a veth pair (`netns_support`); a client "vanishes" when `iptables`
+//! over a veth pair (`gapless_testkit::netns`); a client "vanishes" when `iptables`
 //! in the server's namespace drops every packet from its port, so no FIN or
 //! RST ever arrives. Each arm measures how long until the server released
 //! the subscriber (`subscribers` 0, or the session detached) and closed the
@@ -17,16 +17,12 @@
 //!
 //! Slow readers that stay live are in `slow_readers.rs`.
 
-mod netns_support;
-mod slow_support;
-mod support;
-mod ws_support;
 
-use netns_support::{netns_or_skip, Netns, NsServer};
-use slow_support::{long_tests, raw_sse, Path, SHORT_TIMERS};
+use gapless_testkit::netns::{netns_or_skip, Netns, NsServer};
+use gapless_testkit::slow::{long_tests, raw_sse, Path, SHORT_TIMERS};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use ws_support::RawWs;
+use gapless_testkit::ws::RawWs;
 
 /// Waits until `released` holds and the server no longer holds a
 /// connection to `client`; returns the time since `t0`, or panics after `limit`.
@@ -58,7 +54,7 @@ where
 /// An SSE subscriber that vanishes: its time until released.
 async fn sse_arm(what: &str, ns: &Netns, s: &NsServer, channel: &str, limit: Duration) -> Duration {
     let tcp = raw_sse(s.addr, channel, "", 0, Path::First, None).await;
-    support::eventually("subscribed", Duration::from_secs(10), || async {
+    gapless_testkit::eventually("subscribed", Duration::from_secs(10), || async {
         s.subscribers(channel).await == 1
     })
     .await;
@@ -96,7 +92,7 @@ async fn stalled_arm(
     limit: Duration,
 ) -> Duration {
     let tcp = raw_sse(s.addr, channel, "", 4096, path, None).await;
-    support::eventually("subscribed", Duration::from_secs(10), || async {
+    gapless_testkit::eventually("subscribed", Duration::from_secs(10), || async {
         s.subscribers(channel).await == 1
     })
     .await;
@@ -139,7 +135,7 @@ async fn stalled_session_arm(
     create_session(s, id).await;
     let raw =
         RawWs::connect_small_rcvbuf(s.addr, &format!("/v1/sessions/{id}/ws"), 4096, None).await;
-    support::eventually("attached", Duration::from_secs(10), || async {
+    gapless_testkit::eventually("attached", Duration::from_secs(10), || async {
         s.get(&format!("/v1/sessions/{id}")).await["attached"] == true
     })
     .await;
@@ -255,7 +251,7 @@ async fn create_session(s: &NsServer, id: &str) {
 async fn session_arm(ns: &Netns, s: &NsServer, id: &str, limit: Duration) -> Duration {
     create_session(s, id).await;
     let raw = RawWs::connect(s.addr, &format!("/v1/sessions/{id}/ws")).await;
-    support::eventually("attached", Duration::from_secs(10), || async {
+    gapless_testkit::eventually("attached", Duration::from_secs(10), || async {
         s.get(&format!("/v1/sessions/{id}")).await["attached"] == true
     })
     .await;

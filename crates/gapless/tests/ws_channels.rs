@@ -4,15 +4,13 @@
 //! messages (error reply; 10 in a row close 4422), oversize messages (1009),
 //! a subscribe racing publishes, and slow readers.
 
-mod support;
-mod ws_support;
 
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{epoch_of, make_cursor, other_version_cursor, seq_of, Server};
+use gapless_testkit::{epoch_of, make_cursor, other_version_cursor, seq_of, Server};
 use tokio_tungstenite::tungstenite::Message;
-use ws_support::{assert_error, datas, ops, seqs, Msg, RawWs, Ws, PROTOCOL, WAIT};
+use gapless_testkit::ws::{assert_error, datas, ops, seqs, Msg, RawWs, Ws, PROTOCOL, WAIT};
 
 fn cursor_of(v: &Value) -> String {
     v["cursor"]
@@ -98,7 +96,7 @@ async fn handshake_selects_gapless_v1_refuses_other_subprotocols_accepts_none() 
 }
 
 async fn new_session_for_handshake(s: &Server) {
-    ws_support::new_session(s, "hs").await;
+    gapless_testkit::ws::new_session(s, "hs").await;
 }
 
 // ---- subscribe ----
@@ -889,7 +887,7 @@ async fn subscribe_with_cursor_while_publishing_delivers_each_seq_once_in_order(
     let mut clients = Vec::new();
     for k in 0..5 {
         let want = 60 + k * 90;
-        support::eventually("publishes to progress", WAIT, || async {
+        gapless_testkit::eventually("publishes to progress", WAIT, || async {
             published() >= want
         })
         .await;

@@ -4,13 +4,11 @@
 //! with 4408; SIGTERM closes every open socket with 1001 and a reason (never a
 //! bare TCP close, never 1005/1006).
 
-mod support;
-mod ws_support;
 
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{seq_of, Server};
-use ws_support::{append_ok, consume, new_session, Frame, Msg, RawWs, Ws, WAIT};
+use gapless_testkit::{seq_of, Server};
+use gapless_testkit::ws::{append_ok, consume, new_session, Frame, Msg, RawWs, Ws, WAIT};
 
 #[tokio::test]
 async fn the_server_pings_and_a_client_that_answers_stays_open() {
@@ -105,7 +103,7 @@ async fn a_client_that_never_answers_pings_is_closed_with_4408() {
         );
     }
     // The session is free again.
-    support::eventually("the session to be detached", WAIT, || async {
+    gapless_testkit::eventually("the session to be detached", WAIT, || async {
         s.get("/v1/sessions/quiet").await.json["attached"] == false
     })
     .await;
@@ -245,7 +243,7 @@ async fn sigterm_closes_every_open_socket_with_1001_and_a_reason() {
     let mut resumed = consume(&s, "resumed", "last_seq=1").await;
     resumed.expect_op("event").await;
     resumed.expect_op("session.resumed").await;
-    support::eventually("both sessions attached", WAIT, || async {
+    gapless_testkit::eventually("both sessions attached", WAIT, || async {
         s.get("/v1/sessions/live").await.json["attached"] == true
             && s.get("/v1/sessions/resumed").await.json["attached"] == true
     })

@@ -4,13 +4,11 @@
 //! of a session (also while the consumer is away), the grace window, restarts
 //! within it, and the history endpoint.
 
-mod support;
-mod ws_support;
 
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::Server;
-use ws_support::{
+use gapless_testkit::Server;
+use gapless_testkit::ws::{
     append, append_ok, assert_error, consume, consumer_path, create_session, end_session,
     new_session, session_info, Msg, Ws, WAIT,
 };
@@ -31,7 +29,7 @@ fn assert_event(v: &Value, id: &str, seq: u64, data: &str) {
 
 /// Waits until `GET /v1/sessions/{id}` shows `attached`.
 async fn wait_attached(s: &Server, id: &str, attached: bool) {
-    support::eventually(
+    gapless_testkit::eventually(
         &format!("session {id} attached={attached}"),
         WAIT,
         || async { session_info(s, id).await.json["attached"] == attached },
@@ -330,7 +328,7 @@ async fn refusals_send_one_error_then_their_close_code() {
 
     // A malformed query is an HTTP 400 before the upgrade.
     for q in ["last_seq=abc", "last_seq=-1", "takeover=maybe"] {
-        let r = Ws::try_connect(s.addr, &consumer_path(&open, q), &[ws_support::PROTOCOL])
+        let r = Ws::try_connect(s.addr, &consumer_path(&open, q), &[gapless_testkit::ws::PROTOCOL])
             .await
             .err()
             .unwrap_or_else(|| panic!("{q}: expected HTTP 400"));
@@ -476,7 +474,7 @@ async fn grace_window_cancels_a_session_nobody_consumes() {
     let mut c = consume(&s, &held, "").await;
     wait_attached(&s, &held, true).await;
 
-    support::eventually("the unconsumed session to be cancelled", WAIT, || async {
+    gapless_testkit::eventually("the unconsumed session to be cancelled", WAIT, || async {
         session_info(&s, &lonely).await.json["status"] == "cancelled"
     })
     .await;
@@ -496,7 +494,7 @@ async fn grace_window_cancels_a_session_nobody_consumes() {
     // Once its consumer leaves, the window starts; the consumer coming back late
     // learns the end on resume.
     c.close().await;
-    support::eventually("the abandoned session to be cancelled", WAIT, || async {
+    gapless_testkit::eventually("the abandoned session to be cancelled", WAIT, || async {
         session_info(&s, &held).await.json["status"] == "cancelled"
     })
     .await;

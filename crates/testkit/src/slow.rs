@@ -3,7 +3,6 @@
 //! either as the connection's first request (served by the fan-out writer)
 //! or after another request on the same keep-alive connection (served by
 //! hyper), and a reader that reads at a set pace.
-#![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -2,10 +2,9 @@
 //! tokio-tungstenite (it answers pings, as browsers do), [`RawWs`], a client
 //! over a bare TCP socket that does only what the test tells it (it never
 //! answers a ping), and session helpers over HTTP. The server itself is
-//! `support::Server` (the real binary, its own port and data directory).
-#![allow(dead_code)]
+//! [`crate::Server`] (the real binary, its own port and data directory).
 
-use crate::support::{Resp, Server};
+use crate::{Resp, Server};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::net::SocketAddr;

@@ -1,9 +1,6 @@
-//! Shared helpers of the integration tests: [`Server`] runs the real binary
-//! (each test its own process, port and data directory), HTTP helpers over
-//! reqwest, cursor helpers, and the raw-TCP SSE client in [`sse`].
-#![allow(dead_code)]
-
-pub mod sse;
+//! [`Server`]: the real binary (each test its own process, port and data
+//! directory), with HTTP helpers over reqwest, SSE helpers over
+//! [`crate::sse`], cursor helpers, and small utilities.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -18,8 +15,7 @@ use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-#[allow(unused_imports)]
-pub use sse::{ConnectOptions, Event, Item, Next, Preamble, SseClient};
+use crate::sse::{Preamble, SseClient};
 
 /// How a server is started.
 #[derive(Debug, Clone, Default)]
@@ -203,7 +199,7 @@ impl Server {
         self.starts += 1;
         let log_path = self.dir.path().join(format!("server-{}.log", self.starts));
         let log = std::fs::File::create(&log_path).map_err(|e| format!("log file: {e}"))?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gapless"));
+        let mut cmd = Command::new(crate::bin());
         cmd.arg("serve").arg("--listen").arg(listen);
         if self.opts.memory {
             cmd.arg("--memory");
@@ -282,8 +278,8 @@ impl Server {
     }
 
     /// Starts the server again with the same flags, data directory and port
-    /// (kills it first if it is still running). Retries the bind for a few
-    /// seconds, in case the port is briefly held.
+    /// (kills it first if it is still running). Retries for up to 20 s, in
+    /// case the port is briefly held.
     pub async fn restart(&mut self) {
         if self.child.is_some() {
             self.kill9().await;
@@ -296,12 +292,18 @@ impl Server {
                     assert_eq!(addr, self.addr, "restarted on the same address");
                     return;
                 }
-                Err(e) if t0.elapsed() < Duration::from_secs(5) && e.contains("listening on") => {
+                Err(e) if t0.elapsed() < Duration::from_secs(20) => {
+                    eprintln!("restart: {e}; retrying");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!("restart failed: {e}"),
             }
         }
+    }
+
+    /// A Rust SDK client of this server.
+    pub fn client(&self) -> gapless_client::Client {
+        gapless_client::Client::new(&self.base()).expect("valid URL")
     }
 
     /// The server's log (stderr) of the current or last run.

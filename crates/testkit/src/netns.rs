@@ -8,7 +8,6 @@
 //! [`NsServer`] runs `gapless serve --memory` inside it. These need root
 //! (`ip netns`) and `iptables` (`scripts/test.sh` installs it); a test
 //! calls [`netns_or_skip`] and passes with `SKIP` without them.
-#![allow(dead_code)]
 
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
@@ -64,8 +63,10 @@ fn free_subnet(pid: u32, n: u32) -> Result<(u32, u32), String> {
 /// A network namespace for the server, joined to the test's namespace by a
 /// veth pair: the server at `server_ip`, the test at `client_ips`. Removed on drop.
 pub struct Netns {
+    /// The namespace's name (`ip netns`).
     pub name: String,
     host_if: String,
+    /// The server's address in the namespace (`.1`).
     pub server_ip: String,
     /// The test's addresses on the pair: connect from the first by default,
     /// bind to the second to put a client in the other group.
@@ -73,6 +74,7 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// Creates a namespace with its veth pair and addresses; what failed otherwise.
     pub fn create() -> Result<Netns, String> {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
@@ -113,6 +115,7 @@ impl Netns {
         Ok(ns)
     }
 
+    /// Runs `cmd args` inside the namespace, returning stdout.
     pub fn exec(&self, cmd: &str, args: &[&str]) -> Result<String, String> {
         let mut all = vec!["netns", "exec", &self.name, cmd];
         all.extend_from_slice(args);
@@ -198,15 +201,19 @@ pub fn netns_or_skip(test: &str) -> Option<Netns> {
 /// `gapless serve --memory` inside a [`Netns`], with extra flags.
 pub struct NsServer {
     child: Child,
+    /// Where it listens (in the namespace).
     pub addr: SocketAddr,
+    /// An HTTP client that keeps no idle connections.
     pub http: reqwest::Client,
 }
 
 impl NsServer {
+    /// Starts `gapless serve --memory` in `ns` with extra flags.
     pub async fn start(ns: &Netns, args: &[&str]) -> NsServer {
         let listen = format!("{}:0", ns.server_ip);
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_gapless")])
+        cmd.args(["netns", "exec", &ns.name])
+            .arg(crate::bin())
             .args(["serve", "--memory", "--listen", &listen])
             .args(args)
             .stdin(Stdio::null())
@@ -255,6 +262,7 @@ impl NsServer {
         self.child.id().expect("running")
     }
 
+    /// GET `path` as JSON.
     pub async fn get(&self, path: &str) -> Value {
         let r = self
             .http
@@ -265,6 +273,7 @@ impl NsServer {
         r.json().await.expect("JSON")
     }
 
+    /// GET `path` as text.
     pub async fn get_text(&self, path: &str) -> String {
         self.http
             .get(format!("http://{}{path}", self.addr))
@@ -276,6 +285,7 @@ impl NsServer {
             .expect("text")
     }
 
+    /// POST `body` to `path`, asserting success; the JSON answer.
     pub async fn post(&self, path: &str, body: Vec<u8>) -> Value {
         let r = self
             .http
@@ -288,6 +298,7 @@ impl NsServer {
         r.json().await.expect("JSON")
     }
 
+    /// The channel's `subscribers` count.
     pub async fn subscribers(&self, channel: &str) -> u64 {
         self.get(&format!("/v1/channels/{channel}")).await["subscribers"]
             .as_u64()
