@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A journal held in memory.
@@ -16,6 +17,9 @@ pub struct MemoryJournal {
     retention: Retention,
     sink: Arc<dyn CommitSink>,
     channels: Mutex<HashMap<Arc<str>, ChannelLog>>,
+    /// Set by [`Journal::close`]: appends are refused with
+    /// [`JournalError::Closed`] from then on (reads still work).
+    closed: AtomicBool,
 }
 
 struct ChannelLog {
@@ -61,6 +65,7 @@ impl MemoryJournal {
             retention,
             sink,
             channels: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -83,6 +88,11 @@ impl Journal for MemoryJournal {
         idempotency_key: Option<&str>,
     ) -> Result<Appended, JournalError> {
         let mut map = self.channels.lock();
+        // Checked under the lock that `close` takes, so no append lands
+        // after `close` returned.
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
         let log = match map.get_mut(channel) {
             Some(l) => l,
             None => {
@@ -182,7 +192,10 @@ impl Journal for MemoryJournal {
         Ok(())
     }
 
+    /// Refuses appends from now on; nothing to flush.
     async fn close(&self) -> Result<(), JournalError> {
+        let _map = self.channels.lock();
+        self.closed.store(true, Ordering::Release);
         Ok(())
     }
 }

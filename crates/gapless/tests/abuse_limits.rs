@@ -3,11 +3,10 @@
 //! keep answering), the publish rate, a trickled body, and CORS preflights
 //! and credentials.
 
-
+use gapless_testkit::{Item, Next, Server, SseClient};
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use gapless_testkit::{Item, Next, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";

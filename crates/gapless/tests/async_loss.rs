@@ -7,10 +7,9 @@
 //! lost range. Prints the figures; `GAPLESS_ASYNC_LOSS_ROUNDS` sets the
 //! number of kills (default 3).
 
-
+use gapless_testkit::Server;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use gapless_testkit::Server;
 
 #[tokio::test]
 async fn a_kill_9_under_async_durability_loses_at_most_the_last_second_of_acks() {

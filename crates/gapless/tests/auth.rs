@@ -3,15 +3,14 @@
 //! a channel exists, patterns, sessions, WebSocket, RS256 and ES256 keys,
 //! and a token that expires mid-stream replaced with no loss and no repeat.
 
-
 use base64::Engine;
 
+use gapless_testkit::ws::{Msg, Ws};
+use gapless_testkit::{Item, Next, Server, SseClient};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
-use gapless_testkit::{Item, Next, Server, SseClient};
-use gapless_testkit::ws::{Msg, Ws};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
 

@@ -1,9 +1,8 @@
 //! `POST /v1/channels/{channel}/batch`: atomic, ordered, consecutive seqs,
 //! limits, body rules and idempotency.
 
-
-use serde_json::json;
 use gapless_testkit::{seq_of, Server};
+use serde_json::json;
 
 #[tokio::test]
 async fn batch_appends_in_order_with_consecutive_seqs() {

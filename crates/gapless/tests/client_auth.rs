@@ -4,10 +4,9 @@
 //! the stream with `unauthorized`, and `gapless token` / `--token` work
 //! together.
 
-
+use gapless_client::{Client, Update};
 use gapless_testkit::clients;
 use gapless_testkit::Server;
-use gapless_client::{Client, Update};
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
 use std::process::Command;

@@ -2,7 +2,6 @@
 //! stdin lines, JSON-lines file, batching, summaries), `history` and `tail`
 //! output (plain and `--json`), gap notices on stderr, and one-line errors.
 
-
 use gapless_testkit::clients::{self, Tail};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -265,13 +264,17 @@ async fn tail_prints_plain_and_json_lines_gaps_on_stderr_and_resumes_from_a_curs
         ok(&gapless(&[&["publish", "t", d][..], &s].concat(), b""));
     }
     let tail = Tail::start(&[&["t", "--since", first.as_str()][..], &s].concat());
-    gapless_testkit::eventually("a gap notice on stderr", Duration::from_secs(20), || async {
-        tail.stderr
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|l| l.contains("gap on t (evicted)"))
-    })
+    gapless_testkit::eventually(
+        "a gap notice on stderr",
+        Duration::from_secs(20),
+        || async {
+            tail.stderr
+                .lock()
+                .expect("lock")
+                .iter()
+                .any(|l| l.contains("gap on t (evicted)"))
+        },
+    )
     .await;
     ok(&gapless(&[&["publish", "t", "f"][..], &s].concat(), b""));
     tail.wait_for(1, 20).await;

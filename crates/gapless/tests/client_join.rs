@@ -4,10 +4,9 @@
 //! following), concurrent publishers, clean and killed restarts, evicted
 //! cursors and folding. Each durable seq must be delivered once, in order.
 
-
-use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
 use gapless_client::join::JoinPhase;
 use gapless_client::{Client, Error, Folded, GapReason, Join, Update};
+use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

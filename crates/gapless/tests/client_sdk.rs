@@ -2,11 +2,10 @@
 //! doc example is backed here, plus resumption, reconnection, terminal
 //! refusals and cancellation.
 
-
-use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
-use gapless_testkit::eventually;
 use futures::TryStreamExt;
 use gapless_client::{Client, Cursor, Error, GapReason, NewEvent, Update};
+use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
+use gapless_testkit::eventually;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::timeout;
@@ -527,9 +526,11 @@ async fn dropping_a_subscription_or_a_pending_next_leaves_nothing_running() {
     assert_eq!(subscribers(&client, "c").await, 1);
     driver.abort();
     let _ = driver.await;
-    eventually("no subscriber after the join is dropped", Duration::from_secs(10), || async {
-        subscribers(&client, "c").await == 0
-    })
+    eventually(
+        "no subscriber after the join is dropped",
+        Duration::from_secs(10),
+        || async { subscribers(&client, "c").await == 0 },
+    )
     .await;
 }
 

@@ -2,7 +2,6 @@
 //! the middle of a stream, twice, while a publisher keeps publishing: every
 //! event is printed exactly once, in order.
 
-
 use gapless_testkit::clients::{self, publish_surely, Tail};
 use std::time::Duration;
 

@@ -3,10 +3,9 @@
 //! across kill -9 and SIGTERM restarts (every seq exactly once, in order),
 //! typed gaps, and terminal refusals.
 
-
+use gapless_client::{Backoff, Client, Cursor, GapReason, Update, WsSubscription};
 use gapless_testkit::clients::{self, assert_exactly_once, publish_surely};
 use gapless_testkit::eventually;
-use gapless_client::{Backoff, Client, Cursor, GapReason, Update, WsSubscription};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -184,9 +183,11 @@ async fn ws_subscription_resumes_each_channel_exactly_once_across_kill9_and_sigt
     };
 
     publish_range(1, 15).await;
-    eventually("some events before the kill", Duration::from_secs(10), || async {
-        count("a") >= 5
-    })
+    eventually(
+        "some events before the kill",
+        Duration::from_secs(10),
+        || async { count("a") >= 5 },
+    )
     .await;
     // kill -9 mid-stream: reset connection, the client backs off and resumes
     // each channel from its last delivered cursor (not from `earliest` again).

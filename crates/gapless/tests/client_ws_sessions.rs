@@ -4,10 +4,9 @@
 //! `Completed` ends the stream), takeover, and terminal refusals (4404
 //! `session_not_found` and `session_ended`, 4409, 4410) as typed errors.
 
-
+use gapless_client::{Backoff, Client, ErrorCode, SessionStatus, SessionStream, SessionUpdate};
 use gapless_testkit::clients;
 use gapless_testkit::eventually;
-use gapless_client::{Backoff, Client, ErrorCode, SessionStatus, SessionStream, SessionUpdate};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::time::timeout;
@@ -237,9 +236,11 @@ async fn session_consumer_reattaches_across_kill9_with_every_event_once() {
     for i in 1..=15 {
         append_surely(&client, "s", &format!("e{i}")).await;
     }
-    eventually("some events before the kill", Duration::from_secs(10), || async {
-        events() >= 5
-    })
+    eventually(
+        "some events before the kill",
+        Duration::from_secs(10),
+        || async { events() >= 5 },
+    )
     .await;
     server.kill9().await;
     server.restart().await;
@@ -397,7 +398,10 @@ async fn takeover_moves_the_session_and_the_old_consumer_ends_with_4409() {
         .connect()
         .await
         .expect("attach");
-    eventually("attached", Duration::from_secs(10), || async { attached(&client, "t").await }).await;
+    eventually("attached", Duration::from_secs(10), || async {
+        attached(&client, "t").await
+    })
+    .await;
     let mut new = client
         .attach_session("t")
         .takeover(true)

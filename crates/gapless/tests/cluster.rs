@@ -6,15 +6,14 @@
 //! notification lose nothing; a FLUSHALL or a failover to a replica that was
 //! behind is told as an `epoch` gap, never a different event under a held seq.
 
-
 use gapless_testkit::redis::Redis;
-use serde_json::Value;
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
-use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
 use gapless_testkit::ws::{
     append, append_ok, consume, end_session, new_session, session_info, Msg, Ws, WAIT,
 };
+use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 const CH: &str = "c";
 

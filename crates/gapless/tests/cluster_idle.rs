@@ -4,12 +4,11 @@
 //! acknowledged event is stored once, and notifications between nodes go on
 //! (docs/cluster.md, "Idle connections").
 
-
 use gapless_testkit::redis::Redis;
+use gapless_testkit::ws::Ws;
+use gapless_testkit::{seq_of, Opts, Server};
 use serde_json::{json, Value};
 use std::time::Duration;
-use gapless_testkit::{seq_of, Opts, Server};
-use gapless_testkit::ws::Ws;
 
 const CH: &str = "idle";
 

@@ -7,14 +7,13 @@
 //! same idempotency key. Also the `--redis` URL check and `/readyz` while
 //! Redis is out of memory.
 
-
 use gapless_testkit::redis::Redis;
+use gapless_testkit::sse::{Item, Next};
+use gapless_testkit::ws::{append, new_session, Ws};
+use gapless_testkit::{eventually, seq_of, Opts, Server, SseClient};
 use serde_json::json;
 use std::time::Duration;
-use gapless_testkit::sse::{Item, Next};
-use gapless_testkit::{eventually, seq_of, Opts, Server, SseClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use gapless_testkit::ws::{append, new_session, Ws};
 
 const CH: &str = "c";
 

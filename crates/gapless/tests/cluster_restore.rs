@@ -8,11 +8,10 @@
 //! the restored head gets a gap. Two nodes, each with a live SSE subscriber
 //! from before the loss, a new subscriber after it, and resumes.
 
-
 use gapless_testkit::redis::Redis;
+use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use gapless_testkit::{epoch_of, eventually, seq_of, Event, Opts, Server, SseClient};
 
 const CH: &str = "c";
 

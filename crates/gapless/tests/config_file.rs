@@ -3,9 +3,8 @@
 //! both, bad files are refused with the key named, and `gapless config`
 //! tells where each value came from.
 
-
-use std::process::Command;
 use gapless_testkit::{Opts, Server};
+use std::process::Command;
 
 fn gapless(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gapless"));

@@ -5,12 +5,11 @@
 //! event with wrong content and never panics. `gapless journal check`
 //! agrees with it on each file.
 
-
+use gapless_testkit::Server;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use gapless_testkit::Server;
 
 const CHANNELS: u64 = 5;
 const EVENTS: u64 = 300;

@@ -4,11 +4,10 @@
 //! streams keep working, and publishing resumes without a restart once space
 //! is freed. Needs root to mount the tmpfs; skips with a message otherwise.
 
-
+use gapless_testkit::{Opts, Server};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use gapless_testkit::{Opts, Server};
 
 /// A tmpfs mounted for the test's life.
 struct Tmpfs(PathBuf);
@@ -123,7 +122,10 @@ async fn a_full_disk_refuses_publishes_loses_nothing_and_recovers_without_a_rest
     s.get("/readyz").await.expect(200);
     let e = stream.next_event().await;
     assert_eq!(e.data, "after");
-    assert_eq!(Some(gapless_testkit::seq_of(&e.last_event_id, "c")), resumed);
+    assert_eq!(
+        Some(gapless_testkit::seq_of(&e.last_event_id, "c")),
+        resumed
+    );
     assert_eq!(
         resumed,
         Some(*acked.last().unwrap_or(&0) + 1),

@@ -1,10 +1,9 @@
 //! `GET /v1/channels/{channel}/events` (history pages), `GET /v1/channels/{channel}`,
 //! `/healthz`, and the JSON 404/405 answers.
 
-
+use gapless_testkit::{eventually, make_cursor, other_version_cursor, seq_of, Server};
 use serde_json::Value;
 use std::time::Duration;
-use gapless_testkit::{eventually, make_cursor, other_version_cursor, seq_of, Server};
 
 fn seqs(page: &Value) -> Vec<u64> {
     page["events"]

@@ -1,9 +1,8 @@
 //! Server settings: the connection limit, environment variables for flags,
 //! CORS origins, and retention by age.
 
-
-use std::time::{Duration, Instant};
 use gapless_testkit::{Opts, Server, SseClient};
+use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn connection_over_max_connections_is_503_limit_reached() {

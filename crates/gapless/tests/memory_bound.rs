@@ -18,12 +18,11 @@
 //! while it follows, as any slow reader does; it leaves when publishing
 //! ends. The SSE subscriber gets every event.
 
-
 use futures::{SinkExt, StreamExt};
+use gapless_testkit::Server;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use gapless_testkit::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;

@@ -13,15 +13,14 @@
 //! prints the figures recorded in `docs/reliability.md`). Needs root and
 //! `iptables` like `vanish.rs`; prints `SKIP` and passes without them.
 
-
 use gapless_testkit::netns::{netns_or_skip, NsServer};
 use gapless_testkit::slow::{raw_sse, Path};
+use gapless_testkit::ws::RawWs;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
-use gapless_testkit::ws::RawWs;
 
 /// Channels the clients spread over.
 const CHANNELS: usize = 50;

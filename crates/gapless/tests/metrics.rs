@@ -2,9 +2,8 @@
 //! move with what the server did (publishes by durability, replays, gaps by
 //! reason, refusals by code, histograms), open without a token.
 
-
-use std::collections::HashMap;
 use gapless_testkit::Server;
+use std::collections::HashMap;
 
 /// Parses the Prometheus text format into `name{labels}` -> value.
 fn scrape(text: &str) -> HashMap<String, f64> {

@@ -5,13 +5,12 @@
 //! whose limits are the server's, and whose streams and upgrades answer as it
 //! says. `scripts/schemathesis.sh` fuzzes the rest of the document.
 
-
+use gapless_testkit::ws::{Ws, PROTOCOL};
+use gapless_testkit::Server;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use gapless_testkit::Server;
-use gapless_testkit::ws::{Ws, PROTOCOL};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
 const METHODS: &[&str] = &["get", "put", "post", "delete", "options", "head", "patch"];

@@ -1,12 +1,11 @@
 //! The protocol questions that `docs/protocol.md` once left open, each
 //! decided there and checked here against the real binary.
 
-
-use serde_json::json;
-use gapless_testkit::Server;
 use gapless_testkit::ws::{
     append_ok, consume, consumer_path, end_session, new_session, Msg, Ws, PROTOCOL, WAIT,
 };
+use gapless_testkit::Server;
+use serde_json::json;
 
 #[tokio::test]
 async fn a_session_cancelled_by_its_grace_window_is_ended_not_expired() {

@@ -1,7 +1,6 @@
 //! `POST /v1/channels/{channel}/events`: names, types, body rules, size limit,
 //! idempotency and ephemeral events.
 
-
 use gapless_testkit::{pct, seq_of, Server};
 
 #[tokio::test]

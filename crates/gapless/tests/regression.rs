@@ -5,15 +5,14 @@
 //! violations and answers to every client close frame, the history page byte budget, the subscription-channel flag
 //! range, and SIGTERM with a half-sent request open.
 
-
+use gapless_testkit::ws::{assert_error, Msg, Ws};
+use gapless_testkit::Server;
 use raw::{raw_status, read_until_closed, Answer, ByteWs, Ending};
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use gapless_testkit::Server;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use gapless_testkit::ws::{assert_error, Msg, Ws};
 
 // ---- 1. slowloris ----
 

@@ -3,11 +3,10 @@
 //! a new epoch; a restored backup keeps its epoch and reads newer cursors as
 //! `ahead`; an unclean `--durability async` run starts a new epoch.
 
-
+use gapless_testkit::{copy_dir, epoch_of, seq_of, Event, Next, Server, SseClient};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use gapless_testkit::{copy_dir, epoch_of, seq_of, Event, Next, Server, SseClient};
 use tokio::sync::Mutex;
 
 fn event_seq(e: &Event, channel: &str) -> u64 {
@@ -199,7 +198,9 @@ async fn sigterm_ends_streams_cleanly_and_exits_within_5s() {
             "the stream ends with the chunked terminator, not a reset"
         );
         assert!(
-            items.iter().all(|i| matches!(i, gapless_testkit::Item::Comment(_))),
+            items
+                .iter()
+                .all(|i| matches!(i, gapless_testkit::Item::Comment(_))),
             "nothing but heartbeats before the end: {items:?}"
         );
     }

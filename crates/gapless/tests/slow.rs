@@ -3,10 +3,9 @@
 //! `evicted` gap naming the hole and continues; subscribing while events are
 //! being published delivers every seq exactly once, in order.
 
-
+use gapless_testkit::{seq_of, ConnectOptions, Event, Item, Server, SseClient};
 use std::sync::Arc;
 use std::time::Duration;
-use gapless_testkit::{seq_of, ConnectOptions, Event, Item, Server, SseClient};
 use tokio::sync::Mutex;
 
 fn event_seq(e: &Event, channel: &str) -> u64 {

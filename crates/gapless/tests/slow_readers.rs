@@ -13,11 +13,10 @@
 //! these clients was cut about 3 s after its window filled.
 //! `GAPLESS_LONG_TESTS=1` adds the fan-out SSE case at the default settings.
 
-
-use serde_json::Value;
 use gapless_testkit::slow::{long_tests, raw_sse, read_events, read_slowly, Path, SHORT_TIMERS};
-use std::time::{Duration, Instant};
 use gapless_testkit::ws::RawWs;
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 /// 200 events of 60 KB (12 MB): data starts with the index, 5 digits.
 fn publish_200(url: String) -> tokio::task::JoinHandle<()> {
@@ -163,14 +162,15 @@ async fn a_slow_websocket_reader_with_replies_waiting_is_kept_short_timers() {
         t0.elapsed()
     );
     let (mut events, mut replies) = (Vec::new(), Vec::new());
-    let take = |f: &gapless_testkit::ws::Frame, events: &mut Vec<String>, replies: &mut Vec<String>| {
-        let v = json_of(f);
-        match v["op"].as_str() {
-            Some("event") => events.push(v["data"].as_str().expect("data")[..5].to_owned()),
-            Some("published") => replies.push(v["id"].as_str().expect("id")[..5].to_owned()),
-            _ => panic!("unexpected {v}"),
-        }
-    };
+    let take =
+        |f: &gapless_testkit::ws::Frame, events: &mut Vec<String>, replies: &mut Vec<String>| {
+            let v = json_of(f);
+            match v["op"].as_str() {
+                Some("event") => events.push(v["data"].as_str().expect("data")[..5].to_owned()),
+                Some("published") => replies.push(v["id"].as_str().expect("id")[..5].to_owned()),
+                _ => panic!("unexpected {v}"),
+            }
+        };
     for f in &frames {
         take(f, &mut events, &mut replies);
     }

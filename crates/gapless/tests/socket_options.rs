@@ -2,9 +2,8 @@
 //! from the kernel with `ss`, so that a client that vanishes without a FIN is
 //! reaped even when nothing is in flight.
 
-
-use std::process::Command;
 use gapless_testkit::Server;
+use std::process::Command;
 
 /// The `ss -o` lines of the server's established sockets on its port.
 fn server_sockets(server: &Server) -> String {

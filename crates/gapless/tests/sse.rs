@@ -2,10 +2,11 @@
 //! where a stream starts, data encoding, envelopes, multi-channel streams,
 //! gap notices at connect, heartbeats and limits.
 
-
+use gapless_testkit::{
+    epoch_of, make_cursor, other_version_cursor, seq_of, Event, Item, Next, Server,
+};
 use serde_json::{json, Value};
 use std::time::Duration;
-use gapless_testkit::{epoch_of, make_cursor, other_version_cursor, seq_of, Event, Item, Next, Server};
 
 fn cursor(v: &Value) -> String {
     v["cursor"].as_str().expect("cursor").to_owned()

@@ -6,11 +6,10 @@
 //! chunk), so a browser refreshes its credential and resumes with its cursor
 //! (docs/security.md); at shutdown the body ends cleanly too.
 
-
+use gapless_testkit::{ConnectOptions, Item, Next, Server, SseClient};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use std::time::Duration;
-use gapless_testkit::{ConnectOptions, Item, Next, Server, SseClient};
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
 const WAIT: Duration = Duration::from_secs(10);

@@ -1,7 +1,6 @@
 //! The test suite's own SSE parser, checked against WHATWG examples, so the
 //! server tests rest on a parser that is known to follow the spec.
 
-
 use gapless_testkit::sse::{Event, Item, Parser};
 
 fn parse(chunks: &[&[u8]]) -> (Vec<Item>, Parser) {

@@ -6,9 +6,8 @@
 //! that closes its stream stops counting as a subscriber at once; clients
 //! that send junk or stop reading cannot stall other streams or shutdown.
 
-
-use std::time::Duration;
 use gapless_testkit::{eventually, ConnectOptions, Next, Server, SseClient};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

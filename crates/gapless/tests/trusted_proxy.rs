@@ -4,9 +4,8 @@
 //! untrusted peer's `X-Forwarded-For` is ignored; malformed headers fall back
 //! to the proxy's own address; the refusal is logged once a minute per address.
 
-
-use std::time::Duration;
 use gapless_testkit::{Item, Next, Server, SseClient};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -17,12 +17,11 @@
 //!
 //! Slow readers that stay live are in `slow_readers.rs`.
 
-
 use gapless_testkit::netns::{netns_or_skip, Netns, NsServer};
 use gapless_testkit::slow::{long_tests, raw_sse, Path, SHORT_TIMERS};
+use gapless_testkit::ws::RawWs;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use gapless_testkit::ws::RawWs;
 
 /// Waits until `released` holds and the server no longer holds a
 /// connection to `client`; returns the time since `t0`, or panics after `limit`.

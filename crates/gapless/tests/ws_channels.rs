@@ -4,13 +4,12 @@
 //! messages (error reply; 10 in a row close 4422), oversize messages (1009),
 //! a subscribe racing publishes, and slow readers.
 
-
+use gapless_testkit::ws::{assert_error, datas, ops, seqs, Msg, RawWs, Ws, PROTOCOL, WAIT};
+use gapless_testkit::{epoch_of, make_cursor, other_version_cursor, seq_of, Server};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use gapless_testkit::{epoch_of, make_cursor, other_version_cursor, seq_of, Server};
 use tokio_tungstenite::tungstenite::Message;
-use gapless_testkit::ws::{assert_error, datas, ops, seqs, Msg, RawWs, Ws, PROTOCOL, WAIT};
 
 fn cursor_of(v: &Value) -> String {
     v["cursor"]

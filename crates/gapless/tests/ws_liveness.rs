@@ -4,11 +4,10 @@
 //! with 4408; SIGTERM closes every open socket with 1001 and a reason (never a
 //! bare TCP close, never 1005/1006).
 
-
+use gapless_testkit::ws::{append_ok, consume, new_session, Frame, Msg, RawWs, Ws, WAIT};
+use gapless_testkit::{seq_of, Server};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use gapless_testkit::{seq_of, Server};
-use gapless_testkit::ws::{append_ok, consume, new_session, Frame, Msg, RawWs, Ws, WAIT};
 
 #[tokio::test]
 async fn the_server_pings_and_a_client_that_answers_stays_open() {

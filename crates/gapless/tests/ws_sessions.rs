@@ -4,14 +4,13 @@
 //! of a session (also while the consumer is away), the grace window, restarts
 //! within it, and the history endpoint.
 
-
-use serde_json::{json, Value};
-use std::time::Duration;
-use gapless_testkit::Server;
 use gapless_testkit::ws::{
     append, append_ok, assert_error, consume, consumer_path, create_session, end_session,
     new_session, session_info, Msg, Ws, WAIT,
 };
+use gapless_testkit::Server;
+use serde_json::{json, Value};
+use std::time::Duration;
 
 /// Asserts a session `event` message.
 #[track_caller]
@@ -328,10 +327,14 @@ async fn refusals_send_one_error_then_their_close_code() {
 
     // A malformed query is an HTTP 400 before the upgrade.
     for q in ["last_seq=abc", "last_seq=-1", "takeover=maybe"] {
-        let r = Ws::try_connect(s.addr, &consumer_path(&open, q), &[gapless_testkit::ws::PROTOCOL])
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{q}: expected HTTP 400"));
+        let r = Ws::try_connect(
+            s.addr,
+            &consumer_path(&open, q),
+            &[gapless_testkit::ws::PROTOCOL],
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{q}: expected HTTP 400"));
         assert_eq!(r.status, 400, "{q}: {r:?}");
         assert_eq!(r.json["error"], "invalid_request", "{q}: {r:?}");
     }

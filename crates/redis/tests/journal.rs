@@ -1,5 +1,7 @@
-//! The Redis journal against a real `redis-server` (started here on a free
-//! port; `scripts/test.sh` installs it when missing): seqs, batches,
+//! The Redis journal against a real `redis-server` (started by
+//! `gapless_testkit::redis` on a free port; `scripts/test.sh` installs it
+//! when missing), beyond the contract every journal keeps
+//! (`crates/testkit/tests/journal_contract.rs`): seqs, batches,
 //! idempotency, retention by count and age, a wiped Redis as a new epoch,
 //! an out-of-memory Redis refusing a batch whole, and an unreachable Redis
 //! answering `Unavailable` within the timeout.
@@ -7,84 +9,23 @@
 use gapless_core::journal::{ChannelState, CommitSink, Journal, JournalError, NoSink, Retention};
 use gapless_protocol::{Event, NewEvent};
 use gapless_redis::{RedisJournal, RedisOptions};
+use gapless_testkit::redis::Redis;
 use parking_lot::Mutex;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting redis-server (apt-get install redis-server, or run scripts/test.sh)");
-        let r = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
-        let t0 = Instant::now();
-        while r.cli(&["PING"]) != "PONG" {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        r
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
-    }
-
-    fn journal(&self, retention: Retention, sink: Arc<dyn CommitSink>) -> RedisJournal {
-        RedisJournal::open(
-            RedisOptions {
-                url: format!("redis://127.0.0.1:{}", self.port),
-                retention,
-                timeout_ms: 500,
-                ..RedisOptions::default()
-            },
-            sink,
-        )
-        .expect("open")
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The Redis journal on `redis`, with a 500 ms timeout.
+fn journal(redis: &Redis, retention: Retention, sink: Arc<dyn CommitSink>) -> RedisJournal {
+    RedisJournal::open(
+        RedisOptions {
+            url: redis.url(),
+            retention,
+            timeout_ms: 500,
+            ..RedisOptions::default()
+        },
+        sink,
+    )
+    .expect("open")
 }
 
 fn ev(data: &str) -> NewEvent {
@@ -117,9 +58,9 @@ impl CommitSink for Recorder {
 
 #[tokio::test]
 async fn seqs_are_dense_batches_in_order_and_a_key_answers_the_original_seqs() {
-    let redis = Redis::start();
+    let redis = Redis::start().await;
     let sink = Arc::new(Recorder::default());
-    let j = redis.journal(Retention::default(), sink.clone());
+    let j = journal(&redis, Retention::default(), sink.clone());
     let a = j
         .append("c", vec![ev("a"), typed("t:x", "b"), ev("")], None)
         .await
@@ -181,12 +122,12 @@ async fn seqs_are_dense_batches_in_order_and_a_key_answers_the_original_seqs() {
 
 #[tokio::test]
 async fn retention_by_count_keeps_the_newest_and_forgets_their_keys() {
-    let redis = Redis::start();
+    let redis = Redis::start().await;
     let retention = Retention {
         max_events: 3,
         max_age_ms: 0,
     };
-    let j = redis.journal(retention, Arc::new(NoSink));
+    let j = journal(&redis, retention, Arc::new(NoSink));
     j.append("c", vec![ev("1")], Some("first"))
         .await
         .expect("append");
@@ -207,11 +148,16 @@ async fn retention_by_count_keeps_the_newest_and_forgets_their_keys() {
         .expect("append");
     assert_eq!((again.first_seq, again.duplicate), (6, false));
     // nothing of the evicted events is left in the hash
-    let fields = redis.cli(&["HLEN", "gapless:{c}"]);
+    let fields = redis.cli(&["HLEN", "gapless:{c}"]).await;
     // epoch floor head time lin, events 4 to 6, the node's token of the
     // batch ending at 5 (`k <token>`, i5), and the key of 6 with its request
     // token (`kfirst`, `rfirst`, i6)
-    assert_eq!(fields, "13", "{}", redis.cli(&["HKEYS", "gapless:{c}"]));
+    assert_eq!(
+        fields,
+        "13",
+        "{}",
+        redis.cli(&["HKEYS", "gapless:{c}"]).await
+    );
 }
 
 /// The append script run directly, as a node sends it again after its
@@ -240,7 +186,7 @@ fn append_raw(con: &mut redis::Connection, key_arg: &str, data: &str) -> (i64, i
 
 #[tokio::test]
 async fn an_append_sent_twice_lands_once_and_is_told_it_was_its_own() {
-    let redis = Redis::start();
+    let redis = Redis::start().await;
     let client = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port)).expect("url");
     let mut con = client.get_connection().expect("connect");
     // No client key: the node's token is the key; the second send is its own.
@@ -255,10 +201,10 @@ async fn an_append_sent_twice_lands_once_and_is_told_it_was_its_own() {
     assert_eq!(append_raw(&mut con, "K", "b"), (2, 2, 1, 0));
     assert_eq!(append_raw(&mut con, "", "c"), (3, 3, 0, 0));
     assert_eq!(append_raw(&mut con, "", "d"), (4, 4, 0, 0));
-    assert_eq!(redis.cli(&["HGET", "gapless:{raw}", "head"]), "4");
+    assert_eq!(redis.cli(&["HGET", "gapless:{raw}", "head"]).await, "4");
     // Retention (2 events here) forgets a token, and a key's request token,
     // with their events: 1 and 2 are gone, so are ` tokA`, `K`, `rK`.
-    let keys = redis.cli(&["HKEYS", "gapless:{raw}"]);
+    let keys = redis.cli(&["HKEYS", "gapless:{raw}"]).await;
     assert!(keys.lines().any(|k| k == "e3"), "{keys}");
     for gone in ["k tokA", "kK", "rK", "e1", "e2", "i1", "i2"] {
         assert!(!keys.lines().any(|k| k == gone), "{gone} is left: {keys}");
@@ -267,12 +213,12 @@ async fn an_append_sent_twice_lands_once_and_is_told_it_was_its_own() {
 
 #[tokio::test]
 async fn retention_by_age_raises_the_floor() {
-    let redis = Redis::start();
+    let redis = Redis::start().await;
     let retention = Retention {
         max_events: 100,
         max_age_ms: 300,
     };
-    let j = redis.journal(retention, Arc::new(NoSink));
+    let j = journal(&redis, retention, Arc::new(NoSink));
     j.append("c", vec![ev("old1"), ev("old2")], None)
         .await
         .expect("append");
@@ -291,13 +237,13 @@ async fn retention_by_age_raises_the_floor() {
 
 #[tokio::test]
 async fn a_wiped_redis_is_a_new_epoch_starting_over() {
-    let redis = Redis::start();
-    let j = redis.journal(Retention::default(), Arc::new(NoSink));
+    let redis = Redis::start().await;
+    let j = journal(&redis, Retention::default(), Arc::new(NoSink));
     let a = j
         .append("c", vec![ev("x"), ev("y")], None)
         .await
         .expect("append");
-    redis.cli(&["FLUSHALL"]);
+    redis.cli(&["FLUSHALL"]).await;
     let st = j.state("c").await.expect("state");
     assert_ne!(st.epoch, a.epoch);
     assert_eq!((st.floor, st.head), (1, 0));
@@ -307,15 +253,15 @@ async fn a_wiped_redis_is_a_new_epoch_starting_over() {
 
 #[tokio::test]
 async fn an_out_of_memory_redis_refuses_a_batch_whole() {
-    let redis = Redis::start();
-    let j = redis.journal(Retention::default(), Arc::new(NoSink));
+    let redis = Redis::start().await;
+    let j = journal(&redis, Retention::default(), Arc::new(NoSink));
     j.append("c", vec![ev("before")], None)
         .await
         .expect("append");
-    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).await;
     let r = j.append("c", vec![ev("a"), ev("b"), ev("c")], None).await;
     assert!(matches!(r, Err(JournalError::Storage(_))), "{r:?}");
-    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).await;
     let st = j.state("c").await.expect("state");
     assert_eq!(st.head, 1, "nothing of the refused batch");
     assert_eq!(
@@ -329,11 +275,10 @@ async fn an_out_of_memory_redis_refuses_a_batch_whole() {
 
 #[tokio::test]
 async fn an_unreachable_redis_answers_unavailable_within_the_timeout() {
-    let mut redis = Redis::start();
-    let j = redis.journal(Retention::default(), Arc::new(NoSink));
+    let mut redis = Redis::start().await;
+    let j = journal(&redis, Retention::default(), Arc::new(NoSink));
     assert!(j.ready().await.is_ok());
-    let _ = redis.child.kill();
-    let _ = redis.child.wait();
+    redis.kill9().await;
     let t0 = Instant::now();
     let r = j.append("c", vec![ev("x")], None).await;
     assert!(matches!(r, Err(JournalError::Unavailable(_))), "{r:?}");
@@ -347,8 +292,8 @@ async fn an_unreachable_redis_answers_unavailable_within_the_timeout() {
 
 #[tokio::test]
 async fn a_session_journal_takes_nothing_after_its_end_marker() {
-    let redis = Redis::start();
-    let j = redis.journal(Retention::default(), Arc::new(NoSink));
+    let redis = Redis::start().await;
+    let j = journal(&redis, Retention::default(), Arc::new(NoSink));
     let ch = "session/s1";
     j.append(ch, vec![typed("gapless.session.opened", "")], None)
         .await

@@ -71,7 +71,11 @@ pub fn bin() -> PathBuf {
     }
     let beside = std::env::current_exe().ok().and_then(|exe| {
         let dir = exe.parent()?;
-        let dir = if dir.ends_with("deps") { dir.parent()? } else { dir };
+        let dir = if dir.ends_with("deps") {
+            dir.parent()?
+        } else {
+            dir
+        };
         Some(dir.join(format!("gapless{}", std::env::consts::EXE_SUFFIX)))
     });
     match beside {

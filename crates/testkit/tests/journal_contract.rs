@@ -1,0 +1,613 @@
+//! The journal contract (`gapless_core::journal`), one suite over
+//! `dyn Journal` run against every implementation alike: the memory journal
+//! (`gapless_core::MemoryJournal`), the embedded store
+//! (`gapless_store::EmbeddedJournal`, on its own temporary directory) and the
+//! Redis journal (`gapless_redis::RedisJournal`, on a `redis-server` the
+//! testkit starts for each test; without `redis-server` those tests print
+//! `SKIP` and pass).
+//!
+//! Each contract is one `async fn` taking a [`Fixture`]; [`contract!`] makes
+//! a module per contract with one test per journal (`dense_seqs::memory`,
+//! `dense_seqs::embedded`, `dense_seqs::redis`). What only one journal does
+//! (the store's reopen and checkpoints, Redis's scripts and outages) is
+//! tested in that journal's crate.
+
+use gapless_core::journal::{now_ms, ChannelState, CommitSink, Journal, JournalError, Retention};
+use gapless_core::memory::MemoryJournal;
+use gapless_core::Page;
+use gapless_protocol::{Event, NewEvent};
+use gapless_redis::{RedisJournal, RedisOptions};
+use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
+use gapless_testkit::redis::Redis;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+type R = Result<(), JournalError>;
+
+/// Which implementation a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Embedded,
+    Redis,
+}
+
+/// Opens journals of one kind (each its own store: a fresh directory, or
+/// the test's own `redis-server`).
+struct Fixture {
+    kind: Kind,
+    redis: Option<Redis>,
+    dirs: Mutex<Vec<TempDir>>,
+}
+
+impl Fixture {
+    /// A journal with `retention` and a fresh recording sink.
+    fn open(&self, retention: Retention) -> (Arc<dyn Journal>, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::default());
+        let sink: Arc<dyn CommitSink> = rec.clone();
+        let journal: Arc<dyn Journal> = match self.kind {
+            Kind::Memory => Arc::new(MemoryJournal::new(retention, sink)),
+            Kind::Embedded => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let opts = StoreOptions {
+                    retention,
+                    durability: Durability::Sync,
+                    min_free_bytes: 0,
+                    ..StoreOptions::default()
+                };
+                let j = EmbeddedJournal::open(dir.path(), opts, sink).expect("open the store");
+                self.dirs.lock().expect("lock").push(dir);
+                Arc::new(j)
+            }
+            Kind::Redis => {
+                let redis = self.redis.as_ref().expect("a redis-server");
+                let opts = RedisOptions {
+                    url: redis.url(),
+                    retention,
+                    ..RedisOptions::default()
+                };
+                Arc::new(RedisJournal::open(opts, sink).expect("open the Redis journal"))
+            }
+        };
+        (journal, rec)
+    }
+}
+
+/// Runs `test` against a fixture of `kind` (`None` from Redis: skipped).
+async fn run<F, Fut>(kind: Kind, name: &str, test: F) -> R
+where
+    F: FnOnce(Fixture) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let redis = match kind {
+        Kind::Redis => match Redis::start_or_skip(&format!("{name}::redis")).await {
+            Some(r) => Some(r),
+            None => return Ok(()),
+        },
+        _ => None,
+    };
+    let fixture = Fixture {
+        kind,
+        redis,
+        dirs: Mutex::new(Vec::new()),
+    };
+    test(fixture).await
+}
+
+/// One module per contract, with a test per journal. `name: redis
+/// ignored "why"` marks the Redis journal's test ignored: a known breach
+/// of the contract, named in the reason (run it with `--ignored`).
+macro_rules! contract {
+    ($($name:ident $(: redis ignored $reason:literal)?),* $(,)?) => {
+        $(
+            mod $name {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn memory() -> R {
+                    run(Kind::Memory, stringify!($name), super::$name).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn embedded() -> R {
+                    run(Kind::Embedded, stringify!($name), super::$name).await
+                }
+
+                $(#[ignore = $reason])?
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn redis() -> R {
+                    run(Kind::Redis, stringify!($name), super::$name).await
+                }
+            }
+        )*
+    };
+}
+
+contract!(
+    dense_seqs,
+    batches,
+    times,
+    idempotency,
+    idempotency_racing,
+    count_retention,
+    age_retention,
+    age_zero,
+    reads,
+    bounded_reads: redis ignored "finding: the READ script keeps the event that passes max_bytes (and counts encoded bytes), not the rule of cut_to_bytes",
+    sink_order: redis ignored "finding: under concurrent appends to one channel an append can return before the sink saw its events",
+    close,
+    reports,
+);
+
+// ---- the sink ----
+
+/// One sink call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Record {
+    /// `committed(channel, state, events)`, with the events' seqs.
+    Committed(String, ChannelState, Vec<u64>),
+    /// `evicted(channel, state)`.
+    Evicted(String, ChannelState),
+}
+
+/// A sink that records every call and follows every channel it was told of
+/// (as the hub follows channels with subscribers).
+#[derive(Default)]
+struct Recorder {
+    log: Mutex<Vec<Record>>,
+}
+
+impl Recorder {
+    fn records(&self) -> Vec<Record> {
+        self.log.lock().expect("lock").clone()
+    }
+
+    /// The last state the sink was told for `channel`.
+    fn last_state(&self, channel: &str) -> Option<ChannelState> {
+        self.records().iter().rev().find_map(|r| match r {
+            Record::Committed(c, s, _) | Record::Evicted(c, s) if c == channel => Some(*s),
+            _ => None,
+        })
+    }
+}
+
+impl CommitSink for Recorder {
+    fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
+        let seqs = events.iter().map(|e| e.seq).collect();
+        let rec = Record::Committed(channel.to_owned(), state, seqs);
+        self.log.lock().expect("lock").push(rec);
+    }
+
+    fn evicted(&self, channel: &str, state: ChannelState) {
+        let rec = Record::Evicted(channel.to_owned(), state);
+        self.log.lock().expect("lock").push(rec);
+    }
+
+    fn followed(&self) -> Vec<Arc<str>> {
+        let mut names: Vec<Arc<str>> = Vec::new();
+        for r in self.records() {
+            let (Record::Committed(c, ..) | Record::Evicted(c, _)) = r;
+            if !names.iter().any(|n| **n == *c) {
+                names.push(Arc::from(c.as_str()));
+            }
+        }
+        names
+    }
+}
+
+// ---- helpers ----
+
+fn ev(data: &str) -> NewEvent {
+    NewEvent {
+        event_type: None,
+        data: data.to_owned(),
+    }
+}
+
+fn seqs(page: &Page) -> Vec<u64> {
+    page.events.iter().map(|e| e.seq).collect()
+}
+
+fn keep(max_events: u64, max_age_ms: u64) -> Retention {
+    Retention {
+        max_events,
+        max_age_ms,
+    }
+}
+
+/// Calls `evict_expired(now)` every 50 ms until `channel`'s floor is
+/// `floor`; panics after `within`. Returns the state then.
+async fn evict_until(
+    j: &dyn Journal,
+    channel: &str,
+    floor: u64,
+    within: Duration,
+) -> Result<ChannelState, JournalError> {
+    let t0 = Instant::now();
+    loop {
+        j.evict_expired(now_ms()).await?;
+        let st = j.state(channel).await?;
+        if st.floor == floor {
+            return Ok(st);
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{channel}: floor {} after {within:?}, expected {floor}",
+            st.floor
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---- the contracts ----
+
+/// Seqs are dense, from 1, per channel; a channel never published to has
+/// the empty state; the epoch names the journal's incarnation.
+async fn dense_seqs(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let empty = j.state("a").await?;
+    assert_eq!((empty.floor, empty.head), (1, 0));
+    assert_ne!(empty.epoch.0, 0, "an epoch is never 0");
+    assert_eq!(j.state("a").await?, empty, "reading keeps the state");
+    for want in 1..=3 {
+        let a = j.append("a", vec![ev("x")], None).await?;
+        assert_eq!((a.first_seq, a.last_seq, a.duplicate), (want, want, false));
+        assert_eq!(a.epoch, empty.epoch, "the epoch of the empty state");
+    }
+    let b = j.append("b", vec![ev("y")], None).await?;
+    assert_eq!((b.first_seq, b.last_seq), (1, 1));
+    let a = j.append("a", vec![ev("z")], None).await?;
+    assert_eq!((a.first_seq, a.last_seq), (4, 4));
+    let st = j.state("a").await?;
+    assert_eq!((st.floor, st.head, st.epoch), (1, 4, a.epoch));
+    Ok(())
+}
+
+/// A batch is appended atomically and in order, with one time, its types
+/// and data as given.
+async fn batches(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let batch = vec![
+        NewEvent {
+            event_type: Some("t1".into()),
+            data: "one".into(),
+        },
+        ev("two"),
+        ev(""),
+    ];
+    let a = j.append("c", batch, None).await?;
+    assert_eq!((a.first_seq, a.last_seq), (1, 3));
+    let page = j.read("c", 0, 10).await?;
+    assert_eq!(seqs(&page), [1, 2, 3]);
+    let data: Vec<_> = page.events.iter().map(|e| e.data.as_str()).collect();
+    assert_eq!(data, ["one", "two", ""]);
+    assert_eq!(page.events[0].event_type.as_deref(), Some("t1"));
+    assert_eq!(page.events[1].event_type, None);
+    assert!(page.events.iter().all(|e| e.time == page.events[0].time));
+    assert!(page
+        .events
+        .iter()
+        .all(|e| &*e.channel == "c" && e.epoch == a.epoch));
+    assert_eq!(page.state, j.state("c").await?);
+    Ok(())
+}
+
+/// Event times never go backwards within a channel.
+async fn times(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    for _ in 0..50 {
+        j.append("t", vec![ev("x")], None).await?;
+    }
+    let page = j.read("t", 0, 100).await?;
+    assert_eq!(page.events.len(), 50);
+    assert!(page.events.windows(2).all(|w| w[0].time <= w[1].time));
+    Ok(())
+}
+
+/// A key seen on a channel answers the original seqs, appends nothing and
+/// reports nothing to the sink; keys are per channel.
+async fn idempotency(f: Fixture) -> R {
+    let (j, rec) = f.open(Retention::default());
+    j.append("a", vec![ev("0")], None).await?;
+    let first = j.append("a", vec![ev("1"), ev("2")], Some("k")).await?;
+    assert_eq!(
+        (first.first_seq, first.last_seq, first.duplicate),
+        (2, 3, false)
+    );
+    let calls = rec.records().len();
+    let again = j.append("a", vec![ev("other")], Some("k")).await?;
+    assert_eq!(
+        (
+            again.first_seq,
+            again.last_seq,
+            again.duplicate,
+            again.epoch
+        ),
+        (2, 3, true, first.epoch)
+    );
+    assert_eq!(rec.records().len(), calls, "a duplicate is not reported");
+    assert_eq!(j.state("a").await?.head, 3);
+    let data: Vec<_> = j
+        .read("a", 0, 10)
+        .await?
+        .events
+        .iter()
+        .map(|e| e.data.clone())
+        .collect();
+    assert_eq!(data, ["0", "1", "2"], "nothing of the duplicate is stored");
+    let other = j.append("b", vec![ev("1")], Some("k")).await?;
+    assert_eq!((other.first_seq, other.duplicate), (1, false));
+    Ok(())
+}
+
+/// Two appends with one key at the same time: one lands, the other is its
+/// duplicate.
+async fn idempotency_racing(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    for round in 0..10 {
+        let key = format!("k{round}");
+        let (x, y) = tokio::join!(
+            j.append("a", vec![ev("x")], Some(&key)),
+            j.append("a", vec![ev("y")], Some(&key))
+        );
+        let (x, y) = (x?, y?);
+        assert_eq!(x.first_seq, y.first_seq, "round {round}");
+        assert!(x.duplicate != y.duplicate, "round {round}: {x:?} {y:?}");
+    }
+    assert_eq!(j.state("a").await?.head, 10);
+    Ok(())
+}
+
+/// Retention by count: right after a publish a channel serves at most
+/// `max_events` (its newest), the sink sees the floor rise, a key whose
+/// events are gone is forgotten, and 0 is treated as 1.
+async fn count_retention(f: Fixture) -> R {
+    let (j, rec) = f.open(keep(3, 0));
+    let key = j.append("c", vec![ev("1")], Some("k")).await?;
+    for head in 2..=7u64 {
+        j.append("c", vec![ev(&head.to_string())], None).await?;
+        let st = j.state("c").await?;
+        assert_eq!((st.floor, st.head), (head.saturating_sub(3) + 1, head));
+        let page = j.read("c", 0, 100).await?;
+        assert_eq!(page.state, st);
+        assert_eq!(seqs(&page).first(), Some(&st.floor));
+        assert_eq!(page.events.len() as u64, head.min(3));
+    }
+    let want = ChannelState {
+        epoch: key.epoch,
+        floor: 5,
+        head: 7,
+    };
+    assert_eq!(
+        rec.records().last().cloned(),
+        Some(Record::Committed("c".into(), want, vec![7])),
+        "the sink saw the floor rise with the commit"
+    );
+    // A batch larger than the limit keeps its newest events only.
+    let a = j
+        .append("c", (0..5).map(|i| ev(&i.to_string())).collect(), None)
+        .await?;
+    assert_eq!((a.first_seq, a.last_seq), (8, 12));
+    assert_eq!(seqs(&j.read("c", 0, 100).await?), [10, 11, 12]);
+    // The key's event is gone, so the key is forgotten.
+    let re = j.append("c", vec![ev("again")], Some("k")).await?;
+    assert!(!re.duplicate, "{re:?}");
+    assert_eq!(re.first_seq, 13);
+    // max_events 0 is treated as 1.
+    let (j0, _) = f.open(keep(0, 0));
+    j0.append("z", vec![ev("a"), ev("b")], None).await?;
+    assert_eq!(seqs(&j0.read("z", 0, 10).await?), [2]);
+    Ok(())
+}
+
+/// Retention by age: events older than `max_age_ms` go, at most about a
+/// second late, once `evict_expired` has run; the sink is told the new
+/// floor; reads skip them; a key whose events are gone is forgotten; with
+/// everything gone the floor is `head + 1` and seqs continue.
+async fn age_retention(f: Fixture) -> R {
+    let (j, rec) = f.open(keep(1000, 300));
+    j.append("old", vec![ev("1"), ev("2")], Some("k")).await?;
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    j.append("old", vec![ev("3")], None).await?;
+    // Generous margins: the lag allowed is 1 s, this waits for 5.
+    let st = evict_until(&*j, "old", 3, Duration::from_secs(5)).await?;
+    assert_eq!((st.floor, st.head), (3, 3));
+    assert_eq!(seqs(&j.read("old", 0, 10).await?), [3]);
+    let told = rec.last_state("old").expect("the sink heard of old");
+    assert!(told.floor >= 3, "the sink was told the floor: {told:?}");
+    // The key's events are gone, so the key is forgotten.
+    let re = j.append("old", vec![ev("4")], Some("k")).await?;
+    assert_eq!((re.first_seq, re.duplicate), (4, false));
+    // Everything expires: floor = head + 1, reads are empty.
+    let st = evict_until(&*j, "old", 5, Duration::from_secs(5)).await?;
+    assert_eq!((st.floor, st.head), (5, 4));
+    assert!(j.read("old", 0, 10).await?.events.is_empty());
+    // The sink hears of the last floor within the same lag.
+    let t0 = Instant::now();
+    while rec.last_state("old").map(|s| s.floor) != Some(5) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the sink was not told floor 5: {:?}",
+            rec.last_state("old")
+        );
+        j.evict_expired(now_ms()).await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Appending again continues the seqs.
+    let a = j.append("old", vec![ev("5")], None).await?;
+    assert_eq!(a.first_seq, 5);
+    assert_eq!(j.state("old").await?.floor, 5);
+    Ok(())
+}
+
+/// `max_age_ms` 0 keeps events forever.
+async fn age_zero(f: Fixture) -> R {
+    let (j, rec) = f.open(keep(1000, 0));
+    j.append("c", vec![ev("1")], None).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    j.evict_expired(now_ms()).await?;
+    j.evict_expired(now_ms() + 365 * 86_400_000).await?;
+    assert_eq!(j.state("c").await?.floor, 1);
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [1]);
+    assert!(
+        !rec.records()
+            .iter()
+            .any(|r| matches!(r, Record::Evicted(..))),
+        "{:?}",
+        rec.records()
+    );
+    Ok(())
+}
+
+/// Reads page from `after`, at most `limit`, skipping what is below the
+/// floor; a channel never published to reads empty with the empty state.
+async fn reads(f: Fixture) -> R {
+    let (j, _) = f.open(keep(6, 0));
+    for i in 1..=10 {
+        j.append("p", vec![ev(&i.to_string())], None).await?;
+    }
+    assert_eq!(seqs(&j.read("p", 0, 2).await?), [5, 6]);
+    assert_eq!(seqs(&j.read("p", 2, 3).await?), [5, 6, 7]);
+    assert_eq!(seqs(&j.read("p", 6, 3).await?), [7, 8, 9]);
+    assert_eq!(seqs(&j.read("p", 9, 3).await?), [10]);
+    assert!(j.read("p", 10, 3).await?.events.is_empty());
+    assert!(j.read("p", 99, 3).await?.events.is_empty());
+    assert!(j.read("p", 0, 0).await?.events.is_empty());
+    let page = j.read("p", 0, 100).await?;
+    assert_eq!((page.state.floor, page.state.head), (5, 10));
+    assert_eq!(page.events[0].data, "5");
+    let none = j.read("nobody", 0, 10).await?;
+    assert_eq!((none.state.floor, none.state.head), (1, 0));
+    assert_eq!(none.state, j.state("nobody").await?);
+    assert!(none.events.is_empty());
+    Ok(())
+}
+
+/// `read_bounded` stops once the events' data passes the budget, and
+/// always returns at least one event.
+async fn bounded_reads(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    for _ in 0..6 {
+        j.append("big", vec![ev(&"k".repeat(1000))], None).await?;
+    }
+    assert_eq!(seqs(&j.read_bounded("big", 0, 100, 2500).await?), [1, 2]);
+    assert_eq!(seqs(&j.read_bounded("big", 2, 100, 2000).await?), [3, 4]);
+    assert_eq!(seqs(&j.read_bounded("big", 0, 100, 10).await?), [1]);
+    assert_eq!(seqs(&j.read_bounded("big", 0, 100, 0).await?), [1]);
+    assert_eq!(seqs(&j.read_bounded("big", 4, 100, 10).await?), [5]);
+    assert_eq!(
+        seqs(&j.read_bounded("big", 0, 3, 1 << 20).await?),
+        [1, 2, 3]
+    );
+    assert_eq!(
+        seqs(&j.read_bounded("big", 0, 100, usize::MAX).await?).len(),
+        6
+    );
+    assert!(j.read_bounded("big", 6, 100, 10).await?.events.is_empty());
+    Ok(())
+}
+
+/// The sink sees every commit, in commit order per channel, before the
+/// append returns.
+async fn sink_order(f: Fixture) -> R {
+    let (j, rec) = f.open(Retention::default());
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (j, rec) = (j.clone(), rec.clone());
+        tasks.push(tokio::spawn(async move {
+            let channel = format!("c{}", t % 4);
+            for _ in 0..20 {
+                let a = j.append(&channel, vec![ev("a"), ev("b")], None).await?;
+                let seen = rec.records().iter().any(|r| {
+                    matches!(r, Record::Committed(c, _, s) if *c == channel && s.last() == Some(&a.last_seq))
+                });
+                assert!(seen, "sink saw {channel}/{} before the reply", a.last_seq);
+            }
+            Ok::<_, JournalError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task")?;
+    }
+    for c in 0..4 {
+        let name = format!("c{c}");
+        let mut next = 1;
+        for r in rec.records() {
+            if let Record::Committed(ch, st, s) = r {
+                if ch == name {
+                    assert_eq!(s.first(), Some(&next), "{name}");
+                    next += s.len() as u64;
+                    assert_eq!(st.head, next - 1, "{name}");
+                }
+            }
+        }
+        assert_eq!(next - 1, 4 * 20 * 2, "{name}");
+    }
+    Ok(())
+}
+
+/// After `close`, appends are refused with `Closed`; every append
+/// acknowledged before is kept.
+async fn close(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let j = j.clone();
+        tasks.push(tokio::spawn(async move {
+            j.append("c", vec![ev(&i.to_string())], None).await
+        }));
+    }
+    tokio::task::yield_now().await;
+    j.close().await?;
+    let mut acked = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(_) => acked += 1,
+            Err(JournalError::Closed) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let late = j.append("c", vec![ev("late")], None).await;
+    assert!(matches!(late, Err(JournalError::Closed)), "{late:?}");
+    // A journal opened on the same store has every acknowledged append.
+    if f.kind != Kind::Memory {
+        drop(j);
+        let dirs = f.dirs.lock().expect("lock").pop();
+        let (again, _) = match dirs {
+            Some(dir) => {
+                let opts = StoreOptions {
+                    min_free_bytes: 0,
+                    ..StoreOptions::default()
+                };
+                let rec = Arc::new(Recorder::default());
+                let j: Arc<dyn Journal> =
+                    Arc::new(EmbeddedJournal::open(dir.path(), opts, rec.clone())?);
+                f.dirs.lock().expect("lock").push(dir);
+                (j, rec)
+            }
+            None => f.open(Retention::default()),
+        };
+        assert_eq!(again.state("c").await?.head, acked);
+    }
+    Ok(())
+}
+
+/// What a journal reports about itself: its durability label is one of the
+/// documented ones, a healthy journal is ready, only a journal on local
+/// disk has a size, and a fresh channel has no fork.
+async fn reports(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    j.append("c", vec![ev("x")], None).await?;
+    assert!(
+        ["sync", "async", "memory", "unknown"].contains(&j.durability()),
+        "{}",
+        j.durability()
+    );
+    j.ready().await?;
+    assert_eq!(j.size_bytes().is_some(), f.kind == Kind::Embedded);
+    let st = j.state("c").await?;
+    assert_eq!(j.fork_of("c", st.epoch, st.epoch), None);
+    Ok(())
+}
