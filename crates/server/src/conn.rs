@@ -496,10 +496,13 @@ async fn stream(
                 return;
             }
             (Flow::Fail(e), Ok(())) => {
-                // Abort (RST, no last chunk) so the client backs off rather
-                // than reconnecting at once as after a clean end.
-                tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                abort(tcp);
+                // Everything is written, the failure's `retry:` last: the
+                // body breaks off without its last chunk, so the client
+                // backs off rather than reconnecting at once as after a
+                // clean end. A FIN after the data, never a reset: that would
+                // drop what the socket still holds for a slow reader.
+                tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                shut_write(tcp);
                 return;
             }
         }
@@ -722,6 +725,7 @@ async fn serve_http(
     let bound_ms = shared.app.config.tcp_user_timeout_ms;
     let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
     let conn = crate::liveness::Watched::new(conn, bound_ms);
+    let flushes = conn.flushes();
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -739,6 +743,7 @@ async fn serve_http(
         if let Some(t) = tcp {
             req.extensions_mut().insert(t);
         }
+        req.extensions_mut().insert(flushes.clone());
         router.clone().oneshot(req)
     });
     let mut conn = hyper::server::conn::http1::Builder::new()
