@@ -4,7 +4,10 @@
 //! connection (hyper), one channel and several. At token expiry the last
 //! frame is `event: gapless.expired` and the body ends cleanly (its last
 //! chunk), so a browser refreshes its credential and resumes with its cursor
-//! (docs/security.md); at shutdown the body ends cleanly too.
+//! (docs/security.md); at shutdown the body ends cleanly too. At a journal
+//! failure (cluster mode, Redis refusing) the stream sends what it had read,
+//! then `retry:` and a comment naming the cause, then breaks off without
+//! the last chunk (docs/api.md, "When a journal read fails mid-stream").
 
 mod redis_support;
 mod support;
