@@ -100,12 +100,20 @@ local function forget_tokens(k, v, floor, top, now, asked, budget)
   local upto = lo - 1
   if hi >= lo and life > 0 then
     -- times never go back within a channel: every event up to the newest
-    -- one older than the cutoff is older too
+    -- one older than the cutoff is older too. An append mostly finds one
+    -- or two seqs newly past the lifetime: step through the first few
+    -- (each step reads an event), then bisect the rest
     local cutoff = now - life
-    local t = event_time(k, lo)
-    if t and t <= cutoff then
-      t = event_time(k, hi)
-      if t and t <= cutoff then upto = hi else upto = older_until(k, lo, hi, cutoff) end
+    local s = lo
+    while s <= hi and s < lo + 4 do
+      local t = event_time(k, s)
+      if not (t and t <= cutoff) then break end
+      upto = s
+      s = s + 1
+    end
+    if s == lo + 4 and upto < hi then
+      local t = event_time(k, hi)
+      if t and t <= cutoff then upto = hi else upto = older_until(k, upto + 1, hi, cutoff) end
     end
   end
   for s = lo, upto do

@@ -402,6 +402,28 @@ async fn batches_larger_than_the_step_budget_still_have_their_tokens_forgotten()
     for i in 10..20 {
         assert!(has(&f, &format!("k b{i}")), "b{i} is gone");
     }
+    // The boundary between old and young tokens found by bisection. At t =
+    // 0, 20 appends ask 1 s; at 0.6 s one more; at 1.1 s, 9 appends that
+    // forget nothing themselves (lifetime 0), then a batch walks past all:
+    // the first 20 are older than 1 s, the rest younger.
+    for i in 0..20 {
+        append_to(&mut con, "s", 100_000, 1000, &format!(" s{i}"), &["x"]);
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    append_to(&mut con, "s", 100_000, 1000, " s20", &["x"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 21..30 {
+        append_to(&mut con, "s", 100_000, 0, &format!(" s{i}"), &["x"]);
+    }
+    append_to(&mut con, "s", 100_000, 300, " last", &batch[..20]);
+    let f = redis.fields("s");
+    for i in 0..30 {
+        assert_eq!(has(&f, &format!("k s{i}")), i >= 20, "s{i}: {f:?}");
+    }
+    assert_eq!(
+        redis.cli(&["HGET", "gapless:{s}", "tok"]).split(':').next(),
+        Some("21")
+    );
 }
 
 /// Redis memory per event of 1000 single-event appends of 50-byte events in
