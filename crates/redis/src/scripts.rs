@@ -30,8 +30,9 @@
 //! before it restarted without an AOF, so from an RDB snapshot; or older than
 //! what the calling node already delivered), evicts events older than the
 //! retention age, and forgets the last request tokens of a channel no
-//! append touched for their lifetime (`forget_tokens`). Scripts call `TIME` and `INFO`, so they rely on effect
-//! replication (the default since Redis 5).
+//! append touched for their lifetime (`forget_tokens`). Scripts call `TIME`
+//! and `INFO`, so they rely on effect replication (the default since Redis
+//! 5).
 
 /// Shared by every script: helpers and `load(k, fresh, max_age, known)`,
 /// which returns `epoch, floor, head, time, prev epoch, fork`. `known` is
@@ -218,9 +219,8 @@ end
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
 /// for none; see below), max events, max age ms, fresh epoch, bus channel,
 /// inline bytes, known (see `load`), token lifetime ms (see below), then one
-/// payload per event. Returns
-/// `{epoch, first, last, duplicate (0/1), floor, head, time, prev epoch (""
-/// for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
+/// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
+/// head, time, prev epoch ("" for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
 /// retention by count and age, the append and the notification happen in
 /// this one step. The notification carries the events themselves when their
 /// payloads total at most `inline bytes` (0: never), by reference otherwise
