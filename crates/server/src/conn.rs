@@ -509,10 +509,13 @@ async fn stream(
                 return;
             }
             (Flow::Fail(e), Ok(())) => {
-                // Abort (RST, no last chunk) so the client backs off rather
-                // than reconnecting at once as after a clean end.
-                tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                abort(tcp);
+                // Everything is written, the failure's `retry:` last: the
+                // body breaks off without its last chunk, so the client
+                // backs off rather than reconnecting at once as after a
+                // clean end. A FIN after the data, never a reset: that would
+                // drop what the socket still holds for a slow reader.
+                tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                shut_write(tcp);
                 return;
             }
         }
@@ -736,6 +739,7 @@ async fn serve_http(
     let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
     let proxied = conn.proxied().cloned();
     let conn = crate::liveness::Watched::new(conn, bound_ms);
+    let flushes = conn.flushes();
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -767,6 +771,7 @@ async fn serve_http(
         if let Some(t) = tcp {
             req.extensions_mut().insert(t);
         }
+        req.extensions_mut().insert(flushes.clone());
         let answer = router.clone().oneshot(req);
         async move {
             let resp = answer.await?;
