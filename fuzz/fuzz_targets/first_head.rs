@@ -3,7 +3,7 @@
 //! a whole head (a pipelined body or request) do not change the answer.
 #![no_main]
 
-use gapless_server::conn::{parse_first_head, FirstHead};
+use gapless_server::net::conn::{parse_first_head, FirstHead};
 use libfuzzer_sys::fuzz_target;
 
 /// The default `--max-header-bytes`.

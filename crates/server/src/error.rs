@@ -48,7 +48,7 @@ pub struct ErrorBody {
     pub floor_cursor: Option<String>,
     /// `session_ended`: how the session ended.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::sessions::SessionStatus>)]
+    #[schema(value_type = Option<crate::transport::http::sessions::SessionStatus>)]
     pub status: Option<String>,
     /// Any other field given to [`ApiError::with`]: none today. The schema
     /// has no room for one (`additionalProperties: false`), so a new field
@@ -176,7 +176,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        metrics::counter!(crate::metrics::REFUSALS, "code" => self.code.as_str()).increment(1);
+        metrics::counter!(crate::admin::metrics::REFUSALS, "code" => self.code.as_str())
+            .increment(1);
         let mut extra = self.extra;
         // RFC 6750 section 3: a 401 names the scheme; `error="invalid_token"`
         // when a token was presented and failed (not when none was sent).
@@ -232,7 +233,7 @@ pub async fn json_errors(resp: Response) -> Response {
         s if s >= 500 => ErrorCode::JournalFailed,
         _ => ErrorCode::InvalidRequest,
     };
-    metrics::counter!(crate::metrics::REFUSALS, "code" => code.as_str()).increment(1);
+    metrics::counter!(crate::admin::metrics::REFUSALS, "code" => code.as_str()).increment(1);
     let message = if text.is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {

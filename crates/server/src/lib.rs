@@ -6,27 +6,13 @@
 //! connection limit; [`serve`] runs it all until the shutdown token fires, then
 //! ends every stream so clients reconnect and resume elsewhere.
 
+pub mod admin;
 pub mod auth;
-pub mod busy;
 pub mod config;
-pub mod conn;
-pub mod console;
 pub mod error;
-pub mod forwarded;
-pub mod head_error;
-pub mod history;
-pub mod limits;
-pub mod listener;
-pub mod liveness;
-pub mod metrics;
-pub mod openapi;
-pub mod publish;
-pub mod query;
-pub mod sessions;
-pub mod sse;
-pub mod stream_log;
-pub mod tcp_info;
-pub mod ws;
+pub mod net;
+pub mod ops;
+pub mod transport;
 
 pub use config::ServerConfig;
 
@@ -61,7 +47,7 @@ pub struct App {
     /// Token verification; open when no key is configured (`auth.rs`).
     pub auth: auth::Auth,
     /// The publish rate limit (`limits.rs`).
-    pub publish_limiter: limits::PublishLimiter,
+    pub publish_limiter: ops::limits::PublishLimiter,
 }
 
 /// The client's address, put in every request's extensions by the
@@ -76,25 +62,31 @@ pub struct Peer(pub std::net::SocketAddr);
 /// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
 /// is registered another way). `console`: whether `GET /` serves the console.
 pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
-    let api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+    let api = OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
-        .routes(routes!(metrics::render))
-        .routes(routes!(openapi::serve))
-        .routes(routes!(history::channel_info))
-        .routes(routes!(publish::publish, history::history))
-        .routes(routes!(publish::publish_batch))
-        .routes(routes!(sse::channel_sse))
-        .routes(routes!(sse::multi_sse))
-        .routes(routes!(ws::channels::handler))
-        .routes(routes!(sessions::create))
-        .routes(routes!(sessions::info))
-        .routes(routes!(sessions::append, sessions::history))
-        .routes(routes!(sessions::complete))
-        .routes(routes!(sessions::cancel))
-        .routes(routes!(ws::session::handler));
+        .routes(routes!(admin::metrics::render))
+        .routes(routes!(admin::openapi::serve))
+        .routes(routes!(transport::http::history::channel_info))
+        .routes(routes!(
+            transport::http::publish::publish,
+            transport::http::history::history
+        ))
+        .routes(routes!(transport::http::publish::publish_batch))
+        .routes(routes!(transport::sse::channel_sse))
+        .routes(routes!(transport::sse::multi_sse))
+        .routes(routes!(transport::ws::channels::handler))
+        .routes(routes!(transport::http::sessions::create))
+        .routes(routes!(transport::http::sessions::info))
+        .routes(routes!(
+            transport::http::sessions::append,
+            transport::http::sessions::history
+        ))
+        .routes(routes!(transport::http::sessions::complete))
+        .routes(routes!(transport::http::sessions::cancel))
+        .routes(routes!(transport::ws::session::handler));
     if console {
-        api.routes(routes!(console::page))
+        api.routes(routes!(admin::console::page))
     } else {
         api
     }
@@ -104,16 +96,16 @@ pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
 /// `GET /v1/openapi.json`.
 pub fn router(app: Arc<App>) -> Router {
     let (v1, doc) = api(app.config.console).split_for_parts();
-    let doc = openapi::Document::new(doc, &app);
+    let doc = admin::openapi::Document::new(doc, &app);
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn(ws::get_only))
+        .layer(axum::middleware::from_fn(transport::ws::get_only))
         .layer(axum::middleware::map_response(error::json_errors))
-        .layer(axum::middleware::from_fn(busy::busy))
+        .layer(axum::middleware::from_fn(transport::sse::busy::busy))
         .with_state(app);
     match cors {
         Some(layer) => router.layer(layer),
@@ -282,7 +274,7 @@ pub(crate) fn method_not_allowed_error(
 pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
     let shutdown = app.shutdown.clone();
     let sockets = app.sockets.clone();
-    let mut listener = listener::GaplessListener::new(listener, app.config.clone());
+    let mut listener = net::listener::GaplessListener::new(listener, app.config.clone());
     let ticker = tokio::spawn(tick(app.clone()));
     let threads = match app.config.fanout_threads {
         // One core is left to the request path and the journal's writer.
@@ -301,7 +293,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let fanout_handle = runtime.handle().clone();
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
-    let shared = Arc::new(conn::Shared {
+    let shared = Arc::new(net::conn::Shared {
         app: app.clone(),
         router: router(app.clone()),
         fanout: fanout_handle,
@@ -313,7 +305,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        connections.spawn(conn::serve(shared.clone(), io, addr));
+        connections.spawn(net::conn::serve(shared.clone(), io, addr));
     }
     drop(listener);
     drop(shared);

@@ -290,7 +290,7 @@ pub async fn answer_close(socket: &mut WebSocket) {
 /// any length closes no client that answers, and a client that never
 /// answers is still closed an interval after the pause.
 ///
-/// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (every
+/// With the connection's [`tcp_info::Peer`](crate::net::tcp_info::Peer) (every
 /// socket hyper serves has one where `tcp_info` can be read), a client that
 /// is silent but whose TCP shows it reading behind (its window is full: data
 /// waits unsent, so the ping may wait behind data it has not read yet, while
@@ -310,7 +310,7 @@ pub struct Heartbeat {
     /// ping sent is answered.
     unanswered: Option<Instant>,
     period: Duration,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
 }
 
 /// What the heartbeat asks for.
@@ -324,7 +324,7 @@ pub enum Beat {
 impl Heartbeat {
     /// A heartbeat of `heartbeat_ms` (0: none); `tcp` judges a silent client
     /// by its connection (see the type's doc).
-    pub fn new(heartbeat_ms: u64, tcp: Option<crate::tcp_info::Peer>) -> Self {
+    pub fn new(heartbeat_ms: u64, tcp: Option<crate::net::tcp_info::Peer>) -> Self {
         let period = Duration::from_millis(heartbeat_ms);
         let now = Instant::now();
         let sleep = (heartbeat_ms > 0).then(|| Box::pin(tokio::time::sleep_until(now + period)));
@@ -377,7 +377,7 @@ impl Heartbeat {
         let Some(tcp) = &self.tcp else {
             return false;
         };
-        match crate::tcp_info::lookup(tcp.local(), tcp.peer()) {
+        match crate::net::tcp_info::lookup(tcp.local(), tcp.peer()) {
             // Data waits for the client's window: it has not read what came
             // before (the ping may be among it), and its TCP still answers:
             // everything sent is acknowledged (only window probes go out) or

@@ -12,7 +12,7 @@
 //! body schema named here is also listed in [`super::ApiDoc`]'s components.
 
 use crate::error::ErrorBody;
-use crate::sse::{Since, SseEvent, SseFormat};
+use crate::transport::sse::{Since, SseEvent, SseFormat};
 use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response};
 use utoipa::{IntoParams, IntoResponses};
@@ -40,7 +40,7 @@ macro_rules! group {
 #[into_params(parameter_in = Path)]
 pub struct SessionPath {
     /// The session.
-    #[param(value_type = crate::sessions::SessionId)]
+    #[param(value_type = crate::transport::http::sessions::SessionId)]
     pub id: String,
 }
 

@@ -64,17 +64,17 @@ is JSON `ErrorBody`.",
         (name = "operations", description = "Probes, metrics, the console page and this document; they never need a token."),
     ),
     components(schemas(
-        crate::publish::Flag,
-        crate::sse::Since,
-        crate::sse::SseFormat,
+        crate::transport::http::publish::Flag,
+        crate::transport::sse::Since,
+        crate::transport::sse::SseFormat,
         gapless_protocol::event::Envelope,
         gapless_protocol::event::GapNotice,
         gapless_protocol::codes::GapReason,
         gapless_protocol::schema::Seq,
-        crate::sse::ExpiredNotice,
+        crate::transport::sse::ExpiredNotice,
         // Named only by `shared`'s answers, which do not register their bodies.
         crate::error::ErrorBody,
-        crate::sse::SseEvent,
+        crate::transport::sse::SseEvent,
     )),
     modifiers(&SecuritySchemes),
 )]
@@ -195,7 +195,9 @@ fn fit(doc: &mut Value, app: &App) {
                 "The first request head on a connection that is not valid HTTP/1.x gets \
                  `invalid_request` naming the problem.",
             );
-            if !crate::busy::PROBES.contains(&path.as_str()) && !path.ends_with("/sse") {
+            if !crate::transport::sse::busy::PROBES.contains(&path.as_str())
+                && !path.ends_with("/sse")
+            {
                 add_response(
                     responses,
                     "503",

@@ -20,9 +20,9 @@
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
-use crate::listener::{Conn, Refused};
-use crate::sse::{Feed, Flow};
-use crate::stream_log::Ended;
+use crate::net::listener::{Conn, Refused};
+use crate::ops::stream_log::Ended;
+use crate::transport::sse::{Feed, Flow};
 use crate::{App, Peer};
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
@@ -171,7 +171,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            let _open = crate::metrics::Open::<crate::metrics::HttpConn>::new();
+            let _open = crate::admin::metrics::Open::<crate::admin::metrics::HttpConn>::new();
             boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
@@ -241,7 +241,7 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
             // not a URI): what hyper would refuse with a bare 400.
             let target = parsed.path.unwrap_or_default();
             let version = parsed.version.unwrap_or(1);
-            if let Some(e) = crate::head_error::framing(target, version, parsed.headers) {
+            if let Some(e) = crate::net::head_error::framing(target, version, parsed.headers) {
                 return Some(First::Malformed(e));
             }
             Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
@@ -253,8 +253,8 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
         // A browser echoes the last id it read: control bytes in it make the
         // id unreadable (200, gap `unknown`), not the head (`head_error.rs`).
         Err(e @ httparse::Error::HeaderValue) => {
-            let malformed = || Some(First::Malformed(crate::head_error::describe(buf, e)));
-            match crate::head_error::mask_last_event_id_controls(buf) {
+            let malformed = || Some(First::Malformed(crate::net::head_error::describe(buf, e)));
+            match crate::net::head_error::mask_last_event_id_controls(buf) {
                 Some(clean) => match parse_head(&clean, max) {
                     // The rest of the head has not arrived yet.
                     None => None,
@@ -264,7 +264,7 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
                 None => malformed(),
             }
         }
-        Err(e) => Some(First::Malformed(crate::head_error::describe(buf, e))),
+        Err(e) => Some(First::Malformed(crate::net::head_error::describe(buf, e))),
     }
 }
 
@@ -305,7 +305,7 @@ pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
 fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let target = parsed.path?;
     let path = target.split('?').next().unwrap_or(target);
-    if parsed.method != Some("GET") || !crate::sse::is_sse_path(path) {
+    if parsed.method != Some("GET") || !crate::transport::sse::is_sse_path(path) {
         return None;
     }
     let version = match parsed.version {
@@ -429,7 +429,7 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// the stream's life, for every subscriber (docs/design.md, "Fan-out"): the
 /// waits on the socket are poll functions, with no future of their own.
 async fn stream(
-    conn: crate::listener::Detached,
+    conn: crate::net::listener::Detached,
     mut feed: Feed,
     head: Vec<u8>,
     chunked: bool,
@@ -443,8 +443,8 @@ async fn stream(
         }
     };
     let tcp = conn.tcp();
-    let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
-    let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
+    let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+    let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     // Slot 0 of each write: the response head on the first, empty after.
     let mut out: Vec<Bytes> = Vec::with_capacity(8);
     out.push(Bytes::from(head));
@@ -484,8 +484,8 @@ async fn stream(
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
         // Counted as handed to the socket (nothing held across the write).
-        crate::metrics::written(
-            crate::metrics::Transport::Sse,
+        crate::admin::metrics::written(
+            crate::admin::metrics::Transport::Sse,
             out.iter().map(Bytes::len).sum(),
         );
         let written = write_frames(tcp, &mut out, Some(&mut feed), bound).await;
@@ -602,13 +602,13 @@ fn poll_peer_closed(
 /// at shutdown, so a reader that stopped reading cannot hold it (token
 /// expiry lets the write finish: [`Feed::poll_blocked`]);
 /// with `watch`, it also checks the client on each tick of the stream's timer
-/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::tcp_info::Bound::dead)):
+/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::net::tcp_info::Bound::dead)):
 /// a client that reads, however slowly, is waited for.
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
     mut feed: Option<&mut Feed>,
-    bound: Option<crate::tcp_info::Bound>,
+    bound: Option<crate::net::tcp_info::Bound>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -722,8 +722,8 @@ fn shut_write(tcp: &TcpStream) {
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
 /// WebSocket, and the request-head timeout); on shutdown, the response in
 /// flight finishes and the connection closes. The socket judges its client's
-/// liveness whatever is written on it ([`crate::liveness::Watched`]); each
-/// request carries the connection's [`crate::tcp_info::Peer`] (a WebSocket's
+/// liveness whatever is written on it ([`crate::net::liveness::Watched`]); each
+/// request carries the connection's [`crate::net::tcp_info::Peer`] (a WebSocket's
 /// heartbeat reads it).
 async fn serve_http(
     shared: Arc<Shared>,
@@ -733,9 +733,9 @@ async fn serve_http(
     refused: Option<Refused>,
 ) {
     let bound_ms = shared.app.config.tcp_user_timeout_ms;
-    let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
+    let tcp = crate::net::tcp_info::Peer::of(conn.tcp(), bound_ms);
     let proxied = conn.proxied().cloned();
-    let conn = crate::liveness::Watched::new(conn, bound_ms);
+    let conn = crate::net::liveness::Watched::new(conn, bound_ms);
     let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -814,8 +814,8 @@ async fn serve_http(
 /// WebSocket upgrade, until the connection closes.
 fn held_while_answered(
     resp: Response<Body>,
-    proxied: &crate::listener::Proxied,
-    slot: crate::listener::ClientSlot,
+    proxied: &crate::net::listener::Proxied,
+    slot: crate::net::listener::ClientSlot,
 ) -> Response<Body> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         proxied.hold(slot);

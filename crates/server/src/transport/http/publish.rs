@@ -3,11 +3,11 @@
 //!
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
+use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
-use crate::limits::BodyPace;
-use crate::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
-use crate::query::{self, Query};
+use crate::ops::limits::BodyPace;
+use crate::transport::query::{self, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};

@@ -8,10 +8,10 @@
 
 use super::messages::{self, ClientMessage};
 use super::{close, configure, json, text, Beat, Heartbeat};
+use crate::admin::openapi::shared::Handshake;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
-use crate::openapi::shared::Handshake;
-use crate::stream_log::{ChannelList, Ended, Tally};
+use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, RawQuery, State};
@@ -54,7 +54,7 @@ pub async fn handler(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,
-    tcp: Option<Extension<crate::tcp_info::Peer>>,
+    tcp: Option<Extension<crate::net::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -109,9 +109,9 @@ async fn run(
     mut socket: WebSocket,
     grant: Arc<Grant>,
     peer: Option<IpAddr>,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
 ) {
-    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
+    let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     // A ping due while a delivery was being written: sent right after it.
     let mut ping_owed = false;
@@ -453,9 +453,9 @@ impl Conn {
         ephemeral: bool,
         key: Option<String>,
     ) -> Result<Value, ApiError> {
-        crate::query::channel(channel)?;
+        crate::transport::query::channel(channel)?;
         self.grant.require(Action::Publish, channel)?;
-        let event_type = crate::query::event_type(event_type.as_deref())?;
+        let event_type = crate::transport::query::event_type(event_type.as_deref())?;
         // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
         let max = self.app.config.max_event_bytes;
         if data.len() > max {
@@ -483,7 +483,7 @@ impl Conn {
         }
         if let Some(k) = &key {
             if k.is_empty()
-                || k.len() > crate::publish::MAX_IDEMPOTENCY_KEY
+                || k.len() > crate::transport::http::publish::MAX_IDEMPOTENCY_KEY
                 || !k.bytes().all(|b| b.is_ascii_graphic())
             {
                 return Err(ApiError::new(
@@ -511,14 +511,14 @@ impl Conn {
         match item {
             Item::Events { index, events } => {
                 self.tally.events(events.len());
-                crate::metrics::delivered(
-                    crate::metrics::Transport::Ws,
+                crate::admin::metrics::delivered(
+                    crate::admin::metrics::Transport::Ws,
                     events.len(),
                     events.last().map_or(0, |e| e.time),
                     self.sub.lag(index),
                 );
-                crate::metrics::written(
-                    crate::metrics::Transport::Ws,
+                crate::admin::metrics::written(
+                    crate::admin::metrics::Transport::Ws,
                     events.iter().map(|e| e.ws_message().len()).sum(),
                 );
                 let channel = self.sub.channel(index).clone();

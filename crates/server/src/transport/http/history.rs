@@ -1,11 +1,13 @@
 //! Reading: `GET /v1/channels/{channel}/events` (one history page) and
 //! `GET /v1/channels/{channel}` (the channel's bounds).
 
+use crate::admin::openapi::shared::{
+    JournalUnreadable, ServerErrors, SubscribeForbidden, Unauthorized,
+};
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::error::ErrorBody;
-use crate::openapi::shared::{JournalUnreadable, ServerErrors, SubscribeForbidden, Unauthorized};
-use crate::query::{self, Query};
+use crate::transport::query::{self, Query};
 use crate::App;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;

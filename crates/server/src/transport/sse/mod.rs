@@ -14,12 +14,14 @@
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).
 
+pub mod busy;
+
+use crate::admin::openapi::shared::{LastEventIdHeader, SseAnswers, SseQuery};
 use crate::auth::{Access, Action, Grant};
-use crate::conn::DirectSse;
 use crate::error::{ApiError, ErrorBody};
-use crate::openapi::shared::{LastEventIdHeader, SseAnswers, SseQuery};
-use crate::query::{self, Query};
-use crate::stream_log::{ChannelList, Ended, Tally};
+use crate::net::conn::DirectSse;
+use crate::ops::stream_log::{ChannelList, Ended, Tally};
+use crate::transport::query::{self, Query};
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -378,7 +380,8 @@ async fn open(
             // An EventSource gives up for good on a 503 or a 500: tell it to
             // come back (the journal unreachable, or failing: Redis refusing
             // scripts for lack of memory, say).
-            metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
+            metrics::counter!(crate::admin::metrics::REFUSALS, "code" => e.code.as_str())
+                .increment(1);
             let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
             return Ok(retry_later(
                 retry_ms,
@@ -642,8 +645,8 @@ impl Feed {
             }
             Ok(Item::Events { index, events }) => {
                 self.tally.events(events.len());
-                crate::metrics::delivered(
-                    crate::metrics::Transport::Sse,
+                crate::admin::metrics::delivered(
+                    crate::admin::metrics::Transport::Sse,
                     events.len(),
                     events.last().map_or(0, |e| e.time),
                     self.sub.lag(index),
@@ -741,11 +744,11 @@ impl Feed {
         &mut self,
         cx: &mut std::task::Context<'_>,
         ticks: bool,
-    ) -> std::task::Poll<crate::conn::Waited> {
+    ) -> std::task::Poll<crate::net::conn::Waited> {
         use std::task::Poll;
         // The end future must not be polled again once it has completed.
         if self.ended {
-            return Poll::Ready(crate::conn::Waited::Ended);
+            return Poll::Ready(crate::net::conn::Waited::Ended);
         }
         let mut end = self.end.as_mut().poll(cx);
         if end == Poll::Ready(End::Expired) {
@@ -761,10 +764,10 @@ impl Feed {
         if end.is_ready() {
             self.ended = true;
             self.ended_by(Ended::Shutdown);
-            return Poll::Ready(crate::conn::Waited::Ended);
+            return Poll::Ready(crate::net::conn::Waited::Ended);
         }
         if ticks && self.poll_tick(cx).is_ready() {
-            return Poll::Ready(crate::conn::Waited::Tick);
+            return Poll::Ready(crate::net::conn::Waited::Tick);
         }
         Poll::Pending
     }
@@ -786,15 +789,15 @@ impl Feed {
     /// connection that already carried another request.
     pub fn into_body(mut self) -> Body {
         Body::from_stream(async_stream::stream! {
-            let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
+            let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
             let mut out = Vec::new();
             loop {
                 let flow = self.next(&mut out).await;
                 // Whatever the flow, what it queued goes out first: the
                 // expiry frame comes with `Flow::End`.
                 if !out.is_empty() {
-                    crate::metrics::written(
-                        crate::metrics::Transport::Sse,
+                    crate::admin::metrics::written(
+                        crate::admin::metrics::Transport::Sse,
                         out.iter().map(Bytes::len).sum(),
                     );
                     for frame in out.drain(..) {

@@ -1,15 +1,15 @@
 //! The producer side of sessions over HTTP: create, append, complete, cancel,
 //! inspect, and read history. The consumer side is `ws::session`.
 
-use crate::auth::{Access, Action};
-use crate::error::{ApiError, ErrorBody};
-use crate::history::{self, HistoryPage};
-use crate::openapi::shared::{
+use crate::admin::openapi::shared::{
     JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionMarkerNotStored,
     SessionNotFound, SessionPath, SessionPublishForbidden, SessionSubscribeForbidden, SlowBody,
 };
-use crate::publish::{read_body, read_event};
-use crate::query::Query;
+use crate::auth::{Access, Action};
+use crate::error::{ApiError, ErrorBody};
+use crate::transport::http::history::{self, HistoryPage};
+use crate::transport::http::publish::{read_body, read_event};
+use crate::transport::query::Query;
 use crate::{App, Peer};
 use axum::body::Body;
 use axum::extract::{Extension, Path, RawQuery, State};

@@ -5,7 +5,7 @@
 //!   not restart a busy server and set off a reconnect storm.
 //! - An SSE request gets `200 text/event-stream` carrying only a jittered
 //!   `retry:` (1 to 10 s) and a comment, then the end of the stream
-//!   ([`crate::sse::retry_later`], also used when the journal is
+//!   ([`crate::transport::sse::retry_later`], also used when the journal is
 //!   unreachable at open): a browser's `EventSource` treats any other
 //!   status as final and never reconnects, but it reconnects after `retry:`
 //!   from a stream that ends, keeping its `Last-Event-ID` (the answer has
@@ -17,7 +17,7 @@
 //! carries other clients' requests and stays open.
 
 use crate::error::ApiError;
-use crate::listener::Refused;
+use crate::net::listener::Refused;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
@@ -40,7 +40,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
     }
     let mut resp = if req.method() == Method::GET && wants_sse(&req) {
         let retry_ms = rand::random_range(1_000..=10_000u64);
-        crate::sse::retry_later(retry_ms, &format!("busy: {why}"))
+        crate::transport::sse::retry_later(retry_ms, &format!("busy: {why}"))
     } else {
         ApiError::new(ErrorCode::LimitReached, why)
             .retry_after(rand::random_range(1..=5u64))
@@ -55,7 +55,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
 
 /// An SSE URL, or a request that accepts `text/event-stream`.
 fn wants_sse(req: &Request) -> bool {
-    crate::sse::is_sse_path(req.uri().path())
+    crate::transport::sse::is_sse_path(req.uri().path())
         || req
             .headers()
             .get(header::ACCEPT)

@@ -1,0 +1,4 @@
+//! What the server does, once for every transport.
+
+pub mod limits;
+pub mod stream_log;
