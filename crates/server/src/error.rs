@@ -48,7 +48,7 @@ pub struct ErrorBody {
     pub floor_cursor: Option<String>,
     /// `session_ended`: how the session ended.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::transport::http::sessions::SessionStatus>)]
+    #[schema(value_type = Option<crate::ops::sessions::SessionStatus>)]
     pub status: Option<String>,
     /// Any other field given to [`ApiError::with`]: none today. The schema
     /// has no room for one (`additionalProperties: false`), so a new field
@@ -247,4 +247,24 @@ pub async fn json_errors(resp: Response) -> Response {
     );
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// `405 method_not_allowed` naming `method` and `path`, then `why`; a method
+/// in lower case is told that methods are case-sensitive (RFC 9110 section
+/// 9.1: `get` is not `GET`). The caller adds `Allow`.
+pub(crate) fn method_not_allowed_error(
+    method: &axum::http::Method,
+    path: &str,
+    why: &str,
+) -> ApiError {
+    let upper = method.as_str().to_ascii_uppercase();
+    let hint = if upper != method.as_str() {
+        format!(" (method names are case-sensitive: {upper}, not {method})")
+    } else {
+        why.to_owned()
+    };
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not allowed on {path}{hint}"),
+    )
 }

@@ -17,19 +17,17 @@ pub mod transport;
 pub use config::ServerConfig;
 
 use axum::extract::DefaultBodyLimit;
-use axum::{Extension, Json, Router};
-use error::{ApiError, ErrorBody};
+use axum::{Extension, Router};
+use error::ApiError;
 use gapless_core::hub::Hub;
 use gapless_core::session::Sessions;
 use gapless_protocol::codes::ErrorCode;
-use serde::Serialize;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 /// What every handler shares.
 pub struct App {
@@ -62,41 +60,18 @@ pub struct Peer(pub std::net::SocketAddr);
 /// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
 /// is registered another way). `console`: whether `GET /` serves the console.
 pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
-    let api = OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .routes(routes!(admin::metrics::render))
-        .routes(routes!(admin::openapi::serve))
-        .routes(routes!(transport::http::history::channel_info))
-        .routes(routes!(
-            transport::http::publish::publish,
-            transport::http::history::history
-        ))
-        .routes(routes!(transport::http::publish::publish_batch))
-        .routes(routes!(transport::sse::channel_sse))
-        .routes(routes!(transport::sse::multi_sse))
-        .routes(routes!(transport::ws::channels::handler))
-        .routes(routes!(transport::http::sessions::create))
-        .routes(routes!(transport::http::sessions::info))
-        .routes(routes!(
-            transport::http::sessions::append,
-            transport::http::sessions::history
-        ))
-        .routes(routes!(transport::http::sessions::complete))
-        .routes(routes!(transport::http::sessions::cancel))
-        .routes(routes!(transport::ws::session::handler));
-    if console {
-        api.routes(routes!(admin::console::page))
-    } else {
-        api
-    }
+    OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())
+        .merge(admin::routes(console))
+        .merge(transport::http::routes())
+        .merge(transport::sse::routes())
+        .merge(transport::ws::routes())
 }
 
 /// The v1 router, with the OpenAPI document of exactly its routes at
 /// `GET /v1/openapi.json`.
 pub fn router(app: Arc<App>) -> Router {
     let (v1, doc) = api(app.config.console).split_for_parts();
-    let doc = admin::openapi::Document::new(doc, &app);
+    let doc = admin::openapi::Document::new(doc, &app, transport::sse::is_sse_path);
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
@@ -154,81 +129,6 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     })
 }
 
-/// `ok`, the only value of a liveness answer's `status`.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-enum Alive {
-    Ok,
-}
-
-/// The answer of `GET /healthz`.
-#[derive(Serialize, ToSchema)]
-struct Health {
-    /// Always `ok`.
-    status: Alive,
-}
-
-/// `ready`, the only value of a readiness answer's `status`.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-enum Readiness {
-    Ready,
-}
-
-/// The answer of `GET /readyz` while the journal accepts appends.
-#[derive(Serialize, ToSchema)]
-struct Ready {
-    /// Always `ready`.
-    status: Readiness,
-}
-
-/// 200 `{"status":"ok"}` while the process serves (liveness).
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    operation_id = "healthz",
-    summary = "Liveness",
-    tag = "operations",
-    responses((status = 200, description = "The process serves (liveness; the journal is not looked at). Served even on a connection over the connection limit.", body = Health)),
-)]
-async fn healthz() -> Json<Health> {
-    Json(Health { status: Alive::Ok })
-}
-
-/// 200 `{"status":"ready"}` while the journal accepts appends; 503
-/// `unavailable` while it cannot, with `reason` the journal's own code
-/// (`journal_full`, `unavailable`, `journal_failed`, `shutting_down`;
-/// docs/api.md). `Retry-After` as the journal's error gives it.
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    operation_id = "readyz",
-    summary = "Readiness: whether the journal accepts appends",
-    tag = "operations",
-    responses(
-        (status = 200, description = "The journal accepts appends: point a load balancer's readiness check here.", body = Ready),
-        (status = 503, description = "`unavailable`, always with `reason`, the journal's own code: `journal_full` (the disk is below `--min-free-disk-bytes`), `unavailable` (cluster mode: Redis unreachable, hung, loading, or a read-only replica), `journal_failed` (cluster mode: Redis refuses writes, e.g. out of memory at `maxmemory` with `noeviction`), `shutting_down` (the server is stopping).", body = ErrorBody),
-    ),
-)]
-async fn readyz(
-    axum::extract::State(app): axum::extract::State<Arc<App>>,
-) -> Result<Json<Ready>, ApiError> {
-    // Not ready is always a 503 (what load balancers and probes expect); the
-    // journal's own code is kept as `reason` (docs/api.md, `GET /readyz`).
-    if let Err(e) = app.hub.journal().ready().await {
-        let inner = ApiError::from(e);
-        let mut out = ApiError::new(ErrorCode::Unavailable, inner.message)
-            .with("reason", inner.code.as_str());
-        if let Some(secs) = inner.extra.get("retry_after").and_then(|v| v.as_u64()) {
-            out = out.retry_after(secs);
-        }
-        return Err(out);
-    }
-    Ok(Json(Ready {
-        status: Readiness::Ready,
-    }))
-}
-
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no such path: {}", uri.path()))
 }
@@ -236,27 +136,7 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 /// 405 for a path whose route does not take the method (the router adds
 /// `Allow`, listing the methods it does take).
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    method_not_allowed_error(&method, uri.path(), "")
-}
-
-/// `405 method_not_allowed` naming `method` and `path`, then `why`; a method
-/// in lower case is told that methods are case-sensitive (RFC 9110 section
-/// 9.1: `get` is not `GET`). The caller adds `Allow`.
-pub(crate) fn method_not_allowed_error(
-    method: &axum::http::Method,
-    path: &str,
-    why: &str,
-) -> ApiError {
-    let upper = method.as_str().to_ascii_uppercase();
-    let hint = if upper != method.as_str() {
-        format!(" (method names are case-sensitive: {upper}, not {method})")
-    } else {
-        why.to_owned()
-    };
-    ApiError::new(
-        ErrorCode::MethodNotAllowed,
-        format!("{method} is not allowed on {path}{hint}"),
-    )
+    error::method_not_allowed_error(&method, uri.path(), "")
 }
 
 /// Serves `app` on `listener` until `app.shutdown` fires; open streams end then,

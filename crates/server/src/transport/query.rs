@@ -3,6 +3,7 @@
 use crate::error::ApiError;
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::name;
+use utoipa::ToSchema;
 
 /// A parsed query string: every `key=value` pair in order (keys may repeat).
 pub struct Query(pub Vec<(String, String)>);
@@ -72,4 +73,24 @@ pub fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
             Ok(Some(t.to_owned()))
         }
     }
+}
+
+/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
+/// name, meaning true) are accepted too.
+//
+// (Not in the document:) what `Query::flag` accepts.
+#[derive(ToSchema)]
+#[schema(as = Flag)]
+#[allow(dead_code)]
+pub(crate) enum Flag {
+    #[schema(rename = "true")]
+    True,
+    #[schema(rename = "false")]
+    False,
+    #[schema(rename = "1")]
+    One,
+    #[schema(rename = "0")]
+    Zero,
+    #[schema(rename = "")]
+    Empty,
 }

@@ -7,7 +7,7 @@ use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
-use crate::transport::query::{self, Query};
+use crate::transport::query::{self, Flag, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -77,26 +77,6 @@ pub struct BatchPublished {
     pub cursor: String,
     /// Every event's seq and cursor, in order.
     pub events: Vec<BatchItem>,
-}
-
-/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
-/// name, meaning true) are accepted too.
-//
-// (Not in the document:) what `Query::flag` accepts.
-#[derive(ToSchema)]
-#[schema(as = Flag)]
-#[allow(dead_code)]
-pub(crate) enum Flag {
-    #[schema(rename = "true")]
-    True,
-    #[schema(rename = "false")]
-    False,
-    #[schema(rename = "1")]
-    One,
-    #[schema(rename = "0")]
-    Zero,
-    #[schema(rename = "")]
-    Empty,
 }
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its

@@ -24,18 +24,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gapless_protocol::codes::ErrorCode;
 
-/// The paths served as usual even on a refused connection (the probes and
-/// metrics). The OpenAPI document reads them too: their operations have no
-/// 503 `limit_reached` (`openapi/mod.rs`).
-pub const PROBES: &[&str] = &["/healthz", "/readyz", "/metrics"];
-
 /// Middleware: answers requests of refused connections (see the module doc);
 /// passes every other request on.
 pub async fn busy(req: Request, next: Next) -> Response {
     let Some(Refused { why, close }) = req.extensions().get::<Refused>().cloned() else {
         return next.run(req).await;
     };
-    if PROBES.contains(&req.uri().path()) {
+    if crate::admin::PROBES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     let mut resp = if req.method() == Method::GET && wants_sse(&req) {

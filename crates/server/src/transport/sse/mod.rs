@@ -15,8 +15,10 @@
 //! request, hyper otherwise ([`Feed::into_body`]).
 
 pub mod busy;
+// Types never built: they exist for the document only.
+#[allow(dead_code)]
+mod doc;
 
-use crate::admin::openapi::shared::{LastEventIdHeader, SseAnswers, SseQuery};
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::DirectSse;
@@ -27,6 +29,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use doc::{LastEventIdHeader, SseAnswers, SseQuery};
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
@@ -37,6 +40,22 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// The schemas of a stream that no operation names directly.
+#[derive(utoipa::OpenApi)]
+#[openapi(components(schemas(Since, SseFormat, ExpiredNotice, SseEvent)))]
+struct Schemas;
+
+/// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
+/// the schemas of what they stream.
+pub fn routes() -> OpenApiRouter<Arc<App>> {
+    use utoipa::OpenApi;
+    OpenApiRouter::with_openapi(Schemas::openapi())
+        .routes(routes!(channel_sse))
+        .routes(routes!(multi_sse))
+}
 
 /// `since=`: where a stream without a cursor starts.
 #[derive(ToSchema)]

@@ -7,8 +7,8 @@
 //! [`MAX_ERRORS_IN_A_ROW`] malformed messages in a row close it with 4422.
 
 use super::messages::{self, ClientMessage};
+use super::Handshake;
 use super::{close, configure, json, text, Beat, Heartbeat};
-use crate::admin::openapi::shared::Handshake;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};

@@ -15,6 +15,10 @@ pub mod channels;
 pub mod messages;
 pub mod session;
 
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::{Auth, Grant};
 use crate::error::ApiError;
 use crate::App;
@@ -27,6 +31,13 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The WebSocket routes: `GET /v1/ws` and `GET /v1/sessions/{id}/ws`.
+pub fn routes() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(channels::handler))
+        .routes(routes!(session::handler))
+}
 
 /// The subprotocol this server speaks.
 pub const SUBPROTOCOL: &str = "gapless.v1";
@@ -49,7 +60,7 @@ pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next)
     if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
         return next.run(req).await;
     }
-    let mut resp = crate::method_not_allowed_error(
+    let mut resp = crate::error::method_not_allowed_error(
         req.method(),
         req.uri().path(),
         " (a WebSocket handshake is a GET: RFC 6455 section 4.1)",
@@ -436,4 +447,26 @@ impl Heartbeat {
             }
         }
     }
+}
+
+/// The headers of a WebSocket handshake (RFC 6455 section 4.1), on both
+/// WebSocket routes.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct Handshake {
+    /// Must include `upgrade` (RFC 6455 section 4.1).
+    #[param(rename = "Connection", pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]")]
+    pub connection: String,
+    /// `websocket`.
+    #[param(rename = "Upgrade", pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$")]
+    pub upgrade: String,
+    /// `13`.
+    #[param(rename = "Sec-WebSocket-Version", pattern = "^13$")]
+    pub version: String,
+    /// 16 random bytes in base64.
+    #[param(rename = "Sec-WebSocket-Key", pattern = "^[A-Za-z0-9+/]{22}==$")]
+    pub key: String,
+    /// Subprotocols offered: when present, it must include `gapless.v1`, which the answer then names.
+    #[param(rename = "Sec-WebSocket-Protocol", nullable = false)]
+    pub protocol: Option<String>,
 }

@@ -11,8 +11,9 @@
 //! `session.completed` or `session.cancelled`, then close 1000.
 
 use super::channels::receive_error;
+use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::admin::openapi::shared::{Handshake, SessionPath};
+use crate::admin::openapi::shared::SessionPath;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::stream_log::{Ended, Tally};
@@ -47,7 +48,7 @@ use std::sync::Arc;
     params(
         SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
-        ("takeover" = Option<crate::transport::http::publish::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
+        ("takeover" = Option<crate::transport::query::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
         Handshake,
     ),
     responses(
