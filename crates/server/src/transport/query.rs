@@ -2,7 +2,6 @@
 
 use crate::error::ApiError;
 use gapless_protocol::codes::ErrorCode;
-use gapless_protocol::name;
 use utoipa::ToSchema;
 
 /// A parsed query string: every `key=value` pair in order (keys may repeat).
@@ -47,30 +46,6 @@ impl Query {
                 ErrorCode::InvalidRequest,
                 format!("query parameter {key}={v:?} must be true or false"),
             )),
-        }
-    }
-}
-
-/// Checks a channel name.
-///
-/// # Errors
-/// 400 `invalid_channel` naming the rule that failed.
-pub fn channel(name: &str) -> Result<(), ApiError> {
-    name::validate_channel(name)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidChannel, e.to_string()))
-}
-
-/// Checks an optional event type.
-///
-/// # Errors
-/// 400 `invalid_type` naming the rule that failed.
-pub fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
-    match t {
-        None => Ok(None),
-        Some(t) => {
-            name::validate_type(t)
-                .map_err(|e| ApiError::new(ErrorCode::InvalidType, e.to_string()))?;
-            Ok(Some(t.to_owned()))
         }
     }
 }

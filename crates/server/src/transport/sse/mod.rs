@@ -22,8 +22,10 @@ mod doc;
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::DirectSse;
+use crate::ops::names;
+use crate::ops::start::{self, Resume};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
-use crate::transport::query::{self, Query};
+use crate::transport::query::Query;
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -33,7 +35,6 @@ use doc::{LastEventIdHeader, SseAnswers, SseQuery};
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
-use gapless_protocol::{Cursor, CursorError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -357,7 +358,7 @@ async fn open(
         ));
     }
     for c in &channels {
-        query::channel(c)?;
+        names::channel(c)?;
     }
     // Refused whole: one forbidden channel refuses the stream.
     for c in &channels {
@@ -442,58 +443,28 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
     // The query is checked even when the header wins: a garbage one is the
     // caller's bug whether or not a reconnect added the header (a browser
     // that put it in the URL got this 400 on its first connection already).
-    let query = match q.get("last_event_id").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(s) => match Cursor::decode(s.as_bytes()) {
-            Ok(c) => Some(Some(c)),
-            Err(CursorError::Version(_)) => Some(None),
-            Err(e) => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidCursor,
-                    format!("last_event_id: {e}"),
-                ))
-            }
-        },
-    };
-    let decoded = match header {
+    let query =
+        match q.get("last_event_id").filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(start::read(s.as_bytes()).map_err(|e| {
+                ApiError::new(ErrorCode::InvalidCursor, format!("last_event_id: {e}"))
+            })?),
+        };
+    let resume = match header {
         // A browser cannot change its header: anything unreadable is a gap, not an error.
-        Some(h) => Some(Cursor::decode(h).ok()),
-        None => query,
+        Some(h) => start::read(h).unwrap_or(Resume::Unreadable),
+        None => query.unwrap_or(Resume::Nothing),
     };
-    let since = match q.get("since") {
-        None | Some("live") => Start::Live,
-        Some("earliest") => Start::Earliest,
-        Some(s) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "since={s:?} must be earliest or live (to resume, pass last_event_id=CURSOR)"
-                ),
-            ))
-        }
+    let Some(since) = start::since(q.get("since")) else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "since={:?} must be earliest or live (to resume, pass last_event_id=CURSOR)",
+                q.get("since").unwrap_or_default()
+            ),
+        ));
     };
-    Ok(match decoded {
-        None => vec![since; channels.len()],
-        Some(None) => vec![Start::Unknown; channels.len()],
-        Some(Some(cursor)) => {
-            let found: Vec<_> = channels.iter().map(|c| cursor.get(c)).collect();
-            if found.iter().all(Option::is_none) {
-                // A cursor of none of these channels cannot be a position here.
-                vec![Start::Unknown; channels.len()]
-            } else {
-                // A channel added to the subscription starts live, as a first visit.
-                found
-                    .into_iter()
-                    .map(|p| {
-                        p.map_or(Start::Live, |p| Start::After {
-                            epoch: p.epoch,
-                            seq: p.seq,
-                        })
-                    })
-                    .collect()
-            }
-        }
-    })
+    Ok(start::starts(channels, &resume, since))
 }
 
 /// Appends an event's pre-encoded `frame` to `out`; with `untyped`, without

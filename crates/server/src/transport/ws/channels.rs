@@ -11,6 +11,9 @@ use super::Handshake;
 use super::{close, configure, json, text, Beat, Heartbeat};
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
+use crate::ops::names;
+use crate::ops::publish::{self as op, KeyName};
+use crate::ops::start::{self, Resume};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -20,7 +23,7 @@ use axum::response::Response;
 use futures::SinkExt;
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::{close as code, ErrorCode};
-use gapless_protocol::{name, Cursor, CursorError, NewEvent};
+use gapless_protocol::{name, Cursor, NewEvent};
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -355,16 +358,10 @@ impl Conn {
                 format!("a socket may follow at most {max} channels (--max-subscription-channels)"),
             )));
         }
-        let start = match (
-            cursor.as_deref().filter(|c| !c.is_empty()),
-            since.as_deref(),
-        ) {
-            (Some(c), _) => match Cursor::decode(c.as_bytes()) {
-                Ok(cur) => match cur.get(&channel) {
-                    Some(p) => Start::After {
-                        epoch: p.epoch,
-                        seq: p.seq,
-                    },
+        let start = match cursor.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) => match start::read(c.as_bytes()) {
+                Ok(Resume::Cursor(cur)) => match start::on_channel(&cur, &channel) {
+                    Some(start) => start,
                     None => {
                         return Ok(Err(ApiError::new(
                             ErrorCode::InvalidCursor,
@@ -372,17 +369,21 @@ impl Conn {
                         )))
                     }
                 },
-                Err(CursorError::Version(_)) => Start::Unknown,
+                Ok(_) => Start::Unknown,
                 Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
             },
-            (None, None | Some("live")) => Start::Live,
-            (None, Some("earliest")) => Start::Earliest,
-            (None, Some(s)) => {
-                return Ok(Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("since {s:?} must be \"earliest\" or \"live\""),
-                )))
-            }
+            None => match start::since(since.as_deref()) {
+                Some(start) => start,
+                None => {
+                    return Ok(Err(ApiError::new(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "since {:?} must be \"earliest\" or \"live\"",
+                            since.as_deref().unwrap_or_default()
+                        ),
+                    )))
+                }
+            },
         };
         // A subscribe still replaying on this channel gets its reply before it is replaced.
         if let Some(reply) = self.settle(&channel) {
@@ -453,58 +454,32 @@ impl Conn {
         ephemeral: bool,
         key: Option<String>,
     ) -> Result<Value, ApiError> {
-        crate::transport::query::channel(channel)?;
-        self.grant.require(Action::Publish, channel)?;
-        let event_type = crate::transport::query::event_type(event_type.as_deref())?;
-        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
-        let max = self.app.config.max_event_bytes;
-        if data.len() > max {
-            return Err(ApiError::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "event data is {} bytes; at most {max} bytes are allowed (--max-event-bytes)",
-                    data.len()
-                ),
-            )
-            .with("limit", max));
-        }
-        self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
-        if ephemeral {
-            if key.is_some() {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "idempotency_key does not apply to ephemeral events (they are never journaled)",
-                ));
+        op::check_channel(&self.grant, channel)?;
+        let event_type = names::event_type(event_type.as_deref())?;
+        let event = NewEvent { event_type, data };
+        let published = op::one(
+            &self.app,
+            &self.grant,
+            self.peer,
+            channel,
+            event,
+            ephemeral,
+            key.as_deref(),
+            KeyName::Field,
+        )
+        .await?;
+        Ok(match published {
+            op::Published::Ephemeral { subscribers } => {
+                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": subscribers})
             }
-            let n = self.app.hub.publish_ephemeral(channel, event_type, data);
-            return Ok(
-                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": n}),
-            );
-        }
-        if let Some(k) = &key {
-            if k.is_empty()
-                || k.len() > crate::transport::http::publish::MAX_IDEMPOTENCY_KEY
-                || !k.bytes().all(|b| b.is_ascii_graphic())
-            {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "idempotency_key must be 1 to 256 visible ASCII characters",
-                ));
-            }
-        }
-        let a = self
-            .app
-            .hub
-            .publish(channel, vec![NewEvent { event_type, data }], key.as_deref())
-            .await
-            .map_err(|e| ApiError::from(e).publish_refused("idempotency_key"))?;
-        Ok(json!({
-            "op": "published",
-            "channel": channel,
-            "seq": a.last_seq,
-            "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
-            "duplicate": a.duplicate,
-        }))
+            op::Published::Journaled(a) => json!({
+                "op": "published",
+                "channel": channel,
+                "seq": a.last_seq,
+                "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
+                "duplicate": a.duplicate,
+            }),
+        })
     }
 
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
