@@ -174,10 +174,12 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
     let shared = Arc::new(net::conn::Shared {
-        app: app.clone(),
+        config: app.config.clone(),
+        shutdown: app.shutdown.clone(),
         router: router(app.clone()),
         fanout: fanout_handle,
         tracker: connections.clone(),
+        direct: transport::sse::is_sse_path,
     });
     loop {
         let (io, addr) = tokio::select! {
@@ -185,7 +187,11 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        connections.spawn(net::conn::serve(shared.clone(), io, addr));
+        connections.spawn(net::conn::serve::<transport::sse::Feed>(
+            shared.clone(),
+            io,
+            addr,
+        ));
     }
     drop(listener);
     drop(shared);

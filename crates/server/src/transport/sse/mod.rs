@@ -21,7 +21,7 @@ mod doc;
 
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
-use crate::net::conn::DirectSse;
+use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
 use crate::ops::names;
 use crate::ops::start::{self, Resume};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
@@ -285,7 +285,7 @@ pub async fn channel_sse(
     Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -320,7 +320,7 @@ pub async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -345,7 +345,7 @@ async fn open(
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
     if channels.len() > max {
@@ -501,23 +501,6 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
 /// event's), after which the stream ends. The client reconnects with a fresh
 /// token and its cursor (`docs/security.md`).
 pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
-
-/// What [`Feed::next`] left to do.
-#[derive(Debug)]
-pub enum Flow {
-    /// Frames were appended; call again.
-    More,
-    /// A heartbeat tick: its frame was appended (none with heartbeats off);
-    /// the writer checks the client's liveness, then calls again.
-    Tick,
-    /// The stream ends cleanly (server shutdown, or token expiry with its
-    /// frame appended): the writer writes what was appended, then ends the
-    /// body; the client reconnects at once.
-    End,
-    /// The journal failed: the writer writes what was appended (nothing
-    /// today), then aborts the response so the client backs off.
-    Fail(String),
-}
 
 /// One SSE stream's source of frames: the subscription, its heartbeat and the
 /// shutdown signal. Both transports drain it the same way: the socket writer
@@ -734,11 +717,11 @@ impl Feed {
         &mut self,
         cx: &mut std::task::Context<'_>,
         ticks: bool,
-    ) -> std::task::Poll<crate::net::conn::Waited> {
+    ) -> std::task::Poll<Waited> {
         use std::task::Poll;
         // The end future must not be polled again once it has completed.
         if self.ended {
-            return Poll::Ready(crate::net::conn::Waited::Ended);
+            return Poll::Ready(Waited::Ended);
         }
         let mut end = self.end.as_mut().poll(cx);
         if end == Poll::Ready(End::Expired) {
@@ -754,10 +737,10 @@ impl Feed {
         if end.is_ready() {
             self.ended = true;
             self.ended_by(Ended::Shutdown);
-            return Poll::Ready(crate::net::conn::Waited::Ended);
+            return Poll::Ready(Waited::Ended);
         }
         if ticks && self.poll_tick(cx).is_ready() {
-            return Poll::Ready(crate::net::conn::Waited::Tick);
+            return Poll::Ready(Waited::Tick);
         }
         Poll::Pending
     }
@@ -805,6 +788,28 @@ impl Feed {
                 }
             }
         })
+    }
+}
+
+impl Frames for Feed {
+    fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = Flow> + Send {
+        Feed::next(self, out)
+    }
+
+    fn poll_blocked(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ticks: bool,
+    ) -> std::task::Poll<Waited> {
+        Feed::poll_blocked(self, cx, ticks)
+    }
+
+    fn client_gone(&mut self, how: Gone) {
+        self.ended_by(match how {
+            Gone::Closed => Ended::ClientClosed,
+            Gone::Vanished => Ended::ClientVanished,
+            Gone::WriteFailed => Ended::WriteFailed,
+        });
     }
 }
 
