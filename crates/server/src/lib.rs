@@ -1,10 +1,14 @@
-//! The gapless HTTP transport: thin handlers over the hub.
+//! The gapless server: publish, history and sessions over HTTP, and
+//! subscriptions over Server-Sent Events and WebSocket, all over the hub.
 //!
-//! [`router`] maps the v1 API (`docs/api.md`) onto handlers in [`publish`],
-//! [`history`], [`sse`], [`sessions`] and [`ws`], each registered with its
-//! OpenAPI annotation ([`openapi`]); [`listener`] applies socket options and the
-//! connection limit; [`serve`] runs it all until the shutdown token fires, then
-//! ends every stream so clients reconnect and resume elsewhere.
+//! Five parts (docs/design.md, "Parts"; `tests/layers.rs` keeps their rules):
+//! [`ops`] (what the server does, once for every transport), [`auth`]
+//! (tokens and grants), [`net`] (sockets and bytes), [`transport`] (one room
+//! per wire protocol) and [`admin`] (probes, metrics, console, OpenAPI).
+//! This file assembles them: [`api`] merges each part's `routes()`,
+//! [`router`] adds the fallbacks and middleware, and [`serve`] runs it all
+//! until the shutdown token fires, then ends every stream so clients
+//! reconnect and resume elsewhere.
 
 pub mod admin;
 pub mod auth;
@@ -42,7 +46,7 @@ pub struct App {
     /// Upgraded WebSocket connections, which the HTTP server no longer tracks:
     /// shutdown waits for them to send their close frames.
     pub sockets: TaskTracker,
-    /// Token verification; open when no key is configured (`auth.rs`).
+    /// Token verification; open when no key is configured ([`auth`]).
     pub auth: auth::Auth,
     /// The publish rate limit (`limits.rs`).
     pub publish_limiter: ops::limits::PublishLimiter,

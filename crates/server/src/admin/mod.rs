@@ -1,4 +1,9 @@
-//! Health, readiness, metrics, the console and the OpenAPI document.
+//! Running the server: health and readiness (here), metrics ([`metrics`]:
+//! the registry every part records into, and `GET /metrics`), the console
+//! page ([`console`]) and the OpenAPI document ([`openapi`]), with the
+//! `routes()` that `lib.rs` merges. May use: `auth` (the token schemes the
+//! document names), `config`, `error` and `App`; the transports' schemas
+//! come with their own `routes()`.
 
 pub mod console;
 pub mod metrics;

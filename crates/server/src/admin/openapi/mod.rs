@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use utoipa::OpenApi;
 
 /// Operations that never need a token: probes, metrics, the console page and
-/// this document (`auth.rs` is not consulted by their handlers).
+/// this document (`auth` is not consulted by their handlers).
 pub const OPEN: &[&str] = &["healthz", "readyz", "metrics", "console", "openapi"];
 
 /// The names of the three security schemes, one per way of presenting a token.

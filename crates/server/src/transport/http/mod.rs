@@ -1,4 +1,6 @@
-//! Publish, history and sessions over plain HTTP.
+//! The plain HTTP room: publish and batch ([`publish`]), history pages and a
+//! channel's bounds ([`history`]), and the producer side of sessions
+//! ([`sessions`]), as JSON answers.
 
 pub mod history;
 pub mod publish;

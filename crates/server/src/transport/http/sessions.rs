@@ -1,5 +1,5 @@
 //! The producer side of sessions over HTTP: create, append, complete, cancel,
-//! inspect, and read history. The consumer side is `ws::session`.
+//! inspect, and read history. The consumer side is `transport::ws::session`.
 
 use crate::admin::openapi::shared::{
     JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionId, SessionMarkerNotStored,

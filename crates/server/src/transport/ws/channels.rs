@@ -36,7 +36,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
 /// A token that is missing or fails verification is refused after the
 /// upgrade (browsers do not show a handshake's HTTP status): one `error`
 /// message `unauthorized`, then close 4401. The `gapless_token` cookie
-/// from a foreign page is refused before it: 403 ([`super::access`]).
+/// from a foreign page is refused before it: 403 ([`crate::auth::origin::access`]).
 #[utoipa::path(
     get,
     path = "/v1/ws",
@@ -62,7 +62,7 @@ pub async fn handler(
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let access = super::access(&app, &headers, raw.as_deref())?;
+    let access = crate::auth::origin::access(&app, &headers, raw.as_deref())?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
     let peer = peer.map(|Extension(p)| p.0.ip());

@@ -37,7 +37,7 @@ use std::sync::Arc;
 /// token is closed with 4401, a forbidden one with 4403, after the upgrade
 /// and one `error` message (the same whether or not the session exists).
 /// The `gapless_token` cookie from a foreign page is refused before the
-/// upgrade: 403 ([`super::access`]).
+/// upgrade: 403 ([`crate::auth::origin::access`]).
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ws",
@@ -66,7 +66,7 @@ pub async fn handler(
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let grant = super::access(&app, &headers, raw.as_deref())?.and_then(|g| {
+    let grant = crate::auth::origin::access(&app, &headers, raw.as_deref())?.and_then(|g| {
         g.require_session(Action::Subscribe, &id)?;
         Ok(g)
     });
