@@ -227,6 +227,7 @@ async fn open_redis(
             poll_ms: r.poll_ms,
             inline_bytes: r.inline_bytes,
             keepalive_ms: r.keepalive_ms,
+            token_lifetime_ms: None,
             drop_notifications_every: r.test_drop_notifications,
             reorder_notifications_every: r.test_reorder_notifications,
         },

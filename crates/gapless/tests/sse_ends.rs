@@ -4,8 +4,12 @@
 //! connection (hyper), one channel and several. At token expiry the last
 //! frame is `event: gapless.expired` and the body ends cleanly (its last
 //! chunk), so a browser refreshes its credential and resumes with its cursor
-//! (docs/security.md); at shutdown the body ends cleanly too.
+//! (docs/security.md); at shutdown the body ends cleanly too. At a journal
+//! failure (cluster mode, Redis refusing) the stream sends what it had read,
+//! then `retry:` and a comment naming the cause, then breaks off without
+//! the last chunk (docs/api.md, "When a journal read fails mid-stream").
 
+mod redis_support;
 mod support;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -84,11 +88,31 @@ impl Case {
         token: &str,
         opts: ConnectOptions,
     ) -> SseClient {
+        self.open_from(s, channels, token, "", opts).await
+    }
+
+    /// Opens with `query` (`since=earliest`, say; empty for none) added to the URL.
+    async fn open_from(
+        self,
+        s: &Server,
+        channels: &[String],
+        token: &str,
+        query: &str,
+        opts: ConnectOptions,
+    ) -> SseClient {
+        let more = if query.is_empty() {
+            String::new()
+        } else {
+            format!("&{query}")
+        };
         let target = if self.multi {
             let q: Vec<String> = channels.iter().map(|c| format!("channel={c}")).collect();
-            format!("/v1/sse?{}&access_token={token}", q.join("&"))
+            format!("/v1/sse?{}&access_token={token}{more}", q.join("&"))
         } else {
-            format!("/v1/channels/{}/sse?access_token={token}", channels[0])
+            format!(
+                "/v1/channels/{}/sse?access_token={token}{more}",
+                channels[0]
+            )
         };
         let c = if self.after_a_request {
             SseClient::connect_after(s.addr, "/healthz", &target, &[], opts).await
@@ -245,4 +269,177 @@ async fn a_reader_that_paused_across_expiry_gets_what_was_queued_then_the_expiry
         assert_eq!(end, Next::End, "{case:?}: a clean end (the last chunk)");
     });
     futures::future::join_all(reads).await;
+}
+
+/// The `stream ended` lines of a JSON log, as their field objects.
+fn stream_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "stream ended")
+        .collect()
+}
+
+/// A journal that fails mid-stream (cluster mode: Redis refusing scripts
+/// for lack of memory, docs/cluster.md) while each stream reads it (its
+/// subscriber far behind the node's window) and its client is not reading
+/// (the socket full): once the client reads again it gets every event the
+/// stream had read, whole and in order, then `retry:` (1 to 5 s, as at
+/// open) and a comment naming the cause, then the body breaks off without
+/// its last chunk, so the client backs off (docs/api.md). The break is a
+/// FIN after everything, not a reset, which would throw away what the
+/// server's socket still held (it did, on the first-request path, with the
+/// reset the writer meant to send). Once Redis has room, each client
+/// resumes with its last event id and gets exactly the rest.
+#[tokio::test]
+async fn a_journal_failure_mid_stream_sends_what_the_stream_had_then_breaks_off() {
+    let redis = redis_support::Redis::start_with(&["--maxmemory-policy", "noeviction"]).await;
+    let s = Server::with(support::Opts {
+        args: [
+            "--redis",
+            &redis.url(),
+            "--window-events",
+            "4",
+            // No heartbeat comment among the frames.
+            "--heartbeat-ms",
+            "0",
+            "--jwt-secret",
+            SECRET,
+            "--log-format",
+            "json",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect(),
+        ..support::Opts::default()
+    })
+    .await;
+    let t = token(3600);
+    // Read from Redis in pages of about 1 MiB; per stream far more than its
+    // sockets hold (the server's send buffer grows up to tcp_wmem's maximum;
+    // the client's is 4 KiB), so every stream waits on its client with pages
+    // still to read when Redis starts refusing.
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|v| v.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(4 << 20);
+    let blob = "z".repeat(256 * 1024);
+    let n = ((wmem_max + (4 << 20)) / blob.len()).max(32);
+    let runs = CASES.iter().enumerate().map(|(i, &case)| {
+        let (s, t, blob) = (&s, &t, &blob);
+        async move {
+            let channels = case.channels(i);
+            for k in 0..n {
+                publish(s, &channels[k % channels.len()], &format!("{k:04}{blob}")).await;
+            }
+            let opts = ConnectOptions {
+                recv_buffer: Some(4096),
+            };
+            let mut c = case
+                .open_from(s, &channels, t, "since=earliest", opts)
+                .await;
+            let pre = c.preamble().await;
+            assert!(pre.gaps.is_empty(), "{case:?}: {:?}", pre.gaps);
+            (case, channels, c)
+        }
+    });
+    let clients = futures::future::join_all(runs).await;
+    // Every stream fills its socket and waits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).await;
+    let blob = &blob;
+    // The indexes of `got`'s events, after checking each is whole.
+    let indexes = move |case: Case, got: &[(String, String)]| -> Vec<usize> {
+        got.iter()
+            .map(|(t, d)| {
+                assert_eq!(t, "message", "{case:?}");
+                assert_eq!(d.len(), 4 + blob.len(), "{case:?}");
+                d[..4].parse().expect("index")
+            })
+            .collect()
+    };
+    let reads = clients
+        .into_iter()
+        .map(|(case, channels, mut c)| async move {
+            let (items, end) = c.until_end(Duration::from_secs(30)).await;
+            let got = indexes(case, &events(&items));
+            // Every channel's events from its first, in order, none missing.
+            for (j, ch) in channels.iter().enumerate() {
+                let mine: Vec<usize> = got
+                    .iter()
+                    .copied()
+                    .filter(|k| k % channels.len() == j)
+                    .collect();
+                let want: Vec<usize> = (0..mine.len()).map(|m| j + m * channels.len()).collect();
+                assert_eq!(mine, want, "{case:?}: {ch}");
+            }
+            assert!(
+                !got.is_empty() && got.len() < n,
+                "{case:?}: the failure came mid-stream: {} of {n} events",
+                got.len()
+            );
+            let tail: Vec<&Item> = items
+                .iter()
+                .skip_while(|i| matches!(i, Item::Event(_)))
+                .collect();
+            let [Item::Retry(ms), Item::Comment(why)] = tail.as_slice() else {
+                panic!("{case:?}: after the events, retry: and a comment; got {tail:?}");
+            };
+            assert!((1_000..=5_000).contains(ms), "{case:?}: retry: {ms}");
+            assert!(
+                why.trim_start().starts_with("journal_failed: ") && why.contains("OOM"),
+                "{case:?}: {why:?}"
+            );
+            let Next::Broken(how) = &end else {
+                panic!("{case:?}: the body breaks off (no last chunk), got {end:?}");
+            };
+            assert!(
+                how.contains("EOF"),
+                "{case:?}: a FIN after the frames, not a reset: {how}"
+            );
+            (case, channels, got, c.last_event_id().to_owned())
+        });
+    let ended = futures::future::join_all(reads).await;
+    // What each stream had read from the journal (its log line) is what
+    // its client got.
+    let lines = stream_lines(&s.log());
+    for (case, channels, got, _) in &ended {
+        let name = channels.join(",");
+        let line = lines
+            .iter()
+            .find(|l| l["channels"] == name.as_str())
+            .unwrap_or_else(|| panic!("{case:?}: no log line for {name}: {lines:?}"));
+        assert_eq!(line["ended"], "journal_failed", "{case:?}");
+        assert_eq!(
+            line["events"],
+            got.len(),
+            "{case:?}: the events it read, all sent"
+        );
+    }
+    // Redis has room again: each client resumes from its cursor.
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).await;
+    let resumes = ended.into_iter().map(|(case, channels, mut all, cursor)| {
+        let (s, t) = (&s, &t);
+        async move {
+            let query = format!("last_event_id={}", support::pct(&cursor));
+            let mut c = case
+                .open_from(s, &channels, t, &query, ConnectOptions::default())
+                .await;
+            let pre = c.preamble().await;
+            assert!(pre.gaps.is_empty(), "{case:?}: {:?}", pre.gaps);
+            let rest: Vec<(String, String)> = c
+                .events(n - all.len())
+                .await
+                .into_iter()
+                .map(|e| (e.event, e.data))
+                .collect();
+            all.extend(indexes(case, &rest));
+            all.sort_unstable();
+            assert_eq!(
+                all,
+                (0..n).collect::<Vec<_>>(),
+                "{case:?}: every event once"
+            );
+        }
+    });
+    futures::future::join_all(resumes).await;
 }

@@ -49,8 +49,9 @@ use tokio_util::sync::CancellationToken;
 /// space and a token, see `scripts.rs`), max events, max age ms, fresh epoch, bus
 /// channel, inline bytes (see [`RedisOptions::inline_bytes`]), what the
 /// calling node delivered of the channel (`""`: nothing; else
-/// `<epoch>:<head>:<commit time of the head event>`), then one payload
-/// (`n<data>`) per event.
+/// `<epoch>:<head>:<commit time of the head event>`), token lifetime ms
+/// (see [`RedisOptions::token_lifetime`]; 0: keep tokens as long as their
+/// events), then one payload (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
@@ -64,6 +65,9 @@ pub use notification::DEFAULT_INLINE_BYTES;
 /// limits of common proxies and load balancers (30 s and more) and of
 /// managed Redis services that set one (minutes).
 pub const DEFAULT_KEEPALIVE_MS: u64 = 15_000;
+
+/// The shortest token lifetime [`RedisOptions::token_lifetime`] derives: 60 s.
+pub const MIN_TOKEN_LIFETIME_MS: u64 = 60_000;
 
 /// How the cluster journal connects and what it keeps.
 #[derive(Debug, Clone)]
@@ -97,6 +101,17 @@ pub struct RedisOptions {
     /// is reopened at the next request anyway (docs/cluster.md, "Idle
     /// connections").
     pub keepalive_ms: u64,
+    /// How long, in milliseconds, Redis keeps the token an append request
+    /// carries so that the node can send it again without it landing twice
+    /// (docs/cluster.md, "Idle connections"). `None` (the default): the
+    /// longer of [`MIN_TOKEN_LIFETIME_MS`] and 4 × [`RedisOptions::timeout_ms`]
+    /// ([`RedisOptions::token_lifetime`]); a request is sent again only within
+    /// one timeout of its first send, so that is well past its last resend,
+    /// with room for Redis clocks that differ after a failover. Shorter
+    /// values are for tests; `Some(0)`: this node's appends forget no
+    /// tokens (another node's, or a later script once the channel was left
+    /// alone for the longest lifetime asked, still may).
+    pub token_lifetime_ms: Option<u64>,
     /// Testing only: drop every Nth notification received from the bus, as if
     /// the bus had lost it (0, the default, drops none).
     pub drop_notifications_every: u64,
@@ -104,6 +119,16 @@ pub struct RedisOptions {
     /// and handle it after the next one, as if the bus had reordered them (0,
     /// the default, holds none).
     pub reorder_notifications_every: u64,
+}
+
+impl RedisOptions {
+    /// The token lifetime in milliseconds: [`RedisOptions::token_lifetime_ms`]
+    /// when set, else the longer of [`MIN_TOKEN_LIFETIME_MS`] and 4 ×
+    /// [`RedisOptions::timeout_ms`] (60 s for every timeout up to 15 s).
+    pub fn token_lifetime(&self) -> u64 {
+        self.token_lifetime_ms
+            .unwrap_or_else(|| MIN_TOKEN_LIFETIME_MS.max(self.timeout_ms.saturating_mul(4)))
+    }
 }
 
 impl Default for RedisOptions {
@@ -116,6 +141,7 @@ impl Default for RedisOptions {
             poll_ms: 1000,
             inline_bytes: DEFAULT_INLINE_BYTES,
             keepalive_ms: DEFAULT_KEEPALIVE_MS,
+            token_lifetime_ms: None,
             drop_notifications_every: 0,
             reorder_notifications_every: 0,
         }
@@ -300,7 +326,8 @@ impl Inner {
                     .arg(&fresh)
                     .arg(BUS_CHANNEL)
                     .arg(self.opts.inline_bytes)
-                    .arg(known);
+                    .arg(known)
+                    .arg(self.opts.token_lifetime());
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }

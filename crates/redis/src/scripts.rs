@@ -12,9 +12,10 @@
 //! | `lin` | `master_replid` of the Redis primary that last touched the channel |
 //! | `prev_epoch`, `fork` | after a fork (a failover, a restart from an RDB snapshot, or a loss a node noticed): the epoch before it, and the last seq both histories share; positions up to `fork` of `prev_epoch` continue in `epoch` |
 //! | `e<seq>` | one event: `<time>:` then the payload (see `codec.rs`) |
-//! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named; `<key>` is the client's `Idempotency-Key` (visible ASCII), or a space and the token the node drew for a request without one |
-//! | `r<key>` | for a client's key: the token of the request that wrote it (so that request, sent again, is told the append was its own, not a duplicate) |
+//! | `k<key>` | idempotency key: `<first>:<last>` seqs of the append it named; `<key>` is the client's `Idempotency-Key` (visible ASCII, kept as long as its events), or a space and the token the node drew for a request without one (kept for the token lifetime) |
+//! | `r<key>` | for a client's key: the token of the request that wrote it (so that request, sent again, is told the append was its own, not a duplicate); forgotten after the token lifetime, the key itself stays as long as its events |
 //! | `i<last>` | the key whose append ended at seq `last` (to forget it, and its `r`, with its events) |
+//! | `tok` | `<seq>:<lifetime ms>:<until>`: no append before `seq` still has its request token (a node's `k <token>` and `i`, a client key's `r`); the token lifetime in force until Unix ms `until` (see `forget_tokens`) |
 //!
 //! Everything of a channel lives in one key so that it is lost whole or not
 //! at all: a FLUSHALL, an eviction under `maxmemory` or a restart without
@@ -27,9 +28,11 @@
 //! histories share, when its data may be older than what was acknowledged:
 //! last touched by the primary this one was promoted from; or by this Redis
 //! before it restarted without an AOF, so from an RDB snapshot; or older than
-//! what the calling node already delivered), and evicts events older than the
-//! retention age. Scripts call `TIME` and `INFO`, so they rely on effect
-//! replication (the default since Redis 5).
+//! what the calling node already delivered), evicts events older than the
+//! retention age, and forgets the last request tokens of a channel no
+//! append touched for their lifetime (`forget_tokens`). Scripts call `TIME`
+//! and `INFO`, so they rely on effect replication (the default since Redis
+//! 5).
 
 /// Shared by every script: helpers and `load(k, fresh, max_age, known)`,
 /// which returns `epoch, floor, head, time, prev epoch, fork`. `known` is
@@ -68,8 +71,68 @@ local function older_until(k, floor, top, t)
   end
   return lo
 end
+-- Request tokens (`APPEND`) are needed only while their request may be
+-- sent again, so they are forgotten after a lifetime. `tok` is `<lo>:<life
+-- ms>:<until>`: no append before seq `lo` still has its token; `life` is
+-- the lifetime in force, honoured until `until` (Unix ms). Every append
+-- asking for lifetime L at time t keeps `until >= t + L` and, while `until`
+-- has not passed, `life >= L`; once it has passed, no token is still within
+-- the lifetime its append asked for, and the next append's lifetime takes
+-- over. `forget_tokens` walks up from `lo` (never below `floor`: `drop`
+-- forgets tokens with their events) to at most `top`, at most `budget`
+-- seqs, forgetting the tokens of the appends committed more than `life`
+-- before `now`: a node's token (`k <token>` and its `i<last>`) whole, only
+-- the `r<key>` of a client's key (the key answers the client's own retries
+-- as long as its events are retained, docs/api.md). `asked`: the lifetime
+-- the caller's own new token needs (nil: it adds none). Writes `tok` only
+-- when it changes.
+local function forget_tokens(k, v, floor, top, now, asked, budget)
+  local lo, life, till = floor, 0, 0
+  if v then
+    local a, b, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if a then lo, life, till = tonumber(a), tonumber(b), tonumber(c) end
+  end
+  if asked then
+    if now > till or asked > life then life = asked end
+    if now + asked > till then till = now + asked end
+  end
+  if lo < floor then lo = floor end
+  local hi = math.min(top, lo + budget - 1)
+  local upto = lo - 1
+  if hi >= lo and life > 0 then
+    -- times never go back within a channel: every event up to the newest
+    -- one older than the cutoff is older too. An append mostly finds one
+    -- or two seqs newly past the lifetime: step through the first few
+    -- (each step reads an event), then bisect the rest
+    local cutoff = now - life
+    local s = lo
+    while s <= hi and s < lo + 4 do
+      local t = event_time(k, s)
+      if not (t and t <= cutoff) then break end
+      upto = s
+      s = s + 1
+    end
+    if s == lo + 4 and upto < hi then
+      local t = event_time(k, hi)
+      if t and t <= cutoff then upto = hi else upto = older_until(k, upto + 1, hi, cutoff) end
+    end
+  end
+  for s = lo, upto do
+    local ss = S(s)
+    local key = redis.call('HGET', k, 'i' .. ss)
+    if key then
+      if string.sub(key, 1, 1) == ' ' then
+        redis.call('HDEL', k, 'i' .. ss, 'k' .. key)
+      else
+        redis.call('HDEL', k, 'r' .. key)
+      end
+    end
+  end
+  local nv = S(upto + 1) .. ':' .. S(life) .. ':' .. S(till)
+  if nv ~= v then redis.call('HSET', k, 'tok', nv) end
+end
 local function load(k, fresh, max_age, known)
-  local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork')
+  local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork', 'tok')
   local info = redis.call('INFO', 'replication')
   local rid = string.match(info, 'master_replid:(%w+)') or ''
   local rid2 = string.match(info, 'master_replid2:(%w+)') or ''
@@ -140,15 +203,24 @@ local function load(k, fresh, max_age, known)
       redis.call('HSET', k, 'floor', S(floor))
     end
   end
+  if m[8] then
+    -- a channel no append touched for its token lifetime: the appends
+    -- forget tokens as they come, so this forgets the last ones, once
+    local lo, till = string.match(m[8], '^(%d+):%d+:(%d+)$')
+    if lo and tonumber(lo) <= head then
+      local now = now_ms()
+      if now > tonumber(till) then forget_tokens(k, m[8], floor, head, now, nil, 1000) end
+    end
+  end
   return epoch, floor, head, time, prev, fork
 end
 "#;
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
 /// for none; see below), max events, max age ms, fresh epoch, bus channel,
-/// inline bytes, known (see `load`), then one payload per event. Returns
-/// `{epoch, first, last, duplicate (0/1), floor, head, time, prev epoch (""
-/// for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
+/// inline bytes, known (see `load`), token lifetime ms (see below), then one
+/// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
+/// head, time, prev epoch ("" for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
 /// retention by count and age, the append and the notification happen in
 /// this one step. The notification carries the events themselves when their
 /// payloads total at most `inline bytes` (0: never), by reference otherwise
@@ -166,6 +238,18 @@ end
 /// A known key answers its original seqs and appends nothing; `own` says
 /// that the append it names was this very request's (its own token), sent
 /// again after its answer was lost: not a duplicate for the client.
+///
+/// `token lifetime` (ms; 0: this append forgets none) bounds what the
+/// tokens cost: a request is sent again only within one request timeout of
+/// its first send, so its token is needed for seconds, not as long as its
+/// events. Each append forgets the tokens of the appends committed more
+/// than the lifetime before it, walking at most 8 + 2 × its event count
+/// seqs (so the walk keeps up with the head at O(1) per event); the
+/// lifetime used is the longest any append still within its own asked for
+/// (`tok`, `forget_tokens`), so nodes with different timeouts never cut
+/// each other's resend window short. A channel no append touched for the
+/// lifetime has its last tokens forgotten by the next script that loads it
+/// (a node's poll of the channels it follows, a read).
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
@@ -196,12 +280,13 @@ if head > 0 and string.sub(ARGV[1], 1, 8) == 'session/' then
     return redis.error_reply('gapless: session ' .. ARGV[1] .. ' has ended; it takes no more events')
   end
 end
-local time = now_ms()
+local now = now_ms()
+local time = now
 if last > time then time = last end
 local first = head + 1
 local ts = S(time) .. ':'
 local size = 0
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   head = head + 1
   size = size + #ARGV[i]
   redis.call('HSET', k, 'e' .. S(head), ts .. ARGV[i])
@@ -216,11 +301,16 @@ if cf > floor then
   drop(k, floor, cf - 1)
   floor = cf
 end
+local life = tonumber(ARGV[9])
+if life and life > 0 then
+  local v = redis.call('HGET', k, 'tok')
+  forget_tokens(k, v, floor, first - 1, now, life, 8 + 2 * (#ARGV - 9))
+end
 redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
 local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1]
 if size <= tonumber(ARGV[7]) then
   local parts = {note, '\n', S(floor), '\n'}
-  for i = 9, #ARGV do
+  for i = 10, #ARGV do
     parts[#parts + 1] = S(#ts + #ARGV[i]) .. ':' .. ts .. ARGV[i]
   end
   note = table.concat(parts)

@@ -208,29 +208,45 @@ async fn retention_by_count_keeps_the_newest_and_forgets_their_keys() {
     assert_eq!((again.first_seq, again.duplicate), (6, false));
     // nothing of the evicted events is left in the hash
     let fields = redis.cli(&["HLEN", "gapless:{c}"]);
-    // epoch floor head time lin, events 4 to 6, the node's token of the
+    // epoch floor head time lin tok, events 4 to 6, the node's token of the
     // batch ending at 5 (`k <token>`, i5), and the key of 6 with its request
     // token (`kfirst`, `rfirst`, i6)
-    assert_eq!(fields, "13", "{}", redis.cli(&["HKEYS", "gapless:{c}"]));
+    assert_eq!(fields, "14", "{}", redis.cli(&["HKEYS", "gapless:{c}"]));
 }
 
 /// The append script run directly, as a node sends it again after its
 /// connection was closed under the first send (`conn.rs`): `(first, last,
-/// duplicate, own)` and the channel's head.
+/// duplicate, own)`. Channel `raw`, retention 2 events, token lifetime 60 s.
 fn append_raw(con: &mut redis::Connection, key_arg: &str, data: &str) -> (i64, i64, i64, i64) {
-    let v: Vec<redis::Value> = redis::Script::new(&gapless_redis::append_script())
-        .key("gapless:{raw}")
-        .arg("raw")
+    append_to(con, "raw", 2, 60_000, key_arg, &[data])
+}
+
+/// The append script run directly on `channel`: retention `max_events`,
+/// token lifetime `life` ms, one event per item of `data`.
+fn append_to(
+    con: &mut redis::Connection,
+    channel: &str,
+    max_events: u64,
+    life: u64,
+    key_arg: &str,
+    data: &[&str],
+) -> (i64, i64, i64, i64) {
+    let script = redis::Script::new(&gapless_redis::append_script());
+    let mut inv = script.prepare_invoke();
+    inv.key(format!("gapless:{{{channel}}}"))
+        .arg(channel)
         .arg(key_arg)
-        .arg(2)
+        .arg(max_events)
         .arg(0)
         .arg("777")
         .arg(gapless_redis::BUS_CHANNEL)
         .arg(4096)
         .arg("")
-        .arg(format!("n{data}"))
-        .invoke(con)
-        .expect("append script");
+        .arg(life);
+    for d in data {
+        inv.arg(format!("n{d}"));
+    }
+    let v: Vec<redis::Value> = inv.invoke(con).expect("append script");
     let int = |i: usize| match &v[i] {
         redis::Value::Int(n) => *n,
         other => panic!("field {i} of {v:?} is not an integer: {other:?}"),
@@ -263,6 +279,268 @@ async fn an_append_sent_twice_lands_once_and_is_told_it_was_its_own() {
     for gone in ["k tokA", "kK", "rK", "e1", "e2", "i1", "i2"] {
         assert!(!keys.lines().any(|k| k == gone), "{gone} is left: {keys}");
     }
+}
+
+impl Redis {
+    fn con(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+            .and_then(|c| c.get_connection())
+            .expect("connect")
+    }
+
+    /// The field names of `channel`'s hash.
+    fn fields(&self, channel: &str) -> Vec<String> {
+        self.cli(&["HKEYS", &format!("gapless:{{{channel}}}")])
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `MEMORY USAGE` of `channel`'s hash, every field sampled.
+    fn memory(&self, channel: &str) -> u64 {
+        let m = self.cli(&[
+            "MEMORY",
+            "USAGE",
+            &format!("gapless:{{{channel}}}"),
+            "SAMPLES",
+            "0",
+        ]);
+        m.parse().unwrap_or_else(|_| panic!("MEMORY USAGE: {m:?}"))
+    }
+}
+
+fn has(fields: &[String], f: &str) -> bool {
+    fields.iter().any(|x| x == f)
+}
+
+#[tokio::test]
+async fn tokens_are_forgotten_after_their_lifetime_and_a_resend_within_it_lands_once() {
+    let redis = Redis::start();
+    let mut con = redis.con();
+    let life = 600;
+    let mut send = |key: &str, data: &str| append_to(&mut con, "t", 1000, life, key, &[data]);
+    assert_eq!(send(" tokA", "a"), (1, 1, 0, 0));
+    assert_eq!(send("K\ntokB", "b"), (2, 2, 0, 0));
+    // Sent again within the lifetime: each lands once, answered as its own.
+    assert_eq!(send(" tokA", "a"), (1, 1, 1, 1));
+    assert_eq!(send("K\ntokB", "b"), (2, 2, 1, 1));
+    let f = redis.fields("t");
+    for kept in ["k tokA", "i1", "kK", "rK", "i2"] {
+        assert!(has(&f, kept), "{kept} is gone: {f:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(life + 300)).await;
+    // The next append forgets the tokens older than the lifetime: the node's
+    // token whole, only the request token of the client's key.
+    assert_eq!(send(" tokC", "c"), (3, 3, 0, 0));
+    let f = redis.fields("t");
+    for gone in ["k tokA", "i1", "rK"] {
+        assert!(!has(&f, gone), "{gone} is left: {f:?}");
+    }
+    for kept in ["kK", "i2", "k tokC", "i3", "e1", "e2", "e3", "tok"] {
+        assert!(has(&f, kept), "{kept} is gone: {f:?}");
+    }
+    // The young token still answers its resend; the client's key still
+    // answers the client's retry (a duplicate now: its request token is gone).
+    assert_eq!(send(" tokC", "c"), (3, 3, 1, 1));
+    assert_eq!(send("K\ntokB", "b"), (2, 2, 1, 0));
+    assert_eq!(send("K\ntokD", "b"), (2, 2, 1, 0));
+    // Past the lifetime a resend is no longer recognised (which is why the
+    // lifetime is far longer than any resend window).
+    assert_eq!(send(" tokA", "a"), (4, 4, 0, 0));
+    assert_eq!(redis.cli(&["HGET", "gapless:{t}", "head"]), "4");
+}
+
+#[tokio::test]
+async fn a_lifetime_asked_for_holds_for_its_tokens_whatever_others_ask() {
+    let redis = Redis::start();
+    let mut con = redis.con();
+    let mut send = |life: u64, key: &str| append_to(&mut con, "m", 1000, life, key, &["x"]);
+    // t = 0: a node with a long timeout asks 3 s for its token.
+    assert_eq!(send(3000, " a"), (1, 1, 0, 0));
+    // t = 1.5 s: another asks 2.5 s (its token must live until t = 4 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(send(2500, " b"), (2, 2, 0, 0));
+    // t = 3.5 s: one asking 200 ms forgets `a` (3.5 s old) but not `b`
+    // (2 s old), though both are older than 200 ms and 3 s have passed.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(send(200, " c"), (3, 3, 0, 0));
+    let f = redis.fields("m");
+    assert!(!has(&f, "k a") && has(&f, "k b"), "{f:?}");
+    assert_eq!(send(200, " b"), (2, 2, 1, 1), "b resent within its 2.5 s");
+    // t = 4.5 s: every token is past what its append asked for; the 200 ms
+    // of the newest ones take over.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(send(200, " d"), (4, 4, 0, 0));
+    let f = redis.fields("m");
+    for gone in ["k a", "k b", "k c", "i1", "i2", "i3"] {
+        assert!(!has(&f, gone), "{gone} is left: {f:?}");
+    }
+    assert!(has(&f, "k d"), "{f:?}");
+}
+
+#[tokio::test]
+async fn batches_larger_than_the_step_budget_still_have_their_tokens_forgotten() {
+    let redis = Redis::start();
+    let mut con = redis.con();
+    let batch: Vec<String> = (0..50).map(|i| format!("e{i}")).collect();
+    let batch: Vec<&str> = batch.iter().map(String::as_str).collect();
+    for i in 0..20 {
+        let key = format!(" b{i}");
+        let a = append_to(&mut con, "b", 100_000, 300, &key, &batch);
+        assert_eq!((a.0, a.1), (i * 50 + 1, i * 50 + 50));
+        if i == 9 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    }
+    // Batches 0-9 aged out before batch 10: each later batch of 50 walks up
+    // to 108 seqs, so the walk has caught up with them...
+    let f = redis.fields("b");
+    for i in 0..10 {
+        assert!(!has(&f, &format!("k b{i}")), "b{i} is left");
+    }
+    // ...and the young tokens are all kept.
+    for i in 10..20 {
+        assert!(has(&f, &format!("k b{i}")), "b{i} is gone");
+    }
+    // The boundary between old and young tokens found by bisection. At t =
+    // 0, 20 appends ask 1 s; at 0.6 s one more; at 1.1 s, 9 appends that
+    // forget nothing themselves (lifetime 0), then a batch walks past all:
+    // the first 20 are older than 1 s, the rest younger.
+    for i in 0..20 {
+        append_to(&mut con, "s", 100_000, 1000, &format!(" s{i}"), &["x"]);
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    append_to(&mut con, "s", 100_000, 1000, " s20", &["x"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 21..30 {
+        append_to(&mut con, "s", 100_000, 0, &format!(" s{i}"), &["x"]);
+    }
+    append_to(&mut con, "s", 100_000, 300, " last", &batch[..20]);
+    let f = redis.fields("s");
+    for i in 0..30 {
+        assert_eq!(has(&f, &format!("k s{i}")), i >= 20, "s{i}: {f:?}");
+    }
+    assert_eq!(
+        redis.cli(&["HGET", "gapless:{s}", "tok"]).split(':').next(),
+        Some("21")
+    );
+}
+
+/// Redis memory per event of 1000 single-event appends of 50-byte events in
+/// one channel (`MEMORY USAGE`): without tokens, with tokens kept as long as
+/// their events (as before the token lifetime), and with a 100 ms lifetime
+/// while appends come at most one a millisecond (at most 100 tokens live at
+/// any time; the rest aged out), measured once the last ones aged out too.
+/// Prints the figures (docs/cluster.md quotes them).
+#[tokio::test]
+async fn the_memory_per_event_returns_to_the_figure_without_tokens_once_tokens_age_out() {
+    let redis = Redis::start();
+    let mut con = redis.con();
+    let data = "x".repeat(50);
+    let n = 1000u64;
+    let per_event = |ch: &str, events: u64| redis.memory(ch) as f64 / events as f64;
+    let node_key = |i: u64| format!(" {i:022}");
+    let client_key = |i: u64| format!("order-{i:08}\n{i:022}");
+    let mut fill = |ch: &str, life: u64, key: &dyn Fn(u64) -> String| {
+        for i in 0..n {
+            append_to(&mut con, ch, 1_000_000, life, &key(i), &[&data]);
+            if life > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if life > 0 {
+            // the last ones age out too; then appends without a token of
+            // their own (as the benchmark sends) forget them, 10 seqs each
+            std::thread::sleep(Duration::from_millis(life + 50));
+            for _ in 0..12 {
+                append_to(&mut con, ch, 1_000_000, life, "", &[&data]);
+            }
+        }
+    };
+    fill("plain", 0, &|_| String::new());
+    fill("kept", 0, &node_key);
+    fill("aged", 100, &node_key);
+    fill("keyed", 0, &client_key);
+    fill("keyed-aged", 100, &client_key);
+    let plain = per_event("plain", n);
+    let kept = per_event("kept", n);
+    let aged = per_event("aged", n + 12);
+    let keyed = per_event("keyed", n);
+    let keyed_aged = per_event("keyed-aged", n + 12);
+    println!(
+        "bytes per event: no tokens {plain:.0}; node tokens kept {kept:.0}, aged out {aged:.0}; \
+         client keys with tokens kept {keyed:.0}, aged out {keyed_aged:.0}"
+    );
+    let f = redis.fields("aged");
+    assert!(!f.iter().any(|x| x.starts_with("k ")), "tokens are left");
+    let f = redis.fields("keyed-aged");
+    assert!(
+        !f.iter().any(|x| x.starts_with('r')),
+        "request tokens are left"
+    );
+    assert_eq!(f.iter().filter(|x| x.starts_with('k')).count() as u64, n);
+    assert!(
+        kept > plain + 100.0,
+        "tokens cost memory: {kept} vs {plain}"
+    );
+    assert!(
+        aged < plain + 25.0,
+        "aged-out tokens leave {aged} bytes per event, {plain} without"
+    );
+    assert!(keyed_aged < keyed - 40.0, "{keyed_aged} vs {keyed}");
+}
+
+#[tokio::test]
+async fn a_node_forgets_its_request_tokens_after_the_token_lifetime() {
+    let redis = Redis::start();
+    let j = RedisJournal::open(
+        RedisOptions {
+            url: format!("redis://127.0.0.1:{}", redis.port),
+            timeout_ms: 500,
+            token_lifetime_ms: Some(300),
+            ..RedisOptions::default()
+        },
+        Arc::new(NoSink),
+    )
+    .expect("open");
+    j.append("c", vec![ev("a")], None).await.expect("append");
+    j.append("c", vec![ev("b")], Some("K"))
+        .await
+        .expect("append");
+    let f = redis.fields("c");
+    assert_eq!(f.iter().filter(|x| x.starts_with("k ")).count(), 1, "{f:?}");
+    assert!(has(&f, "rK"), "{f:?}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    j.append("c", vec![ev("c")], None).await.expect("append");
+    let f = redis.fields("c");
+    // only the token of the newest append is left; the client's key stays
+    assert_eq!(f.iter().filter(|x| x.starts_with("k ")).count(), 1, "{f:?}");
+    assert!(has(&f, "i3") && !has(&f, "i1") && !has(&f, "rK"), "{f:?}");
+    assert!(has(&f, "kK") && has(&f, "i2"), "{f:?}");
+    let again = j
+        .append("c", vec![ev("b")], Some("K"))
+        .await
+        .expect("retry");
+    assert_eq!((again.first_seq, again.duplicate), (2, true));
+    // Left alone past the lifetime, the channel's last tokens go at the next
+    // script that loads it (here a state read, as a node's poll).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(j.state("c").await.expect("state").head, 3);
+    let f = redis.fields("c");
+    assert!(!f.iter().any(|x| x.starts_with("k ")), "{f:?}");
+    assert!(has(&f, "kK") && !has(&f, "i3"), "{f:?}");
+    assert_eq!(
+        redis.cli(&["HGET", "gapless:{c}", "tok"]).split(':').next(),
+        Some("4")
+    );
+    // the default lifetime: 60 s, or 4 timeouts when longer
+    let o = RedisOptions::default();
+    assert_eq!(o.token_lifetime(), 60_000);
+    let o = RedisOptions {
+        timeout_ms: 30_000,
+        ..RedisOptions::default()
+    };
+    assert_eq!(o.token_lifetime(), 120_000);
 }
 
 #[tokio::test]

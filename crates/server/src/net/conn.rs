@@ -78,8 +78,12 @@ pub enum Flow {
     /// frame appended): the writer writes what was appended, then ends the
     /// body; the client reconnects at once.
     End,
-    /// The source failed: the writer writes what was appended (nothing
-    /// today), then aborts the response so the client backs off.
+    /// The source failed (the error, for the log): the writer writes what
+    /// was appended (the SSE feed appends `retry:` of 1 to 5 s and a comment
+    /// naming the failure), then breaks the body off: no last chunk, so the
+    /// client backs off and resumes with its cursor; the connection closes
+    /// with a FIN after everything written, never a reset, which would drop
+    /// what the socket still holds.
     Fail(String),
 }
 
@@ -581,10 +585,13 @@ async fn stream<F: Frames>(
                 return;
             }
             (Flow::Fail(e), Ok(())) => {
-                // Abort (RST, no last chunk) so the client backs off rather
-                // than reconnecting at once as after a clean end.
-                tracing::warn!(error = %e, "aborting a stream: journal read failed");
-                abort(tcp);
+                // Everything is written, the failure's `retry:` last: the
+                // body breaks off without its last chunk, so the client
+                // backs off rather than reconnecting at once as after a
+                // clean end. A FIN after the data, never a reset: that would
+                // drop what the socket still holds for a slow reader.
+                tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                shut_write(tcp);
                 return;
             }
         }
@@ -805,6 +812,7 @@ async fn serve_http(
     let tcp = crate::net::tcp_info::Peer::of(conn.tcp(), bound_ms);
     let proxied = conn.proxied().cloned();
     let conn = crate::net::liveness::Watched::new(conn, bound_ms);
+    let flushes = conn.flushes();
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     // The first head's clock started in `serve`. hyper has one setting for
@@ -835,6 +843,7 @@ async fn serve_http(
         if let Some(t) = tcp {
             req.extensions_mut().insert(t);
         }
+        req.extensions_mut().insert(flushes.clone());
         let answer = router.clone().oneshot(req);
         async move {
             let resp = answer.await?;

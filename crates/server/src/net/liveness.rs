@@ -58,10 +58,63 @@ enum Judge {
     Gone,
 }
 
+/// How many times hyper flushed a connection with nothing left in its own
+/// buffer: hyper calls the socket's `poll_flush` only once every byte it
+/// holds was handed to the socket. A response body whose last bytes must
+/// reach the socket before it fails (hyper drops what it still buffers when
+/// a body fails: an SSE stream whose journal read failed,
+/// the SSE transport's `Feed::into_body`) waits for the next
+/// flush. One per connection, shared by its [`Watched`] and, as an
+/// extension, by each of its requests; one body at a time waits on it
+/// (HTTP/1 answers in order).
+#[derive(Clone, Default)]
+pub struct Flushes(std::sync::Arc<FlushesInner>);
+
+#[derive(Default)]
+struct FlushesInner {
+    count: std::sync::atomic::AtomicU64,
+    waker: futures::task::AtomicWaker,
+}
+
+impl Flushes {
+    /// Flushes so far.
+    pub fn count(&self) -> u64 {
+        self.0.count.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until a flush after the `seen`-th (a [`Flushes::count`]
+    /// read after the body's last bytes were taken by hyper): everything
+    /// hyper had then is in the socket. Forever on a connection that
+    /// never flushes again (its client does not read); the caller bounds it.
+    pub async fn after(&self, seen: u64) {
+        std::future::poll_fn(|cx| {
+            if self.count() > seen {
+                return Poll::Ready(());
+            }
+            self.0.waker.register(cx.waker());
+            if self.count() > seen {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    fn flushed(&self) {
+        self.0
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.waker.wake();
+    }
+}
+
 /// A connection's socket that judges its client's liveness by progress
 /// (see the module doc): what hyper reads and writes.
 pub struct Watched {
     conn: Conn,
+    /// Counts hyper's flushes (for bodies that must know their bytes left).
+    flushes: Flushes,
     /// `--tcp-user-timeout-ms`.
     bound_ms: u32,
     judge: Judge,
@@ -75,11 +128,17 @@ impl Watched {
         &self.conn
     }
 
+    /// The connection's flush count, for its requests.
+    pub fn flushes(&self) -> Flushes {
+        self.flushes.clone()
+    }
+
     /// Wraps `conn` with `bound_ms` (`--tcp-user-timeout-ms`; 0: no bound,
     /// the wrapper does nothing).
     pub fn new(conn: Conn, bound_ms: u64) -> Self {
         Watched {
             conn,
+            flushes: Flushes::default(),
             bound_ms: u32::try_from(bound_ms).unwrap_or(u32::MAX),
             judge: if bound_ms == 0 {
                 Judge::Off
@@ -230,7 +289,11 @@ impl AsyncWrite for Watched {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check(cx)?;
-        Pin::new(&mut self.conn).poll_flush(cx)
+        let r = Pin::new(&mut self.conn).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.flushes.flushed();
+        }
+        r
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -22,6 +22,7 @@ mod doc;
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
+use crate::net::liveness::Flushes;
 use crate::ops::names;
 use crate::ops::start::{self, Resume};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
@@ -257,10 +258,17 @@ pub const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
 /// with the same URL and `Last-Event-ID` (the answer has no `id:`, so the
 /// client's last event ID is kept). docs/api.md, "Errors".
 pub(crate) fn retry_later(retry_ms: u64, why: &str) -> Response {
-    let why = why.replace(['\r', '\n'], " ");
-    let mut r = Response::new(Body::from(format!("retry: {retry_ms}\n: {why}\n\n")));
+    let mut r = Response::new(Body::from(retry_frame(retry_ms, why)));
     stream_headers(r.headers_mut());
     r
+}
+
+/// `retry: retry_ms` and the comment `: why` (CR and LF in `why` become
+/// spaces), then the blank line: what [`retry_later`] answers, and the last
+/// frame of a stream whose journal read failed ([`Feed::next`]).
+fn retry_frame(retry_ms: u64, why: &str) -> Bytes {
+    let why = why.replace(['\r', '\n'], " ");
+    Bytes::from(format!("retry: {retry_ms}\n: {why}\n\n"))
 }
 
 /// `GET /v1/channels/{channel}/sse`.
@@ -286,6 +294,7 @@ pub async fn channel_sse(
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
     direct: Option<Extension<DirectStream<Feed>>>,
+    flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -295,7 +304,7 @@ pub async fn channel_sse(
             "channel= is for /v1/sse; this URL already names its channel",
         ));
     }
-    open(app, &grant, vec![channel], &q, &headers, direct).await
+    open(app, &grant, vec![channel], &q, &headers, direct, flushes).await
 }
 
 /// `GET /v1/sse?channel=A&channel=B…`.
@@ -321,6 +330,7 @@ pub async fn multi_sse(
     Access(grant): Access,
     RawQuery(raw): RawQuery,
     direct: Option<Extension<DirectStream<Feed>>>,
+    flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
@@ -336,7 +346,7 @@ pub async fn multi_sse(
             "name at least one channel: /v1/sse?channel=A&channel=B",
         ));
     }
-    open(app, &grant, channels, &q, &headers, direct).await
+    open(app, &grant, channels, &q, &headers, direct, flushes).await
 }
 
 async fn open(
@@ -346,6 +356,7 @@ async fn open(
     q: &Query,
     headers: &HeaderMap,
     direct: Option<Extension<DirectStream<Feed>>>,
+    flushes: Option<Extension<Flushes>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
     if channels.len() > max {
@@ -421,7 +432,9 @@ async fn open(
     let feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
-        None => feed.into_body().into_response(),
+        None => feed
+            .into_body(flushes.map(|Extension(f)| f))
+            .into_response(),
     };
     stream_headers(resp.headers_mut());
     Ok(resp)
@@ -614,7 +627,18 @@ impl Feed {
         match item {
             Err(e) => {
                 self.ended_by(Ended::JournalFailed);
-                Flow::Fail(e.to_string())
+                let log = e.to_string();
+                // What an open answers while the journal fails: the cause
+                // (the code and message a request would get) and a `retry:`
+                // of 1 to 5 s, drawn for each stream, so an EventSource (which
+                // cannot tell a broken body from a clean end) waits too and
+                // a node's pages do not all come back at once.
+                let e = ApiError::from(e);
+                out.push(retry_frame(
+                    rand::random_range(UNAVAILABLE_RETRY_MS),
+                    &format!("{}: {}", e.code.as_str(), e.message),
+                ));
+                Flow::Fail(log)
             }
             Ok(Item::Events { index, events }) => {
                 self.tally.events(events.len());
@@ -759,8 +783,14 @@ impl Feed {
     }
 
     /// The feed as a hyper response body (chunked), for a stream opened on a
-    /// connection that already carried another request.
-    pub fn into_body(mut self) -> Body {
+    /// connection that already carried another request. Every flow writes
+    /// what it appended first; [`Flow::End`] then ends the body (its last
+    /// chunk), [`Flow::Fail`] fails it, which makes hyper close the
+    /// connection without the last chunk, after waiting (with `flushes`,
+    /// the connection's, and until shutdown) for hyper to hand every byte
+    /// it holds to the socket: hyper drops what it still buffers when a
+    /// body fails. The close is a FIN after those bytes.
+    pub fn into_body(mut self, flushes: Option<Flushes>) -> Body {
         Body::from_stream(async_stream::stream! {
             let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
             let mut out = Vec::new();
@@ -781,7 +811,16 @@ impl Feed {
                     Flow::More | Flow::Tick => {}
                     Flow::End => break,
                     Flow::Fail(e) => {
-                        tracing::warn!(error = %e, "aborting a stream: journal read failed");
+                        tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                        // Read once hyper took the last frame: the next flush
+                        // empties its buffer into the socket.
+                        if let Some(f) = &flushes {
+                            let seen = f.count();
+                            tokio::select! {
+                                () = f.after(seen) => {}
+                                () = self.app.shutdown.cancelled() => {}
+                            }
+                        }
                         yield Err(std::io::Error::other(e));
                         break;
                     }
