@@ -1,16 +1,17 @@
-//! The first-request-head reader of the fan-out path (`conn.rs`): never
+//! The first-request-head reader of the fan-out path (`net/conn.rs`): never
 //! panics; a head it serves as SSE is a `GET` of an SSE URL; and bytes after
 //! a whole head (a pipelined body or request) do not change the answer.
 #![no_main]
 
-use gapless_server::conn::{parse_first_head, FirstHead};
+use gapless_server::net::conn::{parse_first_head, FirstHead};
+use gapless_server::transport::sse::is_sse_path;
 use libfuzzer_sys::fuzz_target;
 
 /// The default `--max-header-bytes`.
 const MAX: usize = 16 * 1024;
 
 fuzz_target!(|data: &[u8]| {
-    let first = parse_first_head(data, MAX);
+    let first = parse_first_head(data, MAX, is_sse_path);
     if let FirstHead::Sse(target) = &first {
         let path = target.split('?').next().unwrap_or(target);
         assert!(
@@ -19,6 +20,6 @@ fuzz_target!(|data: &[u8]| {
         );
         let mut more = data.to_vec();
         more.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-        assert_eq!(parse_first_head(&more, MAX), first);
+        assert_eq!(parse_first_head(&more, MAX, is_sse_path), first);
     }
 });

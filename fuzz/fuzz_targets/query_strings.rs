@@ -6,7 +6,7 @@
 
 use arbitrary::Arbitrary;
 use axum::http::{HeaderMap, HeaderValue};
-use gapless_server::query::Query;
+use gapless_server::transport::query::Query;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -19,15 +19,15 @@ struct Input {
 fuzz_target!(|input: Input| {
     let q = Query::parse(Some(&input.query));
     let channel = input.channels.first().map_or("c", String::as_str);
-    if let Ok((limit, _after)) = gapless_server::history::page_params(channel, &q) {
-        assert!((1..=gapless_server::history::MAX_LIMIT).contains(&limit));
+    if let Ok((limit, _after)) = gapless_server::transport::http::history::page_params(channel, &q) {
+        assert!((1..=gapless_server::transport::http::history::MAX_LIMIT).contains(&limit));
     }
     let mut headers = HeaderMap::new();
     if let Some(h) = input.header.as_deref().and_then(|h| HeaderValue::from_bytes(h).ok()) {
         headers.insert("last-event-id", h);
     }
     let channels: Vec<String> = input.channels.into_iter().take(8).collect();
-    if let Ok(starts) = gapless_server::sse::starts(&channels, &q, &headers) {
+    if let Ok(starts) = gapless_server::transport::sse::starts(&channels, &q, &headers) {
         assert_eq!(starts.len(), channels.len());
     }
 });

@@ -3,7 +3,7 @@
 //! a request id it echoes is a string or a number.
 #![no_main]
 
-use gapless_server::ws::messages::{parse, ClientMessage};
+use gapless_server::transport::ws::messages::{parse, ClientMessage};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

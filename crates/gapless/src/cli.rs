@@ -215,9 +215,9 @@ pub struct ServeArgs {
         long = "trusted-proxy",
         env = "GAPLESS_TRUSTED_PROXY",
         value_delimiter = ',',
-        value_parser = gapless_server::forwarded::parse_net
+        value_parser = gapless_server::net::forwarded::parse_net
     )]
-    pub trusted_proxy: Vec<gapless_server::forwarded::IpNet>,
+    pub trusted_proxy: Vec<gapless_server::net::forwarded::IpNet>,
     /// The header a --trusted-proxy writes the client's address in:
     /// `x-forwarded-for` (nginx, HAProxy, Envoy, cloud load balancers) or
     /// `forwarded` (RFC 7239 `for=`). Only this one is read: a proxy passes the

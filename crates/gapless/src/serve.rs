@@ -9,8 +9,8 @@ use gapless_core::memory::MemoryJournal;
 use gapless_core::session::{SessionConfig, Sessions};
 use gapless_core::{Journal, Retention};
 use gapless_server::auth::{Auth, AuthConfig};
-use gapless_server::forwarded::ForwardedHeader;
-use gapless_server::limits::PublishLimiter;
+use gapless_server::net::forwarded::ForwardedHeader;
+use gapless_server::ops::limits::PublishLimiter;
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use std::io::Write;
@@ -48,7 +48,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "could not start the allocator's background thread");
     }
     // Before anything records: the process-wide Prometheus recorder for /metrics.
-    let _ = gapless_server::metrics::install();
+    let _ = gapless_server::admin::metrics::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_park(crate::alloc::on_thread_idle)
@@ -116,7 +116,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tcp_user_timeout_ms: args.tcp_user_timeout_ms,
         cors_origins,
         max_connections_per_ip: args.max_connections_per_ip,
-        trusted_proxies: gapless_server::forwarded::TrustedProxies {
+        trusted_proxies: gapless_server::net::forwarded::TrustedProxies {
             nets: args.trusted_proxy.clone(),
             header: match args.forwarded_header {
                 ForwardedHeaderArg::XForwardedFor => ForwardedHeader::XForwardedFor,

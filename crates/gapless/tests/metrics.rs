@@ -200,7 +200,7 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     .expect("deploy/grafana/gapless.json");
     let source = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../server/src/metrics.rs"
+        "/../server/src/admin/metrics.rs"
     ))
     .expect("metrics.rs");
     let mut names: Vec<&str> = dashboard

@@ -1,5 +1,5 @@
 //! Every way an SSE stream ends on its own sends what it queued, whichever
-//! transport writes it (crates/server/src/conn.rs): the first request of a
+//! transport writes it (crates/server/src/net/conn.rs): the first request of a
 //! connection (the first-request writer) and a later request of a keep-alive
 //! connection (hyper), one channel and several. At token expiry the last
 //! frame is `event: gapless.expired` and the body ends cleanly (its last

@@ -1,4 +1,4 @@
-//! How SSE streams reach the socket (crates/server/src/conn.rs): a stream
+//! How SSE streams reach the socket (crates/server/src/net/conn.rs): a stream
 //! opened by a connection's first request is written straight to the socket
 //! (chunked for HTTP/1.1, to the close for HTTP/1.0, `connection: close`
 //! either way); a stream opened by a later request on a keep-alive connection

@@ -52,7 +52,7 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// The reverse proxies whose forwarded client address is believed
     /// (`--trusted-proxy`, `--forwarded-header`; `forwarded.rs`). Default none.
-    pub trusted_proxies: crate::forwarded::TrustedProxies,
+    pub trusted_proxies: crate::net::forwarded::TrustedProxies,
     /// Publish rate per publisher (token `sub`, or client IP), in events per
     /// second; 0 = no limit. Past it: 429 `rate_limited` with `Retry-After`.
     /// Default 0.
@@ -110,7 +110,7 @@ impl Default for ServerConfig {
             tcp_user_timeout_ms: 30_000,
             cors_origins: vec!["*".to_owned()],
             max_connections_per_ip: 1000,
-            trusted_proxies: crate::forwarded::TrustedProxies::default(),
+            trusted_proxies: crate::net::forwarded::TrustedProxies::default(),
             publish_rate: 0,
             publish_burst: 0,
             min_body_rate: 4096,
@@ -145,8 +145,8 @@ pub fn ws_message_bytes_for(max_event_bytes: usize) -> usize {
 
 impl ServerConfig {
     /// The pace a request body must keep (see [`ServerConfig::min_body_rate`]).
-    pub fn body_pace(&self) -> crate::limits::BodyPace {
-        crate::limits::BodyPace {
+    pub fn body_pace(&self) -> crate::ops::limits::BodyPace {
+        crate::ops::limits::BodyPace {
             grace_ms: self.header_timeout_ms,
             min_rate: self.min_body_rate,
         }

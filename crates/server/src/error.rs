@@ -48,7 +48,7 @@ pub struct ErrorBody {
     pub floor_cursor: Option<String>,
     /// `session_ended`: how the session ended.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::sessions::SessionStatus>)]
+    #[schema(value_type = Option<crate::ops::sessions::SessionStatus>)]
     pub status: Option<String>,
     /// Any other field given to [`ApiError::with`]: none today. The schema
     /// has no room for one (`additionalProperties: false`), so a new field
@@ -176,7 +176,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        metrics::counter!(crate::metrics::REFUSALS, "code" => self.code.as_str()).increment(1);
+        metrics::counter!(crate::admin::metrics::REFUSALS, "code" => self.code.as_str())
+            .increment(1);
         let mut extra = self.extra;
         // RFC 6750 section 3: a 401 names the scheme; `error="invalid_token"`
         // when a token was presented and failed (not when none was sent).
@@ -232,7 +233,7 @@ pub async fn json_errors(resp: Response) -> Response {
         s if s >= 500 => ErrorCode::JournalFailed,
         _ => ErrorCode::InvalidRequest,
     };
-    metrics::counter!(crate::metrics::REFUSALS, "code" => code.as_str()).increment(1);
+    metrics::counter!(crate::admin::metrics::REFUSALS, "code" => code.as_str()).increment(1);
     let message = if text.is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {
@@ -246,4 +247,24 @@ pub async fn json_errors(resp: Response) -> Response {
     );
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// `405 method_not_allowed` naming `method` and `path`, then `why`; a method
+/// in lower case is told that methods are case-sensitive (RFC 9110 section
+/// 9.1: `get` is not `GET`). The caller adds `Allow`.
+pub(crate) fn method_not_allowed_error(
+    method: &axum::http::Method,
+    path: &str,
+    why: &str,
+) -> ApiError {
+    let upper = method.as_str().to_ascii_uppercase();
+    let hint = if upper != method.as_str() {
+        format!(" (method names are case-sensitive: {upper}, not {method})")
+    } else {
+        why.to_owned()
+    };
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not allowed on {path}{hint}"),
+    )
 }

@@ -1,49 +1,37 @@
-//! The gapless HTTP transport: thin handlers over the hub.
+//! The gapless server: publish, history and sessions over HTTP, and
+//! subscriptions over Server-Sent Events and WebSocket, all over the hub.
 //!
-//! [`router`] maps the v1 API (`docs/api.md`) onto handlers in [`publish`],
-//! [`history`], [`sse`], [`sessions`] and [`ws`], each registered with its
-//! OpenAPI annotation ([`openapi`]); [`listener`] applies socket options and the
-//! connection limit; [`serve`] runs it all until the shutdown token fires, then
-//! ends every stream so clients reconnect and resume elsewhere.
+//! Five parts (docs/design.md, "Parts"; `tests/layers.rs` keeps their rules):
+//! [`ops`] (what the server does, once for every transport), [`auth`]
+//! (tokens and grants), [`net`] (sockets and bytes), [`transport`] (one room
+//! per wire protocol) and [`admin`] (probes, metrics, console, OpenAPI).
+//! This file assembles them: [`api`] merges each part's `routes()`,
+//! [`router`] adds the fallbacks and middleware, and [`serve`] runs it all
+//! until the shutdown token fires, then ends every stream so clients
+//! reconnect and resume elsewhere.
 
+pub mod admin;
 pub mod auth;
-pub mod busy;
 pub mod config;
-pub mod conn;
-pub mod console;
 pub mod error;
-pub mod forwarded;
-pub mod head_error;
-pub mod history;
-pub mod limits;
-pub mod listener;
-pub mod liveness;
-pub mod metrics;
-pub mod openapi;
-pub mod publish;
-pub mod query;
-pub mod sessions;
-pub mod sse;
-pub mod stream_log;
-pub mod tcp_info;
-pub mod ws;
+pub mod net;
+pub mod ops;
+pub mod transport;
 
 pub use config::ServerConfig;
 
 use axum::extract::DefaultBodyLimit;
-use axum::{Extension, Json, Router};
-use error::{ApiError, ErrorBody};
+use axum::{Extension, Router};
+use error::ApiError;
 use gapless_core::hub::Hub;
 use gapless_core::session::Sessions;
 use gapless_protocol::codes::ErrorCode;
-use serde::Serialize;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 /// What every handler shares.
 pub struct App {
@@ -58,10 +46,10 @@ pub struct App {
     /// Upgraded WebSocket connections, which the HTTP server no longer tracks:
     /// shutdown waits for them to send their close frames.
     pub sockets: TaskTracker,
-    /// Token verification; open when no key is configured (`auth.rs`).
+    /// Token verification; open when no key is configured ([`auth`]).
     pub auth: auth::Auth,
     /// The publish rate limit (`limits.rs`).
-    pub publish_limiter: limits::PublishLimiter,
+    pub publish_limiter: ops::limits::PublishLimiter,
 }
 
 /// The client's address, put in every request's extensions by the
@@ -76,44 +64,27 @@ pub struct Peer(pub std::net::SocketAddr);
 /// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
 /// is registered another way). `console`: whether `GET /` serves the console.
 pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
-    let api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .routes(routes!(metrics::render))
-        .routes(routes!(openapi::serve))
-        .routes(routes!(history::channel_info))
-        .routes(routes!(publish::publish, history::history))
-        .routes(routes!(publish::publish_batch))
-        .routes(routes!(sse::channel_sse))
-        .routes(routes!(sse::multi_sse))
-        .routes(routes!(ws::channels::handler))
-        .routes(routes!(sessions::create))
-        .routes(routes!(sessions::info))
-        .routes(routes!(sessions::append, sessions::history))
-        .routes(routes!(sessions::complete))
-        .routes(routes!(sessions::cancel))
-        .routes(routes!(ws::session::handler));
-    if console {
-        api.routes(routes!(console::page))
-    } else {
-        api
-    }
+    OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())
+        .merge(admin::routes(console))
+        .merge(transport::http::routes())
+        .merge(transport::sse::routes())
+        .merge(transport::ws::routes())
 }
 
 /// The v1 router, with the OpenAPI document of exactly its routes at
 /// `GET /v1/openapi.json`.
 pub fn router(app: Arc<App>) -> Router {
     let (v1, doc) = api(app.config.console).split_for_parts();
-    let doc = openapi::Document::new(doc, &app);
+    let doc = admin::openapi::Document::new(doc, &app, transport::sse::is_sse_path);
     let cors = cors(&app.config.cors_origins);
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn(ws::get_only))
+        .layer(axum::middleware::from_fn(transport::ws::get_only))
         .layer(axum::middleware::map_response(error::json_errors))
-        .layer(axum::middleware::from_fn(busy::busy))
+        .layer(axum::middleware::from_fn(transport::sse::busy::busy))
         .with_state(app);
     match cors {
         Some(layer) => router.layer(layer),
@@ -162,81 +133,6 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     })
 }
 
-/// `ok`, the only value of a liveness answer's `status`.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-enum Alive {
-    Ok,
-}
-
-/// The answer of `GET /healthz`.
-#[derive(Serialize, ToSchema)]
-struct Health {
-    /// Always `ok`.
-    status: Alive,
-}
-
-/// `ready`, the only value of a readiness answer's `status`.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-enum Readiness {
-    Ready,
-}
-
-/// The answer of `GET /readyz` while the journal accepts appends.
-#[derive(Serialize, ToSchema)]
-struct Ready {
-    /// Always `ready`.
-    status: Readiness,
-}
-
-/// 200 `{"status":"ok"}` while the process serves (liveness).
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    operation_id = "healthz",
-    summary = "Liveness",
-    tag = "operations",
-    responses((status = 200, description = "The process serves (liveness; the journal is not looked at). Served even on a connection over the connection limit.", body = Health)),
-)]
-async fn healthz() -> Json<Health> {
-    Json(Health { status: Alive::Ok })
-}
-
-/// 200 `{"status":"ready"}` while the journal accepts appends; 503
-/// `unavailable` while it cannot, with `reason` the journal's own code
-/// (`journal_full`, `unavailable`, `journal_failed`, `shutting_down`;
-/// docs/api.md). `Retry-After` as the journal's error gives it.
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    operation_id = "readyz",
-    summary = "Readiness: whether the journal accepts appends",
-    tag = "operations",
-    responses(
-        (status = 200, description = "The journal accepts appends: point a load balancer's readiness check here.", body = Ready),
-        (status = 503, description = "`unavailable`, always with `reason`, the journal's own code: `journal_full` (the disk is below `--min-free-disk-bytes`), `unavailable` (cluster mode: Redis unreachable, hung, loading, or a read-only replica), `journal_failed` (cluster mode: Redis refuses writes, e.g. out of memory at `maxmemory` with `noeviction`), `shutting_down` (the server is stopping).", body = ErrorBody),
-    ),
-)]
-async fn readyz(
-    axum::extract::State(app): axum::extract::State<Arc<App>>,
-) -> Result<Json<Ready>, ApiError> {
-    // Not ready is always a 503 (what load balancers and probes expect); the
-    // journal's own code is kept as `reason` (docs/api.md, `GET /readyz`).
-    if let Err(e) = app.hub.journal().ready().await {
-        let inner = ApiError::from(e);
-        let mut out = ApiError::new(ErrorCode::Unavailable, inner.message)
-            .with("reason", inner.code.as_str());
-        if let Some(secs) = inner.extra.get("retry_after").and_then(|v| v.as_u64()) {
-            out = out.retry_after(secs);
-        }
-        return Err(out);
-    }
-    Ok(Json(Ready {
-        status: Readiness::Ready,
-    }))
-}
-
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no such path: {}", uri.path()))
 }
@@ -244,27 +140,7 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 /// 405 for a path whose route does not take the method (the router adds
 /// `Allow`, listing the methods it does take).
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    method_not_allowed_error(&method, uri.path(), "")
-}
-
-/// `405 method_not_allowed` naming `method` and `path`, then `why`; a method
-/// in lower case is told that methods are case-sensitive (RFC 9110 section
-/// 9.1: `get` is not `GET`). The caller adds `Allow`.
-pub(crate) fn method_not_allowed_error(
-    method: &axum::http::Method,
-    path: &str,
-    why: &str,
-) -> ApiError {
-    let upper = method.as_str().to_ascii_uppercase();
-    let hint = if upper != method.as_str() {
-        format!(" (method names are case-sensitive: {upper}, not {method})")
-    } else {
-        why.to_owned()
-    };
-    ApiError::new(
-        ErrorCode::MethodNotAllowed,
-        format!("{method} is not allowed on {path}{hint}"),
-    )
+    error::method_not_allowed_error(&method, uri.path(), "")
 }
 
 /// Serves `app` on `listener` until `app.shutdown` fires; open streams end then,
@@ -282,7 +158,7 @@ pub(crate) fn method_not_allowed_error(
 pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> {
     let shutdown = app.shutdown.clone();
     let sockets = app.sockets.clone();
-    let mut listener = listener::GaplessListener::new(listener, app.config.clone());
+    let mut listener = net::listener::GaplessListener::new(listener, app.config.clone());
     let ticker = tokio::spawn(tick(app.clone()));
     let threads = match app.config.fanout_threads {
         // One core is left to the request path and the journal's writer.
@@ -301,11 +177,13 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let fanout_handle = runtime.handle().clone();
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
-    let shared = Arc::new(conn::Shared {
-        app: app.clone(),
+    let shared = Arc::new(net::conn::Shared {
+        config: app.config.clone(),
+        shutdown: app.shutdown.clone(),
         router: router(app.clone()),
         fanout: fanout_handle,
         tracker: connections.clone(),
+        direct: transport::sse::is_sse_path,
     });
     loop {
         let (io, addr) = tokio::select! {
@@ -313,7 +191,11 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        connections.spawn(conn::serve(shared.clone(), io, addr));
+        connections.spawn(net::conn::serve::<transport::sse::Feed>(
+            shared.clone(),
+            io,
+            addr,
+        ));
     }
     drop(listener);
     drop(shared);

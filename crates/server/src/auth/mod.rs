@@ -17,6 +17,8 @@
 //! channel can take a session's name): producers need `publish` on it,
 //! consumers `subscribe`.
 
+pub mod origin;
+
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::FromRequestParts;

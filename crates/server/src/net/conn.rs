@@ -3,7 +3,7 @@
 //! The first request head is read here. A `GET` of an SSE URL
 //! (`/v1/sse`, `/v1/channels/{channel}/sse`) goes through the same router as
 //! any request, and if its handler opens a stream, the stream is written
-//! straight to the socket: the response head, then each [`Feed::next`]'s
+//! straight to the socket: the response head, then each [`Frames::next`]'s
 //! frames as one chunk in one `writev` (for HTTP/1.0, no chunks: the body
 //! ends with the connection, RFC 9112 §6.3 rule 8); the response says
 //! `connection: close`. Nothing else stays allocated for the stream: no HTTP
@@ -20,10 +20,8 @@
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
 
-use crate::listener::{Conn, Refused};
-use crate::sse::{Feed, Flow};
-use crate::stream_log::Ended;
-use crate::{App, Peer};
+use crate::net::listener::{Conn, Refused};
+use crate::{Peer, ServerConfig};
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
 use axum::Router;
@@ -48,33 +46,102 @@ pub const HEADERS_MAX: usize = 100;
 /// (and dropped) while watching for its close.
 const DISCARD_MAX: usize = 64 * 1024;
 
-/// Put in the extensions of a request whose stream this module will write:
-/// the SSE handler hands its [`Feed`] over here instead of building a body.
-#[derive(Clone, Default)]
-pub struct DirectSse(Arc<Mutex<Option<Feed>>>);
+/// A stream this module writes straight to the socket: a source of frames.
+/// The SSE transport's feed is one; this module knows nothing else of it.
+pub trait Frames: Send + 'static {
+    /// Waits for what is next and appends its frames to `out` (see
+    /// [`Flow`]). Cancel-safe: dropping the future loses nothing.
+    fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = Flow> + Send;
 
-impl DirectSse {
+    /// For a writer blocked on a full socket: whether the stream must end
+    /// now, or, with `ticks`, its timer ticked (time to check the client).
+    /// Polled in place by the writer, so the wait holds no future of its own.
+    fn poll_blocked(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ticks: bool,
+    ) -> std::task::Poll<Waited>;
+
+    /// The client went away (`how`); the first reason given is the one kept.
+    fn client_gone(&mut self, how: Gone);
+}
+
+/// What [`Frames::next`] left to do.
+#[derive(Debug)]
+pub enum Flow {
+    /// Frames were appended; call again.
+    More,
+    /// A heartbeat tick: its frame was appended (none with heartbeats off);
+    /// the writer checks the client's liveness, then calls again.
+    Tick,
+    /// The stream ends cleanly (server shutdown, or token expiry with its
+    /// frame appended): the writer writes what was appended, then ends the
+    /// body; the client reconnects at once.
+    End,
+    /// The source failed (the error, for the log): the writer writes what
+    /// was appended (the SSE feed appends `retry:` of 1 to 5 s and a comment
+    /// naming the failure), then breaks the body off: no last chunk, so the
+    /// client backs off and resumes with its cursor; the connection closes
+    /// with a FIN after everything written, never a reset, which would drop
+    /// what the socket still holds.
+    Fail(String),
+}
+
+/// How a client of a stream went away, as the writer saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// It closed its side.
+    Closed,
+    /// It stopped acknowledging (the liveness bound).
+    Vanished,
+    /// A write to it failed.
+    WriteFailed,
+}
+
+/// Put in the extensions of a request whose stream this module will write:
+/// the handler hands its [`Frames`] over here instead of building a body.
+pub struct DirectStream<F>(Arc<Mutex<Option<F>>>);
+
+impl<F> Clone for DirectStream<F> {
+    fn clone(&self) -> Self {
+        DirectStream(self.0.clone())
+    }
+}
+
+impl<F> Default for DirectStream<F> {
+    fn default() -> Self {
+        DirectStream(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<F> DirectStream<F> {
     /// Keeps `feed` for the socket writer; the response carries only the status and headers.
-    pub fn hand_over(&self, feed: Feed) -> axum::response::Response {
+    pub fn hand_over(&self, feed: F) -> axum::response::Response {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(feed);
         }
         axum::response::Response::new(Body::empty())
     }
 
-    fn take(&self) -> Option<Feed> {
+    fn take(&self) -> Option<F> {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 }
 
 /// What every connection task shares.
 pub(crate) struct Shared {
-    pub app: Arc<App>,
+    pub config: ServerConfig,
+    /// Fires when the server shuts down.
+    pub shutdown: CancellationToken,
     pub router: Router,
     /// The runtime streams are written on (see [`ServerConfig::fanout_threads`](crate::ServerConfig::fanout_threads)).
     pub fanout: tokio::runtime::Handle,
     /// Every connection and stream, so shutdown can wait for them.
     pub tracker: tokio_util::task::TaskTracker,
+    /// Whether a path (without its query) is one whose `GET` as a
+    /// connection's first request this module serves itself (the SSE
+    /// transport's predicate).
+    pub direct: fn(&str) -> bool,
 }
 
 /// Serves one connection until it closes or the server shuts down; a stream
@@ -84,9 +151,9 @@ pub(crate) struct Shared {
 /// progress: whatever a future holds across an await stays allocated for
 /// the stream's life, which is why routing runs in a box of its own and is
 /// freed before the stream starts.
-pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr) {
+pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr) {
     let refused = conn.refused().cloned();
-    let mut timeout = Duration::from_millis(shared.app.config.header_timeout_ms.max(1));
+    let mut timeout = Duration::from_millis(shared.config.header_timeout_ms.max(1));
     if refused.is_some() {
         // A refused connection is answered promptly or dropped.
         timeout = timeout.min(REFUSED_HEAD_TIMEOUT);
@@ -94,9 +161,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
     let started = tokio::time::Instant::now();
     let mut buf = BytesMut::with_capacity(1024);
     let first = tokio::select! {
-        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf, shared.app.config.max_header_bytes)) => first,
+        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf, shared.config.max_header_bytes, shared.direct)) => first,
         // Nothing has been asked yet: there is nothing to finish.
-        () = shared.app.shutdown.cancelled() => return,
+        () = shared.shutdown.cancelled() => return,
     };
     match first {
         // Silent before its head, or vanished: closed with nothing to say.
@@ -104,8 +171,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
         Ok(Ok(First::Closed)) => {}
         // Part of a head arrived, too slowly (slowloris): 408 first.
         Err(_) => {
-            let out = whole(head_timeout(shared.app.config.header_timeout_ms, buf.len())).await;
-            send_whole(&conn, out, &shared.app.shutdown).await;
+            let out = whole(head_timeout(shared.config.header_timeout_ms, buf.len())).await;
+            send_whole(&conn, out, &shared.shutdown).await;
         }
         Ok(Err(e)) => tracing::debug!(error = %e, "reading a request head failed"),
         Ok(Ok(First::Sse(mut req))) => {
@@ -127,7 +194,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             if let Some(r) = refused {
                 req.extensions_mut().insert(r);
             }
-            match boxed(route_sse(shared.router.clone(), *req)).await {
+            match boxed(route_stream::<F>(shared.router.clone(), *req)).await {
                 Routed::Stream {
                     feed,
                     head,
@@ -135,7 +202,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                 } => match conn.detach() {
                     // The stream moves to the fan-out runtime, and this task ends.
                     Ok(conn) => {
-                        let bound_ms = shared.app.config.tcp_user_timeout_ms;
+                        let bound_ms = shared.config.tcp_user_timeout_ms;
                         let task = shared
                             .tracker
                             .track_future(stream(conn, feed, head, chunked, bound_ms));
@@ -144,11 +211,11 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                     }
                     Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                 },
-                Routed::Whole(out) => send_whole(&conn, out, &shared.app.shutdown).await,
+                Routed::Whole(out) => send_whole(&conn, out, &shared.shutdown).await,
             }
         }
         Ok(Ok(First::TooLarge)) => {
-            let max = shared.app.config.max_header_bytes;
+            let max = shared.config.max_header_bytes;
             let error = crate::error::ApiError::new(
                 gapless_protocol::codes::ErrorCode::HeadTooLarge,
                 format!(
@@ -157,7 +224,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             )
             .with("limit", max);
             let out = whole(axum::response::IntoResponse::into_response(error)).await;
-            send_whole(&conn, out, &shared.app.shutdown).await;
+            send_whole(&conn, out, &shared.shutdown).await;
         }
         Ok(Ok(First::Malformed(e))) => {
             let error = crate::error::ApiError::new(
@@ -165,13 +232,13 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
                 format!("malformed HTTP/1.1 request head: {e}"),
             );
             let out = whole(axum::response::IntoResponse::into_response(error)).await;
-            send_whole(&conn, out, &shared.app.shutdown).await;
+            send_whole(&conn, out, &shared.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            let _open = crate::metrics::Open::<crate::metrics::HttpConn>::new();
+            let _open = crate::admin::metrics::Open::<crate::admin::metrics::HttpConn>::new();
             boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
@@ -214,9 +281,14 @@ enum First {
     Closed,
 }
 
-async fn read_head(conn: &mut Conn, buf: &mut BytesMut, max: usize) -> io::Result<First> {
+async fn read_head(
+    conn: &mut Conn,
+    buf: &mut BytesMut,
+    max: usize,
+    direct: fn(&str) -> bool,
+) -> io::Result<First> {
     loop {
-        if let Some(first) = parse_head(buf, max) {
+        if let Some(first) = parse_head(buf, max, direct) {
             return Ok(first);
         }
         buf.reserve(1024);
@@ -232,7 +304,7 @@ async fn read_head(conn: &mut Conn, buf: &mut BytesMut, max: usize) -> io::Resul
 
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
 /// of its own so the header array is not held across the read.)
-fn parse_head(buf: &[u8], max: usize) -> Option<First> {
+fn parse_head(buf: &[u8], max: usize, direct: fn(&str) -> bool) -> Option<First> {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut parsed = httparse::Request::new(&mut headers);
     match parsed.parse(buf) {
@@ -241,10 +313,10 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
             // not a URI): what hyper would refuse with a bare 400.
             let target = parsed.path.unwrap_or_default();
             let version = parsed.version.unwrap_or(1);
-            if let Some(e) = crate::head_error::framing(target, version, parsed.headers) {
+            if let Some(e) = crate::net::head_error::framing(target, version, parsed.headers) {
                 return Some(First::Malformed(e));
             }
-            Some(sse_request(&parsed).map_or(First::Other, |r| First::Sse(Box::new(r))))
+            Some(sse_request(&parsed, direct).map_or(First::Other, |r| First::Sse(Box::new(r))))
         }
         Ok(httparse::Status::Partial) if buf.len() < max => None,
         Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
@@ -253,9 +325,9 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
         // A browser echoes the last id it read: control bytes in it make the
         // id unreadable (200, gap `unknown`), not the head (`head_error.rs`).
         Err(e @ httparse::Error::HeaderValue) => {
-            let malformed = || Some(First::Malformed(crate::head_error::describe(buf, e)));
-            match crate::head_error::mask_last_event_id_controls(buf) {
-                Some(clean) => match parse_head(&clean, max) {
+            let malformed = || Some(First::Malformed(crate::net::head_error::describe(buf, e)));
+            match crate::net::head_error::mask_last_event_id_controls(buf) {
+                Some(clean) => match parse_head(&clean, max, direct) {
                     // The rest of the head has not arrived yet.
                     None => None,
                     Some(sse @ First::Sse(_)) => Some(sse),
@@ -264,7 +336,7 @@ fn parse_head(buf: &[u8], max: usize) -> Option<First> {
                 None => malformed(),
             }
         }
-        Err(e) => Some(First::Malformed(crate::head_error::describe(buf, e))),
+        Err(e) => Some(First::Malformed(crate::net::head_error::describe(buf, e))),
     }
 }
 
@@ -289,8 +361,8 @@ pub enum FirstHead {
 /// connection's first-request reader does (the same private function), with
 /// a head limit of `max` bytes (`--max-header-bytes`).
 /// Public only for the fuzz targets in `fuzz/`; the server does not call it.
-pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
-    match parse_head(buf, max) {
+pub fn parse_first_head(buf: &[u8], max: usize, direct: fn(&str) -> bool) -> FirstHead {
+    match parse_head(buf, max, direct) {
         None => FirstHead::Incomplete,
         Some(First::Sse(req)) => FirstHead::Sse(req.uri().to_string()),
         Some(First::Other) => FirstHead::Other,
@@ -302,10 +374,13 @@ pub fn parse_first_head(buf: &[u8], max: usize) -> FirstHead {
 
 /// `parsed` as a request this module serves, or `None` if it is not a plain
 /// `GET` of an SSE URL (or has anything `http` cannot hold).
-fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
+fn sse_request(
+    parsed: &httparse::Request<'_, '_>,
+    direct: fn(&str) -> bool,
+) -> Option<Request<Body>> {
     let target = parsed.path?;
     let path = target.split('?').next().unwrap_or(target);
-    if parsed.method != Some("GET") || !crate::sse::is_sse_path(path) {
+    if parsed.method != Some("GET") || !direct(path) {
         return None;
     }
     let version = match parsed.version {
@@ -329,10 +404,10 @@ fn sse_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 }
 
 /// What routing an SSE request gave.
-enum Routed {
+enum Routed<F> {
     /// A stream: its response head, then the feed.
     Stream {
-        feed: Feed,
+        feed: F,
         head: Vec<u8>,
         chunked: bool,
     },
@@ -342,9 +417,9 @@ enum Routed {
 
 /// Routes `req` like any request. (Boxed by the caller and dropped before
 /// the stream starts: the router's future is large.)
-async fn route_sse(router: Router, mut req: Request<Body>) -> Routed {
+async fn route_stream<F: Frames>(router: Router, mut req: Request<Body>) -> Routed<F> {
     let version = req.version();
-    let slot = DirectSse::default();
+    let slot = DirectStream::<F>::default();
     req.extensions_mut().insert(slot.clone());
     let resp = match router.oneshot(req).await {
         Ok(resp) => resp,
@@ -428,9 +503,9 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// Everything the stream's task holds across an await stays allocated for
 /// the stream's life, for every subscriber (docs/design.md, "Fan-out"): the
 /// waits on the socket are poll functions, with no future of their own.
-async fn stream(
-    conn: crate::listener::Detached,
-    mut feed: Feed,
+async fn stream<F: Frames>(
+    conn: crate::net::listener::Detached,
+    mut feed: F,
     head: Vec<u8>,
     chunked: bool,
     bound_ms: u64,
@@ -443,8 +518,8 @@ async fn stream(
         }
     };
     let tcp = conn.tcp();
-    let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
-    let bound = crate::tcp_info::Peer::take_over_bound(tcp, bound_ms);
+    let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+    let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     // Slot 0 of each write: the response head on the first, empty after.
     let mut out: Vec<Bytes> = Vec::with_capacity(8);
     out.push(Bytes::from(head));
@@ -460,13 +535,13 @@ async fn stream(
             biased;
             flow = feed.next(&mut out) => flow,
             () = std::future::poll_fn(|cx| poll_peer_closed(tcp, &mut discarded, cx)) => {
-                feed.ended_by(Ended::ClientClosed);
+                feed.client_gone(Gone::Closed);
                 return;
             }
         };
         if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
             tracing::debug!("an SSE client stopped acknowledging: dropped");
-            feed.ended_by(Ended::ClientVanished);
+            feed.client_gone(Gone::Vanished);
             abort(tcp);
             return;
         }
@@ -484,11 +559,12 @@ async fn stream(
             out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
         // Counted as handed to the socket (nothing held across the write).
-        crate::metrics::written(
-            crate::metrics::Transport::Sse,
+        crate::admin::metrics::written(
+            crate::admin::metrics::Transport::Sse,
             out.iter().map(Bytes::len).sum(),
         );
-        let written = write_frames(tcp, &mut out, Some(&mut feed), bound).await;
+        let ticks = bound.is_some();
+        let written = write_frames(tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
         if out.capacity() > 64 {
             out = Vec::with_capacity(8);
         }
@@ -496,10 +572,10 @@ async fn stream(
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");
                 if e.kind() == io::ErrorKind::TimedOut {
-                    feed.ended_by(Ended::ClientVanished);
+                    feed.client_gone(Gone::Vanished);
                     abort(tcp);
-                } else if feed.ending().is_none() {
-                    feed.ended_by(Ended::WriteFailed);
+                } else {
+                    feed.client_gone(Gone::WriteFailed);
                 }
                 return;
             }
@@ -530,11 +606,11 @@ fn abort(tcp: &TcpStream) {
 }
 
 /// What a blocked write woke up for.
-pub(crate) enum Waited {
+pub enum Waited {
     /// The socket can take more.
     Writable,
     /// The stream must end now (shutdown; token expiry lets the write finish,
-    /// [`Feed::poll_blocked`]).
+    /// [`Frames::poll_blocked`]).
     Ended,
     /// The stream's timer ticked: time to check the client is alive.
     Tick,
@@ -603,15 +679,15 @@ fn poll_peer_closed(
 ///
 /// A write that has to wait for the client (its window is full) gives up
 /// at shutdown, so a reader that stopped reading cannot hold it (token
-/// expiry lets the write finish: [`Feed::poll_blocked`]);
+/// expiry lets the write finish: [`Frames::poll_blocked`]);
 /// with `watch`, it also checks the client on each tick of the stream's timer
-/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::tcp_info::Bound::dead)):
+/// and gives up (`TimedOut`) once the client is gone ([`Bound::dead`](crate::net::tcp_info::Bound::dead)):
 /// a client that reads, however slowly, is waited for.
 async fn write_frames(
     tcp: &TcpStream,
     out: &mut Vec<Bytes>,
-    mut feed: Option<&mut Feed>,
-    bound: Option<crate::tcp_info::Bound>,
+    mut blocked: impl FnMut(&mut std::task::Context<'_>) -> std::task::Poll<Waited>,
+    bound: Option<crate::net::tcp_info::Bound>,
 ) -> io::Result<()> {
     let mut first = 0;
     while first < out.len() {
@@ -637,10 +713,7 @@ async fn write_frames(
                     if let std::task::Poll::Ready(r) = tcp.poll_write_ready(cx) {
                         return std::task::Poll::Ready(r.map(|()| Waited::Writable));
                     }
-                    match feed.as_deref_mut() {
-                        Some(f) => f.poll_blocked(cx, bound.is_some()).map(Ok),
-                        None => std::task::Poll::Pending,
-                    }
+                    blocked(cx).map(Ok)
                 })
                 .await?;
                 match waited {
@@ -687,7 +760,7 @@ async fn write_frames(
 /// before it reads it (a refused oversized head, say).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
     let wrote = tokio::select! {
-        r = write_frames(conn.tcp(), &mut out, None, None) => r.is_ok(),
+        r = write_frames(conn.tcp(), &mut out, |_| std::task::Poll::Pending, None) => r.is_ok(),
         () = stop.cancelled() => false,
     };
     if wrote {
@@ -725,8 +798,8 @@ fn shut_write(tcp: &TcpStream) {
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
 /// WebSocket, and the request-head timeout); on shutdown, the response in
 /// flight finishes and the connection closes. The socket judges its client's
-/// liveness whatever is written on it ([`crate::liveness::Watched`]); each
-/// request carries the connection's [`crate::tcp_info::Peer`] (a WebSocket's
+/// liveness whatever is written on it ([`crate::net::liveness::Watched`]); each
+/// request carries the connection's [`crate::net::tcp_info::Peer`] (a WebSocket's
 /// heartbeat reads it).
 async fn serve_http(
     shared: Arc<Shared>,
@@ -735,12 +808,11 @@ async fn serve_http(
     peer: SocketAddr,
     refused: Option<Refused>,
 ) {
-    let bound_ms = shared.app.config.tcp_user_timeout_ms;
-    let tcp = crate::tcp_info::Peer::of(conn.tcp(), bound_ms);
+    let bound_ms = shared.config.tcp_user_timeout_ms;
+    let tcp = crate::net::tcp_info::Peer::of(conn.tcp(), bound_ms);
     let proxied = conn.proxied().cloned();
-    let conn = crate::liveness::Watched::new(conn, bound_ms);
+    let conn = crate::net::liveness::Watched::new(conn, bound_ms);
     let flushes = conn.flushes();
-    let app = &shared.app;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     // The first head's clock started in `serve`. hyper has one setting for
@@ -784,7 +856,7 @@ async fn serve_http(
     let mut conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(keep_alive)
         // Later heads on this connection: the same limit, answered 431 by hyper.
-        .max_buf_size(shared.app.config.max_header_bytes.max(8192))
+        .max_buf_size(shared.config.max_header_bytes.max(8192))
         .max_headers(HEADERS_MAX)
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -792,7 +864,7 @@ async fn serve_http(
         .with_upgrades();
     let result = tokio::select! {
         r = &mut conn => r,
-        _ = app.shutdown.cancelled() => {
+        _ = shared.shutdown.cancelled() => {
             // Finish the response in flight (streams end on the same signal), then close.
             std::pin::Pin::new(&mut conn).graceful_shutdown();
             (&mut conn).await
@@ -805,9 +877,9 @@ async fn serve_http(
         if e.is_timeout() {
             if let Some(parts) = conn.into_parts() {
                 if !parts.read_buf.is_empty() {
-                    let limit = app.config.header_timeout_ms;
+                    let limit = shared.config.header_timeout_ms;
                     let out = whole(head_timeout(limit, parts.read_buf.len())).await;
-                    send_whole(parts.io.inner().conn(), out, &app.shutdown).await;
+                    send_whole(parts.io.inner().conn(), out, &shared.shutdown).await;
                 }
             }
         }
@@ -819,8 +891,8 @@ async fn serve_http(
 /// WebSocket upgrade, until the connection closes.
 fn held_while_answered(
     resp: Response<Body>,
-    proxied: &crate::listener::Proxied,
-    slot: crate::listener::ClientSlot,
+    proxied: &crate::net::listener::Proxied,
+    slot: crate::net::listener::ClientSlot,
 ) -> Response<Body> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         proxied.hold(slot);

@@ -5,7 +5,7 @@
 //!   not restart a busy server and set off a reconnect storm.
 //! - An SSE request gets `200 text/event-stream` carrying only a jittered
 //!   `retry:` (1 to 10 s) and a comment, then the end of the stream
-//!   ([`crate::sse::retry_later`], also used when the journal is
+//!   ([`crate::transport::sse::retry_later`], also used when the journal is
 //!   unreachable at open): a browser's `EventSource` treats any other
 //!   status as final and never reconnects, but it reconnects after `retry:`
 //!   from a stream that ends, keeping its `Last-Event-ID` (the answer has
@@ -17,17 +17,12 @@
 //! carries other clients' requests and stays open.
 
 use crate::error::ApiError;
-use crate::listener::Refused;
+use crate::net::listener::Refused;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gapless_protocol::codes::ErrorCode;
-
-/// The paths served as usual even on a refused connection (the probes and
-/// metrics). The OpenAPI document reads them too: their operations have no
-/// 503 `limit_reached` (`openapi/mod.rs`).
-pub const PROBES: &[&str] = &["/healthz", "/readyz", "/metrics"];
 
 /// Middleware: answers requests of refused connections (see the module doc);
 /// passes every other request on.
@@ -35,12 +30,12 @@ pub async fn busy(req: Request, next: Next) -> Response {
     let Some(Refused { why, close }) = req.extensions().get::<Refused>().cloned() else {
         return next.run(req).await;
     };
-    if PROBES.contains(&req.uri().path()) {
+    if crate::admin::PROBES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     let mut resp = if req.method() == Method::GET && wants_sse(&req) {
         let retry_ms = rand::random_range(1_000..=10_000u64);
-        crate::sse::retry_later(retry_ms, &format!("busy: {why}"))
+        crate::transport::sse::retry_later(retry_ms, &format!("busy: {why}"))
     } else {
         ApiError::new(ErrorCode::LimitReached, why)
             .retry_after(rand::random_range(1..=5u64))
@@ -55,7 +50,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
 
 /// An SSE URL, or a request that accepts `text/event-stream`.
 fn wants_sse(req: &Request) -> bool {
-    crate::sse::is_sse_path(req.uri().path())
+    crate::transport::sse::is_sse_path(req.uri().path())
         || req
             .headers()
             .get(header::ACCEPT)

@@ -1,11 +1,14 @@
 //! Reading: `GET /v1/channels/{channel}/events` (one history page) and
 //! `GET /v1/channels/{channel}` (the channel's bounds).
 
+use crate::admin::openapi::shared::{
+    JournalUnreadable, ServerErrors, SubscribeForbidden, Unauthorized,
+};
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::error::ErrorBody;
-use crate::openapi::shared::{JournalUnreadable, ServerErrors, SubscribeForbidden, Unauthorized};
-use crate::query::{self, Query};
+use crate::ops::names;
+use crate::transport::query::Query;
 use crate::App;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;
@@ -86,7 +89,7 @@ pub async fn history(
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<HistoryPage>, ApiError> {
-    query::channel(&channel)?;
+    names::channel(&channel)?;
     grant.require(Action::Subscribe, &channel)?;
     page(
         &app,
@@ -279,7 +282,7 @@ pub async fn channel_info(
     Access(grant): Access,
     Path(channel): Path<String>,
 ) -> Result<Json<ChannelInfo>, ApiError> {
-    query::channel(&channel)?;
+    names::channel(&channel)?;
     grant.require(Action::Subscribe, &channel)?;
     let st: ChannelState = app.hub.state(&channel).await?;
     let subscribers = app.hub.subscribers(&channel);

@@ -209,7 +209,7 @@ impl Peer {
 
     /// The handle of `tcp` with `bound_ms`, to read its `tcp_info` (the
     /// socket is left as it is: for a connection whose writes are judged by
-    /// [`crate::liveness::Watched`]). `None` when `bound_ms` is 0 or the
+    /// [`crate::net::liveness::Watched`]). `None` when `bound_ms` is 0 or the
     /// socket has no addresses.
     pub fn of(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
         if bound_ms == 0 {

@@ -15,7 +15,7 @@
 //! bounds a zero window and would cut a slow reader), and every quarter of
 //! the bound a timer reads the socket's `tcp_info`:
 //!
-//! - the client is gone ([`tcp_info::judge`](crate::tcp_info::judge):
+//! - the client is gone ([`tcp_info::judge`](crate::net::tcp_info::judge):
 //!   data unacknowledged, or two probes unanswered, and no ACK at all for the
 //!   bound): the socket is reset (linger 0, which frees its unsent data) and
 //!   every later read or write fails with `TimedOut`, so hyper, the SSE body
@@ -35,8 +35,8 @@
 //! When `tcp_info` cannot be read (not Linux, no `inet_diag`) or the bound is
 //! 0, the wrapper does nothing and the socket keeps `TCP_USER_TIMEOUT`.
 
-use crate::listener::Conn;
-use crate::tcp_info::{self, TcpInfo};
+use crate::net::listener::Conn;
+use crate::net::tcp_info::{self, TcpInfo};
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -63,7 +63,7 @@ enum Judge {
 /// holds was handed to the socket. A response body whose last bytes must
 /// reach the socket before it fails (hyper drops what it still buffers when
 /// a body fails: an SSE stream whose journal read failed,
-/// [`Feed::into_body`](crate::sse::Feed::into_body)) waits for the next
+/// the SSE transport's `Feed::into_body`) waits for the next
 /// flush. One per connection, shared by its [`Watched`] and, as an
 /// extension, by each of its requests; one body at a time waits on it
 /// (HTTP/1 answers in order).
@@ -305,7 +305,7 @@ impl AsyncWrite for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::listener::GaplessListener;
+    use crate::net::listener::GaplessListener;
     use crate::ServerConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

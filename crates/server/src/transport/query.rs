@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use gapless_protocol::codes::ErrorCode;
-use gapless_protocol::name;
+use utoipa::ToSchema;
 
 /// A parsed query string: every `key=value` pair in order (keys may repeat).
 pub struct Query(pub Vec<(String, String)>);
@@ -50,26 +50,22 @@ impl Query {
     }
 }
 
-/// Checks a channel name.
-///
-/// # Errors
-/// 400 `invalid_channel` naming the rule that failed.
-pub fn channel(name: &str) -> Result<(), ApiError> {
-    name::validate_channel(name)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidChannel, e.to_string()))
-}
-
-/// Checks an optional event type.
-///
-/// # Errors
-/// 400 `invalid_type` naming the rule that failed.
-pub fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
-    match t {
-        None => Ok(None),
-        Some(t) => {
-            name::validate_type(t)
-                .map_err(|e| ApiError::new(ErrorCode::InvalidType, e.to_string()))?;
-            Ok(Some(t.to_owned()))
-        }
-    }
+/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
+/// name, meaning true) are accepted too.
+//
+// (Not in the document:) what `Query::flag` accepts.
+#[derive(ToSchema)]
+#[schema(as = Flag)]
+#[allow(dead_code)]
+pub(crate) enum Flag {
+    #[schema(rename = "true")]
+    True,
+    #[schema(rename = "false")]
+    False,
+    #[schema(rename = "1")]
+    One,
+    #[schema(rename = "0")]
+    Zero,
+    #[schema(rename = "")]
+    Empty,
 }

@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use utoipa::OpenApi;
 
 /// Operations that never need a token: probes, metrics, the console page and
-/// this document (`auth.rs` is not consulted by their handlers).
+/// this document (`auth` is not consulted by their handlers).
 pub const OPEN: &[&str] = &["healthz", "readyz", "metrics", "console", "openapi"];
 
 /// The names of the three security schemes, one per way of presenting a token.
@@ -64,17 +64,12 @@ is JSON `ErrorBody`.",
         (name = "operations", description = "Probes, metrics, the console page and this document; they never need a token."),
     ),
     components(schemas(
-        crate::publish::Flag,
-        crate::sse::Since,
-        crate::sse::SseFormat,
         gapless_protocol::event::Envelope,
         gapless_protocol::event::GapNotice,
         gapless_protocol::codes::GapReason,
         gapless_protocol::schema::Seq,
-        crate::sse::ExpiredNotice,
         // Named only by `shared`'s answers, which do not register their bodies.
         crate::error::ErrorBody,
-        crate::sse::SseEvent,
     )),
     modifiers(&SecuritySchemes),
 )]
@@ -127,10 +122,12 @@ pub struct Document(pub Bytes);
 
 impl Document {
     /// Fits `doc` (the router's document) to `app` (see the module doc) and
-    /// encodes it.
-    pub fn new(doc: utoipa::openapi::OpenApi, app: &App) -> Self {
+    /// encodes it. `direct_stream` recognises the paths of the streams that
+    /// answer a refused connection with `retry:` rather than a 503 (the SSE
+    /// transport's predicate, handed in by `lib.rs`).
+    pub fn new(doc: utoipa::openapi::OpenApi, app: &App, direct_stream: fn(&str) -> bool) -> Self {
         let mut doc = serde_json::to_value(doc).unwrap_or_default();
-        fit(&mut doc, app);
+        fit(&mut doc, app, direct_stream);
         Document(Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()))
     }
 }
@@ -161,7 +158,7 @@ fn add_response(responses: &mut serde_json::Map<String, Value>, status: &str, te
     }
 }
 
-fn fit(doc: &mut Value, app: &App) {
+fn fit(doc: &mut Value, app: &App, direct_stream: fn(&str) -> bool) {
     let tokens = !app.auth.is_open();
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
@@ -195,7 +192,7 @@ fn fit(doc: &mut Value, app: &App) {
                 "The first request head on a connection that is not valid HTTP/1.x gets \
                  `invalid_request` naming the problem.",
             );
-            if !crate::busy::PROBES.contains(&path.as_str()) && !path.ends_with("/sse") {
+            if !super::PROBES.contains(&path.as_str()) && !direct_stream(path) {
                 add_response(
                     responses,
                     "503",

@@ -15,7 +15,11 @@ pub mod channels;
 pub mod messages;
 pub mod session;
 
-use crate::auth::{Auth, Grant};
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::Grant;
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -27,6 +31,13 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The WebSocket routes: `GET /v1/ws` and `GET /v1/sessions/{id}/ws`.
+pub fn routes() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(channels::handler))
+        .routes(routes!(session::handler))
+}
 
 /// The subprotocol this server speaks.
 pub const SUBPROTOCOL: &str = "gapless.v1";
@@ -49,7 +60,7 @@ pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next)
     if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
         return next.run(req).await;
     }
-    let mut resp = crate::method_not_allowed_error(
+    let mut resp = crate::error::method_not_allowed_error(
         req.method(),
         req.uri().path(),
         " (a WebSocket handshake is a GET: RFC 6455 section 4.1)",
@@ -83,92 +94,6 @@ pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
             format!("this endpoint speaks the subprotocol {SUBPROTOCOL}; the client offered {offered:?}"),
         ))
     }
-}
-
-/// What a WebSocket handshake may do, with the guard against cross-site
-/// WebSocket hijacking (docs/security.md, "WebSockets and the cookie").
-///
-/// Browsers send a page's WebSocket handshake with the server's cookies,
-/// whatever the page's origin, and apply no CORS to it. So when the
-/// handshake's credential is the [`COOKIE`](crate::auth::COOKIE) cookie (no
-/// `Authorization` header) on a server with keys, its `Origin` must be the
-/// server's own (the same host and port as the `Host` header; a port left
-/// out is the scheme's default, 80 or 443) or one listed by `--cors-origin`
-/// (`*` lists none: it allows no credentials). From any other origin the
-/// cookie is never the credential: the `access_token` parameter is, when
-/// the handshake has one (a foreign page can send its own token, not read
-/// the cookie's), else the handshake is refused. A handshake without
-/// `Origin` is not a browser's (browsers always send one on a WebSocket), so
-/// its cookie is taken, as on HTTP.
-///
-/// # Errors
-/// Outer: 403 `forbidden` before the upgrade, naming the origin and
-/// `--cors-origin`. Inner: the token's refusal, sent after the upgrade
-/// ([`refuse`]).
-pub fn access(
-    app: &App,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<Result<Arc<Grant>, ApiError>, ApiError> {
-    use axum::http::header::{HOST, ORIGIN};
-    let origin = match headers.get(ORIGIN) {
-        Some(o) if !app.auth.is_open() && Auth::cookie_is_credential(headers) => {
-            String::from_utf8_lossy(o.as_bytes()).into_owned()
-        }
-        _ => return Ok(app.auth.grant_of(headers, query)),
-    };
-    let host = headers.get(HOST).and_then(|h| h.to_str().ok());
-    let listed = app
-        .config
-        .cors_origins
-        .iter()
-        .map(|o| o.trim().trim_end_matches('/'))
-        .any(|o| o != "*" && o.eq_ignore_ascii_case(&origin));
-    if listed || host.is_some_and(|h| same_origin(&origin, h)) {
-        return Ok(app.auth.grant_of(headers, query));
-    }
-    let has_query_token = form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .any(|(k, v)| k == crate::auth::QUERY && !v.is_empty());
-    if has_query_token {
-        return Ok(app.auth.grant_of_query(query));
-    }
-    tracing::debug!(origin, "a cookie WebSocket from a foreign origin: refused");
-    Err(ApiError::new(
-        ErrorCode::Forbidden,
-        format!(
-            "this WebSocket handshake's credential is the {cookie} cookie, and the page's origin \
-             {origin:?} is neither this server's own ({host}) nor one allowed by --cors-origin: \
-             browsers send the cookie with any page's WebSocket, so it is honoured only from \
-             those origins (cross-site WebSocket hijacking; docs/security.md). If the page is \
-             yours, add its origin to --cors-origin; or send the token as \
-             `Authorization: Bearer` or ?{query_param}=",
-            cookie = crate::auth::COOKIE,
-            host = host.unwrap_or("no Host header"),
-            query_param = crate::auth::QUERY,
-        ),
-    ))
-}
-
-/// Whether the `Origin` value `origin` (`scheme://host[:port]`) names the
-/// host and port of the `Host` header value `host`; a port left out is the
-/// default of the origin's scheme (80 for `http`, 443 for `https`). The
-/// scheme is not compared further: behind a TLS proxy the server sees
-/// `http` for its own `https` pages, and the port already tells them apart.
-fn same_origin(origin: &str, host: &str) -> bool {
-    use axum::http::uri::{Authority, Uri};
-    let Ok(o) = origin.parse::<Uri>() else {
-        return false;
-    };
-    let default = match o.scheme_str() {
-        Some(s) if s.eq_ignore_ascii_case("http") => 80,
-        Some(s) if s.eq_ignore_ascii_case("https") => 443,
-        _ => return false,
-    };
-    let (Some(oa), Ok(ha)) = (o.authority(), host.parse::<Authority>()) else {
-        return false;
-    };
-    oa.host().eq_ignore_ascii_case(ha.host())
-        && oa.port_u16().unwrap_or(default) == ha.port_u16().unwrap_or(default)
 }
 
 /// Applies the subprotocol and the socket limits to an upgrade.
@@ -290,7 +215,7 @@ pub async fn answer_close(socket: &mut WebSocket) {
 /// any length closes no client that answers, and a client that never
 /// answers is still closed an interval after the pause.
 ///
-/// With the connection's [`tcp_info::Peer`](crate::tcp_info::Peer) (every
+/// With the connection's [`tcp_info::Peer`](crate::net::tcp_info::Peer) (every
 /// socket hyper serves has one where `tcp_info` can be read), a client that
 /// is silent but whose TCP shows it reading behind (its window is full: data
 /// waits unsent, so the ping may wait behind data it has not read yet, while
@@ -310,7 +235,7 @@ pub struct Heartbeat {
     /// ping sent is answered.
     unanswered: Option<Instant>,
     period: Duration,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
 }
 
 /// What the heartbeat asks for.
@@ -324,7 +249,7 @@ pub enum Beat {
 impl Heartbeat {
     /// A heartbeat of `heartbeat_ms` (0: none); `tcp` judges a silent client
     /// by its connection (see the type's doc).
-    pub fn new(heartbeat_ms: u64, tcp: Option<crate::tcp_info::Peer>) -> Self {
+    pub fn new(heartbeat_ms: u64, tcp: Option<crate::net::tcp_info::Peer>) -> Self {
         let period = Duration::from_millis(heartbeat_ms);
         let now = Instant::now();
         let sleep = (heartbeat_ms > 0).then(|| Box::pin(tokio::time::sleep_until(now + period)));
@@ -377,7 +302,7 @@ impl Heartbeat {
         let Some(tcp) = &self.tcp else {
             return false;
         };
-        match crate::tcp_info::lookup(tcp.local(), tcp.peer()) {
+        match crate::net::tcp_info::lookup(tcp.local(), tcp.peer()) {
             // Data waits for the client's window: it has not read what came
             // before (the ping may be among it), and its TCP still answers:
             // everything sent is acknowledged (only window probes go out) or
@@ -436,4 +361,26 @@ impl Heartbeat {
             }
         }
     }
+}
+
+/// The headers of a WebSocket handshake (RFC 6455 section 4.1), on both
+/// WebSocket routes.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct Handshake {
+    /// Must include `upgrade` (RFC 6455 section 4.1).
+    #[param(rename = "Connection", pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]")]
+    pub connection: String,
+    /// `websocket`.
+    #[param(rename = "Upgrade", pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$")]
+    pub upgrade: String,
+    /// `13`.
+    #[param(rename = "Sec-WebSocket-Version", pattern = "^13$")]
+    pub version: String,
+    /// 16 random bytes in base64.
+    #[param(rename = "Sec-WebSocket-Key", pattern = "^[A-Za-z0-9+/]{22}==$")]
+    pub key: String,
+    /// Subprotocols offered: when present, it must include `gapless.v1`, which the answer then names.
+    #[param(rename = "Sec-WebSocket-Protocol", nullable = false)]
+    pub protocol: Option<String>,
 }

@@ -11,12 +11,13 @@
 //! `session.completed` or `session.cancelled`, then close 1000.
 
 use super::channels::receive_error;
+use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
+use crate::admin::openapi::shared::SessionPath;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
-use crate::openapi::shared::{Handshake, SessionPath};
-use crate::query::Query;
-use crate::stream_log::{Ended, Tally};
+use crate::ops::stream_log::{Ended, Tally};
+use crate::transport::query::Query;
 use crate::App;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -36,7 +37,7 @@ use std::sync::Arc;
 /// token is closed with 4401, a forbidden one with 4403, after the upgrade
 /// and one `error` message (the same whether or not the session exists).
 /// The `gapless_token` cookie from a foreign page is refused before the
-/// upgrade: 403 ([`super::access`]).
+/// upgrade: 403 ([`crate::auth::origin::access`]).
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ws",
@@ -47,7 +48,7 @@ use std::sync::Arc;
     params(
         SessionPath,
         ("last_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Resume after this seq: every retained event after it is replayed, then `session.resumed`."),
-        ("takeover" = Option<crate::publish::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
+        ("takeover" = Option<crate::transport::query::Flag>, Query, description = "Replace a live attachment instead of being refused with 4409."),
         Handshake,
     ),
     responses(
@@ -60,12 +61,12 @@ pub async fn handler(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-    tcp: Option<Extension<crate::tcp_info::Peer>>,
+    tcp: Option<Extension<crate::net::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let grant = super::access(&app, &headers, raw.as_deref())?.and_then(|g| {
+    let grant = crate::auth::origin::access(&app, &headers, raw.as_deref())?.and_then(|g| {
         g.require_session(Action::Subscribe, &id)?;
         Ok(g)
     });
@@ -113,7 +114,7 @@ async fn run(
     last_seq: Option<u64>,
     takeover: bool,
     grant: Arc<Grant>,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
 ) {
     let attach = app
         .sessions
@@ -163,13 +164,13 @@ async fn consume(
     socket: &mut WebSocket,
     mut att: Attachment,
     grant: &Grant,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
     tally: &mut Tally,
 ) -> (u16, String) {
     // A silent consumer whose TCP shows it reading behind is not closed.
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     let mut expiry = super::Expiry::new(grant);
-    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
+    let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let id = att.id().to_owned();
     // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
     // Every attach is answered with `session.resumed`: a live attach (no
@@ -230,8 +231,8 @@ async fn consume(
             item = att.sub.next() => match item {
                 Ok(Item::Events { index, events }) => {
                     tally.events(events.len());
-                    crate::metrics::delivered(
-                        crate::metrics::Transport::Ws,
+                    crate::admin::metrics::delivered(
+                        crate::admin::metrics::Transport::Ws,
                         events.len(),
                         events.last().map_or(0, |e| e.time),
                         att.sub.lag(index),

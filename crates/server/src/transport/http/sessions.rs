@@ -1,69 +1,28 @@
 //! The producer side of sessions over HTTP: create, append, complete, cancel,
-//! inspect, and read history. The consumer side is `ws::session`.
+//! inspect, and read history. The consumer side is `transport::ws::session`.
 
-use crate::auth::{Access, Action};
-use crate::error::{ApiError, ErrorBody};
-use crate::history::{self, HistoryPage};
-use crate::openapi::shared::{
-    JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionMarkerNotStored,
+use crate::admin::openapi::shared::{
+    JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionId, SessionMarkerNotStored,
     SessionNotFound, SessionPath, SessionPublishForbidden, SessionSubscribeForbidden, SlowBody,
 };
-use crate::publish::{read_body, read_event};
-use crate::query::Query;
+use crate::auth::{Access, Action};
+use crate::error::{ApiError, ErrorBody};
+use crate::ops::sessions::SessionStatus;
+use crate::transport::http::history::{self, HistoryPage};
+use crate::transport::http::publish::{read_body, read_event};
+use crate::transport::query::Query;
 use crate::{App, Peer};
 use axum::body::Body;
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gapless_core::session::{self, Info, SessionError, Status};
+use gapless_core::session::{self, Info, Status};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
-
-impl From<SessionError> for ApiError {
-    fn from(e: SessionError) -> Self {
-        let message = e.to_string();
-        match e {
-            SessionError::NotFound(_) => ApiError::new(ErrorCode::SessionNotFound, message),
-            SessionError::Exists(_) => ApiError::new(ErrorCode::SessionExists, message),
-            SessionError::Ended { status, .. } => {
-                ApiError::new(ErrorCode::SessionEnded, message).with("status", status.as_str())
-            }
-            SessionError::Attached(_) => ApiError::new(ErrorCode::SessionAttached, message),
-            SessionError::ResumeDisabled => ApiError::new(ErrorCode::ResumeDisabled, message),
-            SessionError::NotRetained { .. } => {
-                ApiError::new(ErrorCode::SessionNotRetained, message)
-            }
-            SessionError::Journal(j) => j.into(),
-            _ => ApiError::new(ErrorCode::JournalFailed, message),
-        }
-    }
-}
-
-/// Where a session is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SessionStatus {
-    /// Takes events.
-    Open,
-    /// Ended by its producer after its last event.
-    Completed,
-    /// Ended by its producer, or by the grace window running out with no consumer.
-    Cancelled,
-}
-
-impl From<Status> for SessionStatus {
-    fn from(s: Status) -> Self {
-        match s {
-            Status::Open => SessionStatus::Open,
-            Status::Completed => SessionStatus::Completed,
-            Status::Cancelled => SessionStatus::Cancelled,
-        }
-    }
-}
 
 /// A session as its producer sees it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -101,31 +60,6 @@ pub struct SessionAppended {
     pub seq: u64,
     /// Whether a consumer is attached now.
     pub attached: bool,
-}
-
-/// The schema of a session id ([`session::valid_id`]); ids travel as `String`s.
-pub struct SessionId;
-
-impl utoipa::PartialSchema for SessionId {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let max = session::MAX_ID_LEN;
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::String)
-            .description(Some(format!(
-                "A session: 1 to {max} characters of A-Z a-z 0-9 _ - (named `session/ID` in \
-                 token patterns)."
-            )))
-            .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{max}}}$")))
-            .min_length(Some(1))
-            .max_length(Some(max))
-            .into()
-    }
-}
-
-impl ToSchema for SessionId {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("SessionId")
-    }
 }
 
 /// The body of `POST /v1/sessions`: empty, or this.

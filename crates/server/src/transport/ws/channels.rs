@@ -7,11 +7,14 @@
 //! [`MAX_ERRORS_IN_A_ROW`] malformed messages in a row close it with 4422.
 
 use super::messages::{self, ClientMessage};
+use super::Handshake;
 use super::{close, configure, json, text, Beat, Heartbeat};
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
-use crate::openapi::shared::Handshake;
-use crate::stream_log::{ChannelList, Ended, Tally};
+use crate::ops::names;
+use crate::ops::publish::{self as op, KeyName};
+use crate::ops::start::{self, Resume};
+use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, RawQuery, State};
@@ -20,7 +23,7 @@ use axum::response::Response;
 use futures::SinkExt;
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::{close as code, ErrorCode};
-use gapless_protocol::{name, Cursor, CursorError, NewEvent};
+use gapless_protocol::{name, Cursor, NewEvent};
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -33,7 +36,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
 /// A token that is missing or fails verification is refused after the
 /// upgrade (browsers do not show a handshake's HTTP status): one `error`
 /// message `unauthorized`, then close 4401. The `gapless_token` cookie
-/// from a foreign page is refused before it: 403 ([`super::access`]).
+/// from a foreign page is refused before it: 403 ([`crate::auth::origin::access`]).
 #[utoipa::path(
     get,
     path = "/v1/ws",
@@ -54,12 +57,12 @@ pub async fn handler(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,
-    tcp: Option<Extension<crate::tcp_info::Peer>>,
+    tcp: Option<Extension<crate::net::tcp_info::Peer>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
-    let access = super::access(&app, &headers, raw.as_deref())?;
+    let access = crate::auth::origin::access(&app, &headers, raw.as_deref())?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
     let peer = peer.map(|Extension(p)| p.0.ip());
@@ -109,9 +112,9 @@ async fn run(
     mut socket: WebSocket,
     grant: Arc<Grant>,
     peer: Option<IpAddr>,
-    tcp: Option<crate::tcp_info::Peer>,
+    tcp: Option<crate::net::tcp_info::Peer>,
 ) {
-    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
+    let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     // A ping due while a delivery was being written: sent right after it.
     let mut ping_owed = false;
@@ -355,16 +358,10 @@ impl Conn {
                 format!("a socket may follow at most {max} channels (--max-subscription-channels)"),
             )));
         }
-        let start = match (
-            cursor.as_deref().filter(|c| !c.is_empty()),
-            since.as_deref(),
-        ) {
-            (Some(c), _) => match Cursor::decode(c.as_bytes()) {
-                Ok(cur) => match cur.get(&channel) {
-                    Some(p) => Start::After {
-                        epoch: p.epoch,
-                        seq: p.seq,
-                    },
+        let start = match cursor.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) => match start::read(c.as_bytes()) {
+                Ok(Resume::Cursor(cur)) => match start::on_channel(&cur, &channel) {
+                    Some(start) => start,
                     None => {
                         return Ok(Err(ApiError::new(
                             ErrorCode::InvalidCursor,
@@ -372,17 +369,21 @@ impl Conn {
                         )))
                     }
                 },
-                Err(CursorError::Version(_)) => Start::Unknown,
+                Ok(_) => Start::Unknown,
                 Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
             },
-            (None, None | Some("live")) => Start::Live,
-            (None, Some("earliest")) => Start::Earliest,
-            (None, Some(s)) => {
-                return Ok(Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("since {s:?} must be \"earliest\" or \"live\""),
-                )))
-            }
+            None => match start::since(since.as_deref()) {
+                Some(start) => start,
+                None => {
+                    return Ok(Err(ApiError::new(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "since {:?} must be \"earliest\" or \"live\"",
+                            since.as_deref().unwrap_or_default()
+                        ),
+                    )))
+                }
+            },
         };
         // A subscribe still replaying on this channel gets its reply before it is replaced.
         if let Some(reply) = self.settle(&channel) {
@@ -453,72 +454,46 @@ impl Conn {
         ephemeral: bool,
         key: Option<String>,
     ) -> Result<Value, ApiError> {
-        crate::query::channel(channel)?;
-        self.grant.require(Action::Publish, channel)?;
-        let event_type = crate::query::event_type(event_type.as_deref())?;
-        // As the HTTP publish: 413 `too_large` with `limit` (`publish::read_body`).
-        let max = self.app.config.max_event_bytes;
-        if data.len() > max {
-            return Err(ApiError::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "event data is {} bytes; at most {max} bytes are allowed (--max-event-bytes)",
-                    data.len()
-                ),
-            )
-            .with("limit", max));
-        }
-        self.app.publish_limiter.take(&self.grant, self.peer, 1)?;
-        if ephemeral {
-            if key.is_some() {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "idempotency_key does not apply to ephemeral events (they are never journaled)",
-                ));
+        op::check_channel(&self.grant, channel)?;
+        let event_type = names::event_type(event_type.as_deref())?;
+        let event = NewEvent { event_type, data };
+        let published = op::one(
+            &self.app,
+            &self.grant,
+            self.peer,
+            channel,
+            event,
+            ephemeral,
+            key.as_deref(),
+            KeyName::Field,
+        )
+        .await?;
+        Ok(match published {
+            op::Published::Ephemeral { subscribers } => {
+                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": subscribers})
             }
-            let n = self.app.hub.publish_ephemeral(channel, event_type, data);
-            return Ok(
-                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": n}),
-            );
-        }
-        if let Some(k) = &key {
-            if k.is_empty()
-                || k.len() > crate::publish::MAX_IDEMPOTENCY_KEY
-                || !k.bytes().all(|b| b.is_ascii_graphic())
-            {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "idempotency_key must be 1 to 256 visible ASCII characters",
-                ));
-            }
-        }
-        let a = self
-            .app
-            .hub
-            .publish(channel, vec![NewEvent { event_type, data }], key.as_deref())
-            .await
-            .map_err(|e| ApiError::from(e).publish_refused("idempotency_key"))?;
-        Ok(json!({
-            "op": "published",
-            "channel": channel,
-            "seq": a.last_seq,
-            "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
-            "duplicate": a.duplicate,
-        }))
+            op::Published::Journaled(a) => json!({
+                "op": "published",
+                "channel": channel,
+                "seq": a.last_seq,
+                "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
+                "duplicate": a.duplicate,
+            }),
+        })
     }
 
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
         match item {
             Item::Events { index, events } => {
                 self.tally.events(events.len());
-                crate::metrics::delivered(
-                    crate::metrics::Transport::Ws,
+                crate::admin::metrics::delivered(
+                    crate::admin::metrics::Transport::Ws,
                     events.len(),
                     events.last().map_or(0, |e| e.time),
                     self.sub.lag(index),
                 );
-                crate::metrics::written(
-                    crate::metrics::Transport::Ws,
+                crate::admin::metrics::written(
+                    crate::admin::metrics::Transport::Ws,
                     events.iter().map(|e| e.ws_message().len()).sum(),
                 );
                 let channel = self.sub.channel(index).clone();

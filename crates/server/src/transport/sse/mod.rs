@@ -14,28 +14,50 @@
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).
 
+pub mod busy;
+// Types never built: they exist for the document only.
+#[allow(dead_code)]
+mod doc;
+
 use crate::auth::{Access, Action, Grant};
-use crate::conn::DirectSse;
 use crate::error::{ApiError, ErrorBody};
-use crate::liveness::Flushes;
-use crate::openapi::shared::{LastEventIdHeader, SseAnswers, SseQuery};
-use crate::query::{self, Query};
-use crate::stream_log::{ChannelList, Ended, Tally};
+use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
+use crate::net::liveness::Flushes;
+use crate::ops::names;
+use crate::ops::start::{self, Resume};
+use crate::ops::stream_log::{ChannelList, Ended, Tally};
+use crate::transport::query::Query;
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use doc::{LastEventIdHeader, SseAnswers, SseQuery};
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
-use gapless_protocol::{Cursor, CursorError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// The schemas of a stream that no operation names directly.
+#[derive(utoipa::OpenApi)]
+#[openapi(components(schemas(Since, SseFormat, ExpiredNotice, SseEvent)))]
+struct Schemas;
+
+/// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
+/// the schemas of what they stream.
+pub fn routes() -> OpenApiRouter<Arc<App>> {
+    use utoipa::OpenApi;
+    OpenApiRouter::with_openapi(Schemas::openapi())
+        .routes(routes!(channel_sse))
+        .routes(routes!(multi_sse))
+}
 
 /// `since=`: where a stream without a cursor starts.
 #[derive(ToSchema)]
@@ -271,7 +293,7 @@ pub async fn channel_sse(
     Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -307,7 +329,7 @@ pub async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -333,7 +355,7 @@ async fn open(
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
-    direct: Option<Extension<DirectSse>>,
+    direct: Option<Extension<DirectStream<Feed>>>,
     flushes: Option<Extension<Flushes>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
@@ -347,7 +369,7 @@ async fn open(
         ));
     }
     for c in &channels {
-        query::channel(c)?;
+        names::channel(c)?;
     }
     // Refused whole: one forbidden channel refuses the stream.
     for c in &channels {
@@ -389,7 +411,8 @@ async fn open(
             // An EventSource gives up for good on a 503 or a 500: tell it to
             // come back (the journal unreachable, or failing: Redis refusing
             // scripts for lack of memory, say).
-            metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
+            metrics::counter!(crate::admin::metrics::REFUSALS, "code" => e.code.as_str())
+                .increment(1);
             let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
             return Ok(retry_later(
                 retry_ms,
@@ -433,58 +456,28 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
     // The query is checked even when the header wins: a garbage one is the
     // caller's bug whether or not a reconnect added the header (a browser
     // that put it in the URL got this 400 on its first connection already).
-    let query = match q.get("last_event_id").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(s) => match Cursor::decode(s.as_bytes()) {
-            Ok(c) => Some(Some(c)),
-            Err(CursorError::Version(_)) => Some(None),
-            Err(e) => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidCursor,
-                    format!("last_event_id: {e}"),
-                ))
-            }
-        },
-    };
-    let decoded = match header {
+    let query =
+        match q.get("last_event_id").filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(start::read(s.as_bytes()).map_err(|e| {
+                ApiError::new(ErrorCode::InvalidCursor, format!("last_event_id: {e}"))
+            })?),
+        };
+    let resume = match header {
         // A browser cannot change its header: anything unreadable is a gap, not an error.
-        Some(h) => Some(Cursor::decode(h).ok()),
-        None => query,
+        Some(h) => start::read(h).unwrap_or(Resume::Unreadable),
+        None => query.unwrap_or(Resume::Nothing),
     };
-    let since = match q.get("since") {
-        None | Some("live") => Start::Live,
-        Some("earliest") => Start::Earliest,
-        Some(s) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "since={s:?} must be earliest or live (to resume, pass last_event_id=CURSOR)"
-                ),
-            ))
-        }
+    let Some(since) = start::since(q.get("since")) else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "since={:?} must be earliest or live (to resume, pass last_event_id=CURSOR)",
+                q.get("since").unwrap_or_default()
+            ),
+        ));
     };
-    Ok(match decoded {
-        None => vec![since; channels.len()],
-        Some(None) => vec![Start::Unknown; channels.len()],
-        Some(Some(cursor)) => {
-            let found: Vec<_> = channels.iter().map(|c| cursor.get(c)).collect();
-            if found.iter().all(Option::is_none) {
-                // A cursor of none of these channels cannot be a position here.
-                vec![Start::Unknown; channels.len()]
-            } else {
-                // A channel added to the subscription starts live, as a first visit.
-                found
-                    .into_iter()
-                    .map(|p| {
-                        p.map_or(Start::Live, |p| Start::After {
-                            epoch: p.epoch,
-                            seq: p.seq,
-                        })
-                    })
-                    .collect()
-            }
-        }
-    })
+    Ok(start::starts(channels, &resume, since))
 }
 
 /// Appends an event's pre-encoded `frame` to `out`; with `untyped`, without
@@ -521,27 +514,6 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
 /// event's), after which the stream ends. The client reconnects with a fresh
 /// token and its cursor (`docs/security.md`).
 pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
-
-/// What [`Feed::next`] left to do.
-#[derive(Debug)]
-pub enum Flow {
-    /// Frames were appended; call again.
-    More,
-    /// A heartbeat tick: its frame was appended (none with heartbeats off);
-    /// the writer checks the client's liveness, then calls again.
-    Tick,
-    /// The stream ends cleanly (server shutdown, or token expiry with its
-    /// frame appended): the writer writes what was appended, then ends the
-    /// body; the client reconnects at once.
-    End,
-    /// A journal read failed (the error, for the log): the writer writes
-    /// what was appended (`retry:` of 1 to 5 s and a comment naming the
-    /// failure, as an open answered while the journal fails), then breaks
-    /// the body off: no last chunk, so the client backs off and resumes with
-    /// its cursor; the connection closes with a FIN after everything
-    /// written, never a reset, which would drop what the socket still holds.
-    Fail(String),
-}
 
 /// One SSE stream's source of frames: the subscription, its heartbeat and the
 /// shutdown signal. Both transports drain it the same way: the socket writer
@@ -670,8 +642,8 @@ impl Feed {
             }
             Ok(Item::Events { index, events }) => {
                 self.tally.events(events.len());
-                crate::metrics::delivered(
-                    crate::metrics::Transport::Sse,
+                crate::admin::metrics::delivered(
+                    crate::admin::metrics::Transport::Sse,
                     events.len(),
                     events.last().map_or(0, |e| e.time),
                     self.sub.lag(index),
@@ -769,11 +741,11 @@ impl Feed {
         &mut self,
         cx: &mut std::task::Context<'_>,
         ticks: bool,
-    ) -> std::task::Poll<crate::conn::Waited> {
+    ) -> std::task::Poll<Waited> {
         use std::task::Poll;
         // The end future must not be polled again once it has completed.
         if self.ended {
-            return Poll::Ready(crate::conn::Waited::Ended);
+            return Poll::Ready(Waited::Ended);
         }
         let mut end = self.end.as_mut().poll(cx);
         if end == Poll::Ready(End::Expired) {
@@ -789,10 +761,10 @@ impl Feed {
         if end.is_ready() {
             self.ended = true;
             self.ended_by(Ended::Shutdown);
-            return Poll::Ready(crate::conn::Waited::Ended);
+            return Poll::Ready(Waited::Ended);
         }
         if ticks && self.poll_tick(cx).is_ready() {
-            return Poll::Ready(crate::conn::Waited::Tick);
+            return Poll::Ready(Waited::Tick);
         }
         Poll::Pending
     }
@@ -820,15 +792,15 @@ impl Feed {
     /// body fails. The close is a FIN after those bytes.
     pub fn into_body(mut self, flushes: Option<Flushes>) -> Body {
         Body::from_stream(async_stream::stream! {
-            let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
+            let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
             let mut out = Vec::new();
             loop {
                 let flow = self.next(&mut out).await;
                 // Whatever the flow, what it queued goes out first: the
                 // expiry frame comes with `Flow::End`.
                 if !out.is_empty() {
-                    crate::metrics::written(
-                        crate::metrics::Transport::Sse,
+                    crate::admin::metrics::written(
+                        crate::admin::metrics::Transport::Sse,
                         out.iter().map(Bytes::len).sum(),
                     );
                     for frame in out.drain(..) {
@@ -855,6 +827,28 @@ impl Feed {
                 }
             }
         })
+    }
+}
+
+impl Frames for Feed {
+    fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = Flow> + Send {
+        Feed::next(self, out)
+    }
+
+    fn poll_blocked(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ticks: bool,
+    ) -> std::task::Poll<Waited> {
+        Feed::poll_blocked(self, cx, ticks)
+    }
+
+    fn client_gone(&mut self, how: Gone) {
+        self.ended_by(match how {
+            Gone::Closed => Ended::ClientClosed,
+            Gone::Vanished => Ended::ClientVanished,
+            Gone::WriteFailed => Ended::WriteFailed,
+        });
     }
 }
 

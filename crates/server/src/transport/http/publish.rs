@@ -3,11 +3,13 @@
 //!
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
-use crate::auth::{Access, Action};
+use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
+use crate::auth::Access;
 use crate::error::{ApiError, ErrorBody};
-use crate::limits::BodyPace;
-use crate::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
-use crate::query::{self, Query};
+use crate::ops::limits::BodyPace;
+use crate::ops::names;
+use crate::ops::publish::{self as op, KeyName};
+use crate::transport::query::{Flag, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -21,9 +23,6 @@ use gapless_protocol::{Cursor, NewEvent};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
-
-/// Longest accepted `Idempotency-Key`, in bytes.
-pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 
 /// The answer to a journaled publish (201, or 200 for an idempotent retry).
 #[derive(Debug, Serialize, ToSchema)]
@@ -79,26 +78,6 @@ pub struct BatchPublished {
     pub events: Vec<BatchItem>,
 }
 
-/// A query flag: `true` or `false`; `1`, `0` and an empty value (the bare
-/// name, meaning true) are accepted too.
-//
-// (Not in the document:) what `Query::flag` accepts.
-#[derive(ToSchema)]
-#[schema(as = Flag)]
-#[allow(dead_code)]
-pub(crate) enum Flag {
-    #[schema(rename = "true")]
-    True,
-    #[schema(rename = "false")]
-    False,
-    #[schema(rename = "1")]
-    One,
-    #[schema(rename = "0")]
-    Zero,
-    #[schema(rename = "")]
-    Empty,
-}
-
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
 /// data) or, with `ephemeral=true`, hands it to current subscribers only.
 #[utoipa::path(
@@ -145,39 +124,35 @@ pub async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    query::channel(&channel)?;
-    grant.require(Action::Publish, &channel)?;
+    op::check_channel(&grant, &channel)?;
     let q = Query::parse(raw.as_deref());
     let ephemeral = q.flag("ephemeral")?;
-    let (NewEvent { event_type, data }, key) = read_event(&app, &q, &headers, body).await?;
-    app.publish_limiter
-        .take(&grant, peer.map(|Extension(p)| p.0.ip()), 1)?;
-    if ephemeral {
-        if key.is_some() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                "Idempotency-Key does not apply to ephemeral events (they are never journaled)",
-            ));
+    let (event, key) = read_event(&app, &q, &headers, body).await?;
+    let peer = peer.map(|Extension(p)| p.0.ip());
+    let published = op::one(
+        &app,
+        &grant,
+        peer,
+        &channel,
+        event,
+        ephemeral,
+        key.as_deref(),
+        KeyName::Header,
+    )
+    .await?;
+    let appended = match published {
+        op::Published::Ephemeral { subscribers } => {
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(EphemeralDelivered {
+                    channel,
+                    subscribers,
+                }),
+            )
+                .into_response())
         }
-        let subscribers = app.hub.publish_ephemeral(&channel, event_type, data);
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(EphemeralDelivered {
-                channel,
-                subscribers,
-            }),
-        )
-            .into_response());
-    }
-    let appended = app
-        .hub
-        .publish(
-            &channel,
-            vec![NewEvent { event_type, data }],
-            key.as_deref(),
-        )
-        .await
-        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
+        op::Published::Journaled(appended) => appended,
+    };
     let status = if appended.duplicate {
         StatusCode::OK
     } else {
@@ -206,7 +181,7 @@ pub(crate) async fn read_event(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(NewEvent, Option<String>), ApiError> {
-    let event_type = query::event_type(q.get("type"))?;
+    let event_type = names::event_type(q.get("type"))?;
     let key = idempotency_key(headers)?;
     let limit = app.config.max_event_bytes;
     let bytes = read_body(
@@ -286,8 +261,7 @@ pub async fn publish_batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    query::channel(&channel)?;
-    grant.require(Action::Publish, &channel)?;
+    op::check_channel(&grant, &channel)?;
     let key = idempotency_key(&headers)?;
     let cfg = &app.config;
     let bytes = read_body(
@@ -309,50 +283,15 @@ pub async fn publish_batch(
             ),
         )
     })?;
-    if items.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            "batch is empty; send at least one event",
-        ));
-    }
-    if items.len() > cfg.max_batch_events {
-        return Err(ApiError::new(
-            ErrorCode::TooLarge,
-            format!(
-                "batch has {} events; at most {} are allowed (--max-batch-events)",
-                items.len(),
-                cfg.max_batch_events
-            ),
-        )
-        .with("limit", cfg.max_batch_events));
-    }
-    let mut events = Vec::with_capacity(items.len());
-    for (i, Object(item)) in items.into_iter().enumerate() {
-        if item.data.len() > cfg.max_event_bytes {
-            return Err(ApiError::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "event {i} of the batch has {} bytes of data; at most {} are allowed (--max-event-bytes)",
-                    item.data.len(),
-                    cfg.max_event_bytes
-                ),
-            )
-            .with("limit", cfg.max_event_bytes));
-        }
-        let event_type = query::event_type(item.event_type.as_deref())
-            .map_err(|e| ApiError::new(e.code, format!("event {i} of the batch: {}", e.message)))?;
-        events.push(NewEvent {
-            event_type,
+    let events = items
+        .into_iter()
+        .map(|Object(item)| NewEvent {
+            event_type: item.event_type,
             data: item.data,
-        });
-    }
-    app.publish_limiter
-        .take(&grant, peer.map(|Extension(p)| p.0.ip()), events.len())?;
-    let appended = app
-        .hub
-        .publish(&channel, events, key.as_deref())
-        .await
-        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
+        })
+        .collect();
+    let peer = peer.map(|Extension(p)| p.0.ip());
+    let appended = op::batch(&app, &grant, peer, &channel, events, key.as_deref()).await?;
     let status = if appended.duplicate {
         StatusCode::OK
     } else {
@@ -389,16 +328,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
             "send one Idempotency-Key header, not several",
         ));
     }
-    let bad = || {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"),
-        )
-    };
-    let s = v.to_str().map_err(|_| bad())?;
-    if s.is_empty() || s.len() > MAX_IDEMPOTENCY_KEY || !s.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(bad());
-    }
+    let s = v.to_str().map_err(|_| op::bad_key(KeyName::Header))?;
+    op::check_key(s, KeyName::Header)?;
     Ok(Some(s.to_owned()))
 }
 

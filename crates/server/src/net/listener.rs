@@ -25,7 +25,7 @@
 //! the per-IP cap is logged at `warn` at most once a minute per address,
 //! naming the setting, and counted in `gapless_connections_refused_total`.
 
-use crate::forwarded::TrustedProxies;
+use crate::net::forwarded::TrustedProxies;
 use crate::ServerConfig;
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -87,7 +87,7 @@ impl PerIp {
     /// `ip` was warned about less than [`WARN_EVERY`] ago. `via`: the trusted
     /// proxy it came through.
     fn refuse(&self, ip: IpAddr, via: Option<IpAddr>, max: usize, close: bool) -> Refused {
-        crate::metrics::connection_refused("per_ip");
+        crate::admin::metrics::connection_refused("per_ip");
         let now = Instant::now();
         let warn = {
             let mut warned = self.warned.lock();
@@ -268,7 +268,7 @@ impl GaplessListener {
                 proxied,
             )),
             Err(_) => {
-                crate::metrics::connection_refused("connections");
+                crate::admin::metrics::connection_refused("connections");
                 Err(Refused {
                     why: format!(
                         "the server holds its maximum of {} connections (--max-connections); retry later",

@@ -1,0 +1,19 @@
+//! Sockets and bytes, below every transport: it knows no operation and no
+//! transport.
+//!
+//! - [`listener`]: accepting, socket options, the connection limits;
+//! - [`forwarded`]: trusted proxies and the forwarded client address;
+//! - [`liveness`] and [`tcp_info`]: judging a client by its TCP progress;
+//! - [`conn`]: a connection from its first request head (read here, its
+//!   errors described by [`head_error`]) to its close, hyper for everything
+//!   but a direct stream, which it writes straight to the socket from any
+//!   [`conn::Frames`] source (the SSE transport's feed).
+//!
+//! May use: `admin` (metrics), `config`, `error`, and `Peer` from the top.
+
+pub mod conn;
+pub mod forwarded;
+pub mod head_error;
+pub mod listener;
+pub mod liveness;
+pub mod tcp_info;

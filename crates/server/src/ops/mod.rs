@@ -1,0 +1,23 @@
+//! What the server does, once for every transport, as plain Rust over the
+//! hub: no axum, no hyper, no sockets (`tests/layers.rs` holds it to that).
+//!
+//! - [`publish`]: one event, a batch, ephemeral events, the idempotency key
+//!   and the publish limits;
+//! - [`start`]: where a subscription starts (cursor, `since`, Last-Event-ID);
+//! - [`names`]: the channel and event type rules;
+//! - [`limits`]: the publish rate per publisher, and a request body's pace;
+//! - [`sessions`]: a session's status on the wire and the answer of each
+//!   refusal;
+//! - [`stream_log`]: what a stream sent and why it ended, its log line.
+//!
+//! A transport reads its wire into these calls and writes their answers in
+//! its own shape; a refusal is an [`ApiError`](crate::error::ApiError) whose
+//! code and message do not depend on the transport. May use: `auth`, `admin`
+//! (metrics), `config`, `error` and the shared state `App`.
+
+pub mod limits;
+pub mod names;
+pub mod publish;
+pub mod sessions;
+pub mod start;
+pub mod stream_log;

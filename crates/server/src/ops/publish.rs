@@ -1,0 +1,226 @@
+//! Publishing, once for every transport: one event (journaled or
+//! ephemeral), a batch, the idempotency key and the limits
+//! (`--max-event-bytes`, `--max-batch-events`, the publish rate).
+//!
+//! A transport reads its wire's request into these calls and writes their
+//! answers in its own shape. Every refusal is an [`ApiError`] with the same
+//! code, message and fields whichever transport carried the publish; only
+//! the idempotency key is named as each client sends it ([`KeyName`]).
+
+use crate::auth::{Action, Grant};
+use crate::error::ApiError;
+use crate::ops::names;
+use crate::App;
+use gapless_core::journal::Appended;
+use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::NewEvent;
+use std::net::IpAddr;
+
+/// Longest accepted idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// How a transport's client names the idempotency key; refusals name it so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyName {
+    /// The HTTP header `Idempotency-Key`.
+    Header,
+    /// The WebSocket message field `idempotency_key`.
+    Field,
+}
+
+impl KeyName {
+    /// The name as the client writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyName::Header => "Idempotency-Key",
+            KeyName::Field => "idempotency_key",
+        }
+    }
+}
+
+/// What a publish of one event did.
+#[derive(Debug)]
+pub enum Published {
+    /// Ephemeral: handed to this many current subscribers.
+    Ephemeral {
+        /// How many subscribers it was handed to.
+        subscribers: usize,
+    },
+    /// Journaled (or, for a retry with a known key, found: `duplicate`).
+    Journaled(Appended),
+}
+
+/// Checks the target of a publish: a valid channel name the grant may
+/// publish to.
+///
+/// # Errors
+/// 400 `invalid_channel`; 401 or 403 from the grant.
+pub fn check_channel(grant: &Grant, channel: &str) -> Result<(), ApiError> {
+    names::channel(channel)?;
+    grant.require(Action::Publish, channel)
+}
+
+/// Checks an idempotency key: 1 to [`MAX_IDEMPOTENCY_KEY`] visible ASCII
+/// characters.
+///
+/// # Errors
+/// 400 `invalid_request` naming the key as `name`.
+pub fn check_key(key: &str, name: KeyName) -> Result<(), ApiError> {
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(bad_key(name));
+    }
+    Ok(())
+}
+
+/// The refusal of a malformed idempotency key.
+pub fn bad_key(name: KeyName) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!(
+            "{} must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
+            name.as_str()
+        ),
+    )
+}
+
+/// Checks an event's data length (bytes) against `--max-event-bytes`.
+///
+/// # Errors
+/// 413 `too_large` with `limit`.
+pub fn check_data(app: &App, len: usize) -> Result<(), ApiError> {
+    let max = app.config.max_event_bytes;
+    if len > max {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "event data is {len} bytes; at most {max} bytes are allowed (--max-event-bytes)"
+            ),
+        )
+        .with("limit", max));
+    }
+    Ok(())
+}
+
+/// Publishes one event to `channel` (checked with [`check_channel`], its
+/// type already checked): its size, the publisher's rate (`peer` keys it
+/// on an open server), then either hands it to current subscribers
+/// (`ephemeral`, which takes no key) or appends it to the journal, once per
+/// idempotency `key`.
+///
+/// # Errors
+/// 413 `too_large`; 429 `rate_limited`; 400 `invalid_request` for a key on
+/// an ephemeral event or a malformed key; the journal's refusals, a 503
+/// saying that the publish may have been applied
+/// ([`ApiError::publish_refused`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn one(
+    app: &App,
+    grant: &Grant,
+    peer: Option<IpAddr>,
+    channel: &str,
+    event: NewEvent,
+    ephemeral: bool,
+    key: Option<&str>,
+    name: KeyName,
+) -> Result<Published, ApiError> {
+    check_data(app, event.data.len())?;
+    app.publish_limiter.take(grant, peer, 1)?;
+    if ephemeral {
+        if key.is_some() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{} does not apply to ephemeral events (they are never journaled)",
+                    name.as_str()
+                ),
+            ));
+        }
+        let subscribers = app
+            .hub
+            .publish_ephemeral(channel, event.event_type, event.data);
+        return Ok(Published::Ephemeral { subscribers });
+    }
+    if let Some(k) = key {
+        check_key(k, name)?;
+    }
+    journal(app, channel, vec![event], key, name)
+        .await
+        .map(Published::Journaled)
+}
+
+/// Publishes `events` to `channel` (checked with [`check_channel`])
+/// atomically and in order, as one batch: 1 to `--max-batch-events`
+/// events, each of at most `--max-event-bytes` bytes with a valid type, then
+/// the publisher's rate for all of them, then the journal, once per `key`
+/// (already checked).
+///
+/// # Errors
+/// 400 `invalid_request` (empty), `invalid_type` (naming the item); 413
+/// `too_large` with `limit`; 429 `rate_limited`; the journal's refusals.
+pub async fn batch(
+    app: &App,
+    grant: &Grant,
+    peer: Option<IpAddr>,
+    channel: &str,
+    events: Vec<NewEvent>,
+    key: Option<&str>,
+) -> Result<Appended, ApiError> {
+    let cfg = &app.config;
+    if events.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "batch is empty; send at least one event",
+        ));
+    }
+    if events.len() > cfg.max_batch_events {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "batch has {} events; at most {} are allowed (--max-batch-events)",
+                events.len(),
+                cfg.max_batch_events
+            ),
+        )
+        .with("limit", cfg.max_batch_events));
+    }
+    let mut checked = Vec::with_capacity(events.len());
+    for (i, item) in events.into_iter().enumerate() {
+        if item.data.len() > cfg.max_event_bytes {
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "event {i} of the batch has {} bytes of data; at most {} are allowed (--max-event-bytes)",
+                    item.data.len(),
+                    cfg.max_event_bytes
+                ),
+            )
+            .with("limit", cfg.max_event_bytes));
+        }
+        let event_type = names::event_type(item.event_type.as_deref())
+            .map_err(|e| ApiError::new(e.code, format!("event {i} of the batch: {}", e.message)))?;
+        checked.push(NewEvent {
+            event_type,
+            data: item.data,
+        });
+    }
+    app.publish_limiter.take(grant, peer, checked.len())?;
+    journal(app, channel, checked, key, KeyName::Header).await
+}
+
+/// Appends `events` to the journal; a refusal says, naming the key as
+/// `name`, that a publish may have been applied.
+async fn journal(
+    app: &App,
+    channel: &str,
+    events: Vec<NewEvent>,
+    key: Option<&str>,
+    name: KeyName,
+) -> Result<Appended, ApiError> {
+    app.hub
+        .publish(channel, events, key)
+        .await
+        .map_err(|e| ApiError::from(e).publish_refused(name.as_str()))
+}

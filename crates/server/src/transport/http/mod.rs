@@ -1,0 +1,32 @@
+//! The plain HTTP room: publish and batch ([`publish`]), history pages and a
+//! channel's bounds ([`history`]), and the producer side of sessions
+//! ([`sessions`]), as JSON answers.
+
+pub mod history;
+pub mod publish;
+pub mod sessions;
+
+use crate::App;
+use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// The schemas of these routes that no operation names directly.
+#[derive(utoipa::OpenApi)]
+#[openapi(components(schemas(crate::transport::query::Flag)))]
+struct Schemas;
+
+/// The plain HTTP routes: a channel's publish, batch, history and bounds;
+/// a session's create, state, append, history, complete and cancel.
+pub fn routes() -> OpenApiRouter<Arc<App>> {
+    use utoipa::OpenApi;
+    OpenApiRouter::with_openapi(Schemas::openapi())
+        .routes(routes!(history::channel_info))
+        .routes(routes!(publish::publish, history::history))
+        .routes(routes!(publish::publish_batch))
+        .routes(routes!(sessions::create))
+        .routes(routes!(sessions::info))
+        .routes(routes!(sessions::append, sessions::history))
+        .routes(routes!(sessions::complete))
+        .routes(routes!(sessions::cancel))
+}

@@ -1,0 +1,54 @@
+//! The parameters and answers of both SSE operations, written once and
+//! named in their `#[utoipa::path]` annotations (as `admin::openapi::shared`
+//! does for what several transports share).
+
+use super::{Since, SseEvent, SseFormat};
+use crate::admin::openapi::shared::{group, StreamForbidden, StreamShuttingDown, Unauthorized};
+use std::collections::BTreeMap;
+use utoipa::openapi::{RefOr, Response};
+use utoipa::{IntoParams, IntoResponses};
+
+/// Where an SSE stream starts and how its events are written (both SSE
+/// operations; the `Last-Event-ID` header is [`LastEventIdHeader`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SseQuery {
+    /// Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`.
+    #[param(value_type = Option<gapless_protocol::Cursor>, nullable = false)]
+    pub last_event_id: Option<String>,
+    /// Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live.
+    #[param(value_type = Option<Since>, nullable = false)]
+    pub since: Option<String>,
+    /// `plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{"channel","seq","type","data","time"}` (schema `Envelope`); `message`: as `envelope`, and every event comes with no `event:` line, as the default type `message` (its type is the envelope's `type`), so an EventSource's `onmessage` sees every event whatever its type. Gap notices and `gapless.expired` keep their types in every format.
+    #[param(value_type = Option<SseFormat>, nullable = false)]
+    pub format: Option<String>,
+}
+
+/// The header a reconnecting EventSource sends (both SSE operations).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct LastEventIdHeader {
+    /// Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error.
+    #[param(rename = "Last-Event-ID", nullable = false)]
+    pub last_event_id: Option<String>,
+}
+
+/// 200 of both SSE operations: the stream.
+#[derive(IntoResponses)]
+#[response(
+    status = 200,
+    description = "The stream, which runs until the client leaves or the server shuts down: `retry:`, one gap notice (`event: gap`, data `GapNotice`) per channel whose start cannot be served whole, an `id:`-only frame with the subscription's cursor, then replayed and live events (`id:` the cursor after the event, `event:` its type when it has one, `data:` lines), ephemeral events (no `id:`), a heartbeat comment every `--heartbeat-ms`, and, when the token expires, `event: gapless.expired`. A refused connection (over `--max-connections`) gets a stream holding only `retry:` (1 to 10 s) and a comment instead of a 503, so a browser reconnects later; so does a stream opened while the journal is unreachable (cluster mode: Redis down, hung or loading) or failing (a storage error, e.g. Redis refusing scripts for lack of memory): `retry:` of 1 to 5 s and the comment `: unavailable: …` or `: journal_failed: …`, then the end, and the reconnect with the same `Last-Event-ID` resumes exactly (docs/api.md).",
+    content_type = "text/event-stream",
+    headers(
+        ("Cache-Control" = String, description = "`no-cache, no-transform`"),
+        ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
+    )
+)]
+pub struct SseStream(pub SseEvent);
+
+group! {
+    /// Every answer of both SSE operations but their 400: the stream, 401,
+    /// 403, 503 `shutting_down` (the journal unreachable or failing at open
+    /// is a 200 with `retry:` only, described with the stream).
+    SseAnswers = SseStream, Unauthorized, StreamForbidden, StreamShuttingDown
+}
