@@ -167,9 +167,12 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_TCP_USER_TIMEOUT_MS", default_value_t = 30_000)]
     pub tcp_user_timeout_ms: u64,
     /// An origin allowed to call the API and open streams from a browser
-    /// (repeatable, or comma-separated), e.g. `https://app.example.com`; listed
-    /// origins may send credentials (cookies). `*` allows any origin without
-    /// credentials. Default: `*` when the server is open, none (no
+    /// (repeatable, or comma-separated), spelled as a browser's Origin header:
+    /// scheme://host[:port], no path, e.g. `https://app.example.com` (a
+    /// trailing `/` is dropped; anything else is refused at start). Listed
+    /// origins may send credentials (cookies): the gapless_token cookie is
+    /// honoured on WebSockets and writes only from this server's own origin
+    /// and these. `*` allows any origin without credentials. Default: `*` when the server is open, none (no
     /// cross-origin access) once a JWT key is set.
     #[arg(
         long = "cors-origin",

@@ -97,7 +97,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Vec::new()
         }
     } else {
-        args.cors_origin.clone()
+        // An origin as a browser's `Origin` spells it, or the setting could
+        // never match (a bare host, a path): refused here, not ignored. An
+        // empty value lists none (`--cors-origin ''`: no CORS at all).
+        args.cors_origin
+            .iter()
+            .filter(|o| !o.trim().is_empty())
+            .map(|o| gapless_server::auth::origin::parse_origin(o))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::msg)?
     };
     if cors_origins.iter().any(|o| o.trim() == "*") && cors_origins.len() > 1 {
         anyhow::bail!(

@@ -283,3 +283,64 @@ async fn cors_preflights_allow_polyfill_headers_and_listed_origins_get_credentia
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A `--cors-origin` that is not an origin as a browser spells it (no
+/// scheme, a path, a bad scheme), from the flag or the config file, is
+/// refused at start with what an origin looks like; a trailing `/` is
+/// dropped, so the listed origin matches the browser's `Origin`.
+#[tokio::test]
+async fn a_cors_origin_that_is_not_an_origin_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("gapless.toml");
+    std::fs::write(&file, "cors_origin = [\"not an origin\"]\n").expect("write config");
+    let file = file.to_string_lossy().into_owned();
+    for args in [
+        vec!["--cors-origin", "app.example.com"],
+        vec!["--cors-origin", "https://app.example.com/app"],
+        vec!["--cors-origin", "ftp://app.example.com"],
+        vec!["--cors-origin", "https://a.example,app.example.com"],
+        vec!["--config", &file],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gapless"))
+            .args(["serve", "--memory", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run gapless");
+        // A refusal exits at once; a server that starts would run forever.
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?}: the server started instead of refusing the setting");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("read stderr");
+        assert!(!status.success(), "{args:?} started: {err}");
+        assert!(
+            err.contains("--cors-origin") && err.contains("scheme://host[:port]"),
+            "{args:?}: says what an origin looks like: {err}"
+        );
+    }
+    // A trailing slash is dropped: the browser's Origin never has one.
+    let s = Server::memory(&["--cors-origin", "https://App.example.com/"]).await;
+    let r = s
+        .send(
+            s.http
+                .get(s.url("/v1/channels/c/events"))
+                .header("Origin", "https://app.example.com"),
+        )
+        .await;
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+}

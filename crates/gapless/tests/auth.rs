@@ -749,6 +749,164 @@ async fn a_cookie_websocket_is_taken_only_from_this_server_or_an_allowed_origin(
     assert_eq!(ws_works(&mut ws, "/v1/ws").await["op"], "subscribed");
 }
 
+/// Cross-site request forgery (docs/security.md, "The cookie and foreign
+/// pages"): a form or `text/plain` POST needs no CORS preflight, so a
+/// browser sends it from any page with the `gapless_token` cookie. On every
+/// write route, a request whose credential is the cookie is refused 403
+/// `forbidden` (naming the origin and `--cors-origin`) from a foreign page,
+/// before anything is written; it is taken from the server's own origin, a
+/// listed one, or without `Origin`. A Bearer header works from any origin;
+/// reads are not guarded; an open server reads no cookie.
+#[tokio::test]
+async fn a_cookie_write_is_taken_only_from_this_server_or_an_allowed_origin() {
+    let s = secured(&["--cors-origin", "https://app.example.com/"]).await;
+    let admin = token(&["*"], &["*"]);
+    let t = token(&["*"], &["*"]);
+    let cookie = format!("gapless_token={t}");
+    let bearer = format!("Bearer {t}");
+    let own = format!("http://{}", s.addr);
+    for id in ["s1", "s2", "s3"] {
+        post_as(&s, "/v1/sessions", &format!(r#"{{"id":"{id}"}}"#), &admin)
+            .await
+            .expect(201);
+    }
+    let batch = r#"[{"data":"b1"},{"data":"b2"}]"#;
+    // (route, body, content type) of every write, on session `id` (ended
+    // last: completed) and `end` (cancelled).
+    let writes = |id: &str, end: &str| -> Vec<(String, &'static str, &'static str)> {
+        vec![
+            ("/v1/channels/news/events".into(), "evil=1", "text/plain"),
+            (
+                "/v1/channels/news/events?ephemeral=true".into(),
+                "evil=1",
+                "text/plain",
+            ),
+            ("/v1/channels/news/batch".into(), batch, "text/plain"),
+            (
+                "/v1/sessions".into(),
+                "",
+                "application/x-www-form-urlencoded",
+            ),
+            (format!("/v1/sessions/{id}/events"), "evil=1", "text/plain"),
+            (
+                format!("/v1/sessions/{id}/complete"),
+                "",
+                "application/x-www-form-urlencoded",
+            ),
+            (format!("/v1/sessions/{end}/cancel"), "", "text/plain"),
+        ]
+    };
+    let write = |path: String, body: &str, ctype: &str, headers: Vec<(&str, String)>| {
+        let mut req = s
+            .http
+            .post(s.url(&path))
+            .header("content-type", ctype.to_owned())
+            .body(body.to_owned());
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        s.send(req)
+    };
+    for (path, body, ctype) in writes("s1", "s2") {
+        for foreign in [
+            vec![("origin", "https://evil.example".to_owned())],
+            vec![("origin", "http://app.example.com".to_owned())],
+            vec![("origin", "https://app.example.com.evil.example".to_owned())],
+            vec![("origin", "null".to_owned())],
+            vec![("sec-fetch-site", "cross-site".to_owned())],
+        ] {
+            let mut headers = foreign.clone();
+            headers.push(("cookie", cookie.clone()));
+            let r = write(path.clone(), body, ctype, headers).await;
+            r.expect_error(403, "forbidden");
+            let message = r.message();
+            assert!(
+                message.contains("--cors-origin")
+                    && foreign.iter().all(|(_, v)| message.contains(v.as_str())),
+                "{path}: the refusal names the page and the setting: {message}"
+            );
+        }
+    }
+    // Nothing was written: no event on the channel, no session created,
+    // s1 and s2 still open with only their opening marker.
+    let h = get_as(&s, "/v1/channels/news/events", &admin).await;
+    assert_eq!(h.expect(200)["events"], json!([]), "{h:?}");
+    for id in ["s1", "s2"] {
+        let info = get_as(&s, &format!("/v1/sessions/{id}"), &admin).await;
+        assert_eq!(info.expect(200)["status"], "open", "{id}: {info:?}");
+        assert_eq!(info.expect(200)["head"], 1, "{id}: {info:?}");
+    }
+
+    // Taken: own origin, a listed origin (listed with a trailing `/`, sent
+    // without, as browsers do), no Origin, and a Bearer header from anywhere.
+    let allowed: [(&str, Vec<(&str, String)>); 4] = [
+        (
+            "own origin",
+            vec![("origin", own.clone()), ("cookie", cookie.clone())],
+        ),
+        (
+            "listed origin",
+            vec![
+                ("origin", "https://app.example.com".to_owned()),
+                ("cookie", cookie.clone()),
+            ],
+        ),
+        ("no origin", vec![("cookie", cookie.clone())]),
+        (
+            "foreign origin, Bearer",
+            vec![
+                ("origin", "https://evil.example".to_owned()),
+                ("sec-fetch-site", "cross-site".to_owned()),
+                ("authorization", bearer.clone()),
+                ("cookie", cookie.clone()),
+            ],
+        ),
+    ];
+    for (i, (what, headers)) in allowed.into_iter().enumerate() {
+        let (id, end) = (format!("ok{i}"), format!("end{i}"));
+        for name in [&id, &end] {
+            post_as(&s, "/v1/sessions", &format!(r#"{{"id":"{name}"}}"#), &admin)
+                .await
+                .expect(201);
+        }
+        for (path, body, ctype) in writes(&id, &end) {
+            let r = write(path.clone(), body, ctype, headers.clone()).await;
+            assert!(
+                (200..300).contains(&r.status),
+                "{what}: {path}: {} {}",
+                r.status,
+                r.text
+            );
+        }
+        let info = get_as(&s, &format!("/v1/sessions/{id}"), &admin).await;
+        assert_eq!(info.expect(200)["status"], "completed", "{what}: {info:?}");
+    }
+    // One event and a batch of two per accepted pass.
+    let h = get_as(&s, "/v1/channels/news", &admin).await;
+    assert_eq!(h.expect(200)["head"], 4 * 3, "{h:?}");
+    // Reads are not guarded (CORS keeps their answers from foreign pages).
+    let r = s
+        .send(
+            s.http
+                .get(s.url("/v1/channels/news/events"))
+                .header("origin", "https://evil.example")
+                .header("cookie", &cookie),
+        )
+        .await;
+    r.expect(200);
+
+    // An open server reads no token: a cookie write from anywhere is taken.
+    let open = Server::memory(&[]).await;
+    let r = open
+        .post(
+            "/v1/channels/news/events",
+            "x",
+            &[("origin", "https://evil.example"), ("cookie", &cookie)],
+        )
+        .await;
+    r.expect(201);
+}
+
 /// Generates a key pair with openssl: (private PKCS#8 PEM, public PEM).
 fn keypair(dir: &std::path::Path, kind: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let private = dir.join(format!("{kind}.key"));

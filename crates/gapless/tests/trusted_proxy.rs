@@ -370,3 +370,49 @@ async fn a_bad_trusted_proxy_is_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("CIDR"), "{err}");
 }
+
+/// On a dual-stack socket (`--listen [::]:PORT`) an IPv4 peer arrives as
+/// `::ffff:127.0.0.1`. `--trusted-proxy ::ffff:127.0.0.1` (the mapped
+/// spelling) is the IPv4 address and matches that peer; without it, the
+/// per-IP warning names the peer as `127.0.0.1`, the form `--trusted-proxy`
+/// takes.
+#[tokio::test]
+async fn an_ipv4_mapped_trusted_proxy_matches_and_the_log_names_ipv4() {
+    let dual = |args: &[&str]| gapless_testkit::Opts {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        memory: true,
+        listen: Some("[::]:0".to_owned()),
+        ..gapless_testkit::Opts::default()
+    };
+    let mut s = Server::with(dual(&[
+        "--trusted-proxy",
+        "::ffff:127.0.0.1",
+        "--max-connections-per-ip",
+        "1",
+    ]))
+    .await;
+    s.addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.addr.port()));
+    // Two clients through the proxy: each has its own place.
+    let mut a = stream_for(&s, "203.0.113.1").await;
+    let _ = a.preamble().await;
+    let mut b = stream_for(&s, "203.0.113.2").await;
+    let _ = b.preamble().await;
+    s.publish("c", "one").await;
+    assert_eq!(b.next_event().await.data, "one");
+    // The same client twice is capped: the proxy is trusted, its header read.
+    let mut a2 = stream_for(&s, "203.0.113.1").await;
+    assert!(is_refused(&mut a2).await, "{}", a2.raw_text());
+
+    let mut s = Server::with(dual(&["--max-connections-per-ip", "1"])).await;
+    s.addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.addr.port()));
+    let (_held, _) = s.subscribe("c", "").await;
+    s.get("/v1/channels/c/events")
+        .await
+        .expect_error(503, "limit_reached");
+    gapless_testkit::eventually("the warning is written", Duration::from_secs(5), || async {
+        warnings(&s.log(), "127.0.0.1") >= 1
+    })
+    .await;
+    let log = s.log();
+    assert!(!log.contains("::ffff:"), "the peer is named as IPv4: {log}");
+}

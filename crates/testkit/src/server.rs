@@ -28,6 +28,9 @@ pub struct Opts {
     pub memory: bool,
     /// The data directory (default: `data` in the server's temporary directory).
     pub data_dir: Option<PathBuf>,
+    /// The `--listen` address (default `127.0.0.1:0`), e.g. `[::]:0` for a
+    /// dual-stack socket whose IPv4 peers arrive as `::ffff:a.b.c.d`.
+    pub listen: Option<String>,
 }
 
 /// A running (or stopped) `gapless serve` process.
@@ -135,8 +138,13 @@ impl Server {
                 .build()
                 .expect("reqwest client"),
         };
+        let listen = server
+            .opts
+            .listen
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:0".to_owned());
         server.addr = server
-            .spawn("127.0.0.1:0")
+            .spawn(&listen)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         server

@@ -225,7 +225,7 @@ impl Auth {
     /// Whether the token [`Auth::token_of`] finds in `headers` is the
     /// [`COOKIE`] cookie: no `Authorization` header, and the cookie set.
     /// A browser sends the cookie with any page's request, whatever the
-    /// page's origin (`ws::access` checks the origin of a WebSocket's).
+    /// page's origin (`origin::foreign_page` tells which pages may use it).
     pub fn cookie_is_credential(headers: &HeaderMap) -> bool {
         !headers.contains_key(axum::http::header::AUTHORIZATION)
             && matches!(Self::token_of(headers, None), Ok(Some(_)))
@@ -766,7 +766,11 @@ impl Grant {
     }
 }
 
-/// Extractor: the request's [`Grant`], or a 401 answer.
+/// Extractor: the request's [`Grant`], or a 401 answer; for a write (a
+/// method other than `GET`, `HEAD`, `OPTIONS`) whose credential is the
+/// [`COOKIE`] cookie, a 403 when its page is foreign
+/// ([`origin::http_access`]: cross-site request forgery). Every HTTP route
+/// takes its credential here, so the guard holds on each.
 #[derive(Debug, Clone)]
 pub struct Access(pub Arc<Grant>);
 
@@ -774,9 +778,7 @@ impl FromRequestParts<Arc<App>> for Access {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
-        app.auth
-            .grant_of(&parts.headers, parts.uri.query())
-            .map(Access)
+        origin::http_access(app, &parts.method, &parts.headers, parts.uri.query()).map(Access)
     }
 }
 

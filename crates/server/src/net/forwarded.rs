@@ -101,14 +101,35 @@ impl TrustedProxies {
 pub fn parse_net(s: &str) -> Result<IpNet, String> {
     let s = s.trim();
     if let Ok(net) = IpNet::from_str(s) {
-        return Ok(net.trunc());
+        return canonical_net(net.trunc(), s);
     }
     if let Ok(ip) = IpAddr::from_str(s) {
-        return Ok(IpNet::from(ip));
+        return Ok(IpNet::from(ip.to_canonical()));
     }
     Err(format!(
         "`{s}` is not a network in CIDR notation (e.g. 10.0.0.0/8, 192.0.2.7/32, fd00::/8) or an IP address"
     ))
+}
+
+/// `net` with an IPv4-mapped IPv6 network (`::ffff:127.0.0.1/128`,
+/// `::ffff:10.0.0.0/104`) written as the IPv4 network it maps
+/// (`127.0.0.1/32`, `10.0.0.0/8`): peers are compared in their canonical
+/// form ([`TrustedProxies::contains`]), so the mapped spelling would never
+/// match. (A truncated network shorter than /96 is never mapped: its bits
+/// 80 to 95 are not all kept.) `s`: the value as given, for the error.
+fn canonical_net(net: IpNet, s: &str) -> Result<IpNet, String> {
+    let IpNet::V6(v6) = net else {
+        return Ok(net);
+    };
+    let (IpAddr::V4(v4), Some(len)) = (
+        IpAddr::V6(v6.network()).to_canonical(),
+        v6.prefix_len().checked_sub(96),
+    ) else {
+        return Ok(net);
+    };
+    ipnet::Ipv4Net::new(v4, len)
+        .map(IpNet::V4)
+        .map_err(|e| format!("`{s}`: {e}"))
 }
 
 /// The addresses of an `X-Forwarded-For` value, left to right (`None` for an
@@ -302,6 +323,23 @@ mod tests {
             "192.0.2.7/32"
         );
         assert_eq!(parse_net("fd00::/8").expect("net").to_string(), "fd00::/8");
+        // IPv4-mapped spellings become the IPv4 network (peers are compared
+        // canonical), and match an IPv4 peer.
+        assert_eq!(
+            parse_net("::ffff:127.0.0.1").expect("net").to_string(),
+            "127.0.0.1/32"
+        );
+        assert_eq!(
+            parse_net("::ffff:10.1.2.3/104").expect("net").to_string(),
+            "10.0.0.0/8"
+        );
+        let t = TrustedProxies {
+            nets: vec![parse_net("::ffff:127.0.0.1/128").expect("net")],
+            header: ForwardedHeader::XForwardedFor,
+        };
+        assert!(t.contains("127.0.0.1".parse().expect("ip")));
+        assert!(t.contains("::ffff:127.0.0.1".parse().expect("ip")));
+        assert_eq!(parse_net("::/0").expect("net").to_string(), "::/0");
         assert!(parse_net("10.0.0.0/33").is_err());
         assert!(parse_net("proxy.example").is_err());
     }

@@ -241,13 +241,17 @@ impl GaplessListener {
     /// connection is counted only under `max_connections` (its requests are
     /// counted per client: [`Proxied`]).
     fn admit(&self, ip: IpAddr) -> Result<(Slot, Option<Proxied>), Refused> {
+        // One key and one spelling per client: an IPv4 peer on a dual-stack
+        // socket arrives as `::ffff:a.b.c.d`, which the cap counts and the
+        // log names as `a.b.c.d` (the form --trusted-proxy matches).
+        let ip = ip.to_canonical();
         let max_per_ip = self.config.max_connections_per_ip;
         let proxied = self.trusted.contains(ip).then(|| {
             Proxied(Arc::new(ProxiedInner {
                 per_ip: self.per_ip.clone(),
                 trusted: self.trusted.clone(),
                 max: max_per_ip,
-                peer: ip.to_canonical(),
+                peer: ip,
                 held: parking_lot::Mutex::new(None),
             }))
         });

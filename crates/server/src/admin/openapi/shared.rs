@@ -128,7 +128,7 @@ pub struct JournalFull(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(
     status = 403,
-    description = "`forbidden`: the token may not publish to this channel."
+    description = "`forbidden`: the token may not publish to this channel; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery)."
 )]
 pub struct PublishForbidden(pub ErrorBody);
 
@@ -152,7 +152,7 @@ pub struct StreamForbidden(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(
     status = 403,
-    description = "`forbidden`: the token may not publish to `session/ID`."
+    description = "`forbidden`: the token may not publish to `session/ID`; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery)."
 )]
 pub struct SessionPublishForbidden(pub ErrorBody);
 

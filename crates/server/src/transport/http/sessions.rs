@@ -87,7 +87,7 @@ pub struct CreateBody {
     responses(
         (status = 201, description = "Created: an open session with its opening marker (head 1).", body = SessionInfo),
         (status = 400, description = "`invalid_request`: a body that is not `{\"id\": ID}`, or a bad id.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token may not publish to `session/ID` (or, for a drawn id, to `session/*`).", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token may not publish to `session/ID` (or, for a drawn id, to `session/*`); or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery).", body = ErrorBody),
         SlowBody,
         (status = 409, description = "`session_exists`: a session with this id exists.", body = ErrorBody),
         (status = 413, description = "`too_large`: the body is over 4096 bytes.", body = ErrorBody),
