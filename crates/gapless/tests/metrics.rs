@@ -2,7 +2,7 @@
 //! move with what the server did (publishes by durability, replays, gaps by
 //! reason, refusals by code, histograms), open without a token.
 
-use gapless_testkit::Server;
+use gapless_testkit::{stream_lines, Server};
 use std::collections::HashMap;
 
 /// Parses the Prometheus text format into `name{labels}` -> value.
@@ -220,14 +220,6 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
             "{n} is not an exported metric"
         );
     }
-}
-
-/// The `stream ended` lines of a JSON log, as their field objects.
-fn stream_lines(log: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "stream ended")
-        .collect()
 }
 
 /// One log line per stream at its end, at the default level: transport,

@@ -9,7 +9,7 @@
 //! then `retry:` and a comment naming the cause, then breaks off without
 //! the last chunk (docs/api.md, "When a journal read fails mid-stream").
 
-use gapless_testkit::{ConnectOptions, Item, Next, Server, SseClient};
+use gapless_testkit::{stream_lines, ConnectOptions, Item, Next, Server, SseClient};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use std::time::Duration;
@@ -266,14 +266,6 @@ async fn a_reader_that_paused_across_expiry_gets_what_was_queued_then_the_expiry
         assert_eq!(end, Next::End, "{case:?}: a clean end (the last chunk)");
     });
     futures::future::join_all(reads).await;
-}
-
-/// The `stream ended` lines of a JSON log, as their field objects.
-fn stream_lines(log: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "stream ended")
-        .collect()
 }
 
 /// A journal that fails mid-stream (cluster mode: Redis refusing scripts

@@ -59,6 +59,15 @@ pub use sse::{ConnectOptions, Event, Item, Next, Preamble, SseClient};
 
 use std::path::PathBuf;
 
+/// The `stream ended` lines of a server's JSON log (`--log-format json`;
+/// one per stream, docs/deploy.md), as their field objects.
+pub fn stream_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "stream ended")
+        .collect()
+}
+
 /// The `gapless` executable to run (see the crate doc, "Which binary").
 ///
 /// # Panics
