@@ -15,7 +15,10 @@
 //!   another history under the same epoch (Redis came back with an older
 //!   copy of the channel), and it is read from Redis as a hole (below);
 //! - a local commit that starts right after the known head is reported as is
-//!   (no read);
+//!   (no read); so is the first commit of a track that knows nothing yet,
+//!   which the append holds from before its script runs (so that no
+//!   concurrent append of this node can commit below it and be left
+//!   unreported, `Inner::hold_untracked`);
 //! - a notification that carries its events (inline, `notification.rs`) and
 //!   starts right after the known head, in the known epoch, is reported as is
 //!   (no read): the common case of live fan-out from another node, handled in
@@ -149,20 +152,49 @@ impl Trackers {
     }
 }
 
+/// A channel's track, held by an append from before its script runs until
+/// its commit is reported ([`Inner::hold_untracked`]).
+pub(crate) type HeldTrack = tokio::sync::OwnedMutexGuard<Track>;
+
 impl Inner {
     /// What this node delivered of `channel`, for a script (`Track::arg`).
     pub(crate) fn known_arg(&self, channel: &str) -> String {
         self.trackers.arg(channel)
     }
 
-    /// Reports this node's own commit (see the module doc). Never fails: when
-    /// a fill cannot be read, the events are reported as they are, and the
-    /// hub's subscribers read any hole from the journal.
+    /// Called by an append before its script runs: when the hub follows
+    /// `channel` but its track has reported nothing yet, the track, to hold
+    /// through the script and the report ([`Inner::deliver_local`]).
+    ///
+    /// Why: an append reported with nothing known before it is reported as
+    /// it is, and becomes what the track knows. A concurrent append of this
+    /// node whose seqs are lower, and that reports after it, finds its events
+    /// at or below the known head and reports nothing: the sink would never
+    /// see them, and the append would return before the sink saw its events
+    /// (the [`gapless_core::Journal::append`] contract). Holding the track
+    /// makes the other appends of this node wait for the first report before
+    /// sending their scripts; from then on a commit that does not continue
+    /// the known head fills the hole below it from Redis, which reports the
+    /// concurrent appends' events in order, before they return. The wait
+    /// happens once per channel this node starts following.
+    pub(crate) async fn hold_untracked(&self, channel: &str) -> Option<HeldTrack> {
+        if !self.sink.follows(channel) {
+            return None;
+        }
+        let held = self.trackers.get(channel).lock_owned().await;
+        held.known.is_none().then_some(held)
+    }
+
+    /// Reports this node's own commit (see the module doc); `held`: its track,
+    /// when the append held it through its script ([`Inner::hold_untracked`]).
+    /// Never fails: when a fill cannot be read, the events are reported as
+    /// they are, and the hub's subscribers read any hole from the journal.
     pub(crate) async fn deliver_local(
         &self,
         channel: &str,
         state: ChannelState,
         events: Vec<Arc<Event>>,
+        held: Option<HeldTrack>,
     ) {
         if !self.sink.follows(channel) {
             self.trackers.remove(channel);
@@ -170,8 +202,10 @@ impl Inner {
             return;
         }
         let first = events.first().map_or(state.head, |e| e.seq);
-        let track = self.trackers.get(channel);
-        let mut t = track.lock().await;
+        let mut t = match held {
+            Some(t) => t,
+            None => self.trackers.get(channel).lock_owned().await,
+        };
         match t.known {
             Some((epoch, head, _))
                 if epoch == state.epoch

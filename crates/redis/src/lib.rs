@@ -351,8 +351,8 @@ impl Inner {
         Ok((state, appended, time, dup == 1))
     }
 
-    /// The read script: up to `limit` events after `after`, stopping past
-    /// `max_bytes`. `known` as for [`Inner::append`] (`""` from a
+    /// The read script: up to `limit` events after `after`, the leading ones
+    /// whose data adds up to at most `max_bytes` (always at least one). `known` as for [`Inner::append`] (`""` from a
     /// subscriber). Also returns the commit time (Unix ms) of the event at
     /// the page's head.
     async fn read(
@@ -487,6 +487,7 @@ impl Journal for RedisJournal {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
+        let held = self.inner.hold_untracked(channel).await;
         let known = self.inner.known_arg(channel);
         let (state, appended, time, stored_before) = self
             .inner
@@ -513,7 +514,9 @@ impl Journal for RedisJournal {
                 ))
             })
             .collect();
-        self.inner.deliver_local(channel, state, committed).await;
+        self.inner
+            .deliver_local(channel, state, committed, held)
+            .await;
         Ok(appended)
     }
 

@@ -322,9 +322,18 @@ return {epoch, first, head, 0, floor, head, time, prev, fork, 0}
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
 /// limit, max bytes, known (see `load`). Returns `{epoch, floor, head, prev
 /// epoch, fork, time (of the event at head), start, payload...}`: the
-/// events from seq `start` on, at most `limit`, stopping once their stored
-/// size passes `max bytes` (always at least one).
+/// events from seq `start` on, at most `limit`, the leading ones whose data
+/// (the event's `data`, not its stored value) adds up to at most `max
+/// bytes`, and always the first: the rule of `Journal::read_bounded`
+/// (`gapless_core::journal::cut_to_bytes`).
 const READ: &str = r#"
+-- the length of an event's data in its stored value (`codec.rs`):
+-- `<time>:n<data>` or `<time>:t<type length>:<type><data>`
+local function data_len(v)
+  local tl, at = string.match(v, '^%d+:t(%d+):()')
+  if tl then return #v - at + 1 - tonumber(tl) end
+  return #v - string.find(v, ':', 1, true) - 1
+end
 local k = KEYS[1]
 local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[6])
 local after = tonumber(ARGV[3])
@@ -340,11 +349,11 @@ while s <= head and limit > 0 do
   if not v then
     return redis.error_reply('gapless: event ' .. S(s) .. ' of ' .. k .. ' is missing (floor ' .. S(floor) .. ', head ' .. S(head) .. ')')
   end
+  bytes = bytes + data_len(v)
+  if bytes > max_bytes and s > start then break end
   out[#out + 1] = v
-  bytes = bytes + #v
   s = s + 1
   limit = limit - 1
-  if bytes > max_bytes then break end
 end
 return out
 "#;
