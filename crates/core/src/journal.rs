@@ -3,8 +3,15 @@
 //! A [`Journal`] assigns seqs (dense, from 1, per channel), keeps events until
 //! [`Retention`] evicts them, and reports every commit, in commit order, to
 //! the [`CommitSink`] it was opened with (the hub), before `append` returns.
-//! Implementations: [`crate::memory::MemoryJournal`] and the embedded durable
-//! store in the `gapless-store` crate.
+//! Implementations: [`crate::memory::MemoryJournal`] (in memory, one
+//! process), the embedded durable store (`gapless_store::EmbeddedJournal`)
+//! and the journal in Redis shared by the nodes of a cluster
+//! (`gapless_redis::RedisJournal`). All three pass one contract suite
+//! (`crates/testkit/tests/journal_contract.rs`).
+//!
+//! A journal knows channels and events only: features over the hub
+//! (sessions, [`crate::session`]) keep their own state beside it, wired by
+//! the binary.
 
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
@@ -257,13 +264,6 @@ pub trait Journal: Send + Sync + 'static {
     /// journaled: a node that misses it does not get it later). Each of them
     /// hands it to its [`CommitSink::ephemeral`]. Default: nothing (one node).
     fn share_ephemeral(&self, _channel: &str, _event_type: Option<&str>, _data: &str) {}
-
-    /// The attach state shared between nodes, for a journal shared between
-    /// nodes (see [`crate::session::SessionRegistry`]). Default: none, so
-    /// sessions keep who is attached in this process.
-    fn session_registry(&self) -> Option<Arc<dyn crate::session::SessionRegistry>> {
-        None
-    }
 
     /// Makes everything acknowledged durable and stops accepting appends.
     ///

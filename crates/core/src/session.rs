@@ -10,18 +10,22 @@
 //! a restart every open session counts as detached since the restart, so a
 //! consumer that reconnects within the grace window finds it intact.
 //!
-//! In cluster mode the journal also offers a [`SessionRegistry`]: who is
-//! attached is then a lease shared by every node (renewed while the consumer
-//! is connected), so a second consumer on another node is refused, a
-//! takeover on one node closes the holder on another, the grace window counts
-//! from the moment the last holder anywhere left (or its node died and its
-//! lease ran out), and the status is re-read from the journal before each
-//! append or end, since another node may have ended the session (the
-//! journal also refuses an append after an end marker, so a race between
-//! the two is [`SessionError::Ended`] too).
+//! In cluster mode the binary builds a [`SessionRegistry`] beside the
+//! journal, in the same shared store (`gapless_redis::RedisSessions`), and
+//! hands it to [`Sessions::with_registry`]; the [`crate::Journal`] knows
+//! nothing of sessions. Who is attached is then a lease shared by every
+//! node (renewed while the consumer is connected), so a second consumer on
+//! another node is refused, a takeover on one node closes the holder on
+//! another, the grace window counts from the moment the last holder
+//! anywhere left (or its node died and its lease ran out), and the status
+//! is re-read from the journal before each append or end, since another
+//! node may have ended the session. The Redis crate also refuses an append
+//! to a session after its end marker, in the append's own script (the rule
+//! lives with its registry, `sessions.rs` there), so a race between the
+//! two is [`SessionError::Ended`] too.
 
 use crate::hub::Hub;
-use crate::journal::{Appended, JournalError};
+use crate::journal::{Appended, ChannelState, JournalError};
 use crate::subscription::{Start, Subscription};
 use gapless_protocol::codes::GapReason;
 use gapless_protocol::NewEvent;
@@ -492,15 +496,64 @@ impl Sessions {
         batch: usize,
     ) -> Result<Attachment, SessionError> {
         let entry = self.load(hub, id).await?;
+        let (st, status) = self.attachable(hub, id, &entry, last_seq).await?;
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let kicked = CancellationToken::new();
+        if entry.state.lock().attached.is_some() && !takeover {
+            return Err(SessionError::Attached(id.to_owned()));
+        }
+        let shared = self.claim_shared(id, conn, takeover, &kicked).await?;
+        // From here on, dropping `guard` releases what was claimed.
+        let guard = Detach {
+            id: id.to_owned(),
+            conn,
+            entry: entry.clone(),
+            shared,
+        };
+        {
+            let mut es = entry.state.lock();
+            if let Some((_, old)) = &es.attached {
+                if !takeover {
+                    return Err(SessionError::Attached(id.to_owned()));
+                }
+                old.cancel();
+            }
+            es.attached = Some((conn, kicked.clone()));
+        }
+        let (sub, head) = follow_session(hub, id, st, last_seq, batch).await?;
+        Ok(Attachment {
+            sub,
+            kicked,
+            head,
+            last_seq,
+            status,
+            guard,
+        })
+    }
+
+    /// The first step of [`Sessions::attach`]: applies a grace window that
+    /// ran out, then checks that a consumer may attach at `last_seq`.
+    /// Returns the session's journal state and status.
+    ///
+    /// # Errors
+    /// [`SessionError::ResumeDisabled`], [`SessionError::Ended`] (an ended
+    /// session without `last_seq`), [`SessionError::NotRetained`], or a
+    /// journal failure.
+    async fn attachable(
+        &self,
+        hub: &Hub,
+        id: &str,
+        entry: &Entry,
+        last_seq: Option<u64>,
+    ) -> Result<(ChannelState, Status), SessionError> {
         {
             let _ops = entry.ops.lock().await;
-            self.expire_if_due(hub, id, &entry).await?;
+            self.expire_if_due(hub, id, entry).await?;
         }
         if last_seq.is_some() && !self.config.resume {
             return Err(SessionError::ResumeDisabled);
         }
-        let channel = channel_of(id);
-        let st = hub.state(&channel).await?;
+        let st = hub.state(&channel_of(id)).await?;
         let status = entry.state.lock().status;
         if status != Status::Open && last_seq.is_none() {
             // Nothing live to attach to; with `last_seq` the rest and the end are delivered.
@@ -525,88 +578,50 @@ impl Sessions {
                 });
             }
         }
-        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let kicked = CancellationToken::new();
-        if entry.state.lock().attached.is_some() && !takeover {
+        Ok((st, status))
+    }
+
+    /// Cluster mode: claims the shared attach lease of `id` for connection
+    /// `conn` of this node, and keeps it renewed until the attachment is
+    /// dropped; `kicked` fires when another node takes it over. `None`
+    /// without a registry.
+    ///
+    /// # Errors
+    /// [`SessionError::Attached`] when another holder has it and `takeover`
+    /// is false, or a failure of the registry.
+    async fn claim_shared(
+        &self,
+        id: &str,
+        conn: u64,
+        takeover: bool,
+        kicked: &CancellationToken,
+    ) -> Result<Option<SharedHold>, SessionError> {
+        let Some(registry) = &self.registry else {
+            return Ok(None);
+        };
+        let holder = format!("{}:{conn}", self.node);
+        // Registered before the claim, so a kick that follows it at once is not missed.
+        self.held.lock().insert(holder.clone(), kicked.clone());
+        let claimed = registry.claim(id, &holder, takeover, LEASE_MS).await;
+        if !matches!(claimed, Ok(true)) {
+            self.held.lock().remove(&holder);
+            claimed?;
             return Err(SessionError::Attached(id.to_owned()));
         }
-        let shared = match &self.registry {
-            None => None,
-            Some(registry) => {
-                let holder = format!("{}:{conn}", self.node);
-                // Registered before the claim, so a kick that follows it at once is not missed.
-                self.held.lock().insert(holder.clone(), kicked.clone());
-                let claimed = registry.claim(id, &holder, takeover, LEASE_MS).await;
-                if !matches!(claimed, Ok(true)) {
-                    self.held.lock().remove(&holder);
-                    claimed?;
-                    return Err(SessionError::Attached(id.to_owned()));
-                }
-                let done = CancellationToken::new();
-                tokio::spawn(renew(
-                    registry.clone(),
-                    id.to_owned(),
-                    holder.clone(),
-                    kicked.clone(),
-                    done.clone(),
-                ));
-                Some(SharedHold {
-                    registry: registry.clone(),
-                    holder,
-                    held: self.held.clone(),
-                    done,
-                })
-            }
-        };
-        // From here on, dropping `guard` releases what was claimed.
-        let guard = Detach {
-            id: id.to_owned(),
-            conn,
-            entry: entry.clone(),
-            shared,
-        };
-        {
-            let mut es = entry.state.lock();
-            if let Some((_, old)) = &es.attached {
-                if !takeover {
-                    return Err(SessionError::Attached(id.to_owned()));
-                }
-                old.cancel();
-            }
-            es.attached = Some((conn, kicked.clone()));
-        }
-        let start = match last_seq {
-            Some(seq) => Start::After {
-                epoch: st.epoch,
-                seq,
-            },
-            None => Start::Live,
-        };
-        let mut sub = hub.empty_subscription(batch);
-        let followed = hub.follow(&mut sub, &channel, start).await?;
-        if let Some(gap) = followed.gap {
-            // Retention moved between the check and the follow.
-            let why = match gap.reason {
-                GapReason::Ahead => "it is beyond the newest event",
-                _ => "events after it are no longer retained",
-            };
-            return Err(SessionError::NotRetained {
-                id: id.to_owned(),
-                last_seq: last_seq.unwrap_or(0),
-                why,
-            });
-        }
-        Ok(Attachment {
-            sub,
-            kicked,
-            // The head the follow saw: a live attach continues right after it,
-            // a resume replays up to it (an event appended since the state
-            // read above is then live, not lost).
-            head: followed.head,
-            last_seq,
-            status,
-            guard,
-        })
+        let done = CancellationToken::new();
+        tokio::spawn(renew(
+            registry.clone(),
+            id.to_owned(),
+            holder.clone(),
+            kicked.clone(),
+            done.clone(),
+        ));
+        Ok(Some(SharedHold {
+            registry: registry.clone(),
+            holder,
+            held: self.held.clone(),
+            done,
+        }))
     }
 
     /// Cancels every open session that has had no consumer for the grace window.
@@ -793,6 +808,44 @@ impl Sessions {
         }
         Ok(entry)
     }
+}
+
+/// The last step of [`Sessions::attach`]: a subscription to session `id`'s
+/// events after `last_seq` (`None`: live events only), and the head the
+/// follow saw: a live attach continues right after it, a resume replays up
+/// to it (an event appended since `st` was read is then live, not lost).
+///
+/// # Errors
+/// [`SessionError::NotRetained`] when retention moved between the check
+/// of `st` and the follow, or a journal failure.
+async fn follow_session(
+    hub: &Hub,
+    id: &str,
+    st: ChannelState,
+    last_seq: Option<u64>,
+    batch: usize,
+) -> Result<(Subscription, u64), SessionError> {
+    let start = match last_seq {
+        Some(seq) => Start::After {
+            epoch: st.epoch,
+            seq,
+        },
+        None => Start::Live,
+    };
+    let mut sub = hub.empty_subscription(batch);
+    let followed = hub.follow(&mut sub, &channel_of(id), start).await?;
+    if let Some(gap) = followed.gap {
+        let why = match gap.reason {
+            GapReason::Ahead => "it is beyond the newest event",
+            _ => "events after it are no longer retained",
+        };
+        return Err(SessionError::NotRetained {
+            id: id.to_owned(),
+            last_seq: last_seq.unwrap_or(0),
+            why,
+        });
+    }
+    Ok((sub, followed.head))
 }
 
 /// The status the journal holds for session `id` (its last event); `None`

@@ -6,7 +6,7 @@ use crate::cli::{DurabilityArg, ForwardedHeaderArg, LogFormat, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
-use gapless_core::session::{SessionConfig, Sessions};
+use gapless_core::session::{SessionConfig, SessionRegistry, Sessions};
 use gapless_core::{Journal, Retention};
 use gapless_server::auth::{Auth, AuthConfig};
 use gapless_server::net::forwarded::ForwardedHeader;
@@ -58,38 +58,112 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let retention = Retention {
-        max_events: args.retention_events,
-        max_age_ms: args.retention_ms,
-    };
     let channels = Arc::new(Channels::new(WindowLimits {
         max_events: args.window_events,
         max_bytes: args.window_bytes,
         ..WindowLimits::default()
     }));
-    let journal: Arc<dyn Journal> = if let Some(url) = &args.redis.url {
-        open_redis(url, &args, retention, channels.clone()).await?
-    } else if args.memory {
-        Arc::new(MemoryJournal::new(retention, channels.clone()))
-    } else {
-        let durability = match args.durability {
-            DurabilityArg::Sync => Durability::Sync,
-            DurabilityArg::Async => Durability::Async,
-        };
-        let store = EmbeddedJournal::open(
-            &args.data_dir,
-            StoreOptions {
-                retention,
-                durability,
-                min_free_bytes: args.min_free_disk_bytes,
-                cache_bytes: usize::try_from(args.journal_cache_bytes).unwrap_or(usize::MAX),
-            },
-            channels.clone(),
-        )
-        .with_context(|| format!("opening the journal in {}", args.data_dir.display()))?;
-        Arc::new(store)
-    };
+    let store = open_store(&args, channels.clone()).await?;
     let auth = auth(&args)?;
+    let config = server_config(&args, cors_origins(&args, &auth)?);
+    let listener = bind(args.listen).with_context(|| {
+        format!(
+            "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
+            args.listen
+        )
+    })?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let shutdown = CancellationToken::new();
+    let session_config = SessionConfig {
+        grace_ms: args.session_grace_ms,
+        resume: args.session_resume,
+    };
+    let app = Arc::new(App {
+        hub: Hub::new(channels, store.journal.clone()),
+        sessions: match store.session_registry {
+            Some(registry) => Sessions::with_registry(session_config, registry),
+            None => Sessions::new(session_config),
+        },
+        config,
+        shutdown: shutdown.clone(),
+        sockets: tokio_util::task::TaskTracker::new(),
+        publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
+        auth,
+    });
+    println!("gapless listening on http://{addr} ({})", store.described);
+    if app.config.console {
+        tracing::info!("console: http://{addr}/ (--console false turns it off)");
+    }
+    std::io::stdout().flush().ok();
+    warn_about_settings(&args, addr, &app);
+    serve_until_signal(app, listener, store.journal, shutdown).await
+}
+
+/// Where events are kept, and what sessions share beside it.
+struct Store {
+    /// The journal the hub runs on.
+    journal: Arc<dyn Journal>,
+    /// Cluster mode: the sessions' attach leases, in the journal's Redis
+    /// (`None`: sessions keep who is attached in this process).
+    session_registry: Option<Arc<dyn SessionRegistry>>,
+    /// For the start line: `journal in Redis`, `in memory`, `journal in <dir>`.
+    described: String,
+}
+
+/// Opens the journal `args` name: Redis (`--redis-url`), memory
+/// (`--memory`), or the embedded store in `--data-dir`.
+async fn open_store(args: &ServeArgs, channels: Arc<Channels>) -> anyhow::Result<Store> {
+    let retention = Retention {
+        max_events: args.retention_events,
+        max_age_ms: args.retention_ms,
+    };
+    if let Some(url) = &args.redis.url {
+        let journal = open_redis(url, args, retention, channels).await?;
+        // The attach leases live in the same Redis, on the journal's
+        // connection and bus (a takeover's kick arrives on it).
+        let registry = gapless_redis::RedisSessions::new(&journal);
+        return Ok(Store {
+            journal: Arc::new(journal),
+            session_registry: Some(Arc::new(registry)),
+            described: "journal in Redis".to_owned(),
+        });
+    }
+    if args.memory {
+        return Ok(Store {
+            journal: Arc::new(MemoryJournal::new(retention, channels)),
+            session_registry: None,
+            described: "in memory".to_owned(),
+        });
+    }
+    let durability = match args.durability {
+        DurabilityArg::Sync => Durability::Sync,
+        DurabilityArg::Async => Durability::Async,
+    };
+    let store = EmbeddedJournal::open(
+        &args.data_dir,
+        StoreOptions {
+            retention,
+            durability,
+            min_free_bytes: args.min_free_disk_bytes,
+            cache_bytes: usize::try_from(args.journal_cache_bytes).unwrap_or(usize::MAX),
+        },
+        channels,
+    )
+    .with_context(|| format!("opening the journal in {}", args.data_dir.display()))?;
+    Ok(Store {
+        journal: Arc::new(store),
+        session_registry: None,
+        described: format!("journal in {}", args.data_dir.display()),
+    })
+}
+
+/// The origins allowed by CORS: `--cors-origin`, or, without it, `*` on an
+/// open server and none with tokens.
+///
+/// # Errors
+/// A value that is not an origin as a browser's `Origin` spells it, or `*`
+/// combined with listed origins.
+fn cors_origins(args: &ServeArgs, auth: &Auth) -> anyhow::Result<Vec<String>> {
     let cors_origins = if args.cors_origin.is_empty() {
         if auth.is_open() {
             vec!["*".to_owned()]
@@ -112,7 +186,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "--cors-origin: `*` (any origin, without credentials) cannot be combined with listed origins; give either `*` or the list"
         );
     }
-    let config = ServerConfig {
+    Ok(cors_origins)
+}
+
+/// The server's settings from the command line.
+fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
+    ServerConfig {
         heartbeat_ms: args.heartbeat_ms,
         retry_ms: args.retry_ms,
         max_event_bytes: args.max_event_bytes,
@@ -141,43 +220,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         fanout_threads: usize::from(args.fanout_threads),
         on_thread_idle: Some(crate::alloc::on_thread_idle),
         ..ServerConfig::default()
-    };
-    let listener = bind(args.listen).with_context(|| {
-        format!(
-            "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
-            args.listen
-        )
-    })?;
-    let addr = listener.local_addr().context("reading the bound address")?;
-    let shutdown = CancellationToken::new();
-    let session_config = SessionConfig {
-        grace_ms: args.session_grace_ms,
-        resume: args.session_resume,
-    };
-    let app = Arc::new(App {
-        hub: Hub::new(channels, journal.clone()),
-        sessions: match journal.session_registry() {
-            Some(registry) => Sessions::with_registry(session_config, registry),
-            None => Sessions::new(session_config),
-        },
-        config,
-        shutdown: shutdown.clone(),
-        sockets: tokio_util::task::TaskTracker::new(),
-        publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
-        auth,
-    });
-    let store = if args.redis.url.is_some() {
-        "journal in Redis".to_owned()
-    } else if args.memory {
-        "in memory".to_owned()
-    } else {
-        format!("journal in {}", args.data_dir.display())
-    };
-    println!("gapless listening on http://{addr} ({store})");
-    if app.config.console {
-        tracing::info!("console: http://{addr}/ (--console false turns it off)");
     }
-    std::io::stdout().flush().ok();
+}
+
+/// Start-up warnings about settings that work but may surprise: a
+/// WebSocket message limit below what a publish the HTTP API accepts needs,
+/// and a server without tokens.
+fn warn_about_settings(args: &ServeArgs, addr: std::net::SocketAddr, app: &App) {
     let ws_needs = gapless_server::config::ws_message_bytes_for(args.max_event_bytes);
     if args.ws_max_message_bytes < ws_needs {
         tracing::warn!(
@@ -190,7 +239,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "running open: no --jwt-secret or --jwt-public-key, so anyone who can reach {addr} may publish to and read every channel (docs/security.md)"
         );
     }
+}
 
+/// Serves until SIGTERM or Ctrl-C, then ends the streams (waiting at most
+/// 3 s for the connections) and flushes the journal.
+///
+/// # Errors
+/// The server loop ended on its own (it failed), or the final flush failed.
+async fn serve_until_signal(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    journal: Arc<dyn Journal>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let mut server = tokio::spawn(gapless_server::serve(app, listener));
     tokio::select! {
         () = wait_for_signal() => {}
@@ -224,7 +285,7 @@ async fn open_redis(
     args: &ServeArgs,
     retention: Retention,
     channels: Arc<Channels>,
-) -> anyhow::Result<Arc<dyn Journal>> {
+) -> anyhow::Result<gapless_redis::RedisJournal> {
     let r = &args.redis;
     let journal = gapless_redis::RedisJournal::open(
         gapless_redis::RedisOptions {
@@ -255,7 +316,7 @@ async fn open_redis(
             tracing::warn!(error = %e, "Redis is unreachable at start; retrying in the background")
         }
     }
-    Ok(Arc::new(journal))
+    Ok(journal)
 }
 
 /// The token verifier from the `--jwt-*` flags (open when none names a key).

@@ -3,7 +3,10 @@
 //!
 //! [`RedisJournal`] implements the same [`Journal`] trait as the embedded
 //! store, so the hub, the transports and the sessions do not know which one
-//! they use. Every change to a channel is one Lua script (`scripts.rs`): seq
+//! they use. Beside it, [`RedisSessions`] keeps the sessions' attach leases
+//! in the same Redis (the session layer's
+//! [`gapless_core::session::SessionRegistry`], which the binary builds with
+//! the journal and hands to the sessions; `sessions.rs`). Every change to a channel is one Lua script (`scripts.rs`): seq
 //! assignment, the idempotency check, retention, the append and the
 //! notification to the other nodes happen in one atomic step, and a batch is
 //! all or nothing.
@@ -30,6 +33,8 @@ mod notification;
 mod scripts;
 mod sessions;
 mod settings;
+
+pub use sessions::RedisSessions;
 
 use async_trait::async_trait;
 use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
@@ -166,7 +171,6 @@ pub(crate) struct Inner {
     notifications: AtomicU64,
     outcomes: bus::Outcomes,
     durability: settings::Durability,
-    leases: sessions::LeaseScripts,
     /// Closes a consumer of this node that another node took over.
     kick: parking_lot::RwLock<Option<KickFn>>,
     /// Per channel, the fork its epoch began with, when one did (a failover,
@@ -222,7 +226,6 @@ impl RedisJournal {
             notifications: AtomicU64::new(0),
             outcomes: bus::Outcomes::new(),
             durability: settings::Durability::default(),
-            leases: sessions::LeaseScripts::new(),
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
             node: format!("{:016x}", rand::random::<u64>()),
@@ -622,12 +625,6 @@ impl Journal for RedisJournal {
                 tracing::debug!(error = %e, "could not pass an ephemeral event to the other nodes");
             }
         });
-    }
-
-    fn session_registry(&self) -> Option<Arc<dyn gapless_core::session::SessionRegistry>> {
-        Some(Arc::new(sessions::RedisSessions {
-            inner: self.inner.clone(),
-        }))
     }
 
     async fn close(&self) -> Result<(), JournalError> {

@@ -271,15 +271,9 @@ if key ~= '' then
     return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork, own}
   end
 end
--- a session's journal takes nothing after its end marker (types of 25
--- characters `gapless.session.completed` / `.cancelled`; the `gapless.` prefix
--- is reserved, so no publisher can write one)
-if head > 0 and string.sub(ARGV[1], 1, 8) == 'session/' then
-  local v = redis.call('HGET', k, 'e' .. S(head))
-  if v and string.match(v, '^%d+:t25:gapless%.session%.') then
-    return redis.error_reply('gapless: session ' .. ARGV[1] .. ' has ended; it takes no more events')
-  end
-end
+-- what the features over the journal refuse (`RULES`)
+local refused = refuse_append(k, ARGV[1], head)
+if refused then return refused end
 local now = now_ms()
 local time = now
 if last > time then time = last end
@@ -395,27 +389,20 @@ impl Scripts {
     }
 }
 
+/// The rules that features kept beside the journal add to the append
+/// script: Lua defining `refuse_append(k, channel, head)`, which returns an
+/// error reply to refuse the append (nothing is written then), or nil. The
+/// append script calls it after the idempotency check (a retry of an
+/// accepted append still answers its seqs). Today one feature has one:
+/// sessions (`sessions.rs`, [`crate::sessions::APPEND_RULE`]).
+const RULES: &[&str] = &[crate::sessions::APPEND_RULE];
+
 /// The Lua source of the append script (as Redis runs it).
 pub(crate) fn append_source() -> String {
-    format!("{PRELUDE}{APPEND}")
+    format!("{PRELUDE}{}{APPEND}", RULES.concat())
 }
 
 /// The Redis key of `channel`'s hash.
 pub(crate) fn key_of(channel: &str) -> String {
     format!("gapless:{{{channel}}}")
-}
-
-#[cfg(test)]
-mod tests {
-    use gapless_core::session::{CANCELLED, COMPLETED, OPENED};
-
-    #[test]
-    fn the_append_script_knows_the_end_markers_by_their_length() {
-        // APPEND matches `^%d+:t25:gapless%.session%.`: only the two end markers.
-        assert_eq!((COMPLETED.len(), CANCELLED.len()), (25, 25));
-        assert_ne!(OPENED.len(), 25);
-        for m in [COMPLETED, CANCELLED, OPENED] {
-            assert!(m.starts_with("gapless.session."));
-        }
-    }
 }

@@ -1,5 +1,7 @@
-//! Session attach leases in Redis, shared by every node (the
-//! [`SessionRegistry`] of cluster mode).
+//! Sessions in Redis: the attach leases shared by every node (the
+//! [`SessionRegistry`] of cluster mode, [`RedisSessions`], which the binary
+//! builds beside the journal and hands to the session layer), and the rule
+//! sessions add to the append script ([`APPEND_RULE`]).
 //!
 //! Per session two keys, with the hash tag of the session's channel (one
 //! slot): `gapless:{session/<id>}:att` holds the holder (`<node>:<conn>`)
@@ -8,7 +10,7 @@
 //! should it lapse; kept one day). A takeover publishes `kick <holder>` on
 //! the bus; the holder's node closes that consumer with 4409.
 
-use crate::{Inner, BUS_CHANNEL};
+use crate::{Inner, RedisJournal, BUS_CHANNEL};
 use async_trait::async_trait;
 use gapless_core::session::{SessionRegistry, SharedAttach};
 use gapless_core::JournalError;
@@ -57,8 +59,30 @@ if d then return {0, tonumber(d)} end
 return {0, -1}
 "#;
 
+/// The rule sessions add to the append script (`scripts.rs` calls
+/// `refuse_append(k, channel, head)` before it appends: an error reply, or
+/// nil to append). A session's journal takes nothing after its end marker:
+/// the session layer checks the status before it appends, and this makes
+/// an append that raced another node's end fail instead of landing after it
+/// (the session layer turns the error into `SessionError::Ended`). It reads
+/// the event at the head of `session/` channels only, and knows the end
+/// markers by their type of 25 characters, `gapless.session.completed` /
+/// `.cancelled` (the `gapless.` prefix is reserved, so no publisher can
+/// write one).
+pub(crate) const APPEND_RULE: &str = r#"
+local function refuse_append(k, channel, head)
+  if head > 0 and string.sub(channel, 1, 8) == 'session/' then
+    local v = redis.call('HGET', k, 'e' .. S(head))
+    if v and string.match(v, '^%d+:t25:gapless%.session%.') then
+      return redis.error_reply('gapless: session ' .. channel .. ' has ended; it takes no more events')
+    end
+  end
+  return nil
+end
+"#;
+
 /// The scripts, compiled once.
-pub(crate) struct LeaseScripts {
+struct LeaseScripts {
     claim: redis::Script,
     renew: redis::Script,
     release: redis::Script,
@@ -66,7 +90,7 @@ pub(crate) struct LeaseScripts {
 }
 
 impl LeaseScripts {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         LeaseScripts {
             claim: redis::Script::new(&format!("{TIME}{CLAIM}")),
             renew: redis::Script::new(&format!("{TIME}{RENEW}")),
@@ -84,9 +108,22 @@ fn keys(id: &str) -> (String, String) {
     )
 }
 
-/// The registry (see the module doc).
-pub(crate) struct RedisSessions {
-    pub(crate) inner: Arc<Inner>,
+/// The attach leases of sessions in the Redis of a [`RedisJournal`], on its
+/// connection and its bus (see the module doc).
+pub struct RedisSessions {
+    inner: Arc<Inner>,
+    leases: LeaseScripts,
+}
+
+impl RedisSessions {
+    /// The registry in `journal`'s Redis. A takeover's kick reaches this
+    /// node through `journal`'s notification listener.
+    pub fn new(journal: &RedisJournal) -> Self {
+        RedisSessions {
+            inner: journal.inner.clone(),
+            leases: LeaseScripts::new(),
+        }
+    }
 }
 
 #[async_trait]
@@ -99,7 +136,7 @@ impl SessionRegistry for RedisSessions {
         lease_ms: u64,
     ) -> Result<bool, JournalError> {
         let (att, det) = keys(id);
-        let s = &self.inner.leases.claim;
+        let s = &self.leases.claim;
         let n: i64 = self
             .inner
             .conn
@@ -119,7 +156,7 @@ impl SessionRegistry for RedisSessions {
 
     async fn renew(&self, id: &str, holder: &str, lease_ms: u64) -> Result<bool, JournalError> {
         let (att, det) = keys(id);
-        let s = &self.inner.leases.renew;
+        let s = &self.leases.renew;
         let n: i64 = self
             .inner
             .conn
@@ -134,7 +171,7 @@ impl SessionRegistry for RedisSessions {
 
     async fn release(&self, id: &str, holder: &str) -> Result<(), JournalError> {
         let (att, det) = keys(id);
-        let s = &self.inner.leases.release;
+        let s = &self.leases.release;
         let _: i64 = self
             .inner
             .conn
@@ -149,7 +186,7 @@ impl SessionRegistry for RedisSessions {
 
     async fn state(&self, id: &str) -> Result<SharedAttach, JournalError> {
         let (att, det) = keys(id);
-        let s = &self.inner.leases.state;
+        let s = &self.leases.state;
         let (attached, since): (i64, i64) = self
             .inner
             .conn
@@ -167,5 +204,20 @@ impl SessionRegistry for RedisSessions {
 
     fn on_kick(&self, kick: Box<dyn Fn(&str) + Send + Sync>) {
         *self.inner.kick.write() = Some(kick);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gapless_core::session::{CANCELLED, COMPLETED, OPENED};
+
+    #[test]
+    fn the_append_rule_knows_the_end_markers_by_their_length() {
+        // APPEND_RULE matches `^%d+:t25:gapless%.session%.`: only the two end markers.
+        assert_eq!((COMPLETED.len(), CANCELLED.len()), (25, 25));
+        assert_ne!(OPENED.len(), 25);
+        for m in [COMPLETED, CANCELLED, OPENED] {
+            assert!(m.starts_with("gapless.session."));
+        }
     }
 }
