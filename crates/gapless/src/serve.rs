@@ -63,7 +63,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_bytes: args.window_bytes,
         ..WindowLimits::default()
     }));
-    let store = open_store(&args, channels.clone()).await?;
+    // Boxed: the futures of the steps nested in one would be deeper than
+    // the compiler's layout query allows.
+    let store = Box::pin(open_store(&args, channels.clone())).await?;
     let auth = auth(&args)?;
     let config = server_config(&args, cors_origins(&args, &auth)?);
     let listener = bind(args.listen).with_context(|| {
