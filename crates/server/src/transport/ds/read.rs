@@ -143,6 +143,14 @@ pub async fn get(ctx: Ctx) -> Response {
             )
         }
     }
+    if live.is_some() && q.get("offset").is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_offset",
+            "a live read (live=long-poll or live=sse) needs an offset: -1, now, or one this \
+             server returned",
+        );
+    }
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,
@@ -161,7 +169,7 @@ pub async fn get(ctx: Ctx) -> Response {
     if live.as_deref() == Some("sse") {
         let closed_rx = meta.closed_tx.subscribe();
         drop(meta);
-        return sse(ctx, stream, from, client_cursor, closed_rx).await;
+        return sse(ctx, stream, from, st.head, client_cursor, closed_rx).await;
     }
     // offset=now without live: the tail, no data (PROTOCOL.md 8).
     if off == Offset::Now && live.is_none() {
@@ -345,13 +353,21 @@ fn sse_data(meta: &Meta, events: &[Arc<Event>], out: &mut String) {
     out.push_str("event: data\n");
     let body = body_of(meta, events);
     if meta.is_text() {
-        for line in body.split(['\n', '\r']) {
-            out.push_str("data: ");
-            out.push_str(line);
+        // One `data:` line per line of the text, a line ending at CRLF, CR
+        // or LF (as SSE reads them), so no text can end the event or start
+        // another (a lone CR comes back as LF).
+        let mut rest = body.as_str();
+        loop {
+            let end = rest.find(['\n', '\r']);
+            out.push_str("data:");
+            out.push_str(&rest[..end.unwrap_or(rest.len())]);
             out.push('\n');
+            let Some(i) = end else { break };
+            let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+            rest = &rest[i + skip..];
         }
     } else {
-        out.push_str("data: ");
+        out.push_str("data:");
         out.push_str(&base64::engine::general_purpose::STANDARD.encode(body.as_bytes()));
         out.push('\n');
     }
@@ -377,7 +393,7 @@ fn sse_control(
     if closed {
         c.insert("streamClosed".into(), true.into());
     }
-    out.push_str("event: control\ndata: ");
+    out.push_str("event: control\ndata:");
     out.push_str(&serde_json::Value::Object(c).to_string());
     out.push_str("\n\n");
 }
@@ -389,6 +405,7 @@ async fn sse(
     ctx: Ctx,
     stream: Stream,
     from: u64,
+    head: u64,
     client_cursor: Option<String>,
     mut closed_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Response {
@@ -420,6 +437,8 @@ async fn sse(
     let body = async_stream::stream! {
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
         let mut pos = from;
+        // The newest seq known: the head at the request, then as signalled.
+        let mut head = head;
         let mut announced = false;
         let mut cursor = client_cursor;
         loop {
@@ -430,7 +449,8 @@ async fn sse(
             if deleted {
                 break;
             }
-            let caught_up = sub.lag(0) == 0;
+            head = head.max(pos + sub.lag(0));
+            let caught_up = pos >= head;
             if caught_up && (closed || !announced) {
                 let mut out = String::new();
                 let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
@@ -454,7 +474,8 @@ async fn sse(
                     let mut out = String::new();
                     sse_data(&m, &events, &mut out);
                     pos = events.last().map_or(pos, |e| e.seq);
-                    let up = sub.lag(0) == 0;
+                    head = head.max(pos + sub.lag(0));
+                    let up = pos >= head;
                     let closed = m.closed && up;
                     let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
                     cursor = c.clone().or(cursor);

@@ -218,7 +218,8 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         guard.closed_tx.send_replace(true);
     }
     let mut r = empty(StatusCode::CREATED);
-    set(&mut r, "location", &ctx.url_path);
+    let host = ctx.header("host").unwrap_or("localhost");
+    set(&mut r, "location", format!("http://{host}{}", ctx.url_path));
     set(&mut r, "content-type", &guard.content_type);
     set(&mut r, "stream-next-offset", offset(guard.epoch, tail));
     if closed {
