@@ -238,6 +238,15 @@ pub struct ServeArgs {
     /// --header-timeout-ms (slower: 408 and close); 0 = no limit.
     #[arg(long, env = "GAPLESS_MIN_BODY_RATE", default_value_t = 4096)]
     pub min_body_rate: u64,
+    /// The path prefix the Durable Streams protocol is served under
+    /// (docs/durable-streams.md): a stream's URL is PREFIX/PATH; it must
+    /// start with `/`; empty turns the protocol off.
+    #[arg(long, env = "GAPLESS_DS_PREFIX", default_value = "/ds", value_parser = ds_prefix)]
+    pub ds_prefix: String,
+    /// How long a Durable Streams long-poll (`live=long-poll`) waits for data
+    /// before answering 204, in milliseconds; 1 to 600000.
+    #[arg(long, env = "GAPLESS_DS_LONG_POLL_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub ds_long_poll_timeout_ms: u64,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
     /// Keep it at least 6 x --max-event-bytes + 65536, so that a WebSocket
     /// publish takes every event an HTTP publish takes however its data is
@@ -349,4 +358,25 @@ pub struct RedisArgs {
         hide = true
     )]
     pub test_reorder_notifications: u64,
+}
+
+/// `--ds-prefix`: empty, or `/` and then a path without `?`, `#` or a
+/// trailing `/` (one is dropped); `/v1` and what is under it belong to
+/// gapless's own API.
+fn ds_prefix(s: &str) -> Result<String, String> {
+    let p = s.trim().trim_end_matches('/');
+    if s.trim().is_empty() {
+        return Ok(String::new());
+    }
+    if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
+        return Err(format!(
+            "{s:?} is not a path prefix: give one starting with `/` (e.g. /ds), or an empty value to turn Durable Streams off"
+        ));
+    }
+    if p.is_empty() || p == "/v1" || p.starts_with("/v1/") {
+        return Err(format!(
+            "{s:?} would hide gapless's own API (/ and /v1); pick another prefix, e.g. /ds"
+        ));
+    }
+    Ok(p.to_owned())
 }

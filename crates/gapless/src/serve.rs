@@ -215,6 +215,8 @@ fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
         publish_rate: args.publish_rate,
         publish_burst: args.publish_burst,
         min_body_rate: args.min_body_rate,
+        ds_prefix: args.ds_prefix.clone(),
+        ds_long_poll_timeout_ms: args.ds_long_poll_timeout_ms,
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
         max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),

@@ -94,6 +94,13 @@ pub struct ServerConfig {
     /// `on_thread_park`): the binary hands the thread's allocator cache back
     /// there (`crates/gapless/src/alloc.rs`). Not a flag. Default none.
     pub on_thread_idle: Option<fn()>,
+    /// The path prefix the Durable Streams protocol is served under
+    /// (`transport/ds`, docs/durable-streams.md): a stream's URL is the
+    /// prefix, `/`, then its path. Empty turns the protocol off. Default `/ds`.
+    pub ds_prefix: String,
+    /// How long a Durable Streams long-poll (`live=long-poll`) waits for
+    /// data before answering 204, in milliseconds. Default 30000.
+    pub ds_long_poll_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -121,6 +128,8 @@ impl Default for ServerConfig {
             console: false,
             fanout_threads: 0,
             on_thread_idle: None,
+            ds_prefix: "/ds".to_owned(),
+            ds_long_poll_timeout_ms: 30_000,
         }
     }
 }

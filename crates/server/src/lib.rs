@@ -77,6 +77,7 @@ pub fn router(app: Arc<App>) -> Router {
     let (v1, doc) = api(app.config.console).split_for_parts();
     let doc = admin::openapi::Document::new(doc, &app, transport::sse::is_sse_path);
     let cors = cors(&app.config.cors_origins);
+    let ds = transport::ds::state(app.clone());
     let router = v1
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -86,10 +87,16 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(axum::middleware::from_fn(transport::sse::busy::busy))
         .with_state(app);
-    match cors {
+    let router = match cors {
         Some(layer) => router.layer(layer),
         None => router,
-    }
+    };
+    // Durable Streams, outermost: its paths (under --ds-prefix) carry their
+    // own CORS, and everything else passes through.
+    router.layer(axum::middleware::from_fn_with_state(
+        ds,
+        transport::ds::intercept,
+    ))
 }
 
 /// The CORS layer for `--cors-origin` (see [`ServerConfig::cors_origins`]):

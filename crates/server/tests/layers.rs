@@ -33,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 ];
 
 /// The transport rooms: one per wire protocol; none imports another.
-const ROOMS: [&str; 3] = ["sse", "ws", "http"];
+const ROOMS: [&str; 4] = ["sse", "ws", "http", "ds"];
 
 /// What a part may take from `lib.rs`: the state every handler shares.
 const TOP_SHARED: [&str; 3] = ["App", "Peer", "ServerConfig"];

@@ -1,7 +1,8 @@
 //! One room per wire protocol, each adapting its wire to the same
 //! operations (`ops`): [`sse`] (Server-Sent Events), [`ws`] (WebSocket,
 //! subprotocol `gapless.v1`) and [`http`] (publish, history and sessions
-//! over plain HTTP). Each room has its encoder, its handlers and a
+//! over plain HTTP) and [`ds`] (the open Durable Streams protocol, under
+//! `--ds-prefix`). Each room has its encoder, its handlers and a
 //! `routes()` that `lib.rs` merges; the SSE room also owns the one
 //! predicate that recognises its paths ([`sse::is_sse_path`]).
 //!
@@ -10,6 +11,7 @@
 //! imports no room. A new wire protocol is a new room; a new rule of the
 //! product goes to `ops` or the hub, never here.
 
+pub mod ds;
 pub mod http;
 pub mod query;
 pub mod sse;

@@ -1,0 +1,234 @@
+//! The Durable Streams room: the open Durable Streams protocol
+//! (<https://github.com/durable-streams/durable-streams>, PROTOCOL.md) served
+//! under `--ds-prefix` (default `/ds`), over the same hub and journal as
+//! channels. A stream is a gapless channel ([`names::channel_of`]); its
+//! offsets are journal positions ([`names::offset`]); its metadata lives in
+//! [`streams`]. docs/durable-streams.md gives the whole mapping and what is
+//! not implemented yet.
+//!
+//! The protocol's paths are free-form under the prefix and the prefix is a
+//! setting, so this room is not a set of OpenAPI routes: [`intercept`] is a
+//! layer of the router that takes every request under the prefix (its own
+//! CORS included) and passes everything else on. The protocol text is its
+//! specification; the gapless OpenAPI document does not list it.
+//!
+//! Authorization is gapless's own ([`Access`]): reads need `subscribe`,
+//! creation, appends, close and delete need `publish`, on the mapped channel.
+
+// The room's helpers return a refusal as the finished answer (`Response`,
+// 128 bytes): once per request, never in a loop, so the size is no cost.
+#![allow(clippy::result_large_err)]
+
+pub mod names;
+pub mod read;
+pub mod streams;
+pub mod write;
+
+use crate::auth::{Access, Action};
+use crate::error::ApiError;
+use crate::App;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// The room's shared state: the streams' metadata.
+#[derive(Default)]
+pub struct Ds {
+    /// Every stream, by channel.
+    pub streams: streams::Streams,
+}
+
+/// The state [`intercept`] runs with.
+pub type DsState = (Arc<App>, Arc<Ds>);
+
+/// The state of the layer [`intercept`] for `app`.
+pub fn state(app: Arc<App>) -> DsState {
+    (app, Arc::new(Ds::default()))
+}
+
+/// The router layer: a request whose path is under `--ds-prefix` (the
+/// prefix, then `/`) is answered by this room; anything else goes on.
+pub async fn intercept(State((app, ds)): State<DsState>, req: Request, next: Next) -> Response {
+    let prefix = app.config.ds_prefix.trim_end_matches('/');
+    if app.config.ds_prefix.is_empty() {
+        return next.run(req).await;
+    }
+    let rest = req
+        .uri()
+        .path()
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('/'))
+        .map(str::to_owned);
+    let Some(rest) = rest else {
+        return next.run(req).await;
+    };
+    let mut resp = handle(&app, &ds, req, &rest).await;
+    common_headers(resp.headers_mut());
+    resp
+}
+
+/// Headers on every answer of the room (PROTOCOL.md 12.7, and CORS for
+/// browser clients: `*`, never with credentials).
+fn common_headers(h: &mut HeaderMap) {
+    let set = |h: &mut HeaderMap, k: &'static str, v: &'static str| {
+        h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+    };
+    set(h, "access-control-allow-origin", "*");
+    set(
+        h,
+        "access-control-expose-headers",
+        "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, \
+         Stream-Expires-At, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, \
+         Producer-Received-Seq, Stream-SSE-Data-Encoding, ETag, Content-Type, Location",
+    );
+    set(h, "x-content-type-options", "nosniff");
+    set(h, "cross-origin-resource-policy", "cross-origin");
+}
+
+async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Response {
+    if req.method() == Method::OPTIONS {
+        return preflight();
+    }
+    if rest == "__ds" || rest.starts_with("__ds/") {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            "the reserved subscription APIs (__ds/) are not implemented by this server yet",
+        );
+    }
+    let channel = match names::channel_of(rest) {
+        Ok(c) => c,
+        Err(names::BadPath(m)) => return error(StatusCode::BAD_REQUEST, "invalid_stream_path", m),
+    };
+    let (mut parts, body) = req.into_parts();
+    let grant = match Access::from_request_parts(&mut parts, app).await {
+        Ok(Access(g)) => g,
+        Err(e) => return e.into_response(),
+    };
+    let action = match parts.method {
+        Method::GET | Method::HEAD => Action::Subscribe,
+        _ => Action::Publish,
+    };
+    if let Err(e) = grant.require(action, &channel) {
+        return e.into_response();
+    }
+    let peer = parts.extensions.get::<crate::Peer>().map(|p| p.0.ip());
+    let ctx = Ctx {
+        app: app.clone(),
+        ds: ds.clone(),
+        channel,
+        url_path: parts.uri.path().to_owned(),
+        headers: parts.headers,
+        query: parts.uri.query().map(str::to_owned),
+        grant,
+        peer,
+    };
+    match parts.method {
+        Method::PUT => write::create(ctx, body).await,
+        Method::POST => write::append(ctx, body).await,
+        Method::DELETE => write::delete(ctx).await,
+        Method::HEAD => read::head(ctx).await,
+        Method::GET => read::get(ctx).await,
+        m => {
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!(
+                    "{m} is not a Durable Streams operation; use PUT, POST, GET, HEAD or DELETE"
+                ),
+            );
+            r.headers_mut().insert(
+                axum::http::header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE, OPTIONS"),
+            );
+            r
+        }
+    }
+}
+
+/// What a handler needs of its request.
+pub struct Ctx {
+    /// The shared state.
+    pub app: Arc<App>,
+    /// The room's state.
+    pub ds: Arc<Ds>,
+    /// The channel the stream path maps to.
+    pub channel: String,
+    /// The request path (for `Location`).
+    pub url_path: String,
+    /// The request headers.
+    pub headers: HeaderMap,
+    /// The raw query string.
+    pub query: Option<String>,
+    /// The caller's grant (already checked for the operation).
+    pub grant: Arc<crate::auth::Grant>,
+    /// The client's address (the key of per-IP limits).
+    pub peer: Option<std::net::IpAddr>,
+}
+
+impl Ctx {
+    /// A request header as text (`None` when absent or not visible ASCII).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Whether `Stream-Closed: true` (case-insensitive) was sent; any other
+    /// value counts as absent (PROTOCOL.md 4.1).
+    pub fn closes(&self) -> bool {
+        self.header("stream-closed")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+}
+
+/// The answer to a CORS preflight.
+fn preflight() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static(
+            "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, \
+             Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, \
+             Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset",
+        ),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("600"));
+    r
+}
+
+/// A refusal of this room: `status`, and a JSON body
+/// `{"error": code, "message": message}` (the codes are the room's own,
+/// listed in docs/durable-streams.md).
+pub fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": code, "message": message.into() });
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// A gapless refusal (auth, limits, the journal) as this room answers it.
+pub fn api_error(e: ApiError) -> Response {
+    e.into_response()
+}
+
+/// Sets header `name` to `value` (skipped when `value` is not a valid header value).
+pub fn set(r: &mut Response, name: &'static str, value: impl AsRef<str>) {
+    if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
+        r.headers_mut().insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// An empty answer with `status`.
+pub fn empty(status: StatusCode) -> Response {
+    (status, Body::empty()).into_response()
+}

@@ -1,0 +1,502 @@
+//! Reads: `HEAD` (metadata), `GET` catch-up (with ETag and 304), long-poll
+//! (`live=long-poll`) and SSE (`live=sse`) (PROTOCOL.md 5.5 to 5.8).
+
+use super::names::{live_cursor, offset, parse_offset, Offset};
+use super::streams::{Meta, Stream};
+use super::write::lookup;
+use super::{api_error, empty, error, set, Ctx};
+use crate::transport::query::Query;
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::Response;
+use base64::Engine;
+use bytes::Bytes;
+use gapless_core::journal::now_ms;
+use gapless_core::subscription::{Item, Start};
+use gapless_core::ChannelState;
+use gapless_protocol::Event;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most events in one catch-up answer (and about [`READ_BYTES`] of data);
+/// a longer range is read in several requests.
+pub const READ_EVENTS: usize = 1000;
+/// About the most data in one catch-up answer, in bytes (always at least one event).
+pub const READ_BYTES: usize = 4 << 20;
+/// How long one SSE response lasts before the server ends it, so the
+/// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2).
+pub const SSE_LIFETIME: Duration = Duration::from_secs(60);
+
+/// `HEAD {stream}`: the stream's metadata, never cached.
+pub async fn head(ctx: Ctx) -> Response {
+    let stream = match lookup(&ctx).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let meta = stream.lock().await;
+    let st = match ctx.app.hub.state(&ctx.channel).await {
+        Ok(s) => s,
+        Err(e) => return api_error(e.into()),
+    };
+    let mut r = empty(StatusCode::OK);
+    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "stream-next-offset", offset(meta.epoch, st.head));
+    set(&mut r, "cache-control", "no-store");
+    if let Some(t) = meta.ttl_s {
+        set(&mut r, "stream-ttl", t.to_string());
+    }
+    if let Some((e, _)) = &meta.expires_at {
+        set(&mut r, "stream-expires-at", e);
+    }
+    if meta.closed {
+        set(&mut r, "stream-closed", "true");
+    }
+    r
+}
+
+/// The read position an offset names on this stream: the seq after which
+/// to read.
+fn resolve(meta: &Meta, st: ChannelState, off: Offset) -> Result<u64, Response> {
+    let gone = |m: &str| error(StatusCode::GONE, "offset_gone", m.to_owned());
+    match off {
+        // The stream's start, or the oldest retained event when retention
+        // has passed it.
+        Offset::Start => Ok(meta.base.max(st.floor.saturating_sub(1))),
+        Offset::Now => Ok(st.head),
+        Offset::At { epoch, seq } => {
+            if epoch != meta.epoch || epoch != st.epoch {
+                return Err(gone(
+                    "the offset is of another journal epoch: the history it names is lost; \
+                     read again from -1",
+                ));
+            }
+            if seq > st.head {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_offset",
+                    "the offset is beyond the stream's tail",
+                ));
+            }
+            if seq < meta.base {
+                return Err(gone(
+                    "the offset is of a deleted stream that was at this path before",
+                ));
+            }
+            if seq + 1 < st.floor {
+                return Err(gone(
+                    "retention has evicted the data after this offset; read again from -1",
+                ));
+            }
+            Ok(seq)
+        }
+    }
+}
+
+/// The body of `events` for a stream of `meta`'s type: JSON mode, an array
+/// of the messages; any other type, their bytes one after another.
+fn body_of(meta: &Meta, events: &[Arc<Event>]) -> String {
+    if meta.is_json() {
+        let mut s = String::from("[");
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&e.data);
+        }
+        s.push(']');
+        s
+    } else {
+        events.iter().map(|e| e.data.as_str()).collect()
+    }
+}
+
+fn cache_control(ctx: &Ctx) -> &'static str {
+    if ctx.app.auth.is_open() {
+        "public, max-age=60, stale-while-revalidate=300"
+    } else {
+        "private, max-age=60, stale-while-revalidate=300"
+    }
+}
+
+/// `GET {stream}?offset=…[&live=long-poll|sse][&cursor=…]`.
+pub async fn get(ctx: Ctx) -> Response {
+    let q = Query::parse(ctx.query.as_deref());
+    let live = q.get("live").map(str::to_owned);
+    let off = match parse_offset(q.get("offset")) {
+        Ok(o) => o,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_offset", m),
+    };
+    if q.get("offset") == Some("") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_offset",
+            "offset is empty: give -1, now, or an offset this server returned",
+        );
+    }
+    match live.as_deref() {
+        None | Some("long-poll") | Some("sse") => {}
+        Some(v) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_live",
+                format!("live={v:?} is not a live mode: use long-poll or sse"),
+            )
+        }
+    }
+    if live.is_some() && q.get("offset").is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_offset",
+            "a live read (live=long-poll or live=sse) needs an offset: -1, now, or one this \
+             server returned",
+        );
+    }
+    let stream = match lookup(&ctx).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let mut meta = stream.clone().lock_owned().await;
+    meta.touch(now_ms());
+    let st = match ctx.app.hub.state(&ctx.channel).await {
+        Ok(s) => s,
+        Err(e) => return api_error(e.into()),
+    };
+    let from = match resolve(&meta, st, off) {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let client_cursor = q.get("cursor").map(str::to_owned);
+    if live.as_deref() == Some("sse") {
+        let closed_rx = meta.closed_tx.subscribe();
+        drop(meta);
+        return sse(ctx, stream, from, st.head, client_cursor, closed_rx).await;
+    }
+    // offset=now without live: the tail, no data (PROTOCOL.md 8).
+    if off == Offset::Now && live.is_none() {
+        let mut r = Response::new(Body::from(if meta.is_json() { "[]" } else { "" }));
+        set(&mut r, "content-type", &meta.content_type);
+        set(&mut r, "stream-next-offset", offset(meta.epoch, st.head));
+        set(&mut r, "stream-up-to-date", "true");
+        set(&mut r, "cache-control", "no-store");
+        if meta.closed {
+            set(&mut r, "stream-closed", "true");
+        }
+        return r;
+    }
+    let page = match ctx
+        .app
+        .hub
+        .read(&ctx.channel, from, READ_EVENTS, READ_BYTES)
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => return api_error(e.into()),
+    };
+    let long_poll = live.as_deref() == Some("long-poll");
+    if page.events.is_empty() && long_poll {
+        if meta.closed {
+            return long_poll_end(&meta, from, true, None);
+        }
+        let mut closed_rx = meta.closed_tx.subscribe();
+        drop(meta);
+        let waited = wait(&ctx, st.epoch, from, &mut closed_rx).await;
+        let meta = stream.lock().await;
+        return match waited {
+            Ok(Some(events)) => {
+                data_answer(&ctx, &meta, from, &events, true, client_cursor.as_deref())
+            }
+            Ok(None) if meta.deleted => error(
+                StatusCode::NOT_FOUND,
+                "stream_not_found",
+                "the stream was deleted",
+            ),
+            Ok(None) => long_poll_end(&meta, from, meta.closed, client_cursor.as_deref()),
+            Err(r) => r,
+        };
+    }
+    let head = page.state.head;
+    let next = page.events.last().map_or(from, |e| e.seq);
+    let up_to_date = next >= head;
+    let etag = format!(
+        "\"{}-{}:{}:{}{}\"",
+        meta.epoch,
+        meta.base,
+        from,
+        next,
+        if meta.closed && up_to_date { ":c" } else { "" }
+    );
+    if !long_poll {
+        if let Some(inm) = ctx.header("if-none-match") {
+            if inm.split(',').any(|t| t.trim() == etag || t.trim() == "*") {
+                let mut r = empty(StatusCode::NOT_MODIFIED);
+                set(&mut r, "etag", &etag);
+                set(&mut r, "stream-next-offset", offset(meta.epoch, next));
+                return r;
+            }
+        }
+    }
+    let mut r = data_answer(
+        &ctx,
+        &meta,
+        from,
+        &page.events,
+        long_poll,
+        client_cursor.as_deref(),
+    );
+    if !up_to_date {
+        r.headers_mut().remove("stream-up-to-date");
+        r.headers_mut().remove("stream-closed");
+    }
+    set(&mut r, "etag", &etag);
+    r
+}
+
+/// A 200 with `events` (after `from`): the body, `Stream-Next-Offset` at the
+/// last of them, `Stream-Up-To-Date` (removed by the caller when more
+/// remains), `Stream-Closed` when closed, and for a live read the cursor.
+fn data_answer(
+    ctx: &Ctx,
+    meta: &Meta,
+    from: u64,
+    events: &[Arc<Event>],
+    live: bool,
+    client_cursor: Option<&str>,
+) -> Response {
+    let next = events.last().map_or(from, |e| e.seq);
+    let mut r = Response::new(Body::from(body_of(meta, events)));
+    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "stream-next-offset", offset(meta.epoch, next));
+    set(&mut r, "stream-up-to-date", "true");
+    set(&mut r, "cache-control", cache_control(ctx));
+    if meta.closed {
+        set(&mut r, "stream-closed", "true");
+    }
+    if live && !meta.closed {
+        set(
+            &mut r,
+            "stream-cursor",
+            live_cursor(now_ms(), client_cursor),
+        );
+    }
+    r
+}
+
+/// A long-poll's 204: nothing after `from` (yet, or ever when `closed`).
+fn long_poll_end(meta: &Meta, from: u64, closed: bool, client_cursor: Option<&str>) -> Response {
+    let mut r = empty(StatusCode::NO_CONTENT);
+    set(&mut r, "stream-next-offset", offset(meta.epoch, from));
+    set(&mut r, "stream-up-to-date", "true");
+    set(&mut r, "cache-control", "no-store");
+    if closed {
+        set(&mut r, "stream-closed", "true");
+    } else {
+        set(
+            &mut r,
+            "stream-cursor",
+            live_cursor(now_ms(), client_cursor),
+        );
+    }
+    r
+}
+
+/// Waits up to `--ds-long-poll-timeout-ms` for events after `from`:
+/// `Some(events)`, or `None` at the timeout, on closure or deletion, or at
+/// shutdown.
+async fn wait(
+    ctx: &Ctx,
+    epoch: gapless_protocol::Epoch,
+    from: u64,
+    closed_rx: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<Vec<Arc<Event>>>, Response> {
+    let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut sub, gaps) = ctx
+        .app
+        .hub
+        .subscribe(
+            vec![(ctx.channel.clone(), Start::After { epoch, seq: from })],
+            ctx.app.config.read_batch,
+        )
+        .await
+        .map_err(|e| api_error(e.into()))?;
+    if !gaps.is_empty() {
+        return Err(error(
+            StatusCode::GONE,
+            "offset_gone",
+            "the data after this offset is no longer retained; read again from -1",
+        ));
+    }
+    loop {
+        tokio::select! {
+            item = sub.next() => match item {
+                Ok(Item::Events { events, .. }) => return Ok(Some(events)),
+                Ok(Item::Gap(_)) => {
+                    return Err(error(
+                        StatusCode::GONE,
+                        "offset_gone",
+                        "the data after this offset is no longer retained; read again from -1",
+                    ))
+                }
+                Ok(Item::Ephemeral(_)) => continue,
+                Err(e) => return Err(api_error(e.into())),
+            },
+            _ = closed_rx.changed() => return Ok(None),
+            _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            _ = ctx.app.shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// One SSE `data` event: text as is (each line its own `data:` line), or
+/// base64 for a binary stream.
+fn sse_data(meta: &Meta, events: &[Arc<Event>], out: &mut String) {
+    out.push_str("event: data\n");
+    let body = body_of(meta, events);
+    if meta.is_text() {
+        // One `data:` line per line of the text, a line ending at CRLF, CR
+        // or LF (as SSE reads them), so no text can end the event or start
+        // another (a lone CR comes back as LF).
+        let mut rest = body.as_str();
+        loop {
+            let end = rest.find(['\n', '\r']);
+            out.push_str("data:");
+            out.push_str(&rest[..end.unwrap_or(rest.len())]);
+            out.push('\n');
+            let Some(i) = end else { break };
+            let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+            rest = &rest[i + skip..];
+        }
+    } else {
+        out.push_str("data:");
+        out.push_str(&base64::engine::general_purpose::STANDARD.encode(body.as_bytes()));
+        out.push('\n');
+    }
+    out.push('\n');
+}
+
+/// One SSE `control` event.
+fn sse_control(
+    out: &mut String,
+    next: &str,
+    cursor: Option<String>,
+    up_to_date: bool,
+    closed: bool,
+) {
+    let mut c = serde_json::Map::new();
+    c.insert("streamNextOffset".into(), next.into());
+    if let Some(cur) = cursor {
+        c.insert("streamCursor".into(), cur.into());
+    }
+    if up_to_date {
+        c.insert("upToDate".into(), true.into());
+    }
+    if closed {
+        c.insert("streamClosed".into(), true.into());
+    }
+    out.push_str("event: control\ndata:");
+    out.push_str(&serde_json::Value::Object(c).to_string());
+    out.push_str("\n\n");
+}
+
+/// `live=sse`: the events after `from`, each batch a `data` event followed
+/// by a `control` event, then live; ends at closure (after a control event
+/// with `streamClosed`), deletion, shutdown or [`SSE_LIFETIME`].
+async fn sse(
+    ctx: Ctx,
+    stream: Stream,
+    from: u64,
+    head: u64,
+    client_cursor: Option<String>,
+    mut closed_rx: tokio::sync::watch::Receiver<bool>,
+) -> Response {
+    let (content_type, epoch, text) = {
+        let m = stream.lock().await;
+        (m.content_type.clone(), m.epoch, m.is_text())
+    };
+    let _ = content_type;
+    let (mut sub, gaps) = match ctx
+        .app
+        .hub
+        .subscribe(
+            vec![(ctx.channel.clone(), Start::After { epoch, seq: from })],
+            ctx.app.config.read_batch,
+        )
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return api_error(e.into()),
+    };
+    if !gaps.is_empty() {
+        return error(
+            StatusCode::GONE,
+            "offset_gone",
+            "the data after this offset is no longer retained; read again from -1",
+        );
+    }
+    let shutdown = ctx.app.shutdown.clone();
+    let body = async_stream::stream! {
+        let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
+        let mut pos = from;
+        // The newest seq known: the head at the request, then as signalled.
+        let mut head = head;
+        let mut announced = false;
+        let mut cursor = client_cursor;
+        loop {
+            let (closed, deleted) = {
+                let m = stream.lock().await;
+                (m.closed, m.deleted)
+            };
+            if deleted {
+                break;
+            }
+            head = head.max(pos + sub.lag(0));
+            let caught_up = pos >= head;
+            if caught_up && (closed || !announced) {
+                let mut out = String::new();
+                let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
+                cursor = c.clone().or(cursor);
+                sse_control(&mut out, &offset(epoch, pos), c, true, closed);
+                announced = true;
+                yield Ok::<Bytes, std::convert::Infallible>(Bytes::from(out));
+                if closed {
+                    break;
+                }
+            }
+            let item = tokio::select! {
+                item = sub.next() => item,
+                _ = closed_rx.changed() => continue,
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = shutdown.cancelled() => break,
+            };
+            match item {
+                Ok(Item::Events { events, .. }) => {
+                    let m = stream.lock().await;
+                    let mut out = String::new();
+                    sse_data(&m, &events, &mut out);
+                    pos = events.last().map_or(pos, |e| e.seq);
+                    head = head.max(pos + sub.lag(0));
+                    let up = pos >= head;
+                    let closed = m.closed && up;
+                    let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
+                    cursor = c.clone().or(cursor);
+                    sse_control(&mut out, &offset(epoch, pos), c, up, closed);
+                    announced = up;
+                    yield Ok(Bytes::from(out));
+                    if closed {
+                        break;
+                    }
+                }
+                Ok(Item::Gap(_)) | Err(_) => break,
+                Ok(Item::Ephemeral(_)) => {}
+            }
+        }
+    };
+    let mut r = Response::new(Body::from_stream(body));
+    set(&mut r, "content-type", "text/event-stream");
+    set(&mut r, "cache-control", "no-cache");
+    set(&mut r, "x-accel-buffering", "no");
+    if !text {
+        set(&mut r, "stream-sse-data-encoding", "base64");
+    }
+    r
+}

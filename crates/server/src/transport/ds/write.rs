@@ -1,0 +1,477 @@
+//! Writes: `PUT` (create), `POST` (append, close, idempotent producers,
+//! `Stream-Seq`) and `DELETE` (PROTOCOL.md 5.1 to 5.4).
+
+use super::names::offset;
+use super::streams::{self, media_type, Meta, Stream};
+use super::{api_error, empty, error, set, Ctx};
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::Response;
+use gapless_core::journal::now_ms;
+use gapless_protocol::NewEvent;
+use std::sync::Arc;
+
+/// The largest JavaScript-safe integer, the bound of producer epochs and seqs.
+const MAX_SAFE: u64 = (1 << 53) - 1;
+
+/// The stream on the context's channel, unless it is absent or expired
+/// (an expired one is forgotten here).
+pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
+    let not_found = || {
+        error(
+            StatusCode::NOT_FOUND,
+            "stream_not_found",
+            format!("no stream at {}", ctx.url_path),
+        )
+    };
+    let s = ctx.ds.streams.get(&ctx.channel).ok_or_else(not_found)?;
+    let expired = s.lock().await.expired(now_ms());
+    if expired {
+        ctx.ds.streams.remove(&ctx.channel, &s);
+        return Err(not_found());
+    }
+    Ok(s)
+}
+
+/// Reads the request body, at most `--max-batch-bytes`.
+async fn body_bytes(ctx: &Ctx, body: Body) -> Result<bytes::Bytes, Response> {
+    let max = ctx.app.config.max_batch_bytes;
+    axum::body::to_bytes(body, max).await.map_err(|_| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body is larger than {max} bytes (--max-batch-bytes)"),
+        )
+    })
+}
+
+/// The messages of a body for a stream of `meta`'s type: JSON mode splits
+/// an array into its elements; any other type is one message of the whole
+/// body. The journal carries UTF-8 text only, for now: other bytes are
+/// refused with 415 (docs/durable-streams.md, "Binary").
+fn messages(meta: &Meta, body: &[u8]) -> Result<Vec<String>, Response> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "binary_unsupported",
+            format!(
+                "the body is not UTF-8 (invalid at byte {}): this server stores text only, for \
+                 now; binary payloads are not supported yet",
+                e.valid_up_to()
+            ),
+        )
+    })?;
+    if meta.is_json() {
+        streams::json_messages(text).map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_json", m))
+    } else {
+        Ok(vec![text.to_owned()])
+    }
+}
+
+/// Appends `msgs` to the channel as one batch (the publish limits apply);
+/// returns the new tail seq.
+async fn publish(ctx: &Ctx, msgs: Vec<String>) -> Result<u64, Response> {
+    let events = msgs
+        .into_iter()
+        .map(|data| NewEvent {
+            event_type: None,
+            data,
+        })
+        .collect();
+    crate::ops::publish::batch(&ctx.app, &ctx.grant, ctx.peer, &ctx.channel, events, None)
+        .await
+        .map(|a| a.last_seq)
+        .map_err(api_error)
+}
+
+/// The channel's head now.
+async fn head(ctx: &Ctx) -> Result<u64, Response> {
+    ctx.app
+        .hub
+        .state(&ctx.channel)
+        .await
+        .map(|s| s.head)
+        .map_err(|e| api_error(e.into()))
+}
+
+/// `PUT {stream}`: creates the stream, or answers 200 when it exists with
+/// the same content type, TTL or expiry and closure (409 otherwise).
+pub async fn create(ctx: Ctx, body: Body) -> Response {
+    if ctx.header("stream-forked-from").is_some() {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            "forks (Stream-Forked-From) are not implemented by this server yet",
+        );
+    }
+    let content_type = ctx
+        .header("content-type")
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "application/octet-stream".to_owned());
+    let ttl = match ctx.header("stream-ttl").map(streams::parse_ttl).transpose() {
+        Ok(t) => t,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_ttl", m),
+    };
+    let expires_at = match ctx.header("stream-expires-at") {
+        None => None,
+        Some(v) => match streams::parse_rfc3339(v.trim()) {
+            Ok(ms) => Some((v.trim().to_owned(), ms)),
+            Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_expires_at", m),
+        },
+    };
+    if ttl.is_some() && expires_at.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "give Stream-TTL or Stream-Expires-At, not both",
+        );
+    }
+    let closed = ctx.closes();
+    let body = match body_bytes(&ctx, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let now = now_ms();
+    let st = match ctx.app.hub.state(&ctx.channel).await {
+        Ok(s) => s,
+        Err(e) => return api_error(e.into()),
+    };
+    let (closed_tx, _) = tokio::sync::watch::channel(false);
+    let mut meta = Meta {
+        content_type,
+        ttl_s: ttl,
+        expires_at,
+        deadline_ms: None,
+        epoch: st.epoch,
+        base: st.head,
+        closed: false,
+        closed_by: None,
+        deleted: false,
+        last_stream_seq: None,
+        producers: Default::default(),
+        closed_tx,
+    };
+    meta.touch(now);
+    let msgs = if body.is_empty() {
+        Vec::new()
+    } else {
+        match messages(&meta, &body) {
+            Ok(m) => m,
+            Err(r) => return r,
+        }
+    };
+    let stream: Stream = Arc::new(tokio::sync::Mutex::new(meta));
+    let mut guard = stream.clone().lock_owned().await;
+    loop {
+        match ctx.ds.streams.insert(&ctx.channel, stream.clone()) {
+            Ok(()) => break,
+            Err(existing) => {
+                let old = existing.lock().await;
+                if old.expired(now) {
+                    drop(old);
+                    ctx.ds.streams.remove(&ctx.channel, &existing);
+                    continue;
+                }
+                let same = media_type(&old.content_type) == media_type(&guard.content_type)
+                    && old.ttl_s == guard.ttl_s
+                    && old.expires_at.as_ref().map(|e| e.1)
+                        == guard.expires_at.as_ref().map(|e| e.1)
+                    && old.closed == closed;
+                if !same {
+                    return error(
+                        StatusCode::CONFLICT,
+                        "stream_exists",
+                        format!(
+                            "a stream exists at {} with another content type, TTL, expiry or \
+                             closure",
+                            ctx.url_path
+                        ),
+                    );
+                }
+                let tail = match head(&ctx).await {
+                    Ok(h) => h,
+                    Err(r) => return r,
+                };
+                let mut r = empty(StatusCode::OK);
+                set(&mut r, "content-type", &old.content_type);
+                set(&mut r, "stream-next-offset", offset(old.epoch, tail));
+                if old.closed {
+                    set(&mut r, "stream-closed", "true");
+                }
+                return r;
+            }
+        }
+    }
+    let mut tail = guard.base;
+    if !msgs.is_empty() {
+        match publish(&ctx, msgs).await {
+            Ok(t) => tail = t,
+            Err(r) => {
+                ctx.ds.streams.remove(&ctx.channel, &stream);
+                return r;
+            }
+        }
+    }
+    if closed {
+        guard.closed = true;
+        guard.closed_tx.send_replace(true);
+    }
+    let mut r = empty(StatusCode::CREATED);
+    let host = ctx.header("host").unwrap_or("localhost");
+    set(&mut r, "location", format!("http://{host}{}", ctx.url_path));
+    set(&mut r, "content-type", &guard.content_type);
+    set(&mut r, "stream-next-offset", offset(guard.epoch, tail));
+    if closed {
+        set(&mut r, "stream-closed", "true");
+    }
+    r
+}
+
+/// The producer headers of an append, all three or none.
+struct Producer {
+    id: String,
+    epoch: u64,
+    seq: u64,
+}
+
+fn producer(ctx: &Ctx) -> Result<Option<Producer>, Response> {
+    let id = ctx.headers.get("producer-id");
+    let epoch = ctx.header("producer-epoch");
+    let seq = ctx.header("producer-seq");
+    if id.is_none() && epoch.is_none() && seq.is_none() {
+        return Ok(None);
+    }
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, "invalid_producer", m);
+    let (Some(id), Some(epoch), Some(seq)) = (id, epoch, seq) else {
+        return Err(bad(
+            "Producer-Id, Producer-Epoch and Producer-Seq go together: give all three or none"
+                .into(),
+        ));
+    };
+    let id = id
+        .to_str()
+        .map_err(|_| bad("Producer-Id must be visible ASCII".into()))?;
+    if id.trim().is_empty() {
+        return Err(bad("Producer-Id is empty".into()));
+    }
+    let int = |name: &str, v: &str| -> Result<u64, Response> {
+        let v = v.trim();
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(format!("{name} {v:?} must be a non-negative integer")));
+        }
+        match v.parse::<u64>() {
+            Ok(n) if n <= MAX_SAFE => Ok(n),
+            _ => Err(bad(format!("{name} {v:?} is above 2^53-1"))),
+        }
+    };
+    Ok(Some(Producer {
+        id: id.to_owned(),
+        epoch: int("Producer-Epoch", epoch)?,
+        seq: int("Producer-Seq", seq)?,
+    }))
+}
+
+/// `POST {stream}`: appends the body (JSON mode: one message per element of
+/// an array), closes with `Stream-Closed: true`, deduplicates idempotent
+/// producers' retries and refuses `Stream-Seq` regressions.
+pub async fn append(ctx: Ctx, body: Body) -> Response {
+    let stream = match lookup(&ctx).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let close = ctx.closes();
+    let prod = match producer(&ctx) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let stream_seq = ctx.header("stream-seq").map(str::to_owned);
+    let body = match body_bytes(&ctx, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if body.is_empty() && !close {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "empty_body",
+            "an append needs a body (only a close, Stream-Closed: true, may be empty)",
+        );
+    }
+    let mut meta = stream.lock().await;
+    let now = now_ms();
+    let tail = match head(&ctx).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let prod_headers = |r: &mut Response, p: &Producer, seq: u64| {
+        set(r, "producer-epoch", p.epoch.to_string());
+        set(r, "producer-seq", seq.to_string());
+    };
+    // 1. A closed stream takes nothing more (a retry of the closing append
+    //    and a repeated close-only succeed).
+    if meta.closed {
+        let retry = prod
+            .as_ref()
+            .is_some_and(|p| meta.closed_by.as_ref() == Some(&(p.id.clone(), p.epoch, p.seq)));
+        if retry || (body.is_empty() && close) {
+            let mut r = empty(StatusCode::NO_CONTENT);
+            set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+            set(&mut r, "stream-closed", "true");
+            if let (true, Some(p)) = (retry, &prod) {
+                prod_headers(&mut r, p, p.seq);
+            }
+            return r;
+        }
+        let mut r = error(
+            StatusCode::CONFLICT,
+            "stream_closed",
+            "the stream is closed; it takes no more appends",
+        );
+        set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+        set(&mut r, "stream-closed", "true");
+        return r;
+    }
+    // 2. The content type, when there is a body.
+    if !body.is_empty() {
+        let Some(ct) = ctx.header("content-type") else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "missing_content_type",
+                "an append with a body needs a Content-Type",
+            );
+        };
+        if media_type(ct) != meta.media_type() {
+            return error(
+                StatusCode::CONFLICT,
+                "content_type_mismatch",
+                format!(
+                    "Content-Type {ct:?} differs from the stream's {:?}",
+                    meta.content_type
+                ),
+            );
+        }
+    }
+    // 3. The producer's epoch and seq (PROTOCOL.md 5.2.1).
+    if let Some(p) = &prod {
+        match meta.producers.get(&p.id).copied() {
+            Some((epoch, _)) if p.epoch < epoch => {
+                let mut r = error(
+                    StatusCode::FORBIDDEN,
+                    "stale_producer_epoch",
+                    format!(
+                        "producer epoch {} is older than the current {epoch}",
+                        p.epoch
+                    ),
+                );
+                set(&mut r, "producer-epoch", epoch.to_string());
+                return r;
+            }
+            Some((epoch, last)) if p.epoch == epoch => {
+                if p.seq <= last {
+                    let mut r = empty(StatusCode::NO_CONTENT);
+                    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+                    prod_headers(&mut r, p, last);
+                    return r;
+                }
+                if p.seq > last + 1 {
+                    let mut r = error(
+                        StatusCode::CONFLICT,
+                        "producer_seq_gap",
+                        format!("producer seq {} skips {}", p.seq, last + 1),
+                    );
+                    set(&mut r, "producer-expected-seq", (last + 1).to_string());
+                    set(&mut r, "producer-received-seq", p.seq.to_string());
+                    return r;
+                }
+            }
+            _ if p.seq != 0 => {
+                let known = meta.producers.contains_key(&p.id);
+                if known {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_producer",
+                        format!("a new producer epoch {} must start at seq 0", p.epoch),
+                    );
+                }
+                let mut r = error(
+                    StatusCode::CONFLICT,
+                    "producer_seq_gap",
+                    format!("producer {:?} is new here: its first seq must be 0", p.id),
+                );
+                set(&mut r, "producer-expected-seq", "0");
+                set(&mut r, "producer-received-seq", p.seq.to_string());
+                return r;
+            }
+            _ => {}
+        }
+    }
+    // 4. Stream-Seq: strictly increasing, byte-wise (scope: the stream).
+    if let (Some(s), Some(last)) = (&stream_seq, &meta.last_stream_seq) {
+        if s.as_bytes() <= last.as_bytes() {
+            return error(
+                StatusCode::CONFLICT,
+                "stream_seq_regression",
+                format!("Stream-Seq {s:?} is not above the last one, {last:?}"),
+            );
+        }
+    }
+    let mut tail = tail;
+    if !body.is_empty() {
+        let msgs = match messages(&meta, &body) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
+        if msgs.is_empty() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "empty_json_array",
+                "an append of an empty JSON array appends nothing; send at least one message",
+            );
+        }
+        match publish(&ctx, msgs).await {
+            Ok(t) => tail = t,
+            Err(r) => return r,
+        }
+    }
+    if let Some(s) = stream_seq {
+        meta.last_stream_seq = Some(s);
+    }
+    if let Some(p) = &prod {
+        meta.producers.insert(p.id.clone(), (p.epoch, p.seq));
+    }
+    if close {
+        meta.closed = true;
+        meta.closed_by = prod.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
+        meta.closed_tx.send_replace(true);
+    }
+    meta.touch(now);
+    let status = if prod.is_some() && !body.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut r = empty(status);
+    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+    if meta.closed {
+        set(&mut r, "stream-closed", "true");
+    }
+    if let Some(p) = &prod {
+        prod_headers(&mut r, p, p.seq);
+    }
+    r
+}
+
+/// `DELETE {stream}`: forgets the stream (its events stay in the channel
+/// until retention evicts them; a new stream at the path starts after them).
+pub async fn delete(ctx: Ctx) -> Response {
+    let stream = match lookup(&ctx).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    ctx.ds.streams.remove(&ctx.channel, &stream);
+    // Live readers waiting on it end.
+    let mut meta = stream.lock().await;
+    meta.deleted = true;
+    meta.closed_tx.send_replace(true);
+    empty(StatusCode::NO_CONTENT)
+}
