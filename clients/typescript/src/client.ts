@@ -18,13 +18,14 @@ import { DEFAULT_MAX_EVENT_BYTES } from "./sse.js";
 import { Subscription } from "./subscribe.js";
 import type { SubscribeOptions } from "./subscribe.js";
 import type {
+  BatchItem,
+  BatchPublished,
   ChannelInfo,
   CursorStore,
+  EphemeralDelivered,
   HistoryEvent,
   HistoryPage,
   Published,
-  PublishedBatch,
-  PublishedEphemeral,
   SessionAppended,
   SessionInfo,
   WebSocketConstructor,
@@ -148,14 +149,14 @@ export class Client {
 
   /**
    * Publishes one event (`POST /v1/channels/{channel}/events`).
-   * @returns {@link Published} (`duplicate` on an idempotent retry), or {@link PublishedEphemeral} when `ephemeral`.
+   * @returns {@link Published} (`duplicate` on an idempotent retry), or {@link EphemeralDelivered} when `ephemeral`.
    * @throws {GaplessError} 400 `invalid_channel`/`invalid_type`/`invalid_request`, 413 `too_large`,
    * 401/403, 429 `rate_limited` (see `retryAfterMs`), 500 `journal_failed`, 503, `network`.
    */
-  publish(channel: string, data: string, opts: PublishOptions & { ephemeral: true }): Promise<PublishedEphemeral>;
+  publish(channel: string, data: string, opts: PublishOptions & { ephemeral: true }): Promise<EphemeralDelivered>;
   publish(channel: string, data: string, opts?: PublishOptions & { ephemeral?: false }): Promise<Published>;
-  publish(channel: string, data: string, opts?: PublishOptions): Promise<Published | PublishedEphemeral>;
-  async publish(channel: string, data: string, opts: PublishOptions = {}): Promise<Published | PublishedEphemeral> {
+  publish(channel: string, data: string, opts?: PublishOptions): Promise<Published | EphemeralDelivered>;
+  async publish(channel: string, data: string, opts: PublishOptions = {}): Promise<Published | EphemeralDelivered> {
     const query: [string, string][] = [];
     if (opts.type !== undefined) query.push(["type", opts.type]);
     if (opts.ephemeral) query.push(["ephemeral", "true"]);
@@ -183,7 +184,7 @@ export class Client {
     channel: string,
     events: (string | { data: string; type?: string })[],
     opts: { idempotencyKey?: string; signal?: AbortSignal } = {},
-  ): Promise<PublishedBatch> {
+  ): Promise<BatchPublished> {
     const items = events.map((e) => (typeof e === "string" ? { data: e } : e.type === undefined ? { data: e.data } : { data: e.data, type: e.type }));
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (opts.idempotencyKey !== undefined) headers["idempotency-key"] = opts.idempotencyKey;
@@ -192,7 +193,7 @@ export class Client {
       first_seq: number;
       last_seq: number;
       cursor: string;
-      events: { seq: number; cursor: string }[];
+      events: BatchItem[];
     }>(this.#core, {
       method: "POST",
       path: `/v1/channels/${segment(channel)}/batch`,

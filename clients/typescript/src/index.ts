@@ -31,8 +31,11 @@ export type { BackoffOptions } from "./backoff.js";
 export { DEFAULT_MAX_EVENT_BYTES, SseParser, parseAll } from "./sse.js";
 export type { SseItem } from "./sse.js";
 export type {
+  BatchItem,
+  BatchPublished,
   ChannelInfo,
   CursorStore,
+  EphemeralDelivered,
   EphemeralUpdate,
   EventUpdate,
   GapReason,
@@ -40,8 +43,6 @@ export type {
   HistoryEvent,
   HistoryPage,
   Published,
-  PublishedBatch,
-  PublishedEphemeral,
   SessionAppended,
   SessionInfo,
   SessionUpdate,

@@ -132,16 +132,24 @@ export interface Published {
   duplicate: boolean;
 }
 
-/** Answer to an ephemeral publish. */
-export interface PublishedEphemeral {
+/** Answer to an ephemeral publish (the server's `EphemeralDelivered`). */
+export interface EphemeralDelivered {
   /** The channel. */
   channel: string;
   /** How many subscribers it was handed to. */
   subscribers: number;
 }
 
-/** Answer to a batch publish. */
-export interface PublishedBatch {
+/** One event of a batch answer (the server's `BatchItem`). */
+export interface BatchItem {
+  /** The event's seq. */
+  seq: number;
+  /** The channel's cursor after the event. */
+  cursor: string;
+}
+
+/** Answer to a batch publish (the server's `BatchPublished`). */
+export interface BatchPublished {
   /** The channel. */
   channel: string;
   /** Seq of the first event. */
@@ -151,7 +159,7 @@ export interface PublishedBatch {
   /** The channel's cursor after the last event. */
   cursor: string;
   /** Each event's seq and cursor, in order. */
-  events: { seq: number; cursor: string }[];
+  events: BatchItem[];
   /** True for an idempotent retry (HTTP 200): nothing was appended. */
   duplicate: boolean;
 }

@@ -6,13 +6,12 @@ use crate::error::{ApiError, Error};
 use crate::join::JoinBuilder;
 use crate::subscribe::SubscribeBuilder;
 use crate::types::{
-    BatchPublished, ChannelInfo, Cursor, EphemeralPublished, Event, HistoryPage, Published,
-    SeqCursor,
+    BatchPublished, ChannelInfo, Cursor, EphemeralDelivered, Event, HistoryPage, Published,
 };
 use crate::ws_subscribe::WsSubscribeBuilder;
 use futures::Stream;
+use gapless_protocol::answers;
 use gapless_protocol::NewEvent;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -272,7 +271,8 @@ impl Client {
             .http
             .get(self.url(&format!("/v1/channels/{}", segment(channel))));
         let (_, body) = self.call(req).await?;
-        self.decode(&body)
+        let a: answers::ChannelInfo = self.decode(&body)?;
+        Ok(a.into())
     }
 
     /// The URL of `path` (which starts with `/`).
@@ -355,18 +355,6 @@ pub struct PublishRequest<'a> {
     key: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct PublishAnswer {
-    channel: String,
-    seq: u64,
-    cursor: Cursor,
-}
-
-#[derive(Deserialize)]
-struct EphemeralAnswer {
-    subscribers: u64,
-}
-
 impl PublishRequest<'_> {
     /// The event's type (`A-Z a-z 0-9 _ - . :`, 1 to 64 characters; `gap` and
     /// `gapless.*` are reserved).
@@ -414,13 +402,8 @@ impl PublishRequest<'_> {
     /// appended), 503; or a connection error.
     pub async fn send(self) -> Result<Published, Error> {
         let (status, body) = self.client.call(self.request(false)).await?;
-        let a: PublishAnswer = self.client.decode(&body)?;
-        Ok(Published {
-            channel: a.channel,
-            seq: a.seq,
-            cursor: a.cursor,
-            duplicate: status == 200,
-        })
+        let a: answers::Published = self.client.decode(&body)?;
+        Ok(Published::read(a, status == 200))
     }
 
     /// Delivers the event live only, to the channel's current subscribers: no
@@ -428,12 +411,10 @@ impl PublishRequest<'_> {
     ///
     /// # Errors
     /// As for [`PublishRequest::send`].
-    pub async fn send_ephemeral(self) -> Result<EphemeralPublished, Error> {
+    pub async fn send_ephemeral(self) -> Result<EphemeralDelivered, Error> {
         let (_, body) = self.client.call(self.request(true)).await?;
-        let a: EphemeralAnswer = self.client.decode(&body)?;
-        Ok(EphemeralPublished {
-            subscribers: a.subscribers,
-        })
+        let a: answers::EphemeralDelivered = self.client.decode(&body)?;
+        Ok(a.into())
     }
 }
 
@@ -445,22 +426,6 @@ pub struct BatchRequest<'a> {
     channel: String,
     events: Vec<NewEvent>,
     key: Option<String>,
-}
-
-#[derive(Serialize)]
-struct BatchItem<'a> {
-    data: &'a str,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    event_type: Option<&'a str>,
-}
-
-#[derive(Deserialize)]
-struct BatchAnswer {
-    channel: String,
-    first_seq: u64,
-    last_seq: u64,
-    cursor: Cursor,
-    events: Vec<SeqCursor>,
 }
 
 impl BatchRequest<'_> {
@@ -484,12 +449,12 @@ impl BatchRequest<'_> {
                 "a batch needs at least one event".to_owned(),
             ));
         }
-        let items: Vec<BatchItem<'_>> = self
+        let items: Vec<answers::BatchEvent> = self
             .events
-            .iter()
-            .map(|e| BatchItem {
-                data: &e.data,
-                event_type: e.event_type.as_deref(),
+            .into_iter()
+            .map(|e| answers::BatchEvent {
+                data: e.data,
+                event_type: e.event_type,
             })
             .collect();
         let body = serde_json::to_vec(&items)
@@ -505,15 +470,8 @@ impl BatchRequest<'_> {
             req = req.header("idempotency-key", k.as_str());
         }
         let (status, body) = c.call(req).await?;
-        let a: BatchAnswer = c.decode(&body)?;
-        Ok(BatchPublished {
-            channel: a.channel,
-            first_seq: a.first_seq,
-            last_seq: a.last_seq,
-            cursor: a.cursor,
-            events: a.events,
-            duplicate: status == 200,
-        })
+        let a: answers::BatchPublished = c.decode(&body)?;
+        Ok(BatchPublished::read(a, status == 200))
     }
 }
 
@@ -525,27 +483,6 @@ pub struct HistoryRequest<'a> {
     channel: String,
     after: Option<Cursor>,
     limit: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct PageAnswer {
-    channel: String,
-    epoch: String,
-    floor: u64,
-    head: u64,
-    events: Vec<PageEvent>,
-    next: Cursor,
-    done: bool,
-}
-
-#[derive(Deserialize)]
-struct PageEvent {
-    seq: u64,
-    cursor: Cursor,
-    #[serde(rename = "type")]
-    event_type: Option<String>,
-    data: String,
-    time: u64,
 }
 
 impl<'a> HistoryRequest<'a> {
@@ -623,26 +560,6 @@ pub(crate) async fn read_page(
         req = req.query(&[("limit", n)]);
     }
     let (_, body) = client.call(req).await?;
-    let p: PageAnswer = client.decode(&body)?;
-    let events = p
-        .events
-        .into_iter()
-        .map(|e| Event {
-            channel: p.channel.clone(),
-            seq: e.seq,
-            event_type: e.event_type,
-            data: e.data,
-            time: e.time,
-            cursor: e.cursor,
-        })
-        .collect();
-    Ok(HistoryPage {
-        channel: p.channel,
-        epoch: p.epoch,
-        floor: p.floor,
-        head: p.head,
-        events,
-        next: p.next,
-        done: p.done,
-    })
+    let p: answers::HistoryPage = client.decode(&body)?;
+    Ok(p.into())
 }

@@ -426,6 +426,92 @@ async fn pump<T>(
     }
 }
 
+/// Opens the live stream (`since=live`) and waits for its preamble: once it
+/// has come, every new commit reaches the stream (step 1 of the algorithm).
+async fn open_live(
+    client: &Client,
+    channel: &str,
+    opts: &StreamOptions,
+) -> Result<Connection, Error> {
+    let channels = [channel.to_owned()];
+    let mut c = live::open(Target {
+        client,
+        channels: &channels,
+        start: &Start::Live,
+        resume: None,
+        idle_timeout: opts.idle_timeout,
+        max_event_bytes: opts.max_event_bytes,
+    })
+    .await?;
+    c.wait_preamble().await?;
+    Ok(c)
+}
+
+/// The join's applied cursor, mirrored where [`Join::cursor`] reads it.
+struct Applied {
+    cursor: Option<Cursor>,
+    shared: Arc<Mutex<Option<Cursor>>>,
+}
+
+impl Applied {
+    fn set(&mut self, cursor: Cursor) {
+        *lock(&self.shared) = Some(cursor.clone());
+        self.cursor = Some(cursor);
+    }
+}
+
+/// A history read refused with `410 cursor_not_served` and a
+/// `floor_cursor`, as the gap it means: everything after `from` up to the
+/// floor is lost, and the walk goes on from the floor. Any other error is
+/// given back.
+fn not_served(channel: &str, from: Option<&Cursor>, e: Error) -> Result<Gap, Error> {
+    let a = match e {
+        Error::Api(a) if a.status == 410 => a,
+        other => return Err(other),
+    };
+    match a.floor_cursor() {
+        Some(floor) => Ok(Gap {
+            channel: channel.to_owned(),
+            after: from.cloned(),
+            next: floor,
+            reason: a.gap_reason().unwrap_or(GapReason::Unknown),
+        }),
+        None => Err(Error::Api(a)),
+    }
+}
+
+/// What the join does with a live frame once it has delivered up to seq
+/// `last_seq` (step 3 of the algorithm).
+enum Pass {
+    /// Hand it to the caller: a journaled event past `last_seq` (now the
+    /// last), or an ephemeral event.
+    Deliver(Update),
+    /// Nothing to hand on: an event history delivered already, or a cursor.
+    Skip,
+    /// A gap notice: the stream skipped a range; history says whether it
+    /// is really lost, so walk it again.
+    Rewalk,
+    /// The server's `retry:`, the base of later reconnection waits.
+    Retry(Duration),
+}
+
+fn pass(frame: Frame, last_seq: &mut u64) -> Pass {
+    match frame {
+        Frame::Update(Update::Event(e)) if e.seq > *last_seq => {
+            *last_seq = e.seq;
+            Pass::Deliver(Update::Event(e))
+        }
+        Frame::Update(Update::Event(_)) | Frame::Cursor(_) => Pass::Skip,
+        Frame::Update(Update::Ephemeral(x)) => Pass::Deliver(Update::Ephemeral(x)),
+        Frame::Update(Update::Gap(_)) => Pass::Rewalk,
+        Frame::Retry(d) => Pass::Retry(d),
+    }
+}
+
+/// The join: cycle after cycle, each one a live stream opened first, then
+/// walks of history (buffering the stream) each followed by the drain of the
+/// buffer and the stream itself, until the stream ends; then the wait
+/// [`Retrier::after`] decides.
 fn run(
     b: JoinBuilder,
     shared: Arc<Mutex<Option<Cursor>>>,
@@ -440,170 +526,109 @@ fn run(
                 }
             }
         };
-        let channels = [channel.clone()];
-        let mut applied: Option<Cursor> = after;
+        let mut applied = Applied { cursor: after, shared };
         let mut retrier = Retrier::new(&opts.backoff);
         let mut buffer: VecDeque<Frame> = VecDeque::new();
-        'cycle: loop {
+        loop {
             buffer.clear();
             phase(JoinPhase::BeforeLive).await;
-            let opened = async {
-                let mut c = live::open(Target {
-                    client: &client,
-                    channels: &channels,
-                    start: &Start::Live,
-                    resume: None,
-                    idle_timeout: opts.idle_timeout,
-                    max_event_bytes: opts.max_event_bytes,
-                })
-                .await?;
-                c.wait_preamble().await?;
-                Ok::<_, Error>(c)
-            }
-            .await;
-            let mut conn = match opened {
-                Ok(c) => c,
-                Err(e) => {
-                    if e.is_terminal() || !opts.reconnect {
-                        yield Err(e);
-                        return;
+            let mut opened_at = Instant::now();
+            let end = match open_live(&client, &channel, &opts).await {
+                Err(e) => LiveEnd::Failed(e),
+                Ok(mut conn) => {
+                    retrier.attempt = 0;
+                    opened_at = Instant::now();
+                    phase(JoinPhase::LiveOpen).await;
+                    loop {
+                        // Walk history from the applied cursor to the tip, buffering the stream.
+                        let mut live_end: Option<LiveEnd> = None;
+                        let mut from = applied.cursor.clone();
+                        let mut n = 0;
+                        let tip = loop {
+                            let read = read_page(&client, &channel, from.as_ref(), Some(page_size));
+                            match pump(read, &mut conn, &mut buffer, &mut live_end, max_buffered).await {
+                                Ok(page) => {
+                                    n += 1;
+                                    for e in page.events {
+                                        applied.set(e.cursor.clone());
+                                        yield Ok(Update::Event(e));
+                                    }
+                                    if page.done {
+                                        applied.set(page.next);
+                                        phase(JoinPhase::Page { n, done: true }).await;
+                                        break Ok(page.head);
+                                    }
+                                    from = Some(page.next);
+                                    phase(JoinPhase::Page { n, done: false }).await;
+                                }
+                                Err(e) => match not_served(&channel, from.as_ref(), e) {
+                                    Ok(gap) => {
+                                        applied.set(gap.next.clone());
+                                        from = Some(gap.next.clone());
+                                        yield Ok(Update::Gap(gap));
+                                    }
+                                    Err(e) => break Err(e),
+                                },
+                            }
+                        };
+                        let tip = match tip {
+                            Ok(tip) => tip,
+                            Err(e) => break LiveEnd::Failed(e),
+                        };
+                        // The stream stopped during the walk: its buffer may be stale; start over.
+                        if let Some(end) = live_end {
+                            break end;
+                        }
+                        // Drain the buffer, then follow the stream, past the tip only.
+                        let mut last_seq = tip;
+                        let mut following = false;
+                        let end = loop {
+                            let (frame, from_buffer) = match buffer.pop_front() {
+                                Some(f) => (f, true),
+                                None => {
+                                    if !following {
+                                        following = true;
+                                        phase(JoinPhase::Following).await;
+                                    }
+                                    match conn.next_frame().await {
+                                        Ok(Some(f)) => (f, false),
+                                        Ok(None) => break Some(LiveEnd::Clean),
+                                        Err(e) => break Some(LiveEnd::Failed(e)),
+                                    }
+                                }
+                            };
+                            match pass(frame, &mut last_seq) {
+                                Pass::Deliver(update) => {
+                                    if let Update::Event(e) = &update {
+                                        applied.set(e.cursor.clone());
+                                    }
+                                    yield Ok(update);
+                                }
+                                Pass::Skip => {}
+                                Pass::Rewalk => break None,
+                                Pass::Retry(d) => retrier.base = d,
+                            }
+                            if from_buffer {
+                                phase(JoinPhase::Drain { remaining: buffer.len() }).await;
+                            }
+                        };
+                        if let Some(end) = end {
+                            break end;
+                        }
                     }
-                    let d = retrier.failed(&opts, &e);
-                    tokio::time::sleep(d).await;
-                    continue 'cycle;
                 }
             };
-            retrier.attempt = 0;
-            let opened_at = Instant::now();
-            phase(JoinPhase::LiveOpen).await;
-            'walk: loop {
-                // History, from the applied cursor to the tip, buffering the stream.
-                let mut live_end: Option<LiveEnd> = None;
-                let mut from = applied.clone();
-                let mut n = 0;
-                let tip = loop {
-                    let read = read_page(&client, &channel, from.as_ref(), Some(page_size));
-                    match pump(read, &mut conn, &mut buffer, &mut live_end, max_buffered).await {
-                        Ok(page) => {
-                            n += 1;
-                            for e in page.events {
-                                applied = Some(e.cursor.clone());
-                                *lock(&shared) = applied.clone();
-                                yield Ok(Update::Event(e));
-                            }
-                            if page.done {
-                                applied = Some(page.next);
-                                *lock(&shared) = applied.clone();
-                                phase(JoinPhase::Page { n, done: true }).await;
-                                break page.head;
-                            }
-                            from = Some(page.next);
-                            phase(JoinPhase::Page { n, done: false }).await;
-                        }
-                        Err(Error::Api(a)) if a.status == 410 && a.floor_cursor().is_some() => {
-                            let Some(floor) = a.floor_cursor() else { continue };
-                            let gap = Gap {
-                                channel: channel.clone(),
-                                after: from.clone(),
-                                next: floor.clone(),
-                                reason: a.gap_reason().unwrap_or(GapReason::Unknown),
-                            };
-                            applied = Some(floor.clone());
-                            from = Some(floor);
-                            *lock(&shared) = applied.clone();
-                            yield Ok(Update::Gap(gap));
-                        }
-                        Err(e) => {
-                            if e.is_terminal() || !opts.reconnect {
-                                yield Err(e);
-                                return;
-                            }
-                            drop(conn);
-                            let d = retrier.failed(&opts, &e);
-                            tokio::time::sleep(d).await;
-                            continue 'cycle;
-                        }
-                    }
-                };
-                // The stream stopped during the walk: its buffer may be stale; start over.
-                match live_end {
-                    None => {}
-                    Some(LiveEnd::Overflow) => continue 'cycle,
-                    Some(LiveEnd::Clean) => {
-                        if !opts.reconnect {
-                            return;
-                        }
-                        drop(conn);
-                        let d = retrier.closed(&opts, opened_at);
-                        tokio::time::sleep(d).await;
-                        continue 'cycle;
-                    }
-                    Some(LiveEnd::Failed(e)) => {
-                        if e.is_terminal() || !opts.reconnect {
-                            yield Err(e);
-                            return;
-                        }
-                        drop(conn);
-                        let d = retrier.failed(&opts, &e);
-                        tokio::time::sleep(d).await;
-                        continue 'cycle;
-                    }
-                }
-                // Drain the buffer, then follow the stream, past the tip only.
-                let mut last_seq = tip;
-                let mut following = false;
-                loop {
-                    let buffered = buffer.pop_front();
-                    let from_buffer = buffered.is_some();
-                    let frame = match buffered {
-                        Some(f) => f,
-                        None => {
-                            if !following {
-                                following = true;
-                                phase(JoinPhase::Following).await;
-                            }
-                            match conn.next_frame().await {
-                                Ok(Some(f)) => f,
-                                Ok(None) => {
-                                    if !opts.reconnect {
-                                        return;
-                                    }
-                                    drop(conn);
-                                    let d = retrier.closed(&opts, opened_at);
-                                    tokio::time::sleep(d).await;
-                                    continue 'cycle;
-                                }
-                                Err(e) => {
-                                    if e.is_terminal() || !opts.reconnect {
-                                        yield Err(e);
-                                        return;
-                                    }
-                                    drop(conn);
-                                    let d = retrier.failed(&opts, &e);
-                                    tokio::time::sleep(d).await;
-                                    continue 'cycle;
-                                }
-                            }
-                        }
-                    };
-                    match frame {
-                        Frame::Update(Update::Event(e)) => {
-                            if e.seq > last_seq {
-                                last_seq = e.seq;
-                                applied = Some(e.cursor.clone());
-                                *lock(&shared) = applied.clone();
-                                yield Ok(Update::Event(e));
-                            }
-                        }
-                        Frame::Update(Update::Ephemeral(x)) => yield Ok(Update::Ephemeral(x)),
-                        // The stream skipped a range: history says whether it is really lost.
-                        Frame::Update(Update::Gap(_)) => continue 'walk,
-                        Frame::Cursor(_) => {}
-                        Frame::Retry(d) => retrier.base = d,
-                    }
-                    if from_buffer {
-                        phase(JoinPhase::Drain { remaining: buffer.len() }).await;
-                    }
+            let next = match end {
+                LiveEnd::Overflow => continue,
+                LiveEnd::Clean => retrier.after(&opts, opened_at, Ok(())),
+                LiveEnd::Failed(e) => retrier.after(&opts, opened_at, Err(e)),
+            };
+            match next {
+                Ok(wait) => tokio::time::sleep(wait).await,
+                Err(None) => return,
+                Err(Some(e)) => {
+                    yield Err(e);
+                    return;
                 }
             }
         }

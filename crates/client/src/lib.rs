@@ -251,8 +251,8 @@ pub use join::{Fold, Folded, Join, JoinBuilder, View};
 pub use session::{AppendRequest, AttachBuilder, SessionStream};
 pub use subscribe::{Reconnect, SubscribeBuilder, Subscription};
 pub use types::{
-    Appended, BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralPublished, Event, Gap,
-    HistoryPage, Published, SeqCursor, SessionEvent, SessionInfo, SessionStatus, SessionUpdate,
-    Start, Update,
+    BatchItem, BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralDelivered, Event, Gap,
+    HistoryPage, Published, SessionAppended, SessionEvent, SessionInfo, SessionStatus,
+    SessionUpdate, Start, Update,
 };
 pub use ws_subscribe::{WsSubscribeBuilder, WsSubscription};

@@ -8,7 +8,6 @@ use crate::client::{read_refusal, segment, Client};
 use crate::error::Error;
 use crate::sse::{Item, Parser};
 use crate::types::{parse_reason, Cursor, Ephemeral, Event, Gap, Start, Update};
-use serde::Deserialize;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -48,23 +47,10 @@ pub(crate) struct Connection {
     expired: bool,
 }
 
-#[derive(Deserialize)]
-struct EnvelopeIn {
-    channel: String,
-    seq: Option<u64>,
-    #[serde(rename = "type")]
-    event_type: Option<String>,
-    data: String,
-    time: u64,
-}
-
-#[derive(Deserialize)]
-struct GapIn {
-    channel: String,
-    after: Option<Cursor>,
-    next: Cursor,
-    reason: String,
-}
+/// The data of `?format=envelope` events, as the server writes it.
+type EnvelopeIn = gapless_protocol::event::Envelope<'static>;
+/// The data of an `event: gap`, as the server writes it.
+type GapIn = gapless_protocol::event::GapNotice<'static>;
 
 /// Opens a stream and checks the answer: 200 with `text/event-stream`.
 ///
@@ -268,9 +254,9 @@ fn push_item(
         Item::Event(e) if e.event_type == "gap" => serde_json::from_str::<GapIn>(e.data)
             .map(|g| {
                 Frame::Update(Update::Gap(Gap {
-                    channel: g.channel,
-                    after: g.after,
-                    next: g.next,
+                    channel: g.channel.into_owned(),
+                    after: g.after.map(Cursor::from),
+                    next: Cursor::from(g.next),
                     reason: parse_reason(&g.reason),
                 }))
             })
@@ -282,9 +268,9 @@ fn push_item(
             )),
             Ok(env) => match env.seq {
                 None => Ok(Frame::Update(Update::Ephemeral(Ephemeral {
-                    channel: env.channel,
-                    event_type: env.event_type,
-                    data: env.data,
+                    channel: env.channel.into_owned(),
+                    event_type: env.event_type.map(|t| t.into_owned()),
+                    data: env.data.into_owned(),
                     time: env.time,
                 }))),
                 Some(_) if e.last_event_id.is_empty() => Err(Error::protocol(
@@ -292,10 +278,10 @@ fn push_item(
                     "a journaled event arrived with no id",
                 )),
                 Some(seq) => Ok(Frame::Update(Update::Event(Event {
-                    channel: env.channel,
+                    channel: env.channel.into_owned(),
                     seq,
-                    event_type: env.event_type,
-                    data: env.data,
+                    event_type: env.event_type.map(|t| t.into_owned()),
+                    data: env.data.into_owned(),
                     time: env.time,
                     cursor: Cursor::from(e.last_event_id),
                 }))),

@@ -57,10 +57,11 @@ use crate::backoff::Backoff;
 use crate::client::{segment, Client};
 use crate::error::Error;
 use crate::subscribe::{lock, Reconnect, Retrier, StreamOptions};
-use crate::types::{Appended, SessionEvent, SessionInfo, SessionUpdate};
+use crate::types::{SessionAppended, SessionEvent, SessionInfo, SessionUpdate};
 use crate::ws::{self, Incoming, Socket};
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
+use gapless_protocol::answers;
+use gapless_protocol::ws::SessionMessage;
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
@@ -173,13 +174,6 @@ pub struct AppendRequest<'a> {
     key: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct AppendAnswer {
-    id: String,
-    seq: u64,
-    attached: bool,
-}
-
 impl AppendRequest<'_> {
     /// The event's type (same rules as for channels: `gapless.*` is reserved).
     pub fn event_type(mut self, t: impl Into<String>) -> Self {
@@ -205,7 +199,7 @@ impl AppendRequest<'_> {
     /// grace window is cancelled), 404 `session_not_found`, 400
     /// (`invalid_type`, `invalid_request`), 413 `too_large`; or a connection
     /// error.
-    pub async fn send(self) -> Result<Appended, Error> {
+    pub async fn send(self) -> Result<SessionAppended, Error> {
         let c = self.client;
         let mut req = c
             .inner
@@ -220,41 +214,14 @@ impl AppendRequest<'_> {
             req = req.header("idempotency-key", k.as_str());
         }
         let (status, body) = c.call(req).await?;
-        let a: AppendAnswer = c.decode(&body)?;
-        Ok(Appended {
-            id: a.id,
-            seq: a.seq,
-            attached: a.attached,
-            duplicate: status == 200,
-        })
+        let a: answers::SessionAppended = c.decode(&body)?;
+        Ok(SessionAppended::read(a, status == 200))
     }
 }
 
-/// What the server sends on a session socket (unknown ops and fields are
-/// ignored: the protocol may add them).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op")]
-enum ServerMsg {
-    #[serde(rename = "event")]
-    Event {
-        session: String,
-        seq: u64,
-        #[serde(rename = "type")]
-        event_type: Option<String>,
-        data: String,
-        time: u64,
-    },
-    #[serde(rename = "session.resumed")]
-    Resumed { replayed_events: u64 },
-    #[serde(rename = "session.completed")]
-    Completed { seq: u64 },
-    #[serde(rename = "session.cancelled")]
-    Cancelled { seq: u64 },
-    #[serde(rename = "error")]
-    Error { code: String, message: String },
-    #[serde(other)]
-    Other,
-}
+/// What the server sends on a session socket, as the server writes it
+/// (unknown ops and fields are ignored: the protocol may add them).
+type ServerMsg = SessionMessage<'static>;
 
 /// Settings of a session consumer. Built by [`Client::attach_session`].
 #[must_use = "an attach builder does nothing until opened"]
@@ -424,8 +391,8 @@ impl Conn {
         loop {
             match self.socket.read::<ServerMsg>().await? {
                 Incoming::Pong => return Ok(()),
-                Incoming::Message(ServerMsg::Error { code, message }) => {
-                    refusal = Some((code, message));
+                Incoming::Message(ServerMsg::Error(e)) => {
+                    refusal = Some((e.code.into_owned(), e.message.into_owned()));
                 }
                 Incoming::Message(ServerMsg::Other) => {}
                 Incoming::Message(m) => {
@@ -569,25 +536,33 @@ fn run(
                         retrier.attempt = 0;
                         last_seq = Some(seq);
                         *lock(&shared) = last_seq;
-                        let e = SessionEvent { session, seq, event_type, data, time };
+                        let e = SessionEvent {
+                            session: session.into_owned(),
+                            seq,
+                            event_type: event_type.map(|t| t.into_owned()),
+                            data: data.into_owned(),
+                            time,
+                        };
                         yield Ok(SessionUpdate::Event(e));
                     }
-                    ServerMsg::Resumed { replayed_events } => {
+                    ServerMsg::Resumed { replayed_events, .. } => {
                         retrier.attempt = 0;
                         yield Ok(SessionUpdate::Resumed { replayed_events });
                     }
-                    ServerMsg::Completed { seq } => {
+                    ServerMsg::Completed { seq, .. } => {
                         yield Ok(SessionUpdate::Completed { seq });
                         conn.socket.finish().await;
                         return;
                     }
-                    ServerMsg::Cancelled { seq } => {
+                    ServerMsg::Cancelled { seq, .. } => {
                         yield Ok(SessionUpdate::Cancelled { seq });
                         conn.socket.finish().await;
                         return;
                     }
                     // A refusal or a takeover: its close code follows.
-                    ServerMsg::Error { code, message } => refusal = Some((code, message)),
+                    ServerMsg::Error(e) => {
+                        refusal = Some((e.code.into_owned(), e.message.into_owned()))
+                    }
                     ServerMsg::Other => {}
                 }
             };

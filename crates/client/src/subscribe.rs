@@ -136,6 +136,25 @@ impl Retrier {
         opts.notify(None, d, self.attempt, std::mem::take(&mut self.expired));
         d
     }
+
+    /// What follows a stream opened at `opened` that ended with `end` (`Ok`:
+    /// a clean close): `Ok(wait)` to reconnect after `wait`
+    /// ([`Retrier::closed`], [`Retrier::failed`]); `Err(None)` to end
+    /// quietly (a clean close with reconnecting off); `Err(Some(e))` to end
+    /// with `e` (a terminal error, or any with reconnecting off).
+    pub(crate) fn after(
+        &mut self,
+        opts: &StreamOptions,
+        opened: Instant,
+        end: Result<(), Error>,
+    ) -> Result<Duration, Option<Error>> {
+        match end {
+            Ok(()) if !opts.reconnect => Err(None),
+            Ok(()) => Ok(self.closed(opts, opened)),
+            Err(e) if e.is_terminal() || !opts.reconnect => Err(Some(e)),
+            Err(e) => Ok(self.failed(opts, &e)),
+        }
+    }
 }
 
 /// Settings of a subscription. Built by [`Client::subscribe`].

@@ -1,6 +1,18 @@
 //! The values the client hands out: cursors, events, gap notices, updates and
 //! the answers of publish and history calls.
+//!
+//! The answers are read as the server writes them, with the wire types of
+//! `gapless_protocol` ([`answers`](gapless_protocol::answers) and
+//! [`ws`](gapless_protocol::ws)), and keep their names: [`Published`],
+//! [`EphemeralDelivered`], [`BatchPublished`] and its [`BatchItem`]s,
+//! [`HistoryPage`], [`ChannelInfo`], [`SessionInfo`] (the wire type itself,
+//! as is [`SessionStatus`]) and [`SessionAppended`]. Where the client's type
+//! differs from the wire's, it is by what the client adds: cursors as
+//! [`Cursor`], and `duplicate` (the answer's status, 200 for an idempotent
+//! retry).
 
+use gapless_protocol::answers;
+pub use gapless_protocol::answers::{SessionInfo, SessionStatus};
 use gapless_protocol::codes::GapReason;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -116,7 +128,8 @@ pub(crate) fn parse_reason(s: &str) -> GapReason {
     }
 }
 
-/// The answer to a single publish.
+/// The answer to a single publish: the wire's
+/// [`answers::Published`], and whether it was a retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
     /// The channel.
@@ -131,16 +144,28 @@ pub struct Published {
     pub duplicate: bool,
 }
 
-/// One event of a batch answer.
+impl Published {
+    pub(crate) fn read(a: answers::Published, duplicate: bool) -> Self {
+        Published {
+            channel: a.channel,
+            seq: a.seq,
+            cursor: a.cursor.into(),
+            duplicate,
+        }
+    }
+}
+
+/// One event of a batch answer (the wire's [`answers::BatchItem`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct SeqCursor {
+pub struct BatchItem {
     /// The event's seq.
     pub seq: u64,
     /// The single-channel cursor positioned at it.
     pub cursor: Cursor,
 }
 
-/// The answer to a batch publish.
+/// The answer to a batch publish: the wire's [`answers::BatchPublished`],
+/// and whether it was a retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchPublished {
     /// The channel.
@@ -152,19 +177,52 @@ pub struct BatchPublished {
     /// The cursor positioned at the last event.
     pub cursor: Cursor,
     /// Each event's seq and cursor, in order.
-    pub events: Vec<SeqCursor>,
+    pub events: Vec<BatchItem>,
     /// True for an idempotent retry (status 200): nothing was appended.
     pub duplicate: bool,
 }
 
-/// The answer to an ephemeral publish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EphemeralPublished {
+impl BatchPublished {
+    pub(crate) fn read(a: answers::BatchPublished, duplicate: bool) -> Self {
+        BatchPublished {
+            channel: a.channel,
+            first_seq: a.first_seq,
+            last_seq: a.last_seq,
+            cursor: a.cursor.into(),
+            events: a
+                .events
+                .into_iter()
+                .map(|i| BatchItem {
+                    seq: i.seq,
+                    cursor: i.cursor.into(),
+                })
+                .collect(),
+            duplicate,
+        }
+    }
+}
+
+/// The answer to an ephemeral publish (the wire's
+/// [`answers::EphemeralDelivered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EphemeralDelivered {
+    /// The channel.
+    pub channel: String,
     /// How many subscribers it was handed to.
     pub subscribers: u64,
 }
 
-/// One page of history.
+impl From<answers::EphemeralDelivered> for EphemeralDelivered {
+    fn from(a: answers::EphemeralDelivered) -> Self {
+        EphemeralDelivered {
+            channel: a.channel,
+            subscribers: u64::try_from(a.subscribers).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// One page of history (the wire's [`answers::HistoryPage`], each event
+/// with its channel).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryPage {
     /// The channel.
@@ -184,7 +242,35 @@ pub struct HistoryPage {
     pub done: bool,
 }
 
-/// A channel's bounds and audience.
+impl From<answers::HistoryPage> for HistoryPage {
+    fn from(a: answers::HistoryPage) -> Self {
+        let channel = a.channel;
+        let events = a
+            .events
+            .into_json()
+            .into_iter()
+            .map(|e| Event {
+                channel: channel.clone(),
+                seq: e.seq,
+                event_type: e.event_type.map(|t| t.into_owned()),
+                data: e.data.into_owned(),
+                time: e.time,
+                cursor: Cursor(e.cursor.into_owned()),
+            })
+            .collect();
+        HistoryPage {
+            channel,
+            epoch: a.epoch.to_string(),
+            floor: a.floor,
+            head: a.head,
+            events,
+            next: a.next.into(),
+            done: a.done,
+        }
+    }
+}
+
+/// A channel's bounds and audience (the wire's [`answers::ChannelInfo`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ChannelInfo {
     /// The channel.
@@ -199,6 +285,18 @@ pub struct ChannelInfo {
     pub subscribers: u64,
 }
 
+impl From<answers::ChannelInfo> for ChannelInfo {
+    fn from(a: answers::ChannelInfo) -> Self {
+        ChannelInfo {
+            channel: a.channel,
+            epoch: a.epoch.to_string(),
+            floor: a.floor,
+            head: a.head,
+            subscribers: u64::try_from(a.subscribers).unwrap_or(u64::MAX),
+        }
+    }
+}
+
 /// Where a subscription starts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Start {
@@ -211,37 +309,10 @@ pub enum Start {
     After(Cursor),
 }
 
-/// A session's lifecycle state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum SessionStatus {
-    /// Takes events.
-    Open,
-    /// Ended by its producer; it takes no more events.
-    Completed,
-    /// Cancelled by its producer, or by the server when no consumer was
-    /// attached for the grace window (`--session-grace-ms`).
-    Cancelled,
-}
-
-/// A session's state: the answer of create, complete, cancel and info.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct SessionInfo {
-    /// The session's id (an identifier, never a credential).
-    pub id: String,
-    /// Open, completed or cancelled.
-    pub status: SessionStatus,
-    /// The newest seq. Seq 1 is the opening marker, so a new session's head
-    /// is 1 and its first event is seq 2.
-    pub head: u64,
-    /// Whether a consumer is attached now.
-    pub attached: bool,
-}
-
-/// The answer to a session append.
+/// The answer to a session append: the wire's
+/// [`answers::SessionAppended`], and whether it was a retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Appended {
+pub struct SessionAppended {
     /// The session's id.
     pub id: String,
     /// The event's seq.
@@ -252,6 +323,17 @@ pub struct Appended {
     /// True when the server recognised the `Idempotency-Key` of an earlier
     /// append (status 200): nothing was appended and `seq` is the original.
     pub duplicate: bool,
+}
+
+impl SessionAppended {
+    pub(crate) fn read(a: answers::SessionAppended, duplicate: bool) -> Self {
+        SessionAppended {
+            id: a.id,
+            seq: a.seq,
+            attached: a.attached,
+            duplicate,
+        }
+    }
 }
 
 /// An event of a session, as its consumer receives it.

@@ -174,8 +174,11 @@ impl Socket {
     ///
     /// # Errors
     /// [`Error::Disconnected`] when the connection failed.
-    pub(crate) async fn feed(&mut self, msg: &serde_json::Value) -> Result<(), Error> {
-        let r = self.ws.feed(Message::text(msg.to_string())).await;
+    pub(crate) async fn feed(&mut self, msg: &impl serde::Serialize) -> Result<(), Error> {
+        let text = serde_json::to_string(msg).map_err(|e| {
+            Error::InvalidArgument(format!("cannot encode a WebSocket message: {e}"))
+        })?;
+        let r = self.ws.feed(Message::text(text)).await;
         r.map_err(|e| self.failed(&e))
     }
 

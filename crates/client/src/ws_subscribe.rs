@@ -39,8 +39,8 @@ use crate::subscribe::{lock, Reconnect, Retrier, StreamOptions};
 use crate::types::{parse_reason, Cursor, Ephemeral, Event, Gap, Start, Update};
 use crate::ws::{self, Incoming, Socket};
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use gapless_protocol::ws::{ClientMessage, ServerMessage};
+use serde_json::Value;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::pin::Pin;
@@ -49,57 +49,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// What the server sends on `/v1/ws` (unknown ops and fields are ignored:
-/// the protocol may add them).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-enum ServerMsg {
-    Event {
-        channel: String,
-        seq: u64,
-        cursor: Cursor,
-        #[serde(rename = "type")]
-        event_type: Option<String>,
-        data: String,
-        time: u64,
-    },
-    Ephemeral {
-        channel: String,
-        #[serde(rename = "type")]
-        event_type: Option<String>,
-        data: String,
-        time: u64,
-    },
-    Gap {
-        channel: String,
-        after: Option<Cursor>,
-        next: Cursor,
-        reason: String,
-    },
-    Subscribed {
-        channel: String,
-        cursor: Option<Cursor>,
-    },
-    Error {
-        id: Option<Value>,
-        code: String,
-        message: String,
-    },
-    #[serde(other)]
-    Other,
-}
-
-impl ServerMsg {
-    fn channel(&self) -> Option<&str> {
-        match self {
-            ServerMsg::Event { channel, .. }
-            | ServerMsg::Ephemeral { channel, .. }
-            | ServerMsg::Gap { channel, .. }
-            | ServerMsg::Subscribed { channel, .. } => Some(channel),
-            ServerMsg::Error { .. } | ServerMsg::Other => None,
-        }
-    }
-}
+/// What the server sends on `/v1/ws`, as the server writes it (unknown ops
+/// and fields are ignored: the protocol may add them).
+type ServerMsg = ServerMessage<'static>;
 
 /// Settings of a WebSocket subscription. Built by [`Client::subscribe_ws`].
 #[must_use = "a subscription builder does nothing until opened"]
@@ -264,22 +216,22 @@ fn initial_channels(b: &WsSubscribeBuilder) -> Vec<Chan> {
 
 /// The `subscribe` request for channel number `i`: after its cursor, or
 /// from its original start when it has none.
-fn subscribe_msg(i: usize, ch: &Chan) -> Value {
-    match (&ch.cursor, &ch.start) {
-        (Some(c), _) | (None, Start::After(c)) => {
-            json!({"op": "subscribe", "id": i, "channel": ch.name, "cursor": c})
-        }
-        (None, Start::Earliest) => {
-            json!({"op": "subscribe", "id": i, "channel": ch.name, "since": "earliest"})
-        }
-        (None, Start::Live) => {
-            json!({"op": "subscribe", "id": i, "channel": ch.name, "since": "live"})
-        }
+fn subscribe_msg(i: usize, ch: &Chan) -> ClientMessage {
+    let (cursor, since) = match (&ch.cursor, &ch.start) {
+        (Some(c), _) | (None, Start::After(c)) => (Some(c.as_str().to_owned()), None),
+        (None, Start::Earliest) => (None, Some("earliest".to_owned())),
+        (None, Start::Live) => (None, Some("live".to_owned())),
+    };
+    ClientMessage::Subscribe {
+        id: Some(Value::from(i)),
+        channel: ch.name.clone(),
+        cursor,
+        since,
     }
 }
 
 /// The error of an `error` reply to the subscribe of `chan`.
-fn reply_error(server: &str, chan: Option<&Chan>, code: String, message: String) -> (Error, bool) {
+fn reply_error(server: &str, chan: Option<&Chan>, code: &str, message: &str) -> (Error, bool) {
     let Some(chan) = chan else {
         // Not a reply to one of our requests: the server could not read
         // something this client sent.
@@ -291,7 +243,11 @@ fn reply_error(server: &str, chan: Option<&Chan>, code: String, message: String)
             true,
         );
     };
-    let mut a = ApiError::from_ws(code, format!("subscribe {:?}: {message}", chan.name), None);
+    let mut a = ApiError::from_ws(
+        code.to_owned(),
+        format!("subscribe {:?}: {message}", chan.name),
+        None,
+    );
     a.extra
         .insert("channel".to_owned(), Value::from(chan.name.clone()));
     let terminal = a.is_terminal() || a.code == "limit_reached";
@@ -339,12 +295,9 @@ impl Conn {
         while answered.contains(&false) {
             let m = self.socket.read::<ServerMsg>().await?;
             match &m {
-                Incoming::Message(ServerMsg::Error { id, code, message }) => {
-                    let chan = id
-                        .as_ref()
-                        .and_then(Value::as_u64)
-                        .and_then(|i| chans.get(usize::try_from(i).ok()?));
-                    return Err(reply_error(&self.server, chan, code.clone(), message.clone()).0);
+                Incoming::Message(ServerMsg::Error(e)) => {
+                    let chan = requester(chans, e.id.as_ref());
+                    return Err(reply_error(&self.server, chan, &e.code, &e.message).0);
                 }
                 Incoming::Message(msg) => {
                     if let Some(i) = msg
@@ -445,9 +398,133 @@ impl Stream for WsSubscription {
     }
 }
 
+/// The channel whose subscribe is request `id` (the index this client gave it).
+fn requester<'a>(chans: &'a [Chan], id: Option<&Value>) -> Option<&'a Chan> {
+    chans.get(usize::try_from(id?.as_u64()?).ok()?)
+}
+
+/// Every channel's state, and its cursor mirrored where
+/// [`WsSubscription::cursor`] reads it.
+struct Positions {
+    chans: Vec<Chan>,
+    shared: Arc<Mutex<Vec<Option<Cursor>>>>,
+}
+
+impl Positions {
+    /// Channel `i` is now at `cursor`.
+    fn set(&mut self, i: usize, cursor: Cursor) {
+        if let Some(slot) = lock(&self.shared).get_mut(i) {
+            *slot = Some(cursor.clone());
+        }
+        self.chans[i].cursor = Some(cursor);
+    }
+}
+
+/// What one server message means for the subscription.
+enum Step {
+    /// Hand this update to the caller.
+    Deliver(Update),
+    /// Nothing to hand on (a reply, a pong, another channel's message).
+    Skip,
+    /// A refused subscribe: the connection ends with this error, and the
+    /// subscription too when it is terminal.
+    Refused(Error, bool),
+}
+
+/// Reads one message of a connection: moves the positions as the module
+/// docs say (`touched[i]`: channel `i` delivered an update on this
+/// connection) and says what to hand on.
+fn step(
+    server: &str,
+    pos: &mut Positions,
+    touched: &mut [bool],
+    retrier: &mut Retrier,
+    msg: ServerMsg,
+) -> Step {
+    if let ServerMsg::Error(e) = &msg {
+        let (e, terminal) = reply_error(
+            server,
+            requester(&pos.chans, e.id.as_ref()),
+            &e.code,
+            &e.message,
+        );
+        return Step::Refused(e, terminal);
+    }
+    // Not a channel this subscription follows: not ours to deliver.
+    let Some(i) = msg
+        .channel()
+        .and_then(|c| pos.chans.iter().position(|ch| ch.name == c))
+    else {
+        return Step::Skip;
+    };
+    match msg {
+        ServerMsg::Subscribed(s) => {
+            retrier.attempt = 0;
+            if let (Some(c), false) = (s.cursor, touched[i]) {
+                pos.set(i, Cursor::from(c));
+            }
+            Step::Skip
+        }
+        ServerMsg::Event(e) => {
+            retrier.attempt = 0;
+            touched[i] = true;
+            let cursor = Cursor::from(e.cursor.into_owned());
+            pos.set(i, cursor.clone());
+            Step::Deliver(Update::Event(Event {
+                channel: e.channel.into_owned(),
+                seq: e.seq,
+                event_type: e.event_type.map(|t| t.into_owned()),
+                data: e.data.into_owned(),
+                time: e.time,
+                cursor,
+            }))
+        }
+        ServerMsg::Gap(g) => {
+            touched[i] = true;
+            let next = Cursor::from(g.next);
+            pos.set(i, next.clone());
+            Step::Deliver(Update::Gap(Gap {
+                channel: g.channel.into_owned(),
+                after: g.after.map(Cursor::from),
+                next,
+                reason: parse_reason(&g.reason),
+            }))
+        }
+        ServerMsg::Ephemeral(e) => Step::Deliver(Update::Ephemeral(Ephemeral {
+            channel: e.channel.into_owned(),
+            event_type: e.event_type.map(|t| t.into_owned()),
+            data: e.data.into_owned(),
+            time: e.time,
+        })),
+        _ => Step::Skip,
+    }
+}
+
+/// Opens a connection, waiting per the backoff after each failure; the
+/// error is one to end the subscription with (terminal, or reconnecting off).
+async fn reconnect(
+    client: &Client,
+    chans: &[Chan],
+    opts: &StreamOptions,
+    retrier: &mut Retrier,
+) -> Result<Conn, Error> {
+    loop {
+        match Conn::open(client, chans, opts).await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_terminal() || !opts.reconnect => return Err(e),
+            Err(e) => {
+                let d = retrier.failed(opts, &e);
+                tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
+/// The subscription: connection after connection, each read until it ends,
+/// then the wait [`Retrier::after`] decides.
 fn run(
     b: WsSubscribeBuilder,
-    mut chans: Vec<Chan>,
+    chans: Vec<Chan>,
     first: Option<Conn>,
     shared: Arc<Mutex<Vec<Option<Cursor>>>>,
 ) -> impl Stream<Item = Result<Update, Error>> + Send {
@@ -455,26 +532,21 @@ fn run(
         let WsSubscribeBuilder { client, opts, .. } = b;
         let server = client.inner.base.clone();
         let mut retrier = Retrier::new(&opts.backoff);
+        let mut pos = Positions { chans, shared };
         let mut pending = first;
         loop {
             let mut conn = match pending.take() {
                 Some(c) => c,
-                None => match Conn::open(&client, &chans, &opts).await {
+                None => match reconnect(&client, &pos.chans, &opts, &mut retrier).await {
                     Ok(c) => c,
                     Err(e) => {
-                        if e.is_terminal() || !opts.reconnect {
-                            yield Err(e);
-                            return;
-                        }
-                        let d = retrier.failed(&opts, &e);
-                        tokio::time::sleep(d).await;
-                        continue;
+                        yield Err(e);
+                        return;
                     }
                 },
             };
             let opened_at = Instant::now();
-            // Channels that delivered an update on this connection.
-            let mut touched = vec![false; chans.len()];
+            let mut touched = vec![false; pos.chans.len()];
             let mut closed = false;
             let end: Result<(), Error> = loop {
                 let msg = match conn.next().await {
@@ -482,84 +554,33 @@ fn run(
                     Ok(Incoming::Pong) => continue,
                     Ok(Incoming::Closed(code, reason)) => {
                         closed = true;
-                        match ws::close_error(&server, code, &reason, None) {
-                            None => break Ok(()),
-                            Some(e) => break Err(e),
-                        }
+                        break ws::close_error(&server, code, &reason, None).map_or(Ok(()), Err);
                     }
                     Err(e) => break Err(e),
                 };
-                let index = msg.channel().and_then(|c| chans.iter().position(|ch| ch.name == c));
-                let update = match (msg, index) {
-                    (ServerMsg::Error { id, code, message }, _) => {
-                        let chan = id
-                            .as_ref()
-                            .and_then(Value::as_u64)
-                            .and_then(|i| chans.get(usize::try_from(i).ok()?));
-                        let (e, terminal) = reply_error(&server, chan, code, message);
-                        if terminal || !opts.reconnect {
-                            yield Err(e);
-                            return;
-                        }
-                        break Err(e);
+                match step(&server, &mut pos, &mut touched, &mut retrier, msg) {
+                    Step::Deliver(update) => yield Ok(update),
+                    Step::Skip => {}
+                    Step::Refused(e, terminal) if terminal || !opts.reconnect => {
+                        yield Err(e);
+                        return;
                     }
-                    // Not a channel this subscription follows: not ours to deliver.
-                    (_, None) => continue,
-                    (ServerMsg::Subscribed { cursor, .. }, Some(i)) => {
-                        retrier.attempt = 0;
-                        if let (Some(c), false) = (cursor, touched[i]) {
-                            chans[i].cursor = Some(c.clone());
-                            if let Some(slot) = lock(&shared).get_mut(i) {
-                                *slot = Some(c);
-                            }
-                        }
-                        continue;
-                    }
-                    (
-                        ServerMsg::Event { channel, seq, cursor, event_type, data, time },
-                        Some(i),
-                    ) => {
-                        retrier.attempt = 0;
-                        touched[i] = true;
-                        chans[i].cursor = Some(cursor.clone());
-                        if let Some(slot) = lock(&shared).get_mut(i) {
-                            *slot = Some(cursor.clone());
-                        }
-                        Update::Event(Event { channel, seq, event_type, data, time, cursor })
-                    }
-                    (ServerMsg::Gap { channel, after, next, reason }, Some(i)) => {
-                        touched[i] = true;
-                        chans[i].cursor = Some(next.clone());
-                        if let Some(slot) = lock(&shared).get_mut(i) {
-                            *slot = Some(next.clone());
-                        }
-                        Update::Gap(Gap { channel, after, next, reason: parse_reason(&reason) })
-                    }
-                    (ServerMsg::Ephemeral { channel, event_type, data, time }, Some(_)) => {
-                        Update::Ephemeral(Ephemeral { channel, event_type, data, time })
-                    }
-                    (ServerMsg::Other, Some(_)) => continue,
-                };
-                yield Ok(update);
+                    Step::Refused(e, _) => break Err(e),
+                }
             };
             if closed {
                 conn.socket.finish().await;
             } else {
                 drop(conn);
             }
-            let wait = match end {
-                Ok(()) if !opts.reconnect => return,
-                Ok(()) => retrier.closed(&opts, opened_at),
-                Err(e) => {
-                    if e.is_terminal() || !opts.reconnect {
-                        yield Err(e);
-                        return;
-                    }
-                    retrier.failed(&opts, &e)
+            match retrier.after(&opts, opened_at, end) {
+                Ok(wait) if wait.is_zero() => {}
+                Ok(wait) => tokio::time::sleep(wait).await,
+                Err(None) => return,
+                Err(Some(e)) => {
+                    yield Err(e);
+                    return;
                 }
-            };
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
             }
         }
     }

@@ -43,7 +43,7 @@ pub const COMPLETED: &str = "gapless.session.completed";
 /// Marker type of a cancelled session's last event.
 pub const CANCELLED: &str = "gapless.session.cancelled";
 /// Longest session id, in characters (`A-Z a-z 0-9 _ -`).
-pub const MAX_ID_LEN: usize = 128;
+pub const MAX_ID_LEN: usize = gapless_protocol::name::MAX_SESSION_ID_LEN;
 /// The idempotency key of a session's opening marker: of two creates of one
 /// id that both found it absent, the journal takes one marker.
 const CREATE_KEY: &str = "gapless.session.create";

@@ -60,10 +60,10 @@ impl Gap {
             .map(|(e, s)| Cursor::single(&self.channel, e, s).encode());
         let next = Cursor::single(&self.channel, self.next.0, self.next.1).encode();
         serde_json::to_string(&gapless_protocol::event::GapNotice {
-            channel: &self.channel,
+            channel: (&*self.channel).into(),
             after,
             next,
-            reason: self.reason.as_str(),
+            reason: self.reason.as_str().into(),
         })
         .unwrap_or_default()
     }
@@ -105,10 +105,10 @@ impl Ephemeral {
     /// The envelope shape (`seq` null).
     pub fn envelope(&self) -> Envelope<'_> {
         Envelope {
-            channel: &self.channel,
+            channel: (&*self.channel).into(),
             seq: None,
-            event_type: self.event_type.as_deref(),
-            data: &self.data,
+            event_type: self.event_type.as_deref().map(Into::into),
+            data: (&*self.data).into(),
             time: self.time,
         }
     }

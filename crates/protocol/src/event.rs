@@ -6,8 +6,10 @@
 
 use crate::cursor::Cursor;
 use crate::sse::{self, Format};
+use crate::ws::{EventMessage, ServerMessage};
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -31,6 +33,27 @@ impl fmt::Debug for Epoch {
 impl Serialize for Epoch {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+impl std::str::FromStr for Epoch {
+    type Err = String;
+
+    /// Reads the wire form: exactly 16 hex digits.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.len() != 16 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("an epoch is 16 hex digits, not {s:?}"));
+        }
+        u64::from_str_radix(s, 16)
+            .map(Epoch)
+            .map_err(|e| format!("epoch {s:?}: {e}"))
+    }
+}
+
+impl<'de> Deserialize<'de> for Epoch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = Cow::<'de, str>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -84,7 +107,10 @@ impl fmt::Debug for Event {
 }
 
 /// JSON shape of an event in history pages: `{"seq","cursor","type","data","time"}`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+//
+// (Not in the document:) the server writes it borrowed from the journal's
+// `Event`; a client reads it as `EventJson<'static>` (every string owned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = Event)]
 pub struct EventJson<'a> {
     /// The event's seq: its position in the channel, dense from 1.
@@ -93,30 +119,35 @@ pub struct EventJson<'a> {
     /// The single-channel cursor positioned at this event (pass it as `after`
     /// or `last_event_id` to continue after it).
     #[schema(value_type = crate::Cursor)]
-    pub cursor: &'a str,
+    pub cursor: Cow<'a, str>,
     /// The type, or null.
     #[serde(rename = "type")]
-    pub event_type: Option<&'a str>,
+    #[schema(value_type = Option<String>)]
+    pub event_type: Option<Cow<'a, str>>,
     /// The payload, UTF-8 text as published.
-    pub data: &'a str,
+    #[schema(value_type = String)]
+    pub data: Cow<'a, str>,
     /// Commit time, Unix milliseconds.
     pub time: u64,
 }
 
 /// JSON shape of `?format=envelope` SSE data: `{"channel","seq","type","data","time"}`;
 /// `seq` is null for an ephemeral event.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Envelope<'a> {
     /// The channel.
-    pub channel: &'a str,
+    #[schema(value_type = String)]
+    pub channel: Cow<'a, str>,
     /// The seq, or null for an ephemeral event.
     #[schema(minimum = 1)]
     pub seq: Option<u64>,
     /// The type, or null.
     #[serde(rename = "type")]
-    pub event_type: Option<&'a str>,
+    #[schema(value_type = Option<String>)]
+    pub event_type: Option<Cow<'a, str>>,
     /// The payload.
-    pub data: &'a str,
+    #[schema(value_type = String)]
+    pub data: Cow<'a, str>,
     /// Unix ms.
     pub time: u64,
 }
@@ -124,11 +155,11 @@ pub struct Envelope<'a> {
 /// JSON shape of a gap notice (the data of an SSE `event: gap`, and the
 /// WebSocket `gap` message's fields): the hole is every event after `after`
 /// up to and including `next`, which is where delivery continues.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GapNotice<'a> {
     /// The channel.
     #[schema(value_type = crate::schema::ChannelName)]
-    pub channel: &'a str,
+    pub channel: Cow<'a, str>,
     /// The client's position before the hole, as a single-channel cursor;
     /// null when it could not be read (reason `unknown`).
     #[schema(value_type = Option<crate::Cursor>)]
@@ -137,20 +168,11 @@ pub struct GapNotice<'a> {
     #[schema(value_type = crate::Cursor)]
     pub next: String,
     /// Why.
+    //
+    // (Not in the document:) one of `GapReason`'s strings; a client reads a
+    // reason it does not know as `unknown`.
     #[schema(value_type = crate::codes::GapReason)]
-    pub reason: &'static str,
-}
-
-#[derive(Serialize)]
-struct WsEvent<'a> {
-    op: &'static str,
-    channel: &'a str,
-    seq: u64,
-    cursor: &'a str,
-    #[serde(rename = "type")]
-    event_type: Option<&'a str>,
-    data: &'a str,
-    time: u64,
+    pub reason: Cow<'a, str>,
 }
 
 impl Event {
@@ -185,9 +207,9 @@ impl Event {
     pub fn to_json(&self) -> EventJson<'_> {
         EventJson {
             seq: self.seq,
-            cursor: self.cursor(),
-            event_type: self.event_type.as_deref(),
-            data: &self.data,
+            cursor: Cow::Borrowed(self.cursor()),
+            event_type: self.event_type.as_deref().map(Cow::Borrowed),
+            data: Cow::Borrowed(&self.data),
             time: self.time,
         }
     }
@@ -195,10 +217,10 @@ impl Event {
     /// The envelope shape of this event.
     pub fn envelope(&self) -> Envelope<'_> {
         Envelope {
-            channel: &self.channel,
+            channel: Cow::Borrowed(&self.channel),
             seq: Some(self.seq),
-            event_type: self.event_type.as_deref(),
-            data: &self.data,
+            event_type: self.event_type.as_deref().map(Cow::Borrowed),
+            data: Cow::Borrowed(&self.data),
             time: self.time,
         }
     }
@@ -207,15 +229,14 @@ impl Event {
     /// `{"op":"event","channel","seq","cursor","type","data","time"}`.
     pub fn ws_message(&self) -> &Bytes {
         self.cache.ws_message.get_or_init(|| {
-            let msg = WsEvent {
-                op: "event",
-                channel: &self.channel,
+            let msg = ServerMessage::Event(EventMessage {
+                channel: Cow::Borrowed(&self.channel),
                 seq: self.seq,
-                cursor: self.cursor(),
-                event_type: self.event_type.as_deref(),
-                data: &self.data,
+                cursor: Cow::Borrowed(self.cursor()),
+                event_type: self.event_type.as_deref().map(Cow::Borrowed),
+                data: Cow::Borrowed(&self.data),
                 time: self.time,
-            };
+            });
             Bytes::from(serde_json::to_vec(&msg).unwrap_or_default())
         })
     }

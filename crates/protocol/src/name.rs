@@ -15,6 +15,8 @@ use thiserror::Error;
 pub const MAX_CHANNEL_LEN: usize = 200;
 /// Longest event type, in characters.
 pub const MAX_TYPE_LEN: usize = 64;
+/// Longest session id, in characters (`A-Z a-z 0-9 _ -`).
+pub const MAX_SESSION_ID_LEN: usize = 128;
 /// Event types the server uses for its own notices.
 pub const RESERVED_TYPES: &[&str] = &["gap"];
 /// Prefix reserved for future server notices.

@@ -8,15 +8,17 @@
 //! - [`ErrorCode`]: the `error` field, one of [`ErrorCode::ALL`].
 //! - [`GapReason`]: one of [`GapReason::ALL`].
 //! - [`ChannelName`] and [`EventType`]: the name rules of [`crate::name`] as
-//!   patterns; [`Seq`]: a seq parameter. They are schema-only types: names
-//!   travel as `String`s, seqs as `u64`s.
+//!   patterns; [`SessionId`]: a session id; [`Seq`]: a seq parameter. They
+//!   are schema-only types: names and ids travel as `String`s, seqs as `u64`s.
 //!
 //! No HTTP here: these are schemas of values, whatever carries them.
 
 use crate::codes::{ErrorCode, GapReason};
 use crate::cursor::{Cursor, MAX_CURSOR_LEN};
 use crate::event::Epoch;
-use crate::name::{MAX_CHANNEL_LEN, MAX_TYPE_LEN, RESERVED_TYPES, RESERVED_TYPE_PREFIX};
+use crate::name::{
+    MAX_CHANNEL_LEN, MAX_SESSION_ID_LEN, MAX_TYPE_LEN, RESERVED_TYPES, RESERVED_TYPE_PREFIX,
+};
 use std::borrow::Cow;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
@@ -157,6 +159,30 @@ impl PartialSchema for ChannelName {
 impl ToSchema for ChannelName {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("ChannelName")
+    }
+}
+
+/// The schema of a session id (`gapless_core::session::valid_id`); ids
+/// travel as `String`s.
+pub struct SessionId;
+
+impl PartialSchema for SessionId {
+    fn schema() -> RefOr<Schema> {
+        let max = MAX_SESSION_ID_LEN;
+        string(&format!(
+            "A session: 1 to {max} characters of A-Z a-z 0-9 _ - (named `session/ID` in \
+             token patterns)."
+        ))
+        .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{max}}}$")))
+        .min_length(Some(1))
+        .max_length(Some(max))
+        .into()
+    }
+}
+
+impl ToSchema for SessionId {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SessionId")
     }
 }
 

@@ -4,8 +4,6 @@
 use crate::error::ApiError;
 use gapless_core::session::{SessionError, Status};
 use gapless_protocol::codes::ErrorCode;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
@@ -27,24 +25,13 @@ impl From<SessionError> for ApiError {
     }
 }
 
-/// Where a session is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SessionStatus {
-    /// Takes events.
-    Open,
-    /// Ended by its producer after its last event.
-    Completed,
-    /// Ended by its producer, or by the grace window running out with no consumer.
-    Cancelled,
-}
+pub use gapless_protocol::answers::SessionStatus;
 
-impl From<Status> for SessionStatus {
-    fn from(s: Status) -> Self {
-        match s {
-            Status::Open => SessionStatus::Open,
-            Status::Completed => SessionStatus::Completed,
-            Status::Cancelled => SessionStatus::Cancelled,
-        }
+/// A session's status as the wire shows it.
+pub fn status_json(s: Status) -> SessionStatus {
+    match s {
+        Status::Open => SessionStatus::Open,
+        Status::Completed => SessionStatus::Completed,
+        Status::Cancelled => SessionStatus::Cancelled,
     }
 }

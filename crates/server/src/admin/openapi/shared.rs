@@ -12,10 +12,8 @@
 //! body schema named here is also listed in [`super::ApiDoc`]'s components.
 
 use crate::error::ErrorBody;
-use gapless_core::session;
 use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response};
-use utoipa::ToSchema;
 use utoipa::{IntoParams, IntoResponses};
 
 /// Declares `$group`, whose answers are those of every `$part`.
@@ -48,30 +46,7 @@ pub struct SessionPath {
     pub id: String,
 }
 
-/// The schema of a session id ([`session::valid_id`]); ids travel as `String`s.
-pub struct SessionId;
-
-impl utoipa::PartialSchema for SessionId {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let max = session::MAX_ID_LEN;
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::String)
-            .description(Some(format!(
-                "A session: 1 to {max} characters of A-Z a-z 0-9 _ - (named `session/ID` in \
-                 token patterns)."
-            )))
-            .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{max}}}$")))
-            .min_length(Some(1))
-            .max_length(Some(max))
-            .into()
-    }
-}
-
-impl ToSchema for SessionId {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("SessionId")
-    }
-}
+pub use gapless_protocol::schema::SessionId;
 
 // ---- Answers of one status ----
 

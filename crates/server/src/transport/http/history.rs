@@ -13,13 +13,12 @@ use crate::App;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;
 use gapless_core::ChannelState;
+use gapless_protocol::answers::PageEvents;
+pub use gapless_protocol::answers::{ChannelInfo, HistoryPage};
 use gapless_protocol::codes::{ErrorCode, GapReason};
-use gapless_protocol::event::EventJson;
 use gapless_protocol::schema::ChannelName;
-use gapless_protocol::{Cursor, CursorError, Epoch, Event};
-use serde::Serialize;
+use gapless_protocol::{Cursor, CursorError};
 use std::sync::Arc;
-use utoipa::ToSchema;
 
 /// Default page size.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -29,37 +28,6 @@ pub const MAX_LIMIT: usize = 1000;
 /// bytes of data, so one request cannot make the server build a huge answer.
 /// A page always holds at least one event.
 pub const PAGE_DATA_BYTES: usize = 4 << 20;
-
-/// One page of history (a channel's, or a session's).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct HistoryPage {
-    /// The channel (or, for a session's history, the session's id).
-    pub channel: String,
-    /// The journal incarnation.
-    pub epoch: Epoch,
-    /// The oldest retained seq (`head + 1` when nothing is retained).
-    #[schema(minimum = 1)]
-    pub floor: u64,
-    /// The newest seq ever assigned; 0 before the first event.
-    pub head: u64,
-    /// The page's events, in seq order: at most `limit`, and fewer once they
-    /// hold 4 MiB of data (never none while events remain).
-    #[schema(value_type = Vec<EventJson>)]
-    #[serde(serialize_with = "events_json")]
-    pub events: Vec<Arc<Event>>,
-    /// The cursor to pass as `after` for the next page; on the page with
-    /// `done: true`, the position of the head when the page was read (follow
-    /// live from it).
-    #[schema(value_type = Cursor)]
-    pub next: String,
-    /// Whether this page reaches the head.
-    pub done: bool,
-}
-
-/// Writes each event in its history shape ([`Event::to_json`]).
-fn events_json<S: serde::Serializer>(events: &[Arc<Event>], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(events.iter().map(|e| e.to_json()))
-}
 
 /// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
 #[utoipa::path(
@@ -174,7 +142,7 @@ pub(crate) async fn page(
         epoch: st.epoch,
         floor: st.floor,
         head: st.head,
-        events,
+        events: PageEvents::Journal(events),
         next,
         done,
     }))
@@ -242,24 +210,6 @@ fn channel_position(
             format!("after: {e}"),
         )),
     }
-}
-
-/// A channel's bounds and audience.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ChannelInfo {
-    /// The channel.
-    #[schema(value_type = ChannelName)]
-    pub channel: String,
-    /// The journal incarnation.
-    pub epoch: Epoch,
-    /// The oldest retained seq (`head + 1` when nothing is retained; 1 for a
-    /// channel never published to).
-    #[schema(minimum = 1)]
-    pub floor: u64,
-    /// The newest seq ever assigned; 0 before the first event.
-    pub head: u64,
-    /// Subscribers on this node now.
-    pub subscribers: usize,
 }
 
 /// `GET /v1/channels/{channel}`: `{"channel","epoch","floor","head","subscribers"}`.

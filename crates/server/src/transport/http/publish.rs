@@ -16,67 +16,14 @@ use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use gapless_protocol::answers::{
+    BatchEvent, BatchItem, BatchPublished, EphemeralDelivered, Published,
+};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use gapless_protocol::schema::{ChannelName, EventType};
 use gapless_protocol::{Cursor, NewEvent};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use utoipa::ToSchema;
-
-/// The answer to a journaled publish (201, or 200 for an idempotent retry).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Published {
-    /// The channel.
-    #[schema(value_type = ChannelName)]
-    pub channel: String,
-    /// The event's seq.
-    #[schema(minimum = 1)]
-    pub seq: u64,
-    /// The cursor positioned at the event.
-    #[schema(value_type = gapless_protocol::Cursor)]
-    pub cursor: String,
-}
-
-/// The answer to an ephemeral publish (202).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EphemeralDelivered {
-    /// The channel.
-    #[schema(value_type = ChannelName)]
-    pub channel: String,
-    /// How many current subscribers it was handed to.
-    pub subscribers: usize,
-}
-
-/// One event of a batch's answer.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BatchItem {
-    /// Its seq.
-    #[schema(minimum = 1)]
-    pub seq: u64,
-    /// The cursor positioned at it.
-    #[schema(value_type = gapless_protocol::Cursor)]
-    pub cursor: String,
-}
-
-/// The answer to a batch publish (201, or 200 for an idempotent retry).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BatchPublished {
-    /// The channel.
-    #[schema(value_type = ChannelName)]
-    pub channel: String,
-    /// The first event's seq.
-    #[schema(minimum = 1)]
-    pub first_seq: u64,
-    /// The last event's seq (`first_seq` + the batch's length - 1).
-    #[schema(minimum = 1)]
-    pub last_seq: u64,
-    /// The cursor positioned at the last event.
-    #[schema(value_type = gapless_protocol::Cursor)]
-    pub cursor: String,
-    /// Every event's seq and cursor, in order.
-    pub events: Vec<BatchItem>,
-}
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
 /// data) or, with `ephemeral=true`, hands it to current subscribers only.
@@ -203,18 +150,6 @@ pub(crate) async fn read_event(
         )
     })?;
     Ok((NewEvent { event_type, data }, key))
-}
-
-/// One event of a batch publish body.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchEvent {
-    /// The event's data: text of at most `--max-event-bytes` bytes.
-    pub data: String,
-    /// The event's type; none when absent or null.
-    #[serde(rename = "type")]
-    #[schema(value_type = Option<EventType>)]
-    pub event_type: Option<String>,
 }
 
 /// `POST /v1/channels/{channel}/batch`: body is a JSON array of objects

@@ -7,7 +7,7 @@ use crate::admin::openapi::shared::{
 };
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
-use crate::ops::sessions::SessionStatus;
+use crate::ops::sessions::status_json;
 use crate::transport::http::history::{self, HistoryPage};
 use crate::transport::http::publish::{read_body, read_event};
 use crate::transport::query::Query;
@@ -18,48 +18,21 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_core::session::{self, Info, Status};
+use gapless_protocol::answers::{SessionAppended, SessionInfo};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
-/// A session as its producer sees it.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SessionInfo {
-    /// The session's id.
-    #[schema(value_type = SessionId)]
-    pub id: String,
-    /// Where it is in its life.
-    pub status: SessionStatus,
-    /// Its newest seq (the lifecycle markers count).
-    pub head: u64,
-    /// Whether a consumer is attached now.
-    pub attached: bool,
-}
-
-impl From<&Info> for SessionInfo {
-    fn from(info: &Info) -> Self {
-        SessionInfo {
-            id: info.id.clone(),
-            status: info.status.into(),
-            head: info.head,
-            attached: info.attached,
-        }
+/// A session's state as its answers show it.
+fn info_json(info: &Info) -> SessionInfo {
+    SessionInfo {
+        id: info.id.clone(),
+        status: status_json(info.status),
+        head: info.head,
+        attached: info.attached,
     }
-}
-
-/// The answer to an append (201, or 200 for an idempotent retry).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SessionAppended {
-    /// The session's id.
-    #[schema(value_type = SessionId)]
-    pub id: String,
-    /// The event's seq.
-    #[schema(minimum = 1)]
-    pub seq: u64,
-    /// Whether a consumer is attached now.
-    pub attached: bool,
 }
 
 /// The body of `POST /v1/sessions`: empty, or this.
@@ -139,7 +112,7 @@ pub async fn create(
         }
     }
     let info = app.sessions.create(&app.hub, id).await?;
-    Ok((StatusCode::CREATED, Json(SessionInfo::from(&info))).into_response())
+    Ok((StatusCode::CREATED, Json(info_json(&info))).into_response())
 }
 
 /// `GET /v1/sessions/{id}`: `{"id","status","head","attached"}`.
@@ -166,7 +139,7 @@ pub async fn info(
 ) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Subscribe, &id)?;
     let info = app.sessions.info(&app.hub, &id).await?;
-    Ok(Json(SessionInfo::from(&info)))
+    Ok(Json(info_json(&info)))
 }
 
 /// `POST /v1/sessions/{id}/events`: same body, `?type=` and `Idempotency-Key`
@@ -265,7 +238,7 @@ pub async fn complete(
 ) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Completed).await?;
-    Ok(Json(SessionInfo::from(&info)))
+    Ok(Json(info_json(&info)))
 }
 
 /// `POST /v1/sessions/{id}/cancel`.
@@ -288,7 +261,7 @@ pub async fn cancel(
 ) -> Result<Json<SessionInfo>, ApiError> {
     grant.require_session(Action::Publish, &id)?;
     let info = app.sessions.end(&app.hub, &id, Status::Cancelled).await?;
-    Ok(Json(SessionInfo::from(&info)))
+    Ok(Json(info_json(&info)))
 }
 
 /// `GET /v1/sessions/{id}/events?after=CURSOR&limit=N` (or `after_seq=N`,

@@ -23,8 +23,9 @@ use axum::response::Response;
 use futures::SinkExt;
 use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::{close as code, ErrorCode};
+use gapless_protocol::ws::{PublishedMessage, ServerMessage, Subscribed, Unsubscribed};
 use gapless_protocol::{name, Cursor, NewEvent};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -281,7 +282,7 @@ impl Conn {
                     socket.send(json(&reply)).await.map_err(|_| ())?;
                 }
                 if self.sub.unfollow(&channel) {
-                    Some(json!({"op": "unsubscribed", "id": id, "channel": channel}))
+                    Some(ServerMessage::Unsubscribed(Unsubscribed { id, channel }))
                 } else {
                     Some(messages::error(
                         id.as_ref(),
@@ -302,11 +303,11 @@ impl Conn {
                     .publish(&channel, data, event_type, ephemeral, idempotency_key)
                     .await
                 {
-                    Ok(mut v) => {
-                        if let Some(o) = v.as_object_mut() {
-                            o.insert("id".into(), id.unwrap_or(Value::Null));
-                        }
-                        v
+                    Ok(mut m) => {
+                        let (PublishedMessage::Journaled { id: slot, .. }
+                        | PublishedMessage::Ephemeral { id: slot, .. }) = &mut m;
+                        *slot = Some(id.unwrap_or(Value::Null));
+                        ServerMessage::Published(m)
                     }
                     Err(e) => messages::refused(id.as_ref(), &e),
                 },
@@ -424,25 +425,24 @@ impl Conn {
     /// Ends the replay of a pending subscribe on `channel` early (it is being
     /// unsubscribed or replaced): its `subscribed` reply, with what was replayed so
     /// far, so that every request gets exactly one reply.
-    fn settle(&mut self, channel: &str) -> Option<Value> {
+    fn settle(&mut self, channel: &str) -> Option<ServerMessage<'static>> {
         let i = self.pending.iter().position(|p| p.channel == channel)?;
         let mut p = self.pending.swap_remove(i);
         p.recovered = false;
         Some(self.subscribed(&p))
     }
 
-    fn subscribed(&self, p: &Pending) -> Value {
+    fn subscribed(&self, p: &Pending) -> ServerMessage<'static> {
         let cursor = self.sub.index_of(&p.channel).map(|i| {
             let (epoch, seq) = self.sub.position(i);
             Cursor::single(&p.channel, epoch, seq.min(p.head)).encode()
         });
-        json!({
-            "op": "subscribed",
-            "id": p.id,
-            "channel": p.channel,
-            "replayed": p.replayed,
-            "recovered": p.recovered,
-            "cursor": cursor,
+        ServerMessage::Subscribed(Subscribed {
+            id: Some(p.id.clone().unwrap_or(Value::Null)),
+            channel: p.channel.to_string(),
+            replayed: p.replayed,
+            recovered: p.recovered,
+            cursor,
         })
     }
 
@@ -453,7 +453,7 @@ impl Conn {
         event_type: Option<String>,
         ephemeral: bool,
         key: Option<String>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<PublishedMessage, ApiError> {
         op::check_channel(&self.grant, channel)?;
         let event_type = names::event_type(event_type.as_deref())?;
         let event = NewEvent { event_type, data };
@@ -469,16 +469,19 @@ impl Conn {
         )
         .await?;
         Ok(match published {
-            op::Published::Ephemeral { subscribers } => {
-                json!({"op": "published", "channel": channel, "ephemeral": true, "subscribers": subscribers})
-            }
-            op::Published::Journaled(a) => json!({
-                "op": "published",
-                "channel": channel,
-                "seq": a.last_seq,
-                "cursor": Cursor::single(channel, a.epoch, a.last_seq).encode(),
-                "duplicate": a.duplicate,
-            }),
+            op::Published::Ephemeral { subscribers } => PublishedMessage::Ephemeral {
+                channel: channel.to_owned(),
+                ephemeral: true,
+                subscribers: subscribers as u64,
+                id: None,
+            },
+            op::Published::Journaled(a) => PublishedMessage::Journaled {
+                channel: channel.to_owned(),
+                seq: a.last_seq,
+                cursor: Cursor::single(channel, a.epoch, a.last_seq).encode(),
+                duplicate: a.duplicate,
+                id: None,
+            },
         })
     }
 

@@ -1,53 +1,16 @@
-//! WebSocket message shapes (`docs/protocol.md`): what clients send, and
-//! builders for what the server sends. Every message is a JSON object whose
-//! `op` names it.
+//! WebSocket messages (`docs/protocol.md`): reading what clients send, and
+//! builders for what the server sends. The shapes are
+//! `gapless_protocol::ws`'s, which the Rust client reads too; every message
+//! is a JSON object whose `op` names it.
 
 use gapless_core::subscription::{Ephemeral, Gap};
 use gapless_protocol::codes::ErrorCode;
-use serde::Deserialize;
-use serde_json::{json, Value};
-
-/// A message from a client on `/v1/ws`. `id` is any JSON string or number,
-/// echoed in the reply.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ClientMessage {
-    /// Follow a channel from `cursor` (resume), `since: "earliest"`, or live.
-    Subscribe {
-        /// Request id.
-        id: Option<Value>,
-        /// The channel.
-        channel: String,
-        /// Resume after this cursor.
-        cursor: Option<String>,
-        /// `"earliest"` or `"live"` (default) when there is no cursor.
-        since: Option<String>,
-    },
-    /// Stop following a channel.
-    Unsubscribe {
-        /// Request id.
-        id: Option<Value>,
-        /// The channel.
-        channel: String,
-    },
-    /// Publish one event (same rules and limits as the HTTP publish).
-    Publish {
-        /// Request id.
-        id: Option<Value>,
-        /// The channel.
-        channel: String,
-        /// The data.
-        data: String,
-        /// Optional type.
-        #[serde(rename = "type")]
-        event_type: Option<String>,
-        /// Live only, never journaled.
-        #[serde(default)]
-        ephemeral: bool,
-        /// As the HTTP `Idempotency-Key`.
-        idempotency_key: Option<String>,
-    },
-}
+use gapless_protocol::cursor::Cursor;
+use gapless_protocol::event::GapNotice;
+pub use gapless_protocol::ws::ClientMessage;
+use gapless_protocol::ws::{EphemeralMessage, ErrorMessage, ServerMessage};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
 
 /// Parses a client message; on failure returns the request id (if one could
 /// be read) and what is wrong.
@@ -69,42 +32,64 @@ pub fn parse(text: &str) -> Result<ClientMessage, (Option<Value>, String)> {
         .map_err(|e| (id, format!("{e} (ops: subscribe, unsubscribe, publish)")))
 }
 
-/// `{"op":"error","id","code","message"}`.
-pub fn error(id: Option<&Value>, code: ErrorCode, message: &str) -> Value {
-    json!({"op": "error", "id": id, "code": code.as_str(), "message": message})
+/// The JSON text of a message.
+pub fn text(m: &ServerMessage<'_>) -> String {
+    serde_json::to_string(m).unwrap_or_default()
+}
+
+/// `{"op":"error","id","code","message"}` (`id` null when the request had none).
+pub fn error(id: Option<&Value>, code: ErrorCode, message: &str) -> ServerMessage<'static> {
+    ServerMessage::Error(ErrorMessage {
+        id: Some(id.cloned().unwrap_or(Value::Null)),
+        code: Cow::Borrowed(code.as_str()),
+        message: Cow::Owned(message.to_owned()),
+        extra: Map::new(),
+    })
 }
 
 /// `{"op":"error","id","code","message",…}` for a request refused with `e`:
 /// the extra fields of the HTTP answer too (`limit`, `retry_after`,
 /// `retry_after_ms`, …), so that a refusal over the socket says what the
 /// same refusal over HTTP says.
-pub fn refused(id: Option<&Value>, e: &crate::error::ApiError) -> Value {
-    let mut v = error(id, e.code, &e.message);
-    if let Some(o) = v.as_object_mut() {
-        for (k, x) in &e.extra {
-            o.entry(k.clone()).or_insert_with(|| x.clone());
-        }
+pub fn refused(id: Option<&Value>, e: &crate::error::ApiError) -> ServerMessage<'static> {
+    let mut m = error(id, e.code, &e.message);
+    if let ServerMessage::Error(m) = &mut m {
+        m.extra = e.extra.clone();
     }
-    v
+    m
+}
+
+/// `{"op":"error","code","message"}` without an `id`: the refusal of a
+/// whole socket (a close follows).
+pub fn refusal(code: ErrorCode, message: &str) -> ServerMessage<'_> {
+    ServerMessage::Error(ErrorMessage {
+        id: None,
+        code: Cow::Borrowed(code.as_str()),
+        message: Cow::Borrowed(message),
+        extra: Map::new(),
+    })
 }
 
 /// `{"op":"gap","channel","after","next","reason"}`.
-pub fn gap(g: &Gap) -> Value {
-    let mut v: Value = serde_json::from_str(&g.to_json()).unwrap_or_else(|_| json!({}));
-    if let Some(o) = v.as_object_mut() {
-        o.insert("op".into(), "gap".into());
-    }
-    v
+pub fn gap(g: &Gap) -> ServerMessage<'_> {
+    let after = g
+        .after
+        .map(|(e, s)| Cursor::single(&g.channel, e, s).encode());
+    ServerMessage::Gap(GapNotice {
+        channel: Cow::Borrowed(&g.channel),
+        after,
+        next: Cursor::single(&g.channel, g.next.0, g.next.1).encode(),
+        reason: Cow::Borrowed(g.reason.as_str()),
+    })
 }
 
 /// `{"op":"ephemeral","channel","type","data","time"}`.
-pub fn ephemeral(e: &Ephemeral) -> Value {
-    json!({
-        "op": "ephemeral",
-        "channel": &*e.channel,
-        "type": e.event_type,
-        "data": e.data,
-        "time": e.time,
+pub fn ephemeral(e: &Ephemeral) -> ServerMessage<'_> {
+    ServerMessage::Ephemeral(EphemeralMessage {
+        channel: Cow::Borrowed(&e.channel),
+        event_type: e.event_type.as_deref().map(Cow::Borrowed),
+        data: Cow::Borrowed(&e.data),
+        time: e.time,
     })
 }
 
@@ -124,5 +109,22 @@ mod tests {
         assert!(parse(r#"{"op":"nope"}"#).is_err());
         assert!(parse(r#"[1]"#).is_err());
         assert!(parse(r#"{"op":"subscribe","id":{},"channel":"c"}"#).is_err());
+    }
+
+    #[test]
+    fn errors_name_their_request_or_none() {
+        let e = crate::error::ApiError::new(ErrorCode::TooLarge, "big").with("limit", 10);
+        assert_eq!(
+            text(&refused(Some(&Value::from(5)), &e)),
+            r#"{"op":"error","id":5,"code":"too_large","message":"big","limit":10}"#
+        );
+        assert_eq!(
+            text(&error(None, ErrorCode::InvalidMessage, "x")),
+            r#"{"op":"error","id":null,"code":"invalid_message","message":"x"}"#
+        );
+        assert_eq!(
+            text(&refusal(ErrorCode::Unauthorized, "x")),
+            r#"{"op":"error","code":"unauthorized","message":"x"}"#
+        );
     }
 }

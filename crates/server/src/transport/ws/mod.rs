@@ -27,7 +27,6 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use gapless_protocol::codes::ErrorCode;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -116,9 +115,11 @@ pub fn text(bytes: Bytes) -> Message {
     }
 }
 
-/// A text message from a JSON value.
-pub fn json(v: &Value) -> Message {
-    Message::Text(Utf8Bytes::from(v.to_string()))
+/// A text message of `v`'s JSON (a `gapless_protocol::ws` message).
+pub fn json(v: &impl serde::Serialize) -> Message {
+    Message::Text(Utf8Bytes::from(
+        serde_json::to_string(v).unwrap_or_default(),
+    ))
 }
 
 /// The close reason when a socket's token expires (code 4401).
@@ -155,7 +156,7 @@ pub async fn refuse(mut socket: WebSocket, e: ApiError) {
     } else {
         gapless_protocol::codes::close::UNAUTHORIZED
     };
-    let msg = serde_json::json!({"op": "error", "code": e.code.as_str(), "message": e.message});
+    let msg = messages::refusal(e.code, &e.message);
     let _ = socket.send(json(&msg)).await;
     close(&mut socket, close_code, e.code.as_str()).await;
 }

@@ -27,8 +27,10 @@ use futures::SinkExt;
 use gapless_core::session::{Attachment, SessionError, Status, OPENED};
 use gapless_core::subscription::Item;
 use gapless_protocol::codes::{close as code, ErrorCode};
+use gapless_protocol::ws::{ErrorMessage, SessionMessage};
 use gapless_protocol::Event;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The upgrade handler. A malformed `last_seq` or `takeover` is a 400 before the upgrade.
@@ -124,16 +126,23 @@ async fn run(
         Ok(a) => a,
         Err(e) => {
             let (close_code, err) = refusal(&e);
-            let mut msg = json!({"op": "error", "code": err.as_str(), "message": e.to_string()});
+            let mut msg = ErrorMessage {
+                id: None,
+                code: Cow::Borrowed(err.as_str()),
+                message: Cow::Owned(e.to_string()),
+                extra: Map::new(),
+            };
             if let SessionError::Ended { id, status } = &e {
                 // Not the producer's "takes no more events": what the consumer can do.
-                msg["message"] = Value::from(format!(
+                msg.message = Cow::Owned(format!(
                     "session {id:?} is {}: there is nothing live to attach to; attach with \
                      last_seq to receive the rest of its events and its end, or read its history",
                     status.as_str()
                 ));
-                msg["status"] = Value::from(status.as_str());
+                msg.extra
+                    .insert("status".to_owned(), Value::from(status.as_str()));
             }
+            let msg = SessionMessage::Error(msg);
             let _ = socket.send(json(&msg)).await;
             close(&mut socket, close_code, err.as_str()).await;
             return;
@@ -291,23 +300,26 @@ async fn consume(
     }
 }
 
-async fn send(socket: &mut WebSocket, v: &Value) -> Result<(), axum::Error> {
+async fn send(socket: &mut WebSocket, v: &impl serde::Serialize) -> Result<(), axum::Error> {
     socket.send(json(v)).await
 }
 
 /// `session.resumed`: `replayed_events` were replayed (0 for a live attach)
 /// and delivery continues live after seq `head`.
-fn resumed(id: &str, n: u64, head: u64) -> Value {
-    json!({"op": "session.resumed", "session": id, "replayed_events": n, "head": head})
+fn resumed(id: &str, n: u64, head: u64) -> SessionMessage<'_> {
+    SessionMessage::Resumed {
+        session: Cow::Borrowed(id),
+        replayed_events: n,
+        head: Some(head),
+    }
 }
 
-fn event(id: &str, e: &Event) -> Value {
-    json!({
-        "op": "event",
-        "session": id,
-        "seq": e.seq,
-        "type": e.event_type,
-        "data": e.data,
-        "time": e.time,
-    })
+fn event<'a>(id: &'a str, e: &'a Event) -> SessionMessage<'a> {
+    SessionMessage::Event {
+        session: Cow::Borrowed(id),
+        seq: e.seq,
+        event_type: e.event_type.as_deref().map(Cow::Borrowed),
+        data: Cow::Borrowed(&e.data),
+        time: e.time,
+    }
 }

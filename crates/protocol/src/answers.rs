@@ -1,0 +1,276 @@
+//! The JSON bodies of the HTTP API (docs/api.md): the answers of publish,
+//! batch, history, channel info and sessions, and the items of a batch.
+//!
+//! The server writes them and documents them in its OpenAPI document (their
+//! `ToSchema` names are the schema names there); the Rust client reads them.
+//! Cursors travel as the strings the server wrote (a client never looks
+//! inside one). The error body is the server's (`ErrorBody`): it is built
+//! from the server's error type.
+
+use crate::event::{Epoch, Event, EventJson};
+use crate::schema::{ChannelName, EventType, SessionId};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// The answer to a journaled publish (201, or 200 for an idempotent retry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Published {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The event's seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// The cursor positioned at the event.
+    #[schema(value_type = crate::Cursor)]
+    pub cursor: String,
+}
+
+/// The answer to an ephemeral publish (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EphemeralDelivered {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// How many current subscribers it was handed to.
+    pub subscribers: usize,
+}
+
+/// One event of a batch's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchItem {
+    /// Its seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// The cursor positioned at it.
+    #[schema(value_type = crate::Cursor)]
+    pub cursor: String,
+}
+
+/// The answer to a batch publish (201, or 200 for an idempotent retry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchPublished {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The first event's seq.
+    #[schema(minimum = 1)]
+    pub first_seq: u64,
+    /// The last event's seq (`first_seq` + the batch's length - 1).
+    #[schema(minimum = 1)]
+    pub last_seq: u64,
+    /// The cursor positioned at the last event.
+    #[schema(value_type = crate::Cursor)]
+    pub cursor: String,
+    /// Every event's seq and cursor, in order.
+    pub events: Vec<BatchItem>,
+}
+
+/// One event of a batch publish body.
+//
+// (Not in the document:) read strictly (an unknown field is refused; the
+// server reads it through `crate::object::Object`, so only the object form
+// is taken); written without `type` when it has none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchEvent {
+    /// The event's data: text of at most `--max-event-bytes` bytes.
+    pub data: String,
+    /// The event's type; none when absent or null.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<EventType>)]
+    pub event_type: Option<String>,
+}
+
+/// The events of a [`HistoryPage`], each in its history shape
+/// ([`EventJson`]): the journal's own events when the server writes a page
+/// (shared, not copied), the events read back when a client reads one.
+#[derive(Debug, Clone)]
+pub enum PageEvents {
+    /// Journaled events, written with [`Event::to_json`].
+    Journal(Vec<Arc<Event>>),
+    /// Events read from JSON.
+    Read(Vec<EventJson<'static>>),
+}
+
+impl PageEvents {
+    /// How many events.
+    pub fn len(&self) -> usize {
+        match self {
+            PageEvents::Journal(v) => v.len(),
+            PageEvents::Read(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The events in their history shape, owned.
+    pub fn into_json(self) -> Vec<EventJson<'static>> {
+        match self {
+            PageEvents::Read(v) => v,
+            PageEvents::Journal(v) => v
+                .iter()
+                .map(|e| {
+                    let j = e.to_json();
+                    EventJson {
+                        seq: j.seq,
+                        cursor: j.cursor.into_owned().into(),
+                        event_type: j.event_type.map(|t| t.into_owned().into()),
+                        data: j.data.into_owned().into(),
+                        time: j.time,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Serialize for PageEvents {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PageEvents::Journal(v) => s.collect_seq(v.iter().map(|e| e.to_json())),
+            PageEvents::Read(v) => s.collect_seq(v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PageEvents {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<EventJson<'static>>::deserialize(d).map(PageEvents::Read)
+    }
+}
+
+/// One page of history (a channel's, or a session's).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HistoryPage {
+    /// The channel (or, for a session's history, the session's id).
+    pub channel: String,
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// The oldest retained seq (`head + 1` when nothing is retained).
+    #[schema(minimum = 1)]
+    pub floor: u64,
+    /// The newest seq ever assigned; 0 before the first event.
+    pub head: u64,
+    /// The page's events, in seq order: at most `limit`, and fewer once they
+    /// hold 4 MiB of data (never none while events remain).
+    #[schema(value_type = Vec<EventJson>)]
+    pub events: PageEvents,
+    /// The cursor to pass as `after` for the next page; on the page with
+    /// `done: true`, the position of the head when the page was read (follow
+    /// live from it).
+    #[schema(value_type = crate::Cursor)]
+    pub next: String,
+    /// Whether this page reaches the head.
+    pub done: bool,
+}
+
+/// A channel's bounds and audience.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ChannelInfo {
+    /// The channel.
+    #[schema(value_type = ChannelName)]
+    pub channel: String,
+    /// The journal incarnation.
+    pub epoch: Epoch,
+    /// The oldest retained seq (`head + 1` when nothing is retained; 1 for a
+    /// channel never published to).
+    #[schema(minimum = 1)]
+    pub floor: u64,
+    /// The newest seq ever assigned; 0 before the first event.
+    pub head: u64,
+    /// Subscribers on this node now.
+    pub subscribers: usize,
+}
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum SessionStatus {
+    /// Takes events.
+    Open,
+    /// Ended by its producer after its last event.
+    Completed,
+    /// Ended by its producer, or by the grace window running out with no consumer.
+    Cancelled,
+}
+
+/// A session as its producer sees it.
+//
+// (Not in the document:) the answer of create, complete, cancel and info.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfo {
+    /// The session's id.
+    #[schema(value_type = SessionId)]
+    pub id: String,
+    /// Where it is in its life.
+    pub status: SessionStatus,
+    /// Its newest seq (the lifecycle markers count).
+    pub head: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+/// The answer to an append (201, or 200 for an idempotent retry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionAppended {
+    /// The session's id.
+    #[schema(value_type = SessionId)]
+    pub id: String,
+    /// The event's seq.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// Whether a consumer is attached now.
+    pub attached: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_page_reads_back_what_the_server_writes() {
+        let e = Arc::new(Event::new(
+            "c".into(),
+            Epoch(0x9f),
+            3,
+            Some("t".into()),
+            "x\"y".into(),
+            10,
+        ));
+        let page = HistoryPage {
+            channel: "c".into(),
+            epoch: Epoch(0x9f),
+            floor: 1,
+            head: 3,
+            events: PageEvents::Journal(vec![e.clone()]),
+            next: e.cursor().to_owned(),
+            done: true,
+        };
+        let text = serde_json::to_string(&page).expect("json");
+        assert!(
+            text.starts_with(r#"{"channel":"c","epoch":"000000000000009f","floor":1,"head":3,"events":[{"seq":3,"cursor":""#),
+            "{text}"
+        );
+        let back: HistoryPage = serde_json::from_str(&text).expect("read");
+        assert_eq!(back.epoch, Epoch(0x9f));
+        assert_eq!(back.events.clone().into_json(), page.events.into_json());
+        assert_eq!(serde_json::to_string(&back).expect("json"), text);
+        assert!(serde_json::from_str::<Epoch>(r#""9f""#).is_err());
+    }
+
+    #[test]
+    fn a_batch_item_leaves_out_a_missing_type() {
+        let e = BatchEvent {
+            data: "a".into(),
+            event_type: None,
+        };
+        assert_eq!(serde_json::to_string(&e).expect("json"), r#"{"data":"a"}"#);
+        assert!(serde_json::from_str::<BatchEvent>(r#"{"data":"a","x":1}"#).is_err());
+    }
+}
