@@ -40,8 +40,9 @@ pub const REPLAYS: &str = "gapless_replays_total";
 pub const EVENTS_REPLAYED: &str = "gapless_events_replayed_total";
 /// Gap notices sent, by `reason` (`evicted`, `epoch`, `ahead`, `unknown`).
 pub const GAPS: &str = "gapless_gaps_total";
-/// Error answers, by `code` (the `error` of the JSON body: `unauthorized`, `rate_limited`, …).
-pub const REFUSALS: &str = "gapless_refusals_total";
+/// Error answers, by `code`: counted where an answer is made (`error.rs`,
+/// which names it, as it imports no part).
+pub use crate::error::REFUSALS;
 /// Time from receiving a publish's body to its acknowledgement, in seconds.
 pub const PUBLISH_SECONDS: &str = "gapless_publish_seconds";
 /// Time of one journal commit (with its fsync under `--durability sync`), in seconds.

@@ -102,7 +102,7 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(
-        app.config.body_pace(),
+        crate::ops::limits::BodyPace::of(&app.config),
         &headers,
         body,
         4096,
