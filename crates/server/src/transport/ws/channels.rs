@@ -9,6 +9,7 @@
 use super::messages::{self, ClientMessage};
 use super::Handshake;
 use super::{close, configure, json, text, Beat, Heartbeat};
+use crate::admin::openapi::shared::HandshakeForbidden;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::names;
@@ -50,7 +51,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (`Sec-WebSocket-Protocol: gapless.v1` when the client offered it)."),
         (status = 400, description = "`invalid_request`: not a WebSocket handshake (the message names the header), or subprotocols offered without `gapless.v1`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
+        HandshakeForbidden,
     ),
 )]
 pub async fn handler(

@@ -13,7 +13,7 @@
 use super::channels::receive_error;
 use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::admin::openapi::shared::SessionPath;
+use crate::admin::openapi::shared::{HandshakeForbidden, SessionPath};
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::stream_log::{Ended, Tally};
@@ -54,7 +54,7 @@ use std::sync::Arc;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
         (status = 400, description = "`invalid_request`: a bad `last_seq` or `takeover`, not a WebSocket handshake, or subprotocols offered without `gapless.v1`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
+        HandshakeForbidden,
     ),
 )]
 pub async fn handler(
