@@ -4,6 +4,8 @@
 //! - [`publish`]: one event, a batch, ephemeral events, the idempotency key
 //!   and the publish limits;
 //! - [`start`]: where a subscription starts (cursor, `since`, Last-Event-ID);
+//! - [`history`]: history pages (size, start, data bound, what the journal
+//!   cannot serve) and a channel's bounds;
 //! - [`names`]: the channel and event type rules;
 //! - [`limits`]: the publish rate per publisher, and a request body's pace;
 //! - [`sessions`]: a session's status on the wire and the answer of each
@@ -15,6 +17,7 @@
 //! code and message do not depend on the transport. May use: `auth`, `admin`
 //! (metrics), `config`, `error` and the shared state `App`.
 
+pub mod history;
 pub mod limits;
 pub mod names;
 pub mod publish;

@@ -7,6 +7,7 @@ use crate::admin::openapi::shared::{
 };
 use crate::auth::{Access, Action};
 use crate::error::{ApiError, ErrorBody};
+use crate::ops::history::Reading;
 use crate::ops::sessions::SessionStatus;
 use crate::transport::http::history::{self, HistoryPage};
 use crate::transport::http::publish::{read_body, read_event};
@@ -328,8 +329,8 @@ pub async fn history(
         &app,
         &session::channel_of(&id),
         &id,
-        &Query::parse(raw.as_deref()),
-        true,
+        raw.as_deref(),
+        Reading::Session,
     )
     .await
 }
