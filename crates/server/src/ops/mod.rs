@@ -10,6 +10,9 @@
 //! - [`limits`]: the publish rate per publisher, and a request body's pace;
 //! - [`sessions`]: a session's status on the wire and the answer of each
 //!   refusal;
+//! - [`stream`]: the stream source every transport reads: opening a
+//!   subscription, what ends a stream (shutdown, token expiry), its timer's
+//!   period (heartbeat), the accounting of each delivery;
 //! - [`stream_log`]: what a stream sent and why it ended, its log line.
 //!
 //! A transport reads its wire into these calls and writes their answers in
@@ -23,4 +26,5 @@ pub mod names;
 pub mod publish;
 pub mod sessions;
 pub mod start;
+pub mod stream;
 pub mod stream_log;

@@ -19,12 +19,14 @@ pub mod busy;
 #[allow(dead_code)]
 mod doc;
 
+use crate::admin::metrics::Transport;
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
 use crate::net::liveness::Flushes;
 use crate::ops::names;
 use crate::ops::start::{self, Resume};
+use crate::ops::stream::{self, End, EndSignal};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::transport::query::Query;
 use crate::App;
@@ -37,10 +39,7 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::time::Instant;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -388,23 +387,9 @@ async fn open(
     };
     let format = StreamFormat { format, untyped };
     let starts = starts(&channels, q, headers)?;
-    if app.shutdown.is_cancelled() {
-        return Err(ApiError::new(
-            ErrorCode::ShuttingDown,
-            "the server is shutting down",
-        ));
-    }
-    let (sub, gaps) = match app
-        .hub
-        .subscribe(
-            channels.into_iter().zip(starts).collect(),
-            app.config.read_batch,
-        )
-        .await
-    {
+    let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
         Ok(opened) => opened,
         Err(e) => {
-            let e = ApiError::from(e);
             if !matches!(e.code, ErrorCode::Unavailable | ErrorCode::JournalFailed) {
                 return Err(e);
             }
@@ -426,9 +411,7 @@ async fn open(
         head.extend_from_slice(&g.sse_frame());
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
-    let expires = grant
-        .remaining()
-        .map(|left| std::time::Instant::now() + left);
+    let expires = stream::expires_at(grant);
     let feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
@@ -528,13 +511,10 @@ pub struct Feed {
     /// Made by the first wait, on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
     /// Resolves when the stream must end: the server shuts down, or the
-    /// token that opened it stops being honoured. One boxed future, made
-    /// once: on a child of the server's token (polling a token's future
-    /// takes the token's lock, and every stream sharing one token's lock on
-    /// every step would contend for it); its timer, if any, is made when it
-    /// is first polled, on the runtime that drives the stream. Kept out of
-    /// line so the stream's task stays small (docs/design.md, "Fan-out").
-    end: Pin<Box<dyn Future<Output = End> + Send>>,
+    /// token that opened it stops being honoured ([`stream::end_signal`]).
+    /// Kept out of line so the stream's task stays small (docs/design.md,
+    /// "Fan-out").
+    end: EndSignal,
     /// `end` has completed (it is not polled again).
     ended: bool,
     /// The token expired while a writer waited for a full socket
@@ -543,13 +523,6 @@ pub struct Feed {
     expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
-}
-
-/// Why a stream ends on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Shutdown,
-    Expired,
 }
 
 impl Drop for Feed {
@@ -568,21 +541,8 @@ impl Feed {
         expires: Option<std::time::Instant>,
         gaps: usize,
     ) -> Self {
-        let shutdown = app.shutdown.child_token().cancelled_owned();
-        let end: Pin<Box<dyn Future<Output = End> + Send>> = match expires {
-            None => Box::pin(async move {
-                shutdown.await;
-                End::Shutdown
-            }),
-            Some(at) => Box::pin(async move {
-                tokio::select! {
-                    () = shutdown => End::Shutdown,
-                    () = tokio::time::sleep_until(Instant::from_std(at)) => End::Expired,
-                }
-            }),
-        };
         Feed {
-            end,
+            end: stream::end_signal(&app, expires),
             ended: false,
             expired_while_blocked: false,
             tally: Tally::new(gaps),
@@ -609,7 +569,7 @@ impl Feed {
         }
         let heartbeat_ms = self.app.config.heartbeat_ms;
         let tick_ms = self.tick_ms();
-        let beat = Self::beat(&mut self.beat, tick_ms);
+        let beat = stream::timer(&mut self.beat, tick_ms);
         let item = tokio::select! {
             biased;
             end = self.end.as_mut(), if !self.ended => {
@@ -641,13 +601,7 @@ impl Feed {
                 Flow::Fail(log)
             }
             Ok(Item::Events { index, events }) => {
-                self.tally.events(events.len());
-                crate::admin::metrics::delivered(
-                    crate::admin::metrics::Transport::Sse,
-                    events.len(),
-                    events.last().map_or(0, |e| e.time),
-                    self.sub.lag(index),
-                );
+                stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
                 let StreamFormat { format, untyped } = self.format;
                 if self.sub.len() == 1 {
                     for e in &events {
@@ -699,24 +653,9 @@ impl Feed {
         self.tally.ending()
     }
 
-    /// The period of the stream's one timer: the heartbeat, or with
-    /// heartbeats off, a quarter of `--tcp-user-timeout-ms` (a liveness
-    /// check with no frame); 0 = no timer.
+    /// The period of the stream's one timer ([`stream::tick_ms`]).
     fn tick_ms(&self) -> u64 {
-        match self.app.config.heartbeat_ms {
-            0 => self.app.config.tcp_user_timeout_ms / 4,
-            ms => ms,
-        }
-    }
-
-    /// The stream's timer, made on first use (on the runtime that drives it).
-    fn beat(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
-        slot.get_or_insert_with(|| {
-            let period = Duration::from_millis(tick_ms.max(1));
-            let mut beat = tokio::time::interval_at(Instant::now() + period, period);
-            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            beat
-        })
+        stream::tick_ms(&self.app.config)
     }
 
     /// Waits for the next tick of the stream's timer (forever without one),
@@ -751,11 +690,7 @@ impl Feed {
         if end == Poll::Ready(End::Expired) {
             self.expired_while_blocked = true;
             self.ended_by(Ended::TokenExpired);
-            let shutdown = self.app.shutdown.child_token().cancelled_owned();
-            self.end = Box::pin(async move {
-                shutdown.await;
-                End::Shutdown
-            });
+            self.end = stream::shutdown_signal(&self.app);
             end = self.end.as_mut().poll(cx);
         }
         if end.is_ready() {
@@ -777,7 +712,7 @@ impl Feed {
         if tick_ms == 0 {
             return std::task::Poll::Pending;
         }
-        Self::beat(&mut self.beat, tick_ms)
+        stream::timer(&mut self.beat, tick_ms)
             .poll_tick(cx)
             .map(|_| ())
     }

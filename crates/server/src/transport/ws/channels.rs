@@ -15,6 +15,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::ops::names;
 use crate::ops::publish::{self as op, KeyName};
 use crate::ops::start::{self, Resume};
+use crate::ops::stream::{self, Expiry};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -120,7 +121,7 @@ async fn run(
     // A ping due while a delivery was being written: sent right after it.
     let mut ping_owed = false;
     let shutdown = app.shutdown.clone();
-    let mut expiry = super::Expiry::new(&grant);
+    let mut expiry = Expiry::new(&grant);
     let mut conn = Conn {
         sub: app.hub.empty_subscription(app.config.read_batch),
         grant,
@@ -486,12 +487,12 @@ impl Conn {
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
         match item {
             Item::Events { index, events } => {
-                self.tally.events(events.len());
-                crate::admin::metrics::delivered(
+                stream::delivered(
                     crate::admin::metrics::Transport::Ws,
-                    events.len(),
-                    events.last().map_or(0, |e| e.time),
-                    self.sub.lag(index),
+                    &mut self.tally,
+                    &self.sub,
+                    index,
+                    &events,
                 );
                 crate::admin::metrics::written(
                     crate::admin::metrics::Transport::Ws,

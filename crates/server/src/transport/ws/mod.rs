@@ -19,7 +19,6 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::Grant;
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -123,29 +122,6 @@ pub fn json(v: &Value) -> Message {
 
 /// The close reason when a socket's token expires (code 4401).
 pub const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
-
-/// The end of a socket's token: a timer that fires when the token stops
-/// being honoured, and never on an open server.
-pub struct Expiry(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
-
-impl Expiry {
-    /// The timer for `grant`'s token.
-    pub fn new(grant: &Grant) -> Self {
-        Expiry(
-            grant
-                .remaining()
-                .map(|left| Box::pin(tokio::time::sleep(left))),
-        )
-    }
-
-    /// Resolves when the token expires (never without one).
-    pub async fn wait(&mut self) {
-        match &mut self.0 {
-            Some(s) => s.as_mut().await,
-            None => std::future::pending().await,
-        }
-    }
-}
 
 /// Refuses an upgraded socket: one `error` message with the refusal's code
 /// and message, then close with 4401 (`unauthorized`) or 4403 (`forbidden`).

@@ -18,10 +18,12 @@
 use super::channels::receive_error;
 use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
+use crate::admin::metrics::Transport;
 use crate::admin::openapi::shared::{HandshakeForbidden, SessionPath};
 use crate::auth::Grant;
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::sessions::{self, Replay, Step};
+use crate::ops::stream::{self, Expiry};
 use crate::ops::stream_log::{Ended, Tally};
 use crate::transport::query::Query;
 use crate::App;
@@ -176,7 +178,7 @@ async fn consume(
 ) -> Stop {
     // A silent consumer whose TCP shows it reading behind is not closed.
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
-    let mut expiry = super::Expiry::new(grant);
+    let mut expiry = Expiry::new(grant);
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let id = att.id().to_owned();
     let (mut replay, now) = Replay::start(&att);
@@ -273,13 +275,7 @@ async fn deliver(
 ) -> Option<Stop> {
     match item {
         Ok(Item::Events { index, events }) => {
-            tally.events(events.len());
-            crate::admin::metrics::delivered(
-                crate::admin::metrics::Transport::Ws,
-                events.len(),
-                events.last().map_or(0, |e| e.time),
-                sub.lag(index),
-            );
+            stream::delivered(Transport::Ws, tally, sub, index, &events);
             send_events(socket, id, replay, &events).await
         }
         Ok(Item::Gap(g)) => {
