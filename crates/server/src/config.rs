@@ -133,7 +133,7 @@ impl Default for ServerConfig {
 /// JSON a WebSocket `publish` message holds besides its escaped `data`:
 /// `op`, `id`, `channel`, `type`, `idempotency_key` and their escapes, with
 /// room to spare (64 KiB).
-pub const WS_MESSAGE_OVERHEAD: usize = 64 << 10;
+pub(crate) const WS_MESSAGE_OVERHEAD: usize = 64 << 10;
 
 /// The smallest `ws_max_message_bytes` that fits a `publish` of every event
 /// of up to `max_event_bytes` bytes of data: 6 bytes per byte of data (the

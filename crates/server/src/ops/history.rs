@@ -15,13 +15,13 @@ use gapless_protocol::{Cursor, CursorError, Epoch, Event};
 use std::sync::Arc;
 
 /// Default page size.
-pub const DEFAULT_LIMIT: usize = 100;
+pub(crate) const DEFAULT_LIMIT: usize = 100;
 /// Largest page size.
 pub const MAX_LIMIT: usize = 1000;
 /// A page stops early (with `done: false`) once its events hold this many
 /// bytes of data, so one request cannot make the server build a huge answer.
 /// A page always holds at least one event.
-pub const PAGE_DATA_BYTES: usize = 4 << 20;
+pub(crate) const PAGE_DATA_BYTES: usize = 4 << 20;
 
 /// Where a page starts, as `after` names it: `(Some(epoch), seq)`, or
 /// `(None, 0)` for a well-formed cursor of another format version.
@@ -29,7 +29,7 @@ pub type Position = (Option<Epoch>, u64);
 
 /// The parameters of a page request, as texts (absent: `None`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PageQuery<'a> {
+pub(crate) struct PageQuery<'a> {
     /// `limit`: 1 to [`MAX_LIMIT`] events; [`DEFAULT_LIMIT`] when absent.
     pub limit: Option<&'a str>,
     /// `after`: a cursor; from the floor when absent or empty.
@@ -41,7 +41,7 @@ pub struct PageQuery<'a> {
 
 /// Whose history a page reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reading {
+pub(crate) enum Reading {
     /// A channel's: `after=CURSOR` only.
     Channel,
     /// A session's: `after=CURSOR` or `after_seq=N` (its consumers hold a `last_seq`).
@@ -50,7 +50,7 @@ pub enum Reading {
 
 /// One page of a journal channel's history.
 #[derive(Debug)]
-pub struct Page {
+pub(crate) struct Page {
     /// The journal incarnation.
     pub epoch: Epoch,
     /// The oldest retained seq (`head + 1` when nothing is retained).
@@ -72,7 +72,7 @@ pub struct Page {
 ///
 /// # Errors
 /// 400 `invalid_channel`; 401/403 from the grant.
-pub fn may_read(grant: &Grant, channel: &str) -> Result<(), ApiError> {
+pub(crate) fn may_read(grant: &Grant, channel: &str) -> Result<(), ApiError> {
     names::channel(channel)?;
     grant.require(Action::Subscribe, channel)
 }
@@ -84,7 +84,7 @@ pub fn may_read(grant: &Grant, channel: &str) -> Result<(), ApiError> {
 /// channel or with `after`) or `invalid_cursor` ([`page_params`]); 410
 /// `cursor_not_served` (with `reason`, `floor` and `floor_cursor`) when the
 /// journal cannot serve the start; the journal's own errors.
-pub async fn page(
+pub(crate) async fn page(
     app: &App,
     channel: &str,
     q: PageQuery<'_>,
@@ -226,7 +226,7 @@ fn channel_position(channel: &str, s: &str) -> Result<Position, ApiError> {
 ///
 /// # Errors
 /// The journal's.
-pub async fn bounds(app: &App, channel: &str) -> Result<(ChannelState, usize), ApiError> {
+pub(crate) async fn bounds(app: &App, channel: &str) -> Result<(ChannelState, usize), ApiError> {
     let st = app.hub.state(channel).await?;
     Ok((st, app.hub.subscribers(channel)))
 }

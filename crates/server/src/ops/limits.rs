@@ -101,7 +101,7 @@ impl PublishLimiter {
 /// How long a body may take: a grace period, then at least `min_rate`
 /// bytes per second on average since the start. `None` when off.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyPace {
+pub(crate) struct BodyPace {
     /// Time allowed before the rate counts, in milliseconds (`--header-timeout-ms`).
     pub grace_ms: u64,
     /// Slowest accepted average, in bytes per second (`--min-body-rate`); 0 = no limit.

@@ -22,9 +22,9 @@
 
 pub mod history;
 pub mod limits;
-pub mod names;
-pub mod publish;
-pub mod sessions;
-pub mod start;
-pub mod stream;
-pub mod stream_log;
+pub(crate) mod names;
+pub(crate) mod publish;
+pub(crate) mod sessions;
+pub(crate) mod start;
+pub(crate) mod stream;
+pub(crate) mod stream_log;

@@ -10,7 +10,7 @@
 //! imports no room. A new wire protocol is a new room; a new rule of the
 //! product goes to `ops` or the hub, never here.
 
-pub mod http;
+pub(crate) mod http;
 pub mod query;
 pub mod sse;
 pub mod ws;

@@ -18,7 +18,7 @@ struct Schemas;
 
 /// The plain HTTP routes: a channel's publish, batch, history and bounds;
 /// a session's create, state, append, history, complete and cancel.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(history::channel_info))

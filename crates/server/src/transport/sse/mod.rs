@@ -14,7 +14,7 @@
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).
 
-pub mod busy;
+pub(crate) mod busy;
 // Types never built: they exist for the document only.
 #[allow(dead_code)]
 mod doc;
@@ -51,7 +51,7 @@ struct Schemas;
 
 /// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
 /// the schemas of what they stream.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(channel_sse))
@@ -98,7 +98,7 @@ struct StreamFormat {
 /// (`event: gapless.expired`).
 #[derive(serde::Serialize, serde::Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ExpiredNotice {
+pub(crate) struct ExpiredNotice {
     /// Always `token_expired`.
     pub error: ExpiredCode,
     /// What to do, for a person: reconnect with a fresh token and the last event id.
@@ -108,7 +108,7 @@ pub struct ExpiredNotice {
 /// `token_expired`, the only value of an expiry notice's `error`.
 #[derive(serde::Serialize, serde::Deserialize, ToSchema, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum ExpiredCode {
+pub(crate) enum ExpiredCode {
     /// The token that opened the stream is no longer honoured.
     TokenExpired,
 }
@@ -118,7 +118,7 @@ pub enum ExpiredCode {
 /// (its `data:` lines joined with LF), `id` (the last `id:` seen) and
 /// `retry`. Frames without data (`retry:`, the `id:`-only frame, heartbeat
 /// comments) are not events.
-pub struct SseEvent;
+pub(crate) struct SseEvent;
 
 impl SseEvent {
     fn variant(
@@ -246,7 +246,7 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
 /// unreachable (cluster mode: Redis down, hung or loading); see
 /// [`retry_later`]. At least the node's own reconnect backoff (up to 2 s)
 /// and short enough that a blip costs a page a few seconds (docs/api.md).
-pub const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
+pub(crate) const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
 
 /// The answer to an SSE request that cannot be served now but may be soon
 /// (a refused connection, `busy.rs`; the journal unreachable or failing at open): 200
@@ -287,7 +287,7 @@ fn retry_frame(retry_ms: u64, why: &str) -> Bytes {
         (status = 400, description = "`invalid_channel`, `invalid_cursor` (a garbage `last_event_id`), or `invalid_request` (a bad `since` or `format`; `channel=` in the query, which is for `/v1/sse`).", body = ErrorBody),
     ),
 )]
-pub async fn channel_sse(
+pub(crate) async fn channel_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,
@@ -324,7 +324,7 @@ pub async fn channel_sse(
         (status = 400, description = "`invalid_channel`, `invalid_cursor`, or `invalid_request` (no channel, more than `--max-subscription-channels`, a bad `since` or `format`).", body = ErrorBody),
     ),
 )]
-pub async fn multi_sse(
+pub(crate) async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
@@ -496,13 +496,13 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
 /// type `gapless.expired`, with no `id:` (the client's cursor stays the last
 /// event's), after which the stream ends. The client reconnects with a fresh
 /// token and its cursor (`docs/security.md`).
-pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
+pub(crate) const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
 
 /// One SSE stream's source of frames: the subscription, its heartbeat and the
 /// shutdown signal. Both transports drain it the same way: the socket writer
 /// of `conn.rs` writes each call's frames in one `writev`; a stream opened on
 /// a connection hyper already serves goes through [`Feed::into_body`].
-pub struct Feed {
+pub(crate) struct Feed {
     app: Arc<App>,
     sub: Subscription,
     format: StreamFormat,
@@ -648,22 +648,9 @@ impl Feed {
         self.tally.ended_by(why);
     }
 
-    /// Why the stream ends, if known yet.
-    pub fn ending(&self) -> Option<Ended> {
-        self.tally.ending()
-    }
-
     /// The period of the stream's one timer ([`stream::tick_ms`]).
     fn tick_ms(&self) -> u64 {
         stream::tick_ms(&self.app.config)
-    }
-
-    /// Waits for the next tick of the stream's timer (forever without one),
-    /// for a writer blocked on a full socket: the heartbeat it would have
-    /// written is skipped (the client has data waiting already), and the
-    /// writer checks its liveness instead. Cancel-safe.
-    pub async fn tick(&mut self) {
-        std::future::poll_fn(|cx| self.poll_tick(cx)).await;
     }
 
     /// For a writer blocked on a full socket: whether the stream must end
@@ -704,7 +691,8 @@ impl Feed {
         Poll::Pending
     }
 
-    /// [`Feed::tick`] as a poll function: a writer waits on it with no
+    /// The wait for the next tick of the stream's timer (forever without
+    /// one) as a poll function: a writer waits on it with no
     /// future of its own (whatever a stream's task holds across an await
     /// stays allocated for the stream's life).
     pub fn poll_tick(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {

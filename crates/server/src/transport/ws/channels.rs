@@ -109,6 +109,47 @@ enum Flow {
     Close(u16, String),
 }
 
+/// Sends a ping and starts the client's time to answer it.
+async fn ping(socket: &mut WebSocket, hb: &mut Heartbeat) -> Result<(), Ended> {
+    socket
+        .send(Message::Ping(Default::default()))
+        .await
+        .map_err(|_| Ended::WriteFailed)?;
+    hb.pinged();
+    Ok(())
+}
+
+/// Delivers `item` with the heartbeat running while the delivery waits for
+/// a full socket: a ping due meanwhile goes right after it (a silent client
+/// is judged again once the write is done). A client that vanished
+/// meanwhile is found by the socket itself (`liveness.rs`): the write fails.
+async fn deliver_beating(
+    conn: &mut Conn,
+    socket: &mut WebSocket,
+    hb: &mut Heartbeat,
+    item: Item,
+) -> Result<(), Ended> {
+    let mut ping_owed = false;
+    {
+        let deliver = conn.deliver(item, socket);
+        tokio::pin!(deliver);
+        loop {
+            tokio::select! {
+                r = &mut deliver => break r.map_err(|()| Ended::WriteFailed)?,
+                beat = hb.tick() => match beat {
+                    Beat::Ping => ping_owed = true,
+                    // Silent: judged again once the write is done.
+                    Beat::Dead => {}
+                },
+            }
+        }
+    }
+    if ping_owed {
+        ping(socket, hb).await?;
+    }
+    Ok(())
+}
+
 async fn run(
     app: Arc<App>,
     mut socket: WebSocket,
@@ -118,8 +159,6 @@ async fn run(
 ) {
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
-    // A ping due while a delivery was being written: sent right after it.
-    let mut ping_owed = false;
     let shutdown = app.shutdown.clone();
     let mut expiry = Expiry::new(&grant);
     let mut conn = Conn {
@@ -155,48 +194,16 @@ async fn run(
                 }
             },
             item = conn.sub.next() => match item {
-                Ok(item) => {
-                    // The heartbeat keeps running while a delivery waits for
-                    // a full socket: a ping due meanwhile goes right after it.
-                    // A client that vanished meanwhile is found by the socket
-                    // itself (`liveness.rs`): the write fails.
-                    let delivered = {
-                    let deliver = conn.deliver(item, &mut socket);
-                    tokio::pin!(deliver);
-                    loop {
-                        tokio::select! {
-                            r = &mut deliver => break r.map_err(|()| Ended::WriteFailed),
-                            beat = hb.tick() => match beat {
-                                Beat::Ping => ping_owed = true,
-                                // Silent: judged again once the write is done.
-                                Beat::Dead => {}
-                            },
-                        }
-                    }
-                    };
-                    match delivered {
-                        Ok(()) if std::mem::take(&mut ping_owed) => {
-                            match socket.send(Message::Ping(Default::default())).await {
-                                Ok(()) => {
-                                    hb.pinged();
-                                    Flow::Continue
-                                }
-                                Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
-                            }
-                        }
-                        Ok(()) => Flow::Continue,
-                        Err(why) => return conn.tally.ended_by(why),
-                    }
-                }
+                Ok(item) => match deliver_beating(&mut conn, &mut socket, &mut hb, item).await {
+                    Ok(()) => Flow::Continue,
+                    Err(why) => return conn.tally.ended_by(why),
+                },
                 Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
             },
             beat = hb.tick() => match beat {
-                Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
-                    Ok(()) => {
-                        hb.pinged();
-                        Flow::Continue
-                    }
-                    Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
+                Beat::Ping => match ping(&mut socket, &mut hb).await {
+                    Ok(()) => Flow::Continue,
+                    Err(why) => return conn.tally.ended_by(why),
                 },
                 Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },

@@ -11,9 +11,9 @@
 //! 1005 or 1006 (those are for local reporting only); a client's close frame is
 //! always answered ([`answer_close`]).
 
-pub mod channels;
+pub(crate) mod channels;
 pub mod messages;
-pub mod session;
+pub(crate) mod session;
 
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -32,17 +32,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The WebSocket routes: `GET /v1/ws` and `GET /v1/sessions/{id}/ws`.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(channels::handler))
         .routes(routes!(session::handler))
 }
 
 /// The subprotocol this server speaks.
-pub const SUBPROTOCOL: &str = "gapless.v1";
+pub(crate) const SUBPROTOCOL: &str = "gapless.v1";
 
 /// Whether `path` is a WebSocket route: `/v1/ws` or `/v1/sessions/{id}/ws`.
-pub fn is_ws_path(path: &str) -> bool {
+pub(crate) fn is_ws_path(path: &str) -> bool {
     path == "/v1/ws"
         || path
             .strip_prefix("/v1/sessions/")
@@ -55,7 +55,10 @@ pub fn is_ws_path(path: &str) -> bool {
 /// the router would otherwise hand to the `GET` handler), is answered
 /// `405 method_not_allowed` with `Allow: GET` (RFC 9110 section 15.5.6: a
 /// 405 lists the methods the route takes) before routing.
-pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+pub(crate) async fn get_only(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
         return next.run(req).await;
     }
@@ -76,7 +79,7 @@ pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next)
 ///
 /// # Errors
 /// 400 `invalid_request` naming the offered protocols.
-pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
     let offered: Vec<&str> = headers
         .get_all("sec-websocket-protocol")
         .iter()
@@ -96,7 +99,7 @@ pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Applies the subprotocol and the socket limits to an upgrade.
-pub fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
+pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
     let max = app.config.ws_max_message_bytes;
     ws.protocols([SUBPROTOCOL])
         .max_message_size(max)
@@ -107,7 +110,7 @@ pub fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
 }
 
 /// A text message from pre-encoded JSON bytes.
-pub fn text(bytes: Bytes) -> Message {
+pub(crate) fn text(bytes: Bytes) -> Message {
     match Utf8Bytes::try_from(bytes) {
         Ok(t) => Message::Text(t),
         // Our encoders only produce UTF-8; this cannot happen.
@@ -116,16 +119,16 @@ pub fn text(bytes: Bytes) -> Message {
 }
 
 /// A text message from a JSON value.
-pub fn json(v: &Value) -> Message {
+pub(crate) fn json(v: &Value) -> Message {
     Message::Text(Utf8Bytes::from(v.to_string()))
 }
 
 /// The close reason when a socket's token expires (code 4401).
-pub const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
+pub(crate) const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
 
 /// Refuses an upgraded socket: one `error` message with the refusal's code
 /// and message, then close with 4401 (`unauthorized`) or 4403 (`forbidden`).
-pub async fn refuse(mut socket: WebSocket, e: ApiError) {
+pub(crate) async fn refuse(mut socket: WebSocket, e: ApiError) {
     let close_code = if e.code == ErrorCode::Forbidden {
         gapless_protocol::codes::close::FORBIDDEN
     } else {
@@ -139,7 +142,7 @@ pub async fn refuse(mut socket: WebSocket, e: ApiError) {
 /// Sends a close frame with `code` and `reason` (at most 123 bytes), then waits
 /// up to one second for the client's close frame so the closing handshake
 /// completes (RFC 6455 section 5.5.1). Errors are ignored: the socket is done.
-pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+pub(crate) async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
     let mut reason = reason.to_owned();
     while reason.len() > 123 {
         reason.pop();
@@ -168,7 +171,7 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 /// violation`) for a code no endpoint may send (section 7.4: 0-999, 1004-1006,
 /// 1014-2999 and 5000 up; 1005 and 1006 are for local reporting only). Waits at
 /// most a second for a client that does not read; the socket closes when dropped.
-pub async fn answer_close(socket: &mut WebSocket) {
+pub(crate) async fn answer_close(socket: &mut WebSocket) {
     use futures::SinkExt;
     // The write ends with `ConnectionClosed` once the answer is out: expected.
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.flush()).await;
@@ -199,7 +202,7 @@ pub async fn answer_close(socket: &mut WebSocket) {
 /// last interval) is not closed: it reads at its own pace.
 /// One whose TCP has acknowledged nothing for the bound is closed. (A write
 /// that waits on a client that vanished fails by itself: `liveness.rs`.)
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// When `sleep` is due, to tell how late it woke.
@@ -215,7 +218,7 @@ pub struct Heartbeat {
 }
 
 /// What the heartbeat asks for.
-pub enum Beat {
+pub(crate) enum Beat {
     /// Send a ping.
     Ping,
     /// The client did not answer: close it.
@@ -341,9 +344,11 @@ impl Heartbeat {
 
 /// The headers of a WebSocket handshake (RFC 6455 section 4.1), on both
 /// WebSocket routes.
+// Never built: it exists for the document only.
+#[allow(dead_code)]
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
-pub struct Handshake {
+pub(crate) struct Handshake {
     /// Must include `upgrade` (RFC 6455 section 4.1).
     #[param(rename = "Connection", pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]")]
     pub connection: String,

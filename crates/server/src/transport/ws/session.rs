@@ -314,12 +314,10 @@ async fn send_events(
                 let _ = send(socket, &message(id, Step::Ended { status, seq })).await;
                 return Some(ended(status));
             }
-            Some(step) => {
-                if socket.feed(json(&message(id, step))).await.is_err() {
-                    return Some(gone());
-                }
+            Some(step) if socket.feed(json(&message(id, step))).await.is_err() => {
+                return Some(gone());
             }
-            None => {}
+            Some(_) | None => {}
         }
     }
     if let Some(r) = replay.resumed_after(events.last().map(|e| &**e)) {
