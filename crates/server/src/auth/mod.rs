@@ -16,6 +16,9 @@
 //! `session/ID` in patterns (`/` is outside the channel alphabet, so no
 //! channel can take a session's name): producers need `publish` on it,
 //! consumers `subscribe`.
+//!
+//! The bottom part: it may use `config`, `error` and `App` from the top,
+//! and no other part (`tests/layers.rs`).
 
 pub mod origin;
 

@@ -1,6 +1,8 @@
 //! The plain HTTP room: publish and batch ([`publish`]), history pages and a
 //! channel's bounds ([`history`]), and the producer side of sessions
-//! ([`sessions`]), as JSON answers.
+//! ([`sessions`]), as JSON answers. The rules are `ops::publish`,
+//! `ops::history` and `ops::sessions`; this room reads the request into
+//! them and writes their answers.
 
 pub mod history;
 pub mod publish;

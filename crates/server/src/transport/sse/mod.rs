@@ -10,6 +10,10 @@
 //! the events' shared pre-encoded bytes; multi-channel streams put the
 //! subscription's cursor in a per-subscriber `id:` line before the shared body.
 //!
+//! The stream source (opening the subscription, its end on shutdown or token
+//! expiry, the timer's period, delivery accounting) is `ops::stream`'s; the
+//! [`Feed`] turns what it gives into SSE frames.
+//!
 //! The handlers validate and subscribe; who writes the frames depends on the
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).

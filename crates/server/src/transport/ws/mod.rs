@@ -9,7 +9,9 @@
 //! unanswered for a whole interval while the server ran, is closed with
 //! 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
 //! 1005 or 1006 (those are for local reporting only); a client's close frame is
-//! always answered ([`answer_close`]).
+//! always answered ([`answer_close`]). What ends a socket on its own
+//! (shutdown, the token's expiry) and the accounting of each delivery come
+//! from `ops::stream`; the session rules from `ops::sessions`.
 
 pub(crate) mod channels;
 pub mod messages;
