@@ -19,8 +19,10 @@ struct Input {
 fuzz_target!(|input: Input| {
     let q = Query::parse(Some(&input.query));
     let channel = input.channels.first().map_or("c", String::as_str);
-    if let Ok((limit, _after)) = gapless_server::transport::http::history::page_params(channel, &q) {
-        assert!((1..=gapless_server::transport::http::history::MAX_LIMIT).contains(&limit));
+    if let Ok((limit, _after)) =
+        gapless_server::ops::history::page_params(channel, q.get("limit"), q.get("after"))
+    {
+        assert!((1..=gapless_server::ops::history::MAX_LIMIT).contains(&limit));
     }
     let mut headers = HeaderMap::new();
     if let Some(h) = input.header.as_deref().and_then(|h| HeaderValue::from_bytes(h).ok()) {

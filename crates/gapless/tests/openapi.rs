@@ -96,7 +96,7 @@ fn routes_in(body: &str, prefix: &str, out: &mut Vec<String>) {
 /// (`transport::http::publish::publish`).
 fn routed_handlers() -> Vec<String> {
     let lib = read(&server_src().join("lib.rs"));
-    let api = fn_body(&lib, "pub fn api(", "lib.rs");
+    let api = fn_body(&lib, "fn api(", "lib.rs");
     let mut out = Vec::new();
     routes_in(api, "", &mut out);
     let mut rest = api;
@@ -105,7 +105,7 @@ fn routed_handlers() -> Vec<String> {
         let module = rest[..rest.find("::routes(").expect("a part's routes() is merged")].trim();
         let file = module_file(module);
         let src = read(&file);
-        let body = fn_body(&src, "pub fn routes(", &file.display().to_string());
+        let body = fn_body(&src, "fn routes(", &file.display().to_string());
         routes_in(body, &format!("{module}::"), &mut out);
     }
     assert!(

@@ -1,6 +1,11 @@
 //! Transport settings: limits, heartbeat and socket options. Every field but
 //! `read_batch` and `on_thread_idle` is a `gapless serve` flag of the same
 //! name (see the README's settings table).
+//!
+//! At the top of the crate, under every part: it imports none of them
+//! (`tests/layers.rs`), so what a setting's value is (the trusted proxies)
+//! is defined here and what a part makes of it lives in the part
+//! (`net::forwarded`, `ops::limits`).
 
 /// Settings of the HTTP/SSE transport.
 #[derive(Debug, Clone)]
@@ -52,7 +57,7 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// The reverse proxies whose forwarded client address is believed
     /// (`--trusted-proxy`, `--forwarded-header`; `forwarded.rs`). Default none.
-    pub trusted_proxies: crate::net::forwarded::TrustedProxies,
+    pub trusted_proxies: TrustedProxies,
     /// Publish rate per publisher (token `sub`, or client IP), in events per
     /// second; 0 = no limit. Past it: 429 `rate_limited` with `Retry-After`.
     /// Default 0.
@@ -117,7 +122,7 @@ impl Default for ServerConfig {
             tcp_user_timeout_ms: 30_000,
             cors_origins: vec!["*".to_owned()],
             max_connections_per_ip: 1000,
-            trusted_proxies: crate::net::forwarded::TrustedProxies::default(),
+            trusted_proxies: TrustedProxies::default(),
             publish_rate: 0,
             publish_burst: 0,
             min_body_rate: 4096,
@@ -137,7 +142,7 @@ impl Default for ServerConfig {
 /// JSON a WebSocket `publish` message holds besides its escaped `data`:
 /// `op`, `id`, `channel`, `type`, `idempotency_key` and their escapes, with
 /// room to spare (64 KiB).
-pub const WS_MESSAGE_OVERHEAD: usize = 64 << 10;
+pub(crate) const WS_MESSAGE_OVERHEAD: usize = 64 << 10;
 
 /// The smallest `ws_max_message_bytes` that fits a `publish` of every event
 /// of up to `max_event_bytes` bytes of data: 6 bytes per byte of data (the
@@ -152,12 +157,22 @@ pub fn ws_message_bytes_for(max_event_bytes: usize) -> usize {
         .saturating_add(WS_MESSAGE_OVERHEAD)
 }
 
-impl ServerConfig {
-    /// The pace a request body must keep (see [`ServerConfig::min_body_rate`]).
-    pub fn body_pace(&self) -> crate::ops::limits::BodyPace {
-        crate::ops::limits::BodyPace {
-            grace_ms: self.header_timeout_ms,
-            min_rate: self.min_body_rate,
-        }
-    }
+/// Which header a trusted proxy writes the client's address in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, HAProxy, Envoy,
+    /// cloud load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
+/// The trusted proxies: peers whose forwarded client address is believed.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    /// The networks (`--trusted-proxy`); empty: no peer is trusted.
+    pub nets: Vec<ipnet::IpNet>,
+    /// The header they write (`--forwarded-header`).
+    pub header: ForwardedHeader,
 }

@@ -1,5 +1,9 @@
 //! API errors: every failure answers JSON `{"error": code, "message": text}`
 //! with the status of its code (registry: `gapless_protocol::codes`).
+//!
+//! At the top of the crate, under every part: every part may use it, so it
+//! imports none of them (`tests/layers.rs`); a part turns its own errors
+//! into an [`ApiError`] (`ops::sessions` for a session's refusals).
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -48,7 +52,7 @@ pub struct ErrorBody {
     pub floor_cursor: Option<String>,
     /// `session_ended`: how the session ended.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::ops::sessions::SessionStatus>)]
+    #[schema(schema_with = session_status)]
     pub status: Option<String>,
     /// Any other field given to [`ApiError::with`]: none today. The schema
     /// has no room for one (`additionalProperties: false`), so a new field
@@ -57,6 +61,21 @@ pub struct ErrorBody {
     #[serde(flatten)]
     #[schema(ignore)]
     pub other: Map<String, Value>,
+}
+
+/// The schema of [`ErrorBody::status`]: the `SessionStatus` schema (defined
+/// with the sessions, `ops::sessions`), or null. Named, not imported: this
+/// module imports no part.
+fn session_status() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, RefBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            RefBuilder::new()
+                .ref_location_from_schema_name("SessionStatus")
+                .description(Some("`session_ended`: how the session ended.")),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .into()
 }
 
 impl ErrorBody {
@@ -86,6 +105,11 @@ impl ErrorBody {
         }
     }
 }
+
+/// The metric of error answers, by `code` (the `error` of the JSON body:
+/// `unauthorized`, `rate_limited`, …); described with the others in
+/// `admin::metrics`.
+pub const REFUSALS: &str = "gapless_refusals_total";
 
 /// The end of a 503 `unavailable` message (the journal is unreachable)
 /// outside a publish, where [`ApiError::publish_refused`] replaces it.
@@ -176,8 +200,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        metrics::counter!(crate::admin::metrics::REFUSALS, "code" => self.code.as_str())
-            .increment(1);
+        metrics::counter!(REFUSALS, "code" => self.code.as_str()).increment(1);
         let mut extra = self.extra;
         // RFC 6750 section 3: a 401 names the scheme; `error="invalid_token"`
         // when a token was presented and failed (not when none was sent).
@@ -233,7 +256,7 @@ pub async fn json_errors(resp: Response) -> Response {
         s if s >= 500 => ErrorCode::JournalFailed,
         _ => ErrorCode::InvalidRequest,
     };
-    metrics::counter!(crate::admin::metrics::REFUSALS, "code" => code.as_str()).increment(1);
+    metrics::counter!(REFUSALS, "code" => code.as_str()).increment(1);
     let message = if text.is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {

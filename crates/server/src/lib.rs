@@ -13,7 +13,7 @@
 pub mod admin;
 pub mod auth;
 pub mod config;
-pub mod error;
+pub(crate) mod error;
 pub mod net;
 pub mod ops;
 pub mod transport;
@@ -57,13 +57,13 @@ pub struct App {
 /// From a trusted proxy (`--trusted-proxy`) it is the forwarded client's
 /// address with port 0 (`forwarded.rs`).
 #[derive(Debug, Clone, Copy)]
-pub struct Peer(pub std::net::SocketAddr);
+pub(crate) struct Peer(pub std::net::SocketAddr);
 
 /// Every route, each registered with its handler's `#[utoipa::path]`
 /// annotation, so the router and the OpenAPI document cannot differ (one
 /// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
 /// is registered another way). `console`: whether `GET /` serves the console.
-pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
+pub(crate) fn api(console: bool) -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())
         .merge(admin::routes(console))
         .merge(transport::http::routes())
@@ -73,7 +73,7 @@ pub fn api(console: bool) -> OpenApiRouter<Arc<App>> {
 
 /// The v1 router, with the OpenAPI document of exactly its routes at
 /// `GET /v1/openapi.json`.
-pub fn router(app: Arc<App>) -> Router {
+pub(crate) fn router(app: Arc<App>) -> Router {
     let (v1, doc) = api(app.config.console).split_for_parts();
     let doc = admin::openapi::Document::new(doc, &app, transport::sse::is_sse_path);
     let cors = cors(&app.config.cors_origins);

@@ -11,7 +11,8 @@
 //!   imports no room;
 //! - `ops` is plain Rust over the hub: no `axum`, no `hyper`, no sockets;
 //! - a part takes from the top (`lib.rs`) only what every handler shares
-//!   ([`TOP_SHARED`]), and `config` and `error`, which every part may use.
+//!   ([`TOP_SHARED`]), and `config` and `error`, which every part may use;
+//! - so `config` and `error` import no part.
 //!
 //! Comments are not read: a doc link to another part is not an import.
 
@@ -241,6 +242,22 @@ fn the_parts_import_each_other_only_along_the_rules() {
             }
         }
         if part == "top" {
+            // `config` and `error` sit under every part (each part may use
+            // them): they import none, or a part would reach itself.
+            if module.len() == 1 && TOP_MODULES.contains(&module[0].as_str()) {
+                for (line, path) in crate_paths(&code) {
+                    let (to, _) = place(&path);
+                    if to != "top" {
+                        broken.push(format!(
+                            "{}: {} imports the part {to} (`crate::{}`); config.rs and \
+                             error.rs are under every part and import none",
+                            at(line),
+                            module[0],
+                            path.join("::")
+                        ));
+                    }
+                }
+            }
             continue;
         }
         for (line, path) in crate_paths(&code) {

@@ -18,40 +18,41 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::{Arc, OnceLock};
 
 /// Open client connections, by `transport` (`sse`, `ws`, `http`).
-pub const CONNECTIONS_OPEN: &str = "gapless_connections_open";
+pub(crate) const CONNECTIONS_OPEN: &str = "gapless_connections_open";
 /// Connections (and, from a trusted proxy, requests) refused by a connection
 /// limit, by `limit` (`connections`: `--max-connections`; `per_ip`:
 /// `--max-connections-per-ip`, by the forwarded client address behind a
 /// trusted proxy).
-pub const CONNECTIONS_REFUSED: &str = "gapless_connections_refused_total";
+pub(crate) const CONNECTIONS_REFUSED: &str = "gapless_connections_refused_total";
 /// Subscribers (SSE streams and WebSocket channel subscriptions), read at scrape.
-pub const SUBSCRIBERS: &str = "gapless_subscribers";
+pub(crate) const SUBSCRIBERS: &str = "gapless_subscribers";
 /// Channels this node follows in memory, read at scrape.
-pub const CHANNELS_FOLLOWED: &str = "gapless_channels_followed";
+pub(crate) const CHANNELS_FOLLOWED: &str = "gapless_channels_followed";
 /// Events published, by `durability` (`sync`, `async`, or `ephemeral`).
-pub const EVENTS_PUBLISHED: &str = "gapless_events_published_total";
+pub(crate) const EVENTS_PUBLISHED: &str = "gapless_events_published_total";
 /// Events written to subscribers, by `transport` (`sse`, `ws`).
-pub const EVENTS_DELIVERED: &str = "gapless_events_delivered_total";
+pub(crate) const EVENTS_DELIVERED: &str = "gapless_events_delivered_total";
 /// Bytes written to subscribers' sockets, by `transport`.
-pub const BYTES_WRITTEN: &str = "gapless_bytes_written_total";
+pub(crate) const BYTES_WRITTEN: &str = "gapless_bytes_written_total";
 /// Subscriptions that resumed from a cursor the journal served whole.
-pub const REPLAYS: &str = "gapless_replays_total";
+pub(crate) const REPLAYS: &str = "gapless_replays_total";
 /// Events those replays had to send (the head at resume time minus the cursor).
-pub const EVENTS_REPLAYED: &str = "gapless_events_replayed_total";
+pub(crate) const EVENTS_REPLAYED: &str = "gapless_events_replayed_total";
 /// Gap notices sent, by `reason` (`evicted`, `epoch`, `ahead`, `unknown`).
-pub const GAPS: &str = "gapless_gaps_total";
-/// Error answers, by `code` (the `error` of the JSON body: `unauthorized`, `rate_limited`, …).
-pub const REFUSALS: &str = "gapless_refusals_total";
+pub(crate) const GAPS: &str = "gapless_gaps_total";
+/// Error answers, by `code`: counted where an answer is made (`error.rs`,
+/// which names it, as it imports no part).
+pub(crate) use crate::error::REFUSALS;
 /// Time from receiving a publish's body to its acknowledgement, in seconds.
-pub const PUBLISH_SECONDS: &str = "gapless_publish_seconds";
+pub(crate) const PUBLISH_SECONDS: &str = "gapless_publish_seconds";
 /// Time of one journal commit (with its fsync under `--durability sync`), in seconds.
-pub const JOURNAL_COMMIT_SECONDS: &str = "gapless_journal_commit_seconds";
+pub(crate) const JOURNAL_COMMIT_SECONDS: &str = "gapless_journal_commit_seconds";
 /// Time from an event's commit to its write to a subscriber, in seconds (per write step).
-pub const DELIVERY_LAG_SECONDS: &str = "gapless_delivery_lag_seconds";
+pub(crate) const DELIVERY_LAG_SECONDS: &str = "gapless_delivery_lag_seconds";
 /// How many events a subscriber is still behind its channel's head after a write step.
-pub const SUBSCRIBER_LAG_EVENTS: &str = "gapless_subscriber_lag_events";
+pub(crate) const SUBSCRIBER_LAG_EVENTS: &str = "gapless_subscriber_lag_events";
 /// Size of the journal on disk, in bytes (absent for journals not on a local disk).
-pub const JOURNAL_SIZE_BYTES: &str = "gapless_journal_size_bytes";
+pub(crate) const JOURNAL_SIZE_BYTES: &str = "gapless_journal_size_bytes";
 
 /// Buckets of the latency histograms, in seconds (100 µs to 10 s).
 const SECONDS_BUCKETS: &[f64] = &[
@@ -100,7 +101,7 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// The cluster bus's notification counter (recorded in `gapless-redis`).
-pub const CLUSTER_NOTIFICATIONS: &str = "gapless_cluster_notifications_total";
+pub(crate) const CLUSTER_NOTIFICATIONS: &str = "gapless_cluster_notifications_total";
 
 /// Gives every metric its `# HELP` line: what it counts, in which unit, and
 /// what moves it (the same words as docs/deploy.md, "Metrics").
@@ -213,7 +214,7 @@ fn describe() {
             content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
     ),
 )]
-pub async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
+pub(crate) async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
     let stats = app.hub.stats();
     metrics::gauge!(SUBSCRIBERS).set(stats.subscribers as f64);
     metrics::gauge!(CHANNELS_FOLLOWED).set(stats.channels as f64);
@@ -238,7 +239,7 @@ pub async fn render(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 /// Which transport a delivery metric is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// Server-Sent Events.
     Sse,
     /// WebSocket (channels and sessions).
@@ -287,7 +288,7 @@ impl Transport {
 /// which the newest was committed at `newest_time_ms` (Unix ms), with `lag`
 /// events still after it on the channel. Called once per step, never per
 /// event per subscriber.
-pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: u64) {
+pub(crate) fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: u64) {
     if events == 0 {
         return;
     }
@@ -301,12 +302,12 @@ pub fn delivered(transport: Transport, events: usize, newest_time_ms: u64, lag: 
 
 /// Counts one refusal by the connection limit `limit` (`connections` or
 /// `per_ip`; see [`CONNECTIONS_REFUSED`]).
-pub fn connection_refused(limit: &'static str) {
+pub(crate) fn connection_refused(limit: &'static str) {
     metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(1);
 }
 
 /// Records `bytes` written to a subscriber's socket in one step.
-pub fn written(transport: Transport, bytes: usize) {
+pub(crate) fn written(transport: Transport, bytes: usize) {
     if bytes > 0 {
         HOT.bytes[transport.index()].increment(bytes as u64);
     }
@@ -315,23 +316,23 @@ pub fn written(transport: Transport, bytes: usize) {
 /// Counts one open connection of transport `T` while it lives (a
 /// zero-sized guard: it adds nothing to a stream's task).
 #[derive(Debug)]
-pub struct Open<T: Kind>(std::marker::PhantomData<T>);
+pub(crate) struct Open<T: Kind>(std::marker::PhantomData<T>);
 
 /// A transport label of [`CONNECTIONS_OPEN`], as a type.
-pub trait Kind {
+pub(crate) trait Kind {
     /// The label.
     const LABEL: &'static str;
 }
 
 /// `transport="sse"`.
 #[derive(Debug)]
-pub struct SseConn;
+pub(crate) struct SseConn;
 /// `transport="ws"`.
 #[derive(Debug)]
-pub struct WsConn;
+pub(crate) struct WsConn;
 /// `transport="http"` (a connection carrying other requests).
 #[derive(Debug)]
-pub struct HttpConn;
+pub(crate) struct HttpConn;
 
 impl Kind for SseConn {
     const LABEL: &'static str = "sse";

@@ -5,9 +5,9 @@
 //! document names), `config`, `error` and `App`; the transports' schemas
 //! come with their own `routes()`.
 
-pub mod console;
+pub(crate) mod console;
 pub mod metrics;
-pub mod openapi;
+pub(crate) mod openapi;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::App;
@@ -22,11 +22,11 @@ use utoipa_axum::routes;
 /// The paths served as usual even on a refused connection (the probes and
 /// metrics). The OpenAPI document reads them too: their operations have no
 /// 503 `limit_reached` ([`openapi`]).
-pub const PROBES: &[&str] = &["/healthz", "/readyz", "/metrics"];
+pub(crate) const PROBES: &[&str] = &["/healthz", "/readyz", "/metrics"];
 
 /// The operations routes: the probes, metrics, this document and, with
 /// `console`, the console page at `GET /`.
-pub fn routes(console: bool) -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes(console: bool) -> OpenApiRouter<Arc<App>> {
     let api = OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))

@@ -16,6 +16,9 @@
 //! `session/ID` in patterns (`/` is outside the channel alphabet, so no
 //! channel can take a session's name): producers need `publish` on it,
 //! consumers `subscribe`.
+//!
+//! The bottom part: it may use `config`, `error` and `App` from the top,
+//! and no other part (`tests/layers.rs`).
 
 pub mod origin;
 
@@ -34,15 +37,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Name of the cookie a browser may carry its token in.
-pub const COOKIE: &str = "gapless_token";
+pub(crate) const COOKIE: &str = "gapless_token";
 /// Name of the query parameter that may carry a token (for clients that can
 /// set neither a header nor a cookie; it can land in access logs).
-pub const QUERY: &str = "access_token";
+pub(crate) const QUERY: &str = "access_token";
 /// Shortest accepted HS256 secret, in bytes (RFC 7518 section 3.2: a key at
 /// least as long as the hash output).
 pub const MIN_SECRET_BYTES: usize = 32;
 /// The prefix of a session's name in patterns: `session/ID`.
-pub const SESSION_PREFIX: &str = "session/";
+pub(crate) const SESSION_PREFIX: &str = "session/";
 
 /// Token settings: the `--jwt-*` flags of `gapless serve`.
 #[derive(Debug, Clone, Default)]
@@ -558,7 +561,7 @@ struct Rights {
 
 /// A 401 answer. `invalid` says a token was presented and failed (RFC 6750
 /// section 3.1 `invalid_token`) rather than missing.
-pub fn unauthorized(message: &str, invalid: bool) -> ApiError {
+pub(crate) fn unauthorized(message: &str, invalid: bool) -> ApiError {
     let mut e = ApiError::new(ErrorCode::Unauthorized, message);
     if invalid {
         e = e.with("token_error", "invalid_token");
@@ -772,7 +775,7 @@ impl Grant {
 /// ([`origin::http_access`]: cross-site request forgery). Every HTTP route
 /// takes its credential here, so the guard holds on each.
 #[derive(Debug, Clone)]
-pub struct Access(pub Arc<Grant>);
+pub(crate) struct Access(pub Arc<Grant>);
 
 impl FromRequestParts<Arc<App>> for Access {
     type Rejection = ApiError;

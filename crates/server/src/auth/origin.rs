@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// Outer: 403 `forbidden` before the upgrade, naming the origin and
 /// `--cors-origin`. Inner: the token's refusal, sent after the upgrade
 /// (the WebSocket transport's `refuse`).
-pub fn access(
+pub(crate) fn access(
     app: &App,
     headers: &HeaderMap,
     query: Option<&str>,
@@ -48,7 +48,7 @@ pub fn access(
 /// # Errors
 /// 403 `forbidden` naming the origin and `--cors-origin`, before the
 /// handler runs; 401 `unauthorized` for a missing or failing token.
-pub fn http_access(
+pub(crate) fn http_access(
     app: &App,
     method: &Method,
     headers: &HeaderMap,
@@ -111,7 +111,7 @@ fn guarded(
 /// browsers send `Origin` on every WebSocket handshake and on every
 /// cross-origin or same-origin POST, so a request without it is a
 /// program's, which chose to send the cookie. `None`: not foreign.
-pub fn foreign_page(cors_origins: &[String], headers: &HeaderMap) -> Option<String> {
+pub(crate) fn foreign_page(cors_origins: &[String], headers: &HeaderMap) -> Option<String> {
     let Some(origin) = headers.get(ORIGIN) else {
         let cross = headers
             .get("sec-fetch-site")

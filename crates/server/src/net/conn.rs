@@ -41,14 +41,14 @@ use tower::ServiceExt;
 const REFUSED_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most header lines in a request head (hyper's own limit, for the requests
 /// it reads): more are answered 431.
-pub const HEADERS_MAX: usize = 100;
+pub(crate) const HEADERS_MAX: usize = 100;
 /// Most bytes a streaming client may send after its request that are read
 /// (and dropped) while watching for its close.
 const DISCARD_MAX: usize = 64 * 1024;
 
 /// A stream this module writes straight to the socket: a source of frames.
 /// The SSE transport's feed is one; this module knows nothing else of it.
-pub trait Frames: Send + 'static {
+pub(crate) trait Frames: Send + 'static {
     /// Waits for what is next and appends its frames to `out` (see
     /// [`Flow`]). Cancel-safe: dropping the future loses nothing.
     fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = Flow> + Send;
@@ -68,7 +68,7 @@ pub trait Frames: Send + 'static {
 
 /// What [`Frames::next`] left to do.
 #[derive(Debug)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// Frames were appended; call again.
     More,
     /// A heartbeat tick: its frame was appended (none with heartbeats off);
@@ -89,7 +89,7 @@ pub enum Flow {
 
 /// How a client of a stream went away, as the writer saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gone {
+pub(crate) enum Gone {
     /// It closed its side.
     Closed,
     /// It stopped acknowledging (the liveness bound).
@@ -100,7 +100,7 @@ pub enum Gone {
 
 /// Put in the extensions of a request whose stream this module will write:
 /// the handler hands its [`Frames`] over here instead of building a body.
-pub struct DirectStream<F>(Arc<Mutex<Option<F>>>);
+pub(crate) struct DirectStream<F>(Arc<Mutex<Option<F>>>);
 
 impl<F> Clone for DirectStream<F> {
     fn clone(&self) -> Self {
@@ -606,7 +606,7 @@ fn abort(tcp: &TcpStream) {
 }
 
 /// What a blocked write woke up for.
-pub enum Waited {
+pub(crate) enum Waited {
     /// The socket can take more.
     Writable,
     /// The stream must end now (shutdown; token expiry lets the write finish,

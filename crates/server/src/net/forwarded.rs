@@ -15,21 +15,11 @@
 //! read: a proxy that writes `X-Forwarded-For` usually passes a client's own
 //! `Forwarded` through untouched, and the other way round.
 
+pub use crate::config::{ForwardedHeader, TrustedProxies};
 use axum::http::HeaderMap;
 pub use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
-
-/// Which header a trusted proxy writes the client's address in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, HAProxy, Envoy,
-    /// cloud load balancers).
-    #[default]
-    XForwardedFor,
-    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
-    Forwarded,
-}
 
 impl ForwardedHeader {
     /// The header's name, lower case.
@@ -39,15 +29,6 @@ impl ForwardedHeader {
             ForwardedHeader::Forwarded => "forwarded",
         }
     }
-}
-
-/// The trusted proxies: peers whose forwarded client address is believed.
-#[derive(Debug, Clone, Default)]
-pub struct TrustedProxies {
-    /// The networks (`--trusted-proxy`); empty: no peer is trusted.
-    pub nets: Vec<IpNet>,
-    /// The header they write (`--forwarded-header`).
-    pub header: ForwardedHeader,
 }
 
 impl TrustedProxies {

@@ -418,11 +418,6 @@ impl GaplessListener {
             );
         }
     }
-
-    /// The bound address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
 }
 
 impl AsyncRead for Conn {

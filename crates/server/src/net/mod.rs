@@ -13,7 +13,7 @@
 
 pub mod conn;
 pub mod forwarded;
-pub mod head_error;
-pub mod listener;
-pub mod liveness;
-pub mod tcp_info;
+pub(crate) mod head_error;
+pub(crate) mod listener;
+pub(crate) mod liveness;
+pub(crate) mod tcp_info;

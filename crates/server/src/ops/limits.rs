@@ -5,6 +5,7 @@
 
 use crate::auth::Grant;
 use crate::error::ApiError;
+use crate::ServerConfig;
 use gapless_protocol::codes::ErrorCode;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -100,7 +101,7 @@ impl PublishLimiter {
 /// How long a body may take: a grace period, then at least `min_rate`
 /// bytes per second on average since the start. `None` when off.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyPace {
+pub(crate) struct BodyPace {
     /// Time allowed before the rate counts, in milliseconds (`--header-timeout-ms`).
     pub grace_ms: u64,
     /// Slowest accepted average, in bytes per second (`--min-body-rate`); 0 = no limit.
@@ -108,6 +109,15 @@ pub struct BodyPace {
 }
 
 impl BodyPace {
+    /// The pace `config` sets: `--header-timeout-ms` of grace, then
+    /// `--min-body-rate` (see [`ServerConfig::min_body_rate`]).
+    pub fn of(config: &ServerConfig) -> Self {
+        BodyPace {
+            grace_ms: config.header_timeout_ms,
+            min_rate: config.min_body_rate,
+        }
+    }
+
     /// The deadline for the next piece of a body of which `received` bytes
     /// arrived since `start`; `None` when the limit is off.
     pub fn deadline(

@@ -4,10 +4,15 @@
 //! - [`publish`]: one event, a batch, ephemeral events, the idempotency key
 //!   and the publish limits;
 //! - [`start`]: where a subscription starts (cursor, `since`, Last-Event-ID);
+//! - [`history`]: history pages (size, start, data bound, what the journal
+//!   cannot serve) and a channel's bounds;
 //! - [`names`]: the channel and event type rules;
 //! - [`limits`]: the publish rate per publisher, and a request body's pace;
 //! - [`sessions`]: a session's status on the wire and the answer of each
 //!   refusal;
+//! - [`stream`]: the stream source every transport reads: opening a
+//!   subscription, what ends a stream (shutdown, token expiry), its timer's
+//!   period (heartbeat), the accounting of each delivery;
 //! - [`stream_log`]: what a stream sent and why it ended, its log line.
 //!
 //! A transport reads its wire into these calls and writes their answers in
@@ -15,9 +20,11 @@
 //! code and message do not depend on the transport. May use: `auth`, `admin`
 //! (metrics), `config`, `error` and the shared state `App`.
 
+pub mod history;
 pub mod limits;
-pub mod names;
-pub mod publish;
-pub mod sessions;
-pub mod start;
-pub mod stream_log;
+pub(crate) mod names;
+pub(crate) mod publish;
+pub(crate) mod sessions;
+pub(crate) mod start;
+pub(crate) mod stream;
+pub(crate) mod stream_log;

@@ -96,11 +96,6 @@ impl Tally {
         self.ending.get_or_insert(why);
     }
 
-    /// Why the stream ends, if known yet.
-    pub fn ending(&self) -> Option<Ended> {
-        self.ending
-    }
-
     /// Writes the stream's line: `transport` (`sse` or `ws`) and the
     /// `channels` it followed at its end.
     pub fn log(&self, transport: &'static str, channels: &dyn Display) {

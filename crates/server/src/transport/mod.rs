@@ -11,8 +11,8 @@
 //! imports no room. A new wire protocol is a new room; a new rule of the
 //! product goes to `ops` or the hub, never here.
 
-pub mod ds;
-pub mod http;
+pub(crate) mod ds;
+pub(crate) mod http;
 pub mod query;
 pub mod sse;
 pub mod ws;

@@ -25,6 +25,8 @@
 //! The parameters and answers several operations share are written once, in
 //! [`shared`].
 
+// Types never built: they exist for the document only.
+#[allow(dead_code)]
 pub mod shared;
 
 use crate::App;

@@ -123,6 +123,15 @@ pub struct SubscribeForbidden(pub ErrorBody);
 )]
 pub struct StreamForbidden(pub ErrorBody);
 
+/// 403 of the WebSocket handshakes (`GET /v1/ws`, `GET /v1/sessions/{id}/ws`):
+/// the cookie guard; a token's own refusals come after the upgrade.
+#[derive(IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin."
+)]
+pub struct HandshakeForbidden(pub ErrorBody);
+
 /// 403 of the producer's session operations.
 #[derive(IntoResponses)]
 #[response(

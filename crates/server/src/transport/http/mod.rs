@@ -1,6 +1,8 @@
 //! The plain HTTP room: publish and batch ([`publish`]), history pages and a
 //! channel's bounds ([`history`]), and the producer side of sessions
-//! ([`sessions`]), as JSON answers.
+//! ([`sessions`]), as JSON answers. The rules are `ops::publish`,
+//! `ops::history` and `ops::sessions`; this room reads the request into
+//! them and writes their answers.
 
 pub mod history;
 pub mod publish;
@@ -18,7 +20,7 @@ struct Schemas;
 
 /// The plain HTTP routes: a channel's publish, batch, history and bounds;
 /// a session's create, state, append, history, complete and cancel.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(history::channel_info))

@@ -132,7 +132,7 @@ pub(crate) async fn read_event(
     let key = idempotency_key(headers)?;
     let limit = app.config.max_event_bytes;
     let bytes = read_body(
-        app.config.body_pace(),
+        BodyPace::of(&app.config),
         headers,
         body,
         limit,
@@ -200,7 +200,7 @@ pub async fn publish_batch(
     let key = idempotency_key(&headers)?;
     let cfg = &app.config;
     let bytes = read_body(
-        cfg.body_pace(),
+        BodyPace::of(cfg),
         &headers,
         body,
         cfg.max_batch_bytes,

@@ -1,13 +1,17 @@
 //! The producer side of sessions over HTTP: create, append, complete, cancel,
-//! inspect, and read history. The consumer side is `transport::ws::session`.
+//! inspect, and read history. The rules are `ops::sessions`'s (and
+//! `ops::history`'s for a page); this reads the request and writes the
+//! JSON. The consumer side is `transport::ws::session`.
 
 use crate::admin::openapi::shared::{
     JournalFull, PathNotUtf8, ServerErrors, SessionEndErrors, SessionId, SessionMarkerNotStored,
     SessionNotFound, SessionPath, SessionPublishForbidden, SessionSubscribeForbidden, SlowBody,
 };
-use crate::auth::{Access, Action};
+use crate::auth::Access;
 use crate::error::{ApiError, ErrorBody};
-use crate::ops::sessions::status_json;
+use crate::ops::history::Reading;
+use crate::ops::limits::BodyPace;
+use crate::ops::sessions::{self, status_json};
 use crate::transport::http::history::{self, HistoryPage};
 use crate::transport::http::publish::{read_body, read_event};
 use crate::transport::query::Query;
@@ -75,10 +79,10 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(
-        app.config.body_pace(),
+        BodyPace::of(&app.config),
         &headers,
         body,
-        4096,
+        sessions::CREATE_BODY_BYTES,
         "session create body",
         "a fixed limit",
     )
@@ -96,22 +100,7 @@ pub async fn create(
         })?;
         b.and_then(|Object(b)| b.id)
     };
-    match &id {
-        Some(id) => grant.require_session(Action::Publish, id)?,
-        None => grant.require_any_session()?,
-    }
-    if let Some(id) = &id {
-        if !session::valid_id(id) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "session id {id:?} must be 1 to {} characters of A-Z a-z 0-9 _ -",
-                    session::MAX_ID_LEN
-                ),
-            ));
-        }
-    }
-    let info = app.sessions.create(&app.hub, id).await?;
+    let info = sessions::create(&app, &grant, id).await?;
     Ok((StatusCode::CREATED, Json(info_json(&info))).into_response())
 }
 
@@ -137,8 +126,8 @@ pub async fn info(
     Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    grant.require_session(Action::Subscribe, &id)?;
-    let info = app.sessions.info(&app.hub, &id).await?;
+    sessions::may_consume(&grant, &id)?;
+    let info = sessions::info(&app, &id).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -186,22 +175,14 @@ pub async fn append(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    grant.require_session(Action::Publish, &id)?;
+    sessions::may_produce(&grant, &id)?;
     let q = Query::parse(raw.as_deref());
     if q.get("ephemeral").is_some() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            "sessions have no ephemeral events: every event is journaled for its consumer",
-        ));
+        return Err(sessions::no_ephemeral());
     }
     let (event, key) = read_event(&app, &q, &headers, body).await?;
-    app.publish_limiter
-        .take(&grant, peer.map(|Extension(p)| p.0.ip()), 1)?;
-    let (appended, attached) = app
-        .sessions
-        .append(&app.hub, &id, vec![event], key.as_deref())
-        .await
-        .map_err(|e| ApiError::from(e).publish_refused("Idempotency-Key"))?;
+    let ip = peer.map(|Extension(p)| p.0.ip());
+    let appended = sessions::append(&app, &grant, ip, &id, event, key.as_deref()).await?;
     let status = if appended.duplicate {
         StatusCode::OK
     } else {
@@ -211,8 +192,8 @@ pub async fn append(
         status,
         Json(SessionAppended {
             id,
-            seq: appended.last_seq,
-            attached,
+            seq: appended.seq,
+            attached: appended.attached,
         }),
     )
         .into_response())
@@ -236,8 +217,8 @@ pub async fn complete(
     Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    grant.require_session(Action::Publish, &id)?;
-    let info = app.sessions.end(&app.hub, &id, Status::Completed).await?;
+    sessions::may_produce(&grant, &id)?;
+    let info = sessions::end(&app, &id, Status::Completed).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -259,8 +240,8 @@ pub async fn cancel(
     Access(grant): Access,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    grant.require_session(Action::Publish, &id)?;
-    let info = app.sessions.end(&app.hub, &id, Status::Cancelled).await?;
+    sessions::may_produce(&grant, &id)?;
+    let info = sessions::end(&app, &id, Status::Cancelled).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -295,14 +276,14 @@ pub async fn history(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<HistoryPage>, ApiError> {
-    grant.require_session(Action::Subscribe, &id)?;
-    app.sessions.info(&app.hub, &id).await?;
+    sessions::may_consume(&grant, &id)?;
+    sessions::info(&app, &id).await?;
     history::page(
         &app,
         &session::channel_of(&id),
         &id,
-        &Query::parse(raw.as_deref()),
-        true,
+        raw.as_deref(),
+        Reading::Session,
     )
     .await
 }

@@ -10,21 +10,27 @@
 //! the events' shared pre-encoded bytes; multi-channel streams put the
 //! subscription's cursor in a per-subscriber `id:` line before the shared body.
 //!
+//! The stream source (opening the subscription, its end on shutdown or token
+//! expiry, the timer's period, delivery accounting) is `ops::stream`'s; the
+//! [`Feed`] turns what it gives into SSE frames.
+//!
 //! The handlers validate and subscribe; who writes the frames depends on the
 //! connection (see `conn.rs`): the fan-out writer for a connection's first
 //! request, hyper otherwise ([`Feed::into_body`]).
 
-pub mod busy;
+pub(crate) mod busy;
 // Types never built: they exist for the document only.
 #[allow(dead_code)]
 mod doc;
 
+use crate::admin::metrics::Transport;
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
 use crate::net::liveness::Flushes;
 use crate::ops::names;
 use crate::ops::start::{self, Resume};
+use crate::ops::stream::{self, End, EndSignal};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::transport::query::Query;
 use crate::App;
@@ -37,10 +43,7 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::time::Instant;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -52,7 +55,7 @@ struct Schemas;
 
 /// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
 /// the schemas of what they stream.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(channel_sse))
@@ -99,7 +102,7 @@ struct StreamFormat {
 /// (`event: gapless.expired`).
 #[derive(serde::Serialize, serde::Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ExpiredNotice {
+pub(crate) struct ExpiredNotice {
     /// Always `token_expired`.
     pub error: ExpiredCode,
     /// What to do, for a person: reconnect with a fresh token and the last event id.
@@ -109,7 +112,7 @@ pub struct ExpiredNotice {
 /// `token_expired`, the only value of an expiry notice's `error`.
 #[derive(serde::Serialize, serde::Deserialize, ToSchema, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum ExpiredCode {
+pub(crate) enum ExpiredCode {
     /// The token that opened the stream is no longer honoured.
     TokenExpired,
 }
@@ -119,7 +122,7 @@ pub enum ExpiredCode {
 /// (its `data:` lines joined with LF), `id` (the last `id:` seen) and
 /// `retry`. Frames without data (`retry:`, the `id:`-only frame, heartbeat
 /// comments) are not events.
-pub struct SseEvent;
+pub(crate) struct SseEvent;
 
 impl SseEvent {
     fn variant(
@@ -247,7 +250,7 @@ pub(crate) fn stream_headers(h: &mut HeaderMap) {
 /// unreachable (cluster mode: Redis down, hung or loading); see
 /// [`retry_later`]. At least the node's own reconnect backoff (up to 2 s)
 /// and short enough that a blip costs a page a few seconds (docs/api.md).
-pub const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
+pub(crate) const UNAVAILABLE_RETRY_MS: std::ops::RangeInclusive<u64> = 1_000..=5_000;
 
 /// The answer to an SSE request that cannot be served now but may be soon
 /// (a refused connection, `busy.rs`; the journal unreachable or failing at open): 200
@@ -288,7 +291,7 @@ fn retry_frame(retry_ms: u64, why: &str) -> Bytes {
         (status = 400, description = "`invalid_channel`, `invalid_cursor` (a garbage `last_event_id`), or `invalid_request` (a bad `since` or `format`; `channel=` in the query, which is for `/v1/sse`).", body = ErrorBody),
     ),
 )]
-pub async fn channel_sse(
+pub(crate) async fn channel_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,
@@ -325,7 +328,7 @@ pub async fn channel_sse(
         (status = 400, description = "`invalid_channel`, `invalid_cursor`, or `invalid_request` (no channel, more than `--max-subscription-channels`, a bad `since` or `format`).", body = ErrorBody),
     ),
 )]
-pub async fn multi_sse(
+pub(crate) async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
@@ -388,23 +391,9 @@ async fn open(
     };
     let format = StreamFormat { format, untyped };
     let starts = starts(&channels, q, headers)?;
-    if app.shutdown.is_cancelled() {
-        return Err(ApiError::new(
-            ErrorCode::ShuttingDown,
-            "the server is shutting down",
-        ));
-    }
-    let (sub, gaps) = match app
-        .hub
-        .subscribe(
-            channels.into_iter().zip(starts).collect(),
-            app.config.read_batch,
-        )
-        .await
-    {
+    let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
         Ok(opened) => opened,
         Err(e) => {
-            let e = ApiError::from(e);
             if !matches!(e.code, ErrorCode::Unavailable | ErrorCode::JournalFailed) {
                 return Err(e);
             }
@@ -426,9 +415,7 @@ async fn open(
         head.extend_from_slice(&g.sse_frame());
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
-    let expires = grant
-        .remaining()
-        .map(|left| std::time::Instant::now() + left);
+    let expires = stream::expires_at(grant);
     let feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
@@ -513,13 +500,13 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
 /// type `gapless.expired`, with no `id:` (the client's cursor stays the last
 /// event's), after which the stream ends. The client reconnects with a fresh
 /// token and its cursor (`docs/security.md`).
-pub const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
+pub(crate) const EXPIRED_FRAME: &[u8] = b"event: gapless.expired\ndata: {\"error\":\"token_expired\",\"message\":\"the token expired; reconnect with a fresh token and the last event id\"}\n\n";
 
 /// One SSE stream's source of frames: the subscription, its heartbeat and the
 /// shutdown signal. Both transports drain it the same way: the socket writer
 /// of `conn.rs` writes each call's frames in one `writev`; a stream opened on
 /// a connection hyper already serves goes through [`Feed::into_body`].
-pub struct Feed {
+pub(crate) struct Feed {
     app: Arc<App>,
     sub: Subscription,
     format: StreamFormat,
@@ -528,13 +515,10 @@ pub struct Feed {
     /// Made by the first wait, on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
     /// Resolves when the stream must end: the server shuts down, or the
-    /// token that opened it stops being honoured. One boxed future, made
-    /// once: on a child of the server's token (polling a token's future
-    /// takes the token's lock, and every stream sharing one token's lock on
-    /// every step would contend for it); its timer, if any, is made when it
-    /// is first polled, on the runtime that drives the stream. Kept out of
-    /// line so the stream's task stays small (docs/design.md, "Fan-out").
-    end: Pin<Box<dyn Future<Output = End> + Send>>,
+    /// token that opened it stops being honoured ([`stream::end_signal`]).
+    /// Kept out of line so the stream's task stays small (docs/design.md,
+    /// "Fan-out").
+    end: EndSignal,
     /// `end` has completed (it is not polled again).
     ended: bool,
     /// The token expired while a writer waited for a full socket
@@ -543,13 +527,6 @@ pub struct Feed {
     expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
-}
-
-/// Why a stream ends on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Shutdown,
-    Expired,
 }
 
 impl Drop for Feed {
@@ -568,21 +545,8 @@ impl Feed {
         expires: Option<std::time::Instant>,
         gaps: usize,
     ) -> Self {
-        let shutdown = app.shutdown.child_token().cancelled_owned();
-        let end: Pin<Box<dyn Future<Output = End> + Send>> = match expires {
-            None => Box::pin(async move {
-                shutdown.await;
-                End::Shutdown
-            }),
-            Some(at) => Box::pin(async move {
-                tokio::select! {
-                    () = shutdown => End::Shutdown,
-                    () = tokio::time::sleep_until(Instant::from_std(at)) => End::Expired,
-                }
-            }),
-        };
         Feed {
-            end,
+            end: stream::end_signal(&app, expires),
             ended: false,
             expired_while_blocked: false,
             tally: Tally::new(gaps),
@@ -609,7 +573,7 @@ impl Feed {
         }
         let heartbeat_ms = self.app.config.heartbeat_ms;
         let tick_ms = self.tick_ms();
-        let beat = Self::beat(&mut self.beat, tick_ms);
+        let beat = stream::timer(&mut self.beat, tick_ms);
         let item = tokio::select! {
             biased;
             end = self.end.as_mut(), if !self.ended => {
@@ -641,13 +605,7 @@ impl Feed {
                 Flow::Fail(log)
             }
             Ok(Item::Events { index, events }) => {
-                self.tally.events(events.len());
-                crate::admin::metrics::delivered(
-                    crate::admin::metrics::Transport::Sse,
-                    events.len(),
-                    events.last().map_or(0, |e| e.time),
-                    self.sub.lag(index),
-                );
+                stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
                 let StreamFormat { format, untyped } = self.format;
                 if self.sub.len() == 1 {
                     for e in &events {
@@ -694,37 +652,9 @@ impl Feed {
         self.tally.ended_by(why);
     }
 
-    /// Why the stream ends, if known yet.
-    pub fn ending(&self) -> Option<Ended> {
-        self.tally.ending()
-    }
-
-    /// The period of the stream's one timer: the heartbeat, or with
-    /// heartbeats off, a quarter of `--tcp-user-timeout-ms` (a liveness
-    /// check with no frame); 0 = no timer.
+    /// The period of the stream's one timer ([`stream::tick_ms`]).
     fn tick_ms(&self) -> u64 {
-        match self.app.config.heartbeat_ms {
-            0 => self.app.config.tcp_user_timeout_ms / 4,
-            ms => ms,
-        }
-    }
-
-    /// The stream's timer, made on first use (on the runtime that drives it).
-    fn beat(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
-        slot.get_or_insert_with(|| {
-            let period = Duration::from_millis(tick_ms.max(1));
-            let mut beat = tokio::time::interval_at(Instant::now() + period, period);
-            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            beat
-        })
-    }
-
-    /// Waits for the next tick of the stream's timer (forever without one),
-    /// for a writer blocked on a full socket: the heartbeat it would have
-    /// written is skipped (the client has data waiting already), and the
-    /// writer checks its liveness instead. Cancel-safe.
-    pub async fn tick(&mut self) {
-        std::future::poll_fn(|cx| self.poll_tick(cx)).await;
+        stream::tick_ms(&self.app.config)
     }
 
     /// For a writer blocked on a full socket: whether the stream must end
@@ -751,11 +681,7 @@ impl Feed {
         if end == Poll::Ready(End::Expired) {
             self.expired_while_blocked = true;
             self.ended_by(Ended::TokenExpired);
-            let shutdown = self.app.shutdown.child_token().cancelled_owned();
-            self.end = Box::pin(async move {
-                shutdown.await;
-                End::Shutdown
-            });
+            self.end = stream::shutdown_signal(&self.app);
             end = self.end.as_mut().poll(cx);
         }
         if end.is_ready() {
@@ -769,7 +695,8 @@ impl Feed {
         Poll::Pending
     }
 
-    /// [`Feed::tick`] as a poll function: a writer waits on it with no
+    /// The wait for the next tick of the stream's timer (forever without
+    /// one) as a poll function: a writer waits on it with no
     /// future of its own (whatever a stream's task holds across an await
     /// stays allocated for the stream's life).
     pub fn poll_tick(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
@@ -777,7 +704,7 @@ impl Feed {
         if tick_ms == 0 {
             return std::task::Poll::Pending;
         }
-        Self::beat(&mut self.beat, tick_ms)
+        stream::timer(&mut self.beat, tick_ms)
             .poll_tick(cx)
             .map(|_| ())
     }

@@ -9,11 +9,13 @@
 use super::messages::{self, ClientMessage};
 use super::Handshake;
 use super::{close, configure, json, text, Beat, Heartbeat};
+use crate::admin::openapi::shared::HandshakeForbidden;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::names;
 use crate::ops::publish::{self as op, KeyName};
 use crate::ops::start::{self, Resume};
+use crate::ops::stream::{self, Expiry};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::{App, Peer};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -51,7 +53,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (`Sec-WebSocket-Protocol: gapless.v1` when the client offered it)."),
         (status = 400, description = "`invalid_request`: not a WebSocket handshake (the message names the header), or subprotocols offered without `gapless.v1`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
+        HandshakeForbidden,
     ),
 )]
 pub async fn handler(
@@ -108,6 +110,47 @@ enum Flow {
     Close(u16, String),
 }
 
+/// Sends a ping and starts the client's time to answer it.
+async fn ping(socket: &mut WebSocket, hb: &mut Heartbeat) -> Result<(), Ended> {
+    socket
+        .send(Message::Ping(Default::default()))
+        .await
+        .map_err(|_| Ended::WriteFailed)?;
+    hb.pinged();
+    Ok(())
+}
+
+/// Delivers `item` with the heartbeat running while the delivery waits for
+/// a full socket: a ping due meanwhile goes right after it (a silent client
+/// is judged again once the write is done). A client that vanished
+/// meanwhile is found by the socket itself (`liveness.rs`): the write fails.
+async fn deliver_beating(
+    conn: &mut Conn,
+    socket: &mut WebSocket,
+    hb: &mut Heartbeat,
+    item: Item,
+) -> Result<(), Ended> {
+    let mut ping_owed = false;
+    {
+        let deliver = conn.deliver(item, socket);
+        tokio::pin!(deliver);
+        loop {
+            tokio::select! {
+                r = &mut deliver => break r.map_err(|()| Ended::WriteFailed)?,
+                beat = hb.tick() => match beat {
+                    Beat::Ping => ping_owed = true,
+                    // Silent: judged again once the write is done.
+                    Beat::Dead => {}
+                },
+            }
+        }
+    }
+    if ping_owed {
+        ping(socket, hb).await?;
+    }
+    Ok(())
+}
+
 async fn run(
     app: Arc<App>,
     mut socket: WebSocket,
@@ -117,10 +160,8 @@ async fn run(
 ) {
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
-    // A ping due while a delivery was being written: sent right after it.
-    let mut ping_owed = false;
     let shutdown = app.shutdown.clone();
-    let mut expiry = super::Expiry::new(&grant);
+    let mut expiry = Expiry::new(&grant);
     let mut conn = Conn {
         sub: app.hub.empty_subscription(app.config.read_batch),
         grant,
@@ -154,48 +195,16 @@ async fn run(
                 }
             },
             item = conn.sub.next() => match item {
-                Ok(item) => {
-                    // The heartbeat keeps running while a delivery waits for
-                    // a full socket: a ping due meanwhile goes right after it.
-                    // A client that vanished meanwhile is found by the socket
-                    // itself (`liveness.rs`): the write fails.
-                    let delivered = {
-                    let deliver = conn.deliver(item, &mut socket);
-                    tokio::pin!(deliver);
-                    loop {
-                        tokio::select! {
-                            r = &mut deliver => break r.map_err(|()| Ended::WriteFailed),
-                            beat = hb.tick() => match beat {
-                                Beat::Ping => ping_owed = true,
-                                // Silent: judged again once the write is done.
-                                Beat::Dead => {}
-                            },
-                        }
-                    }
-                    };
-                    match delivered {
-                        Ok(()) if std::mem::take(&mut ping_owed) => {
-                            match socket.send(Message::Ping(Default::default())).await {
-                                Ok(()) => {
-                                    hb.pinged();
-                                    Flow::Continue
-                                }
-                                Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
-                            }
-                        }
-                        Ok(()) => Flow::Continue,
-                        Err(why) => return conn.tally.ended_by(why),
-                    }
-                }
+                Ok(item) => match deliver_beating(&mut conn, &mut socket, &mut hb, item).await {
+                    Ok(()) => Flow::Continue,
+                    Err(why) => return conn.tally.ended_by(why),
+                },
                 Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
             },
             beat = hb.tick() => match beat {
-                Beat::Ping => match socket.send(Message::Ping(Default::default())).await {
-                    Ok(()) => {
-                        hb.pinged();
-                        Flow::Continue
-                    }
-                    Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
+                Beat::Ping => match ping(&mut socket, &mut hb).await {
+                    Ok(()) => Flow::Continue,
+                    Err(why) => return conn.tally.ended_by(why),
                 },
                 Beat::Dead => Flow::Close(code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
             },
@@ -488,12 +497,12 @@ impl Conn {
     async fn deliver(&mut self, item: Item, socket: &mut WebSocket) -> Result<(), ()> {
         match item {
             Item::Events { index, events } => {
-                self.tally.events(events.len());
-                crate::admin::metrics::delivered(
+                stream::delivered(
                     crate::admin::metrics::Transport::Ws,
-                    events.len(),
-                    events.last().map_or(0, |e| e.time),
-                    self.sub.lag(index),
+                    &mut self.tally,
+                    &self.sub,
+                    index,
+                    &events,
                 );
                 crate::admin::metrics::written(
                     crate::admin::metrics::Transport::Ws,

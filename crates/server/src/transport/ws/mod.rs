@@ -9,17 +9,18 @@
 //! unanswered for a whole interval while the server ran, is closed with
 //! 4408, see [`Heartbeat`]) and the close helpers. Close frames never carry
 //! 1005 or 1006 (those are for local reporting only); a client's close frame is
-//! always answered ([`answer_close`]).
+//! always answered ([`answer_close`]). What ends a socket on its own
+//! (shutdown, the token's expiry) and the accounting of each delivery come
+//! from `ops::stream`; the session rules from `ops::sessions`.
 
-pub mod channels;
+pub(crate) mod channels;
 pub mod messages;
-pub mod session;
+pub(crate) mod session;
 
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::Grant;
 use crate::error::ApiError;
 use crate::App;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -32,17 +33,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The WebSocket routes: `GET /v1/ws` and `GET /v1/sessions/{id}/ws`.
-pub fn routes() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(channels::handler))
         .routes(routes!(session::handler))
 }
 
 /// The subprotocol this server speaks.
-pub const SUBPROTOCOL: &str = "gapless.v1";
+pub(crate) const SUBPROTOCOL: &str = "gapless.v1";
 
 /// Whether `path` is a WebSocket route: `/v1/ws` or `/v1/sessions/{id}/ws`.
-pub fn is_ws_path(path: &str) -> bool {
+pub(crate) fn is_ws_path(path: &str) -> bool {
     path == "/v1/ws"
         || path
             .strip_prefix("/v1/sessions/")
@@ -55,7 +56,10 @@ pub fn is_ws_path(path: &str) -> bool {
 /// the router would otherwise hand to the `GET` handler), is answered
 /// `405 method_not_allowed` with `Allow: GET` (RFC 9110 section 15.5.6: a
 /// 405 lists the methods the route takes) before routing.
-pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+pub(crate) async fn get_only(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
         return next.run(req).await;
     }
@@ -76,7 +80,7 @@ pub async fn get_only(req: axum::extract::Request, next: axum::middleware::Next)
 ///
 /// # Errors
 /// 400 `invalid_request` naming the offered protocols.
-pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
     let offered: Vec<&str> = headers
         .get_all("sec-websocket-protocol")
         .iter()
@@ -96,7 +100,7 @@ pub fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Applies the subprotocol and the socket limits to an upgrade.
-pub fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
+pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
     let max = app.config.ws_max_message_bytes;
     ws.protocols([SUBPROTOCOL])
         .max_message_size(max)
@@ -107,7 +111,7 @@ pub fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
 }
 
 /// A text message from pre-encoded JSON bytes.
-pub fn text(bytes: Bytes) -> Message {
+pub(crate) fn text(bytes: Bytes) -> Message {
     match Utf8Bytes::try_from(bytes) {
         Ok(t) => Message::Text(t),
         // Our encoders only produce UTF-8; this cannot happen.
@@ -116,41 +120,18 @@ pub fn text(bytes: Bytes) -> Message {
 }
 
 /// A text message of `v`'s JSON (a `gapless_protocol::ws` message).
-pub fn json(v: &impl serde::Serialize) -> Message {
+pub(crate) fn json(v: &impl serde::Serialize) -> Message {
     Message::Text(Utf8Bytes::from(
         serde_json::to_string(v).unwrap_or_default(),
     ))
 }
 
 /// The close reason when a socket's token expires (code 4401).
-pub const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
-
-/// The end of a socket's token: a timer that fires when the token stops
-/// being honoured, and never on an open server.
-pub struct Expiry(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
-
-impl Expiry {
-    /// The timer for `grant`'s token.
-    pub fn new(grant: &Grant) -> Self {
-        Expiry(
-            grant
-                .remaining()
-                .map(|left| Box::pin(tokio::time::sleep(left))),
-        )
-    }
-
-    /// Resolves when the token expires (never without one).
-    pub async fn wait(&mut self) {
-        match &mut self.0 {
-            Some(s) => s.as_mut().await,
-            None => std::future::pending().await,
-        }
-    }
-}
+pub(crate) const EXPIRED_REASON: &str = "token expired; reconnect with a fresh token";
 
 /// Refuses an upgraded socket: one `error` message with the refusal's code
 /// and message, then close with 4401 (`unauthorized`) or 4403 (`forbidden`).
-pub async fn refuse(mut socket: WebSocket, e: ApiError) {
+pub(crate) async fn refuse(mut socket: WebSocket, e: ApiError) {
     let close_code = if e.code == ErrorCode::Forbidden {
         gapless_protocol::codes::close::FORBIDDEN
     } else {
@@ -164,7 +145,7 @@ pub async fn refuse(mut socket: WebSocket, e: ApiError) {
 /// Sends a close frame with `code` and `reason` (at most 123 bytes), then waits
 /// up to one second for the client's close frame so the closing handshake
 /// completes (RFC 6455 section 5.5.1). Errors are ignored: the socket is done.
-pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+pub(crate) async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
     let mut reason = reason.to_owned();
     while reason.len() > 123 {
         reason.pop();
@@ -193,7 +174,7 @@ pub async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 /// violation`) for a code no endpoint may send (section 7.4: 0-999, 1004-1006,
 /// 1014-2999 and 5000 up; 1005 and 1006 are for local reporting only). Waits at
 /// most a second for a client that does not read; the socket closes when dropped.
-pub async fn answer_close(socket: &mut WebSocket) {
+pub(crate) async fn answer_close(socket: &mut WebSocket) {
     use futures::SinkExt;
     // The write ends with `ConnectionClosed` once the answer is out: expected.
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.flush()).await;
@@ -224,7 +205,7 @@ pub async fn answer_close(socket: &mut WebSocket) {
 /// last interval) is not closed: it reads at its own pace.
 /// One whose TCP has acknowledged nothing for the bound is closed. (A write
 /// that waits on a client that vanished fails by itself: `liveness.rs`.)
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     /// The next wake-up: the next ping or the liveness deadline, whichever is first.
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// When `sleep` is due, to tell how late it woke.
@@ -240,7 +221,7 @@ pub struct Heartbeat {
 }
 
 /// What the heartbeat asks for.
-pub enum Beat {
+pub(crate) enum Beat {
     /// Send a ping.
     Ping,
     /// The client did not answer: close it.
@@ -366,9 +347,11 @@ impl Heartbeat {
 
 /// The headers of a WebSocket handshake (RFC 6455 section 4.1), on both
 /// WebSocket routes.
+// Never built: it exists for the document only.
+#[allow(dead_code)]
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
-pub struct Handshake {
+pub(crate) struct Handshake {
     /// Must include `upgrade` (RFC 6455 section 4.1).
     #[param(rename = "Connection", pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]")]
     pub connection: String,

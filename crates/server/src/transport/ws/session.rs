@@ -9,13 +9,21 @@
 //! is the seq after which delivery continues live. The end of
 //! the session (even one that ended while the consumer was away) is
 //! `session.completed` or `session.cancelled`, then close 1000.
+//!
+//! The rules (who may attach, `last_seq`, each refusal's code and message,
+//! what a replay sends) are `ops::sessions`'s; this reads the handshake,
+//! writes their answers as messages and close codes, and keeps the socket
+//! (heartbeat, token expiry, shutdown).
 
 use super::channels::receive_error;
 use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::admin::openapi::shared::SessionPath;
-use crate::auth::{Action, Grant};
+use crate::admin::metrics::Transport;
+use crate::admin::openapi::shared::{HandshakeForbidden, SessionPath};
+use crate::auth::Grant;
 use crate::error::{ApiError, ErrorBody};
+use crate::ops::sessions::{self, Replay, Step};
+use crate::ops::stream::{self, Expiry};
 use crate::ops::stream_log::{Ended, Tally};
 use crate::transport::query::Query;
 use crate::App;
@@ -24,12 +32,13 @@ use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::SinkExt;
-use gapless_core::session::{Attachment, SessionError, Status, OPENED};
-use gapless_core::subscription::Item;
+use gapless_core::session::{Attachment, Status};
+use gapless_core::subscription::{Item, Subscription};
+use gapless_core::JournalError;
 use gapless_protocol::codes::{close as code, ErrorCode};
 use gapless_protocol::ws::{ErrorMessage, SessionMessage};
 use gapless_protocol::Event;
-use serde_json::{json, Map, Value};
+use serde_json::Map;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -56,7 +65,7 @@ use std::sync::Arc;
     responses(
         (status = 101, description = "Switching Protocols: the socket is open."),
         (status = 400, description = "`invalid_request`: a bad `last_seq` or `takeover`, not a WebSocket handshake, or subprotocols offered without `gapless.v1`.", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin.", body = ErrorBody),
+        HandshakeForbidden,
     ),
 )]
 pub async fn handler(
@@ -69,19 +78,11 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     super::check_subprotocol(&headers)?;
     let grant = crate::auth::origin::access(&app, &headers, raw.as_deref())?.and_then(|g| {
-        g.require_session(Action::Subscribe, &id)?;
+        sessions::may_consume(&g, &id)?;
         Ok(g)
     });
     let q = Query::parse(raw.as_deref());
-    let last_seq = match q.get("last_seq") {
-        None => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|_| {
-            ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("last_seq={v:?} must be a whole number"),
-            )
-        })?),
-    };
+    let last_seq = sessions::last_seq(q.get("last_seq"))?;
     let takeover = q.flag("takeover")?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
@@ -94,19 +95,31 @@ pub async fn handler(
     })
 }
 
-fn refusal(e: &SessionError) -> (u16, ErrorCode) {
-    match e {
-        // One close code for "unknown, completed or cancelled session" (the
-        // design's 4404); the `error` message's code and `status` say which.
-        SessionError::Ended { .. } => (code::SESSION_NOT_FOUND, ErrorCode::SessionEnded),
-        SessionError::Attached(_) => (code::SESSION_ATTACHED, ErrorCode::SessionAttached),
-        SessionError::NotRetained { .. } => {
-            (code::SESSION_NOT_RETAINED, ErrorCode::SessionNotRetained)
-        }
-        SessionError::ResumeDisabled => (code::RESUME_DISABLED, ErrorCode::ResumeDisabled),
-        SessionError::Journal(_) => (code::GOING_AWAY, ErrorCode::JournalFailed),
-        _ => (code::SESSION_NOT_FOUND, ErrorCode::SessionNotFound),
+/// The close code of a refused attach: one (the design's 4404) for
+/// "unknown, completed or cancelled session", whose `error` message's code
+/// and `status` say which.
+fn refusal_close(e: &ApiError) -> u16 {
+    match e.code {
+        ErrorCode::SessionAttached => code::SESSION_ATTACHED,
+        ErrorCode::SessionNotRetained => code::SESSION_NOT_RETAINED,
+        ErrorCode::ResumeDisabled => code::RESUME_DISABLED,
+        ErrorCode::JournalFailed => code::GOING_AWAY,
+        _ => code::SESSION_NOT_FOUND,
     }
+}
+
+/// The `error` message of a refusal: its code, message and `status`, if any.
+fn error_message(e: &ApiError) -> SessionMessage<'_> {
+    let mut extra = Map::new();
+    if let Some(status) = e.extra.get("status") {
+        extra.insert("status".to_owned(), status.clone());
+    }
+    SessionMessage::Error(ErrorMessage {
+        id: None,
+        code: Cow::Borrowed(e.code.as_str()),
+        message: Cow::Borrowed(&e.message),
+        extra,
+    })
 }
 
 async fn run(
@@ -118,33 +131,11 @@ async fn run(
     grant: Arc<Grant>,
     tcp: Option<crate::net::tcp_info::Peer>,
 ) {
-    let attach = app
-        .sessions
-        .attach(&app.hub, &id, last_seq, takeover, app.config.read_batch)
-        .await;
-    let att = match attach {
+    let att = match sessions::attach(&app, &id, last_seq, takeover).await {
         Ok(a) => a,
         Err(e) => {
-            let (close_code, err) = refusal(&e);
-            let mut msg = ErrorMessage {
-                id: None,
-                code: Cow::Borrowed(err.as_str()),
-                message: Cow::Owned(e.to_string()),
-                extra: Map::new(),
-            };
-            if let SessionError::Ended { id, status } = &e {
-                // Not the producer's "takes no more events": what the consumer can do.
-                msg.message = Cow::Owned(format!(
-                    "session {id:?} is {}: there is nothing live to attach to; attach with \
-                     last_seq to receive the rest of its events and its end, or read its history",
-                    status.as_str()
-                ));
-                msg.extra
-                    .insert("status".to_owned(), Value::from(status.as_str()));
-            }
-            let msg = SessionMessage::Error(msg);
-            let _ = socket.send(json(&msg)).await;
-            close(&mut socket, close_code, err.as_str()).await;
+            let _ = send(&mut socket, &error_message(&e)).await;
+            close(&mut socket, refusal_close(&e), e.code.as_str()).await;
             return;
         }
     };
@@ -166,8 +157,24 @@ async fn run(
     tally.log("ws", &format_args!("session/{id}"));
 }
 
-/// Delivers the session until it ends or the socket does; returns the close
-/// code to send (0: the socket is gone, send nothing).
+/// Why delivery stops: the close code to send and its reason (code 0: the
+/// socket is gone, send nothing).
+type Stop = (u16, String);
+
+/// The socket is gone: nothing more can be sent.
+fn gone() -> Stop {
+    (0, String::new())
+}
+
+/// The session ended with `status`: close 1000.
+fn ended(status: Status) -> Stop {
+    (code::NORMAL, format!("session {}", status.as_str()))
+}
+
+/// Delivers the session until it ends or the socket does: what is owed at
+/// once (`session.resumed`, the end of an ended session), then each of the
+/// socket's events in turn (shutdown, token expiry, a takeover, the
+/// client's frames, the heartbeat, the session's events).
 async fn consume(
     app: &App,
     socket: &mut WebSocket,
@@ -175,151 +182,185 @@ async fn consume(
     grant: &Grant,
     tcp: Option<crate::net::tcp_info::Peer>,
     tally: &mut Tally,
-) -> (u16, String) {
+) -> Stop {
     // A silent consumer whose TCP shows it reading behind is not closed.
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
-    let mut expiry = super::Expiry::new(grant);
+    let mut expiry = Expiry::new(grant);
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let id = att.id().to_owned();
-    // Replay ends at the head seen at attach; `None` once `session.resumed` went out.
-    // Every attach is answered with `session.resumed`: a live attach (no
-    // `last_seq`) at once, with 0 replayed and the head it continues after.
-    let head = att.head;
-    let mut replay: Option<u64> = att.last_seq.map(|_| 0);
-    if att.last_seq.is_none_or(|n| n >= att.head) {
-        if send(socket, &resumed(&id, 0, head)).await.is_err() {
-            return (0, String::new());
+    let (mut replay, now) = Replay::start(&att);
+    for step in now {
+        if let Step::Ended { status, .. } = step {
+            let _ = send(socket, &message(&id, step)).await;
+            return ended(status);
         }
-        replay = None;
-        // `last_seq` at an ended session's end marker: the consumer has every
-        // event; it is told how the session ended, as if it had read the marker.
-        if att.status != Status::Open {
-            let op = format!("session.{}", att.status.as_str());
-            let _ = send(socket, &json!({"op": op, "session": id, "seq": head})).await;
-            return (code::NORMAL, format!("session {}", att.status.as_str()));
+        if send(socket, &message(&id, step)).await.is_err() {
+            return gone();
         }
     }
     let kicked = att.kicked.clone();
     loop {
-        tokio::select! {
+        let stop = tokio::select! {
             biased;
-            _ = app.shutdown.cancelled() => return (code::GOING_AWAY, "server shutting down; reconnect with last_seq".into()),
-            () = expiry.wait() => return (code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
-            _ = kicked.cancelled() => {
-                let msg = json!({"op": "error", "code": ErrorCode::SessionAttached.as_str(),
-                    "message": "taken over by a newer connection"});
-                let _ = send(socket, &msg).await;
-                return (code::SESSION_ATTACHED, "taken over by a newer connection".into());
-            }
-            msg = socket.recv() => match msg {
-                None => return (0, String::new()),
-                Some(Ok(Message::Close(_))) => {
-                    super::answer_close(socket).await;
-                    return (0, String::new());
-                }
-                Some(Err(e)) => return receive_error(&e, app.config.ws_max_message_bytes).unwrap_or((0, String::new())),
-                Some(Ok(Message::Text(_) | Message::Binary(_))) => {
-                    hb.alive();
-                    let msg = json!({"op": "error", "code": ErrorCode::InvalidMessage.as_str(),
-                        "message": "a session consumer socket takes no messages; it only receives"});
-                    if send(socket, &msg).await.is_err() {
-                        return (0, String::new());
-                    }
-                }
-                Some(Ok(_)) => hb.alive(),
-            },
-            beat = hb.tick() => match beat {
-                Beat::Ping => {
-                    if socket.send(Message::Ping(Default::default())).await.is_err() {
-                        return (0, String::new());
-                    }
-                    hb.pinged();
-                }
-                Beat::Dead => return (code::HEARTBEAT_TIMEOUT, "no answer to ping".into()),
-            },
-            item = att.sub.next() => match item {
-                Ok(Item::Events { index, events }) => {
-                    tally.events(events.len());
-                    crate::admin::metrics::delivered(
-                        crate::admin::metrics::Transport::Ws,
-                        events.len(),
-                        events.last().map_or(0, |e| e.time),
-                        att.sub.lag(index),
-                    );
-                    for e in &events {
-                        if let Some(n) = replay.as_mut() {
-                            if e.seq > att.head {
-                                if socket.feed(json(&resumed(&id, *n, head))).await.is_err() {
-                                    return (0, String::new());
-                                }
-                                replay = None;
-                            }
-                        }
-                        if let Some(status) = Status::of_marker(e.event_type.as_deref()) {
-                            if let Some(n) = replay {
-                                let _ = socket.feed(json(&resumed(&id, n, head))).await;
-                            }
-                            let op = format!("session.{}", status.as_str());
-                            let _ = send(socket, &json!({"op": op, "session": id, "seq": e.seq})).await;
-                            return (code::NORMAL, format!("session {}", status.as_str()));
-                        }
-                        if e.event_type.as_deref() == Some(OPENED) {
-                            continue;
-                        }
-                        if let Some(n) = replay.as_mut() {
-                            *n += 1;
-                        }
-                        if socket.feed(json(&event(&id, e))).await.is_err() {
-                            return (0, String::new());
-                        }
-                    }
-                    if let Some(n) = replay {
-                        if events.last().is_some_and(|e| e.seq >= att.head) {
-                            if socket.feed(json(&resumed(&id, n, head))).await.is_err() {
-                                return (0, String::new());
-                            }
-                            replay = None;
-                        }
-                    }
-                    if socket.flush().await.is_err() {
-                        return (0, String::new());
-                    }
-                }
-                Ok(Item::Gap(g)) => {
-                    // Retention passed the consumer: a session never replays in part.
-                    tally.gaps(1);
-                    let msg = json!({"op": "error", "code": ErrorCode::SessionNotRetained.as_str(),
-                        "message": format!("events after seq {} are no longer retained; start over", g.after.map_or(0, |a| a.1))});
-                    let _ = send(socket, &msg).await;
-                    return (code::SESSION_NOT_RETAINED, "events no longer retained".into());
-                }
-                Ok(Item::Ephemeral(_)) => {}
-                Err(e) => return (code::GOING_AWAY, format!("journal read failed: {e}")),
-            },
+            _ = app.shutdown.cancelled() => Some((code::GOING_AWAY, "server shutting down; reconnect with last_seq".into())),
+            () = expiry.wait() => Some((code::UNAUTHORIZED, super::EXPIRED_REASON.into())),
+            _ = kicked.cancelled() => Some(taken_over(socket).await),
+            msg = socket.recv() => on_client(app, socket, &mut hb, msg).await,
+            beat = hb.tick() => on_beat(socket, &mut hb, beat).await,
+            item = att.sub.next() => deliver(socket, &att.sub, &id, &mut replay, tally, item).await,
+        };
+        if let Some(stop) = stop {
+            return stop;
         }
     }
+}
+
+/// A newer consumer took the session over: one `error` message, then 4409.
+async fn taken_over(socket: &mut WebSocket) -> Stop {
+    let e = ApiError::new(ErrorCode::SessionAttached, sessions::TAKEN_OVER);
+    let _ = send(socket, &error_message(&e)).await;
+    (code::SESSION_ATTACHED, sessions::TAKEN_OVER.into())
+}
+
+/// A frame from the client (`None`: the socket ended): every frame shows it
+/// alive; a close is answered; a message is refused (the socket only
+/// receives) and the socket stays open.
+async fn on_client(
+    app: &App,
+    socket: &mut WebSocket,
+    hb: &mut Heartbeat,
+    msg: Option<Result<Message, axum::Error>>,
+) -> Option<Stop> {
+    match msg {
+        None => Some(gone()),
+        Some(Ok(Message::Close(_))) => {
+            super::answer_close(socket).await;
+            Some(gone())
+        }
+        Some(Err(e)) => {
+            Some(receive_error(&e, app.config.ws_max_message_bytes).unwrap_or_else(gone))
+        }
+        Some(Ok(Message::Text(_) | Message::Binary(_))) => {
+            hb.alive();
+            let e = ApiError::new(ErrorCode::InvalidMessage, sessions::CONSUMER_TAKES_NOTHING);
+            send(socket, &error_message(&e)).await.err().map(|_| gone())
+        }
+        Some(Ok(_)) => {
+            hb.alive();
+            None
+        }
+    }
+}
+
+/// A heartbeat: a ping, or 4408 for a client that did not answer.
+async fn on_beat(socket: &mut WebSocket, hb: &mut Heartbeat, beat: Beat) -> Option<Stop> {
+    match beat {
+        Beat::Ping => {
+            if socket
+                .send(Message::Ping(Default::default()))
+                .await
+                .is_err()
+            {
+                return Some(gone());
+            }
+            hb.pinged();
+            None
+        }
+        Beat::Dead => Some((code::HEARTBEAT_TIMEOUT, "no answer to ping".into())),
+    }
+}
+
+/// What the subscription gave: events to send, a gap (retention passed the
+/// consumer: a session never replays in part, 4410), or a journal failure.
+async fn deliver(
+    socket: &mut WebSocket,
+    sub: &Subscription,
+    id: &str,
+    replay: &mut Replay,
+    tally: &mut Tally,
+    item: Result<Item, JournalError>,
+) -> Option<Stop> {
+    match item {
+        Ok(Item::Events { index, events }) => {
+            stream::delivered(Transport::Ws, tally, sub, index, &events);
+            send_events(socket, id, replay, &events).await
+        }
+        Ok(Item::Gap(g)) => {
+            tally.gaps(1);
+            let e = sessions::not_retained(g.after.map_or(0, |a| a.1));
+            let _ = send(socket, &error_message(&e)).await;
+            Some((
+                code::SESSION_NOT_RETAINED,
+                "events no longer retained".into(),
+            ))
+        }
+        Ok(Item::Ephemeral(_)) => None,
+        Err(e) => Some((code::GOING_AWAY, format!("journal read failed: {e}"))),
+    }
+}
+
+/// Sends one batch of the session's events, with `session.resumed` where
+/// the replay owes it, in one flush; stops at the session's end.
+async fn send_events(
+    socket: &mut WebSocket,
+    id: &str,
+    replay: &mut Replay,
+    events: &[Arc<Event>],
+) -> Option<Stop> {
+    for e in events {
+        if let Some(r) = replay.resumed_before(e) {
+            if socket.feed(json(&message(id, r))).await.is_err() {
+                return Some(gone());
+            }
+        }
+        match replay.event(e) {
+            Some(Step::Ended { status, seq }) => {
+                if let Some(r) = replay.resumed() {
+                    let _ = socket.feed(json(&message(id, r))).await;
+                }
+                let _ = send(socket, &message(id, Step::Ended { status, seq })).await;
+                return Some(ended(status));
+            }
+            Some(step) if socket.feed(json(&message(id, step))).await.is_err() => {
+                return Some(gone());
+            }
+            Some(_) | None => {}
+        }
+    }
+    if let Some(r) = replay.resumed_after(events.last().map(|e| &**e)) {
+        if socket.feed(json(&message(id, r))).await.is_err() {
+            return Some(gone());
+        }
+    }
+    socket.flush().await.err().map(|_| gone())
 }
 
 async fn send(socket: &mut WebSocket, v: &impl serde::Serialize) -> Result<(), axum::Error> {
     socket.send(json(v)).await
 }
 
-/// `session.resumed`: `replayed_events` were replayed (0 for a live attach)
-/// and delivery continues live after seq `head`.
-fn resumed(id: &str, n: u64, head: u64) -> SessionMessage<'_> {
-    SessionMessage::Resumed {
-        session: Cow::Borrowed(id),
-        replayed_events: n,
-        head: Some(head),
-    }
-}
-
-fn event<'a>(id: &'a str, e: &'a Event) -> SessionMessage<'a> {
-    SessionMessage::Event {
-        session: Cow::Borrowed(id),
-        seq: e.seq,
-        event_type: e.event_type.as_deref().map(Cow::Borrowed),
-        data: Cow::Borrowed(&e.data),
-        time: e.time,
+/// The message of one step for the consumer of session `id`:
+/// `session.resumed` (`replayed_events`, `head`), `event`, or
+/// `session.completed` / `session.cancelled` (`seq`).
+fn message<'a>(id: &'a str, step: Step<'a>) -> SessionMessage<'a> {
+    let session = Cow::Borrowed(id);
+    match step {
+        Step::Resumed { replayed, head } => SessionMessage::Resumed {
+            session,
+            replayed_events: replayed,
+            head: Some(head),
+        },
+        Step::Event(e) => SessionMessage::Event {
+            session,
+            seq: e.seq,
+            event_type: e.event_type.as_deref().map(Cow::Borrowed),
+            data: Cow::Borrowed(&e.data),
+            time: e.time,
+        },
+        Step::Ended {
+            status: Status::Cancelled,
+            seq,
+        } => SessionMessage::Cancelled { session, seq },
+        Step::Ended { seq, .. } => SessionMessage::Completed { session, seq },
     }
 }

@@ -1,0 +1,154 @@
+//! The stream source every transport reads, once: opening a subscription
+//! (refused while the server shuts down), what ends a stream on its own
+//! (shutdown, the expiry of the token that opened it), the timing of its
+//! one timer (heartbeat, or a liveness check with heartbeats off), and the
+//! accounting of each delivery (its log line's tally, the delivery
+//! metrics). `transport::sse` (its `Feed`) and `transport::ws` read it and
+//! write what it gives in their own frames.
+//!
+//! What a stream holds for its life stays small: the end signal is one
+//! boxed future and the timer is made on first use, on the runtime that
+//! drives the stream (docs/design.md, "Fan-out", "Memory").
+
+use crate::admin::metrics::{self, Transport};
+use crate::auth::Grant;
+use crate::error::ApiError;
+use crate::ops::stream_log::Tally;
+use crate::{App, ServerConfig};
+use gapless_core::subscription::{Gap, Start, Subscription};
+use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::Event;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Opens a subscription on `starts` (a channel and where it starts, each),
+/// with the gap notices owed at its start.
+///
+/// # Errors
+/// 503 `shutting_down` while the server stops; the journal's errors (a
+/// transport may answer `unavailable` and `journal_failed` in its own way).
+pub async fn open(
+    app: &App,
+    starts: Vec<(String, Start)>,
+) -> Result<(Subscription, Vec<Gap>), ApiError> {
+    if app.shutdown.is_cancelled() {
+        return Err(ApiError::new(
+            ErrorCode::ShuttingDown,
+            "the server is shutting down",
+        ));
+    }
+    Ok(app.hub.subscribe(starts, app.config.read_batch).await?)
+}
+
+/// Why a stream ends on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The server shuts down.
+    Shutdown,
+    /// The token that opened the stream is no longer honoured.
+    Expired,
+}
+
+/// Resolves when a stream must end. One boxed future, made once, so the
+/// stream's task stays small.
+pub type EndSignal = Pin<Box<dyn Future<Output = End> + Send>>;
+
+/// When `grant`'s token stops being honoured (`None`: never, or no token).
+pub fn expires_at(grant: &Grant) -> Option<std::time::Instant> {
+    grant
+        .remaining()
+        .map(|left| std::time::Instant::now() + left)
+}
+
+/// The end of a stream: shutdown, or the token's expiry at `expires`. On a
+/// child of the server's token (polling a token's future takes the token's
+/// lock, and every stream sharing one token's lock on every step would
+/// contend for it); its timer, if any, is made when it is first polled, on
+/// the runtime that drives the stream.
+pub fn end_signal(app: &App, expires: Option<std::time::Instant>) -> EndSignal {
+    let shutdown = app.shutdown.child_token().cancelled_owned();
+    match expires {
+        None => Box::pin(async move {
+            shutdown.await;
+            End::Shutdown
+        }),
+        Some(at) => Box::pin(async move {
+            tokio::select! {
+                () = shutdown => End::Shutdown,
+                () = tokio::time::sleep_until(Instant::from_std(at)) => End::Expired,
+            }
+        }),
+    }
+}
+
+/// The end of a stream whose token expiry was already seen: shutdown only.
+pub fn shutdown_signal(app: &App) -> EndSignal {
+    end_signal(app, None)
+}
+
+/// The end of a socket's token: a timer that fires when the token stops
+/// being honoured, and never on an open server (for a transport that waits
+/// on it in a `select!`).
+pub struct Expiry(Option<Pin<Box<tokio::time::Sleep>>>);
+
+impl Expiry {
+    /// The timer for `grant`'s token.
+    pub fn new(grant: &Grant) -> Self {
+        Expiry(
+            grant
+                .remaining()
+                .map(|left| Box::pin(tokio::time::sleep(left))),
+        )
+    }
+
+    /// Resolves when the token expires (never without one).
+    pub async fn wait(&mut self) {
+        match &mut self.0 {
+            Some(s) => s.as_mut().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The period of a stream's one timer, in milliseconds: the heartbeat
+/// (`--heartbeat-ms`), or with heartbeats off, a quarter of
+/// `--tcp-user-timeout-ms` (a liveness check with no frame); 0 = no timer.
+pub fn tick_ms(config: &ServerConfig) -> u64 {
+    match config.heartbeat_ms {
+        0 => config.tcp_user_timeout_ms / 4,
+        ms => ms,
+    }
+}
+
+/// A stream's timer of `tick_ms`, made on first use in `slot` (on the
+/// runtime that drives it): first tick one period from now, a late tick
+/// delays the next ones.
+pub fn timer(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
+    slot.get_or_insert_with(|| {
+        let period = Duration::from_millis(tick_ms.max(1));
+        let mut beat = tokio::time::interval_at(Instant::now() + period, period);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        beat
+    })
+}
+
+/// Counts a delivery of `events` of the subscription's channel `index`:
+/// the stream's tally and the delivery metrics (by `transport`).
+pub fn delivered(
+    transport: Transport,
+    tally: &mut Tally,
+    sub: &Subscription,
+    index: usize,
+    events: &[Arc<Event>],
+) {
+    tally.events(events.len());
+    metrics::delivered(
+        transport,
+        events.len(),
+        events.last().map_or(0, |e| e.time),
+        sub.lag(index),
+    );
+}
