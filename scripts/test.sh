@@ -14,57 +14,59 @@ log() { printf 'test: %s\n' "$*" >&2; }
 . scripts/lib/setup.sh
 target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target"
+# Each phase prints the seconds since the start, so a slow phase shows in CI's log.
+phase() { echo "== $* (at ${SECONDS} s)"; }
 
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "== build"
+phase "build"
 cargo build --workspace --all-targets --quiet
 
-echo "== redis-server (the cluster tests start real ones)"
+phase "redis-server (the cluster tests start real ones)"
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   apt_install redis-server
 fi
 # Debian's package starts a system redis on 6379; the tests use their own ports and do not need it.
 
-echo "== iptables (the vanished-client tests drop packets in a network namespace)"
+phase "iptables (the vanished-client tests drop packets in a network namespace)"
 if ! command -v iptables >/dev/null 2>&1; then
   apt_install iptables || echo "could not install iptables: the vanished-client tests will print SKIP"
 fi
 
-echo "== cargo test"
+phase "cargo test"
 cargo test --workspace --quiet 2>&1 | tee "$target/cargo-test.log"
 # cargo prints one "test result:" line per test binary; sum them into one closing line.
 awk '/^test result:/ {for (i=1;i<=NF;i++) {if ($(i+1) ~ /^passed/) p+=$i; if ($(i+1) ~ /^failed/) f+=$i}} END {printf "rust: %d passed, %d failed\n", p, f}' "$target/cargo-test.log"
 
-echo "== openapi (schemathesis)"
+phase "openapi (schemathesis)"
 # Every operation of /v1/openapi.json against a debug server, open and with a JWT key; any 5xx,
 # answer the document does not describe, or crash fails it (installs schemathesis into a venv).
 GAPLESS_BIN="$target/debug/gapless" scripts/schemathesis.sh 2>&1 | tee "$target/openapi-test.log"
 op=$(awk '/^openapi: [0-9]+ passed/ {print $2}' "$target/openapi-test.log")
 
-echo "== fuzz (each target briefly; FUZZ_SECONDS=600 scripts/fuzz.sh for 10 minutes each)"
+phase "fuzz (each target briefly; FUZZ_SECONDS=600 scripts/fuzz.sh for 10 minutes each)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz.sh
 
-echo "== bench smoke (every scenario at tiny sizes; counts must be exact)"
+phase "bench smoke (every scenario at tiny sizes; counts must be exact)"
 GAPLESS_BIN="$target/debug/gapless" GAPLESS_BENCH="$target/debug/gapless-bench" scripts/bench-smoke.sh
 
-echo "== browser"
+phase "browser"
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/browser-test.sh 2>&1 | tee "$target/browser-test.log"
 bp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/browser-test.log")
 bf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/browser-test.log")
 
-echo "== typescript sdk (clients/typescript: unit, Node against the binary, Chromium)"
+phase "typescript sdk (clients/typescript: unit, Node against the binary, Chromium)"
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ts-test.sh 2>&1 | tee "$target/ts-test.log"
 tp=$(awk '/^# pass / {s+=$3} END {print s+0}' "$target/ts-test.log")
 tf=$(awk '/^# fail / {s+=$3} END {print s+0}' "$target/ts-test.log")
-echo "== durable streams conformance (@durable-streams/server-conformance-tests against the binary)"
+phase "durable streams conformance (@durable-streams/server-conformance-tests against the binary)"
 # Failing conformance tests do not fail the run yet (the suite does not pass whole); fewer
 # passes than tests/durable-streams/passing, or a suite that could not run, do.
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ds-conformance.sh 2>&1 | tee "$target/ds-conformance.log"
 dp=$(awk '/^ds-conformance: [0-9]+ passed/ {print $2}' "$target/ds-conformance.log")
 rp=$(awk '/^test result:/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed/) p+=$i} END {print p+0}' "$target/cargo-test.log")
-echo "all: $((rp + op + bp + tp + dp)) passed, $((bf + tf)) failed"
+echo "all: $((rp + op + bp + tp + dp)) passed, $((bf + tf)) failed (${SECONDS} s)"
