@@ -178,3 +178,165 @@ async fn bad_paths_and_bodies_are_refused_clearly() {
     assert_eq!(read.status, 200);
     assert_eq!(read.text, "", "nothing was stored");
 }
+
+/// A fork reads its source up to the fork point, then its own messages,
+/// with offsets that continue past the fork point; its gapless channel
+/// holds only its own events; deleting the source soft-deletes it (410)
+/// and changes nothing the fork reads; deleting the fork then frees the
+/// source's path (docs/durable-streams.md, "Forks").
+#[tokio::test]
+async fn a_fork_stitches_its_source_and_its_channel_holds_its_own_events() {
+    let s = Server::memory(&[]).await;
+    let created = req(&s, "PUT", "/ds/src", &[JSON], "[1,2]").await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let at = created
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_owned();
+    assert_eq!(req(&s, "POST", "/ds/src", &[JSON], "[3]").await.status, 204);
+
+    let forked = req(
+        &s,
+        "PUT",
+        "/ds/fork",
+        &[
+            ("stream-forked-from", "/ds/src"),
+            ("stream-fork-offset", &at),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(forked.status, 201, "{}", forked.text);
+    assert_eq!(forked.header("content-type"), Some("application/json"));
+    assert_eq!(forked.header("stream-next-offset"), Some(at.as_str()));
+    assert_eq!(
+        req(&s, "POST", "/ds/fork", &[JSON], "[10]").await.status,
+        204
+    );
+    s.publish("fork", "11").await;
+    s.publish("src", "4").await;
+
+    let read = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await;
+    assert_eq!(read.status, 200, "{}", read.text);
+    assert_eq!(read.json, json!([1, 2, 10, 11]));
+    let tail = read.header("stream-next-offset").expect("tail").to_owned();
+    assert!(tail > at, "offsets grow past the fork point: {tail} > {at}");
+    // An offset read on the source continues on the fork.
+    let own = req(&s, "GET", &format!("/ds/fork?offset={at}"), &[], "").await;
+    assert_eq!(own.json, json!([10, 11]));
+    assert_eq!(own.header("stream-next-offset"), Some(tail.as_str()));
+    // The fork's channel holds its own events only.
+    assert_eq!(s.all_data("fork").await, vec!["10", "11"]);
+
+    let deleted = req(&s, "DELETE", "/ds/src", &[], "").await;
+    assert_eq!(deleted.status, 204, "{}", deleted.text);
+    req(&s, "GET", "/ds/src?offset=-1", &[], "")
+        .await
+        .expect_error(410, "stream_deleted");
+    req(&s, "PUT", "/ds/src", &[JSON], "")
+        .await
+        .expect_error(409, "stream_exists");
+    let again = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await;
+    assert_eq!(again.json, json!([1, 2, 10, 11]));
+
+    assert_eq!(req(&s, "DELETE", "/ds/fork", &[], "").await.status, 204);
+    req(&s, "HEAD", "/ds/src", &[], "").await.expect(404);
+    let fresh = req(&s, "PUT", "/ds/src", &[JSON], "").await;
+    assert_eq!(fresh.status, 201, "{}", fresh.text);
+}
+
+/// Forking reads the source, so it needs `subscribe` on the source's
+/// channel as well as `publish` on the fork's; a missing source is 404 and
+/// a fork offset beyond the source's tail 400.
+#[tokio::test]
+async fn forking_needs_a_read_grant_on_the_source() {
+    let s = Server::memory(&["--jwt-secret", SECRET]).await;
+    let all = format!("Bearer {}", token(&["team~*"], &["team~*"]));
+    let writer = format!("Bearer {}", token(&[], &["team~*"]));
+    let created = req(
+        &s,
+        "PUT",
+        "/ds/team/a",
+        &[JSON, ("authorization", &all)],
+        "[1]",
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let fork = |auth: String, from: &'static str, offset: Option<&'static str>| {
+        let s = &s;
+        async move {
+            let mut h = vec![
+                ("authorization", auth.as_str()),
+                ("stream-forked-from", from),
+            ];
+            if let Some(o) = offset {
+                h.push(("stream-fork-offset", o));
+            }
+            req(s, "PUT", "/ds/team/b", &h, "").await
+        }
+    };
+    fork(writer, "/team/a", None)
+        .await
+        .expect_error(403, "forbidden");
+    fork(all.clone(), "/team/none", None)
+        .await
+        .expect_error(404, "stream_not_found");
+    fork(
+        all.clone(),
+        "/team/a",
+        Some("ffffffffffffffff_99999999999999999999"),
+    )
+    .await
+    .expect_error(400, "invalid_offset");
+    let ok = fork(all.clone(), "/team/a", None).await;
+    assert_eq!(ok.status, 201, "{}", ok.text);
+    let read = req(
+        &s,
+        "GET",
+        "/ds/team/b?offset=-1",
+        &[("authorization", &all)],
+        "",
+    )
+    .await;
+    assert_eq!(read.json, json!([1]));
+}
+
+/// Retention applies to a fork's inherited events as on their channel: a
+/// read from the start skips what was evicted, an offset inside the
+/// evicted range is 410, as on the source.
+#[tokio::test]
+async fn retention_of_the_source_channel_bounds_what_a_fork_inherits() {
+    let s = Server::memory(&["--retention-events", "3"]).await;
+    let created = req(&s, "PUT", "/ds/src", &[JSON], "[1,2]").await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let after_two = created
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_owned();
+    // The offset before the first message: this server's form, seq 0.
+    let (epoch, _) = after_two.split_once('_').expect("EPOCH_SEQ");
+    let before_one = format!("{epoch}_{:020}", 0);
+    let forked = req(&s, "PUT", "/ds/fork", &[("stream-forked-from", "/src")], "").await;
+    assert_eq!(forked.status, 201, "{}", forked.text);
+    let read = req(&s, "GET", &format!("/ds/fork?offset={before_one}"), &[], "").await;
+    assert_eq!(read.json, json!([1, 2]), "{}", read.text);
+
+    // The source's channel moves on; retention (3 events) evicts 1 and 2.
+    let more = req(&s, "POST", "/ds/src", &[JSON], "[5,6,7]").await;
+    assert_eq!(more.status, 204, "{}", more.text);
+    let mut from_start = Value::Null;
+    for _ in 0..100 {
+        from_start = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await.json;
+        if from_start == json!([]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(from_start, json!([]), "the inherited messages were evicted");
+    req(&s, "GET", &format!("/ds/fork?offset={before_one}"), &[], "")
+        .await
+        .expect_error(410, "offset_gone");
+    req(&s, "GET", &format!("/ds/src?offset={before_one}"), &[], "")
+        .await
+        .expect_error(410, "offset_gone");
+}

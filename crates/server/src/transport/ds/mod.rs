@@ -19,6 +19,7 @@
 // 128 bytes): once per request, never in a loop, so the size is no cost.
 #![allow(clippy::result_large_err)]
 
+pub mod fork;
 pub mod names;
 pub mod read;
 pub mod streams;

@@ -105,7 +105,15 @@ pub fn offset(epoch: Epoch, seq: u64) -> String {
     format!("{epoch}_{seq:020}")
 }
 
-/// Reads an offset query parameter (`None`: absent, the start).
+/// The zero offset, `0000000000000000_0000000000000000`: the form of the
+/// protocol's reference server for "before the first byte", which clients
+/// and the conformance suite construct (e.g. as a `Stream-Fork-Offset`).
+/// This server never mints it (its epochs are never 0 and its seqs have 20
+/// digits) and reads it as `-1`, the stream's start.
+pub const ZERO: &str = "0000000000000000_0000000000000000";
+
+/// Reads an offset query parameter (`None`: absent, the start; `-1` and
+/// [`ZERO`]: the start).
 ///
 /// # Errors
 /// A message naming the expected shape.
@@ -114,7 +122,7 @@ pub fn parse_offset(s: Option<&str>) -> Result<Offset, String> {
         return Ok(Offset::Start);
     };
     match s {
-        "-1" => return Ok(Offset::Start),
+        "-1" | ZERO => return Ok(Offset::Start),
         "now" => return Ok(Offset::Now),
         _ => {}
     }
@@ -188,6 +196,7 @@ mod tests {
         assert_eq!(parse_offset(Some("-1")), Ok(Offset::Start));
         assert_eq!(parse_offset(None), Ok(Offset::Start));
         assert_eq!(parse_offset(Some("now")), Ok(Offset::Now));
+        assert_eq!(parse_offset(Some(ZERO)), Ok(Offset::Start));
         for bad in [
             "",
             "x",

@@ -1,6 +1,7 @@
 //! Reads: `HEAD` (metadata), `GET` catch-up (with ETag and 304), long-poll
 //! (`live=long-poll`) and SSE (`live=sse`) (PROTOCOL.md 5.5 to 5.8).
 
+use super::fork::{self, ReadError};
 use super::names::{live_cursor, offset, parse_offset, Offset};
 use super::streams::{Meta, Stream};
 use super::write::lookup;
@@ -13,7 +14,6 @@ use base64::Engine;
 use bytes::Bytes;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Item, Start};
-use gapless_core::ChannelState;
 use gapless_protocol::Event;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,13 +34,13 @@ pub async fn head(ctx: Ctx) -> Response {
         Err(r) => return r,
     };
     let meta = stream.lock().await;
-    let st = match ctx.app.hub.state(&ctx.channel).await {
-        Ok(s) => s,
+    let tail = match fork::tail(&ctx.app, &meta.layout).await {
+        Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
     let mut r = empty(StatusCode::OK);
     set(&mut r, "content-type", &meta.content_type);
-    set(&mut r, "stream-next-offset", offset(meta.epoch, st.head));
+    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
     set(&mut r, "cache-control", "no-store");
     if let Some(t) = meta.ttl_s {
         set(&mut r, "stream-ttl", t.to_string());
@@ -54,37 +54,47 @@ pub async fn head(ctx: Ctx) -> Response {
     r
 }
 
-/// The read position an offset names on this stream: the seq after which
-/// to read.
-fn resolve(meta: &Meta, st: ChannelState, off: Offset) -> Result<u64, Response> {
-    let gone = |m: &str| error(StatusCode::GONE, "offset_gone", m.to_owned());
+fn gone(m: &str) -> Response {
+    error(StatusCode::GONE, "offset_gone", m.to_owned())
+}
+
+/// The answer to a failed stitched read.
+fn read_failed(e: ReadError) -> Response {
+    match e {
+        ReadError::Gone => {
+            gone("the data after this offset is no longer retained; read again from -1")
+        }
+        ReadError::Journal(e) => api_error(e.into()),
+    }
+}
+
+/// The read position an offset names on this stream (the position after
+/// which to read), given its tail.
+async fn resolve(ctx: &Ctx, meta: &Meta, tail: u64, off: Offset) -> Result<u64, Response> {
     match off {
-        // The stream's start, or the oldest retained event when retention
+        // The stream's start, or the oldest retained message when retention
         // has passed it.
-        Offset::Start => Ok(meta.base.max(st.floor.saturating_sub(1))),
-        Offset::Now => Ok(st.head),
+        Offset::Start => fork::first_position(&ctx.app, &meta.layout)
+            .await
+            .map_err(|e| api_error(e.into())),
+        Offset::Now => Ok(tail),
         Offset::At { epoch, seq } => {
-            if epoch != meta.epoch || epoch != st.epoch {
+            if epoch != meta.epoch {
                 return Err(gone(
                     "the offset is of another journal epoch: the history it names is lost; \
                      read again from -1",
                 ));
             }
-            if seq > st.head {
+            if seq > tail {
                 return Err(error(
                     StatusCode::BAD_REQUEST,
                     "invalid_offset",
                     "the offset is beyond the stream's tail",
                 ));
             }
-            if seq < meta.base {
+            if seq < meta.layout.start() {
                 return Err(gone(
                     "the offset is of a deleted stream that was at this path before",
-                ));
-            }
-            if seq + 1 < st.floor {
-                return Err(gone(
-                    "retention has evicted the data after this offset; read again from -1",
                 ));
             }
             Ok(seq)
@@ -157,11 +167,11 @@ pub async fn get(ctx: Ctx) -> Response {
     };
     let mut meta = stream.clone().lock_owned().await;
     meta.touch(now_ms());
-    let st = match ctx.app.hub.state(&ctx.channel).await {
-        Ok(s) => s,
+    let tail = match fork::tail(&ctx.app, &meta.layout).await {
+        Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
-    let from = match resolve(&meta, st, off) {
+    let from = match resolve(&ctx, &meta, tail, off).await {
         Ok(f) => f,
         Err(r) => return r,
     };
@@ -169,13 +179,13 @@ pub async fn get(ctx: Ctx) -> Response {
     if live.as_deref() == Some("sse") {
         let closed_rx = meta.closed_tx.subscribe();
         drop(meta);
-        return sse(ctx, stream, from, st.head, client_cursor, closed_rx).await;
+        return sse(ctx, stream, from, tail, client_cursor, closed_rx).await;
     }
     // offset=now without live: the tail, no data (PROTOCOL.md 8).
     if off == Offset::Now && live.is_none() {
         let mut r = Response::new(Body::from(if meta.is_json() { "[]" } else { "" }));
         set(&mut r, "content-type", &meta.content_type);
-        set(&mut r, "stream-next-offset", offset(meta.epoch, st.head));
+        set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
         set(&mut r, "stream-up-to-date", "true");
         set(&mut r, "cache-control", "no-store");
         if meta.closed {
@@ -183,29 +193,35 @@ pub async fn get(ctx: Ctx) -> Response {
         }
         return r;
     }
-    let page = match ctx
-        .app
-        .hub
-        .read(&ctx.channel, from, READ_EVENTS, READ_BYTES)
-        .await
+    let (events, next) = match fork::read(
+        &ctx.app,
+        &meta.layout,
+        from,
+        u64::MAX,
+        READ_EVENTS,
+        READ_BYTES,
+    )
+    .await
     {
-        Ok(p) => p,
-        Err(e) => return api_error(e.into()),
+        Ok(r) => r,
+        Err(e) => return read_failed(e),
     };
     let long_poll = live.as_deref() == Some("long-poll");
-    if page.events.is_empty() && long_poll {
+    if events.is_empty() && long_poll {
         if meta.closed {
             return long_poll_end(&meta, from, true, None);
         }
         let mut closed_rx = meta.closed_tx.subscribe();
+        let layout = meta.layout.clone();
         drop(meta);
-        let waited = wait(&ctx, st.epoch, from, &mut closed_rx).await;
+        let waited = wait(&ctx, &layout, from, &mut closed_rx).await;
         let meta = stream.lock().await;
         return match waited {
             Ok(Some(events)) => {
-                data_answer(&ctx, &meta, from, &events, true, client_cursor.as_deref())
+                let next = layout.virt(events.last().map_or(layout.seq(from), |e| e.seq));
+                data_answer(&ctx, &meta, next, &events, true, client_cursor.as_deref())
             }
-            Ok(None) if meta.deleted => error(
+            Ok(None) if meta.deleted || meta.soft_deleted => error(
                 StatusCode::NOT_FOUND,
                 "stream_not_found",
                 "the stream was deleted",
@@ -214,13 +230,18 @@ pub async fn get(ctx: Ctx) -> Response {
             Err(r) => r,
         };
     }
-    let head = page.state.head;
-    let next = page.events.last().map_or(from, |e| e.seq);
+    // The tail after the read: `Stream-Up-To-Date` only when nothing
+    // committed before the answer lies past it.
+    let head = match fork::tail(&ctx.app, &meta.layout).await {
+        Ok(t) => t,
+        Err(e) => return api_error(e.into()),
+    };
     let up_to_date = next >= head;
     let etag = format!(
-        "\"{}-{}:{}:{}{}\"",
+        "\"{}-{}-{}:{}:{}{}\"",
         meta.epoch,
-        meta.base,
+        meta.layout.base,
+        meta.layout.origin,
         from,
         next,
         if meta.closed && up_to_date { ":c" } else { "" }
@@ -238,8 +259,8 @@ pub async fn get(ctx: Ctx) -> Response {
     let mut r = data_answer(
         &ctx,
         &meta,
-        from,
-        &page.events,
+        next,
+        &events,
         long_poll,
         client_cursor.as_deref(),
     );
@@ -251,18 +272,17 @@ pub async fn get(ctx: Ctx) -> Response {
     r
 }
 
-/// A 200 with `events` (after `from`): the body, `Stream-Next-Offset` at the
-/// last of them, `Stream-Up-To-Date` (removed by the caller when more
+/// A 200 with `events` (the last at position `next`): the body,
+/// `Stream-Next-Offset` at `next`, `Stream-Up-To-Date` (removed by the caller when more
 /// remains), `Stream-Closed` when closed, and for a live read the cursor.
 fn data_answer(
     ctx: &Ctx,
     meta: &Meta,
-    from: u64,
+    next: u64,
     events: &[Arc<Event>],
     live: bool,
     client_cursor: Option<&str>,
 ) -> Response {
-    let next = events.last().map_or(from, |e| e.seq);
     let mut r = Response::new(Body::from(body_of(meta, events)));
     set(&mut r, "content-type", &meta.content_type);
     set(&mut r, "stream-next-offset", offset(meta.epoch, next));
@@ -299,12 +319,14 @@ fn long_poll_end(meta: &Meta, from: u64, closed: bool, client_cursor: Option<&st
     r
 }
 
-/// Waits up to `--ds-long-poll-timeout-ms` for events after `from`:
+/// Waits up to `--ds-long-poll-timeout-ms` for the stream's own events
+/// after position `from` (at its tail, so past any inherited ones; a
+/// source's appends never wake a fork's waiter, PROTOCOL.md 5.7):
 /// `Some(events)`, or `None` at the timeout, on closure or deletion, or at
 /// shutdown.
 async fn wait(
     ctx: &Ctx,
-    epoch: gapless_protocol::Epoch,
+    layout: &fork::Layout,
     from: u64,
     closed_rx: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Vec<Arc<Event>>>, Response> {
@@ -314,7 +336,13 @@ async fn wait(
         .app
         .hub
         .subscribe(
-            vec![(ctx.channel.clone(), Start::After { epoch, seq: from })],
+            vec![(
+                layout.channel.clone(),
+                Start::After {
+                    epoch: layout.epoch,
+                    seq: layout.seq(from),
+                },
+            )],
             ctx.app.config.read_batch,
         )
         .await
@@ -398,9 +426,11 @@ fn sse_control(
     out.push_str("\n\n");
 }
 
-/// `live=sse`: the events after `from`, each batch a `data` event followed
-/// by a `control` event, then live; ends at closure (after a control event
-/// with `streamClosed`), deletion, shutdown or [`SSE_LIFETIME`].
+/// `live=sse`: the messages after position `from` (a fork's inherited ones
+/// first, read from its source), each batch a `data` event followed by a
+/// `control` event, then the stream's own, live; ends at closure (after a
+/// control event with `streamClosed`), deletion, shutdown or
+/// [`SSE_LIFETIME`].
 async fn sse(
     ctx: Ctx,
     stream: Stream,
@@ -409,16 +439,24 @@ async fn sse(
     client_cursor: Option<String>,
     mut closed_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Response {
-    let (content_type, epoch, text) = {
+    let (epoch, layout, text) = {
         let m = stream.lock().await;
-        (m.content_type.clone(), m.epoch, m.is_text())
+        (m.epoch, m.layout.clone(), m.is_text())
     };
-    let _ = content_type;
+    // The own channel is followed from the later of `from` and the fork
+    // point, before the inherited part is read, so nothing is missed.
+    let own_from = from.max(layout.origin);
     let (mut sub, gaps) = match ctx
         .app
         .hub
         .subscribe(
-            vec![(ctx.channel.clone(), Start::After { epoch, seq: from })],
+            vec![(
+                layout.channel.clone(),
+                Start::After {
+                    epoch: layout.epoch,
+                    seq: layout.seq(own_from),
+                },
+            )],
             ctx.app.config.read_batch,
         )
         .await
@@ -427,24 +465,48 @@ async fn sse(
         Err(e) => return api_error(e.into()),
     };
     if !gaps.is_empty() {
-        return error(
-            StatusCode::GONE,
-            "offset_gone",
-            "the data after this offset is no longer retained; read again from -1",
-        );
+        return gone("the data after this offset is no longer retained; read again from -1");
     }
     let shutdown = ctx.app.shutdown.clone();
+    let app = ctx.app.clone();
     let body = async_stream::stream! {
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
         let mut pos = from;
-        // The newest seq known: the head at the request, then as signalled.
+        // The newest position known: the tail at the request, then as signalled.
         let mut head = head;
         let mut announced = false;
         let mut cursor = client_cursor;
+        // A fork's inherited messages, page by page.
+        while pos < layout.origin {
+            let Ok((events, next)) =
+                fork::read(&app, &layout, pos, layout.origin, READ_EVENTS, READ_BYTES).await
+            else {
+                return;
+            };
+            if events.is_empty() {
+                return;
+            }
+            let m = stream.lock().await;
+            let mut out = String::new();
+            sse_data(&m, &events, &mut out);
+            pos = next;
+            let up = pos >= head;
+            let closed = m.closed && up;
+            let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
+            cursor = c.clone().or(cursor);
+            sse_control(&mut out, &offset(epoch, pos), c, up, closed);
+            announced = up;
+            drop(m);
+            yield Ok::<Bytes, std::convert::Infallible>(Bytes::from(out));
+            if closed {
+                return;
+            }
+        }
+        pos = pos.max(own_from);
         loop {
             let (closed, deleted) = {
                 let m = stream.lock().await;
-                (m.closed, m.deleted)
+                (m.closed, m.deleted || m.soft_deleted)
             };
             if deleted {
                 break;
@@ -473,7 +535,7 @@ async fn sse(
                     let m = stream.lock().await;
                     let mut out = String::new();
                     sse_data(&m, &events, &mut out);
-                    pos = events.last().map_or(pos, |e| e.seq);
+                    pos = events.last().map_or(pos, |e| layout.virt(e.seq));
                     head = head.max(pos + sub.lag(0));
                     let up = pos >= head;
                     let closed = m.closed && up;

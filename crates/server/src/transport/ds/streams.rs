@@ -6,6 +6,7 @@
 //! channels are streams (docs/durable-streams.md, "Metadata", says where it
 //! is to be stored durably and why it is not yet).
 
+use super::fork;
 use gapless_protocol::Epoch;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,12 +28,22 @@ pub struct Meta {
     /// When the stream expires (Unix ms): the earlier of the TTL's deadline
     /// (refreshed by reads and writes) and `expires_at`.
     pub deadline_ms: Option<u64>,
-    /// The journal epoch the stream was created in.
+    /// The epoch of the stream's offsets: its channel's journal epoch at
+    /// creation (a fork's is its source's).
     pub epoch: Epoch,
-    /// The channel's head when the stream was created: the stream's data are
-    /// the events after it (a re-created stream does not show its
-    /// predecessor's events).
-    pub base: u64,
+    /// Where the stream's messages are: its channel's events after the head
+    /// at creation (a re-created stream does not show its predecessor's
+    /// events), after a fork's inherited ones ([`fork::Layout`]).
+    pub layout: Arc<fork::Layout>,
+    /// What a fork was forked from (`None` for a plain stream).
+    pub fork_of: Option<fork::ForkOf>,
+    /// A fork's source (channel and stream), released when the fork is forgotten.
+    pub parent: Option<(String, Stream)>,
+    /// The stream's forks (its reference count, PROTOCOL.md 4.2).
+    pub children: Vec<fork::Child>,
+    /// Deleted (or expired) while forks still use it: its URL answers 410
+    /// and cannot be created again until the last fork is gone.
+    pub soft_deleted: bool,
     /// Whether the stream is closed, and the producer tuple that closed it.
     pub closed: bool,
     /// `(producer id, epoch, seq)` of the append that closed the stream.
@@ -41,7 +52,8 @@ pub struct Meta {
     pub last_stream_seq: Option<String>,
     /// Idempotent producers: id -> (epoch, last seq accepted).
     pub producers: HashMap<String, (u64, u64)>,
-    /// Whether the stream was deleted (live readers holding it end).
+    /// Whether the stream was forgotten (deleted, expired): live readers
+    /// holding it end.
     pub deleted: bool,
     /// Bumped on closure and deletion, so live readers waiting at the tail wake up.
     pub closed_tx: watch::Sender<bool>,

@@ -1,6 +1,7 @@
 //! Writes: `PUT` (create), `POST` (append, close, idempotent producers,
 //! `Stream-Seq`) and `DELETE` (PROTOCOL.md 5.1 to 5.4).
 
+use super::fork::{self, Layout};
 use super::names::offset;
 use super::streams::{self, media_type, Meta, Stream};
 use super::{api_error, empty, error, set, Ctx};
@@ -14,8 +15,9 @@ use std::sync::Arc;
 /// The largest JavaScript-safe integer, the bound of producer epochs and seqs.
 const MAX_SAFE: u64 = (1 << 53) - 1;
 
-/// The stream on the context's channel, unless it is absent or expired
-/// (an expired one is forgotten here).
+/// The stream on the context's channel, unless it is absent, expired (an
+/// expired one is forgotten here, or soft-deleted while forks use it) or
+/// soft-deleted (410, PROTOCOL.md 4.2).
 pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
     let not_found = || {
         error(
@@ -24,12 +26,34 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
             format!("no stream at {}", ctx.url_path),
         )
     };
+    let gone = || {
+        error(
+            StatusCode::GONE,
+            "stream_deleted",
+            format!(
+                "the stream at {} was deleted; it is kept only for the forks that read it",
+                ctx.url_path
+            ),
+        )
+    };
     let s = ctx.ds.streams.get(&ctx.channel).ok_or_else(not_found)?;
-    let expired = s.lock().await.expired(now_ms());
-    if expired {
-        ctx.ds.streams.remove(&ctx.channel, &s);
+    let now = now_ms();
+    let mut m = s.lock().await;
+    if m.deleted {
         return Err(not_found());
     }
+    if m.soft_deleted || m.expired(now) {
+        if fork::has_live_forks(&m, now) {
+            if !m.soft_deleted {
+                m.soft_deleted = true;
+                m.closed_tx.send_replace(true);
+            }
+            return Err(gone());
+        }
+        fork::forget(&ctx.ds, &ctx.channel, &s, m).await;
+        return Err(not_found());
+    }
+    drop(m);
     Ok(s)
 }
 
@@ -84,31 +108,32 @@ async fn publish(ctx: &Ctx, msgs: Vec<String>) -> Result<u64, Response> {
         .map_err(api_error)
 }
 
-/// The channel's head now.
-async fn head(ctx: &Ctx) -> Result<u64, Response> {
-    ctx.app
-        .hub
-        .state(&ctx.channel)
+/// The stream's tail position now.
+async fn head(ctx: &Ctx, layout: &Layout) -> Result<u64, Response> {
+    fork::tail(&ctx.app, layout)
         .await
-        .map(|s| s.head)
         .map_err(|e| api_error(e.into()))
 }
 
-/// `PUT {stream}`: creates the stream, or answers 200 when it exists with
-/// the same content type, TTL or expiry and closure (409 otherwise).
+/// `PUT {stream}`: creates the stream (a fork with `Stream-Forked-From`,
+/// see [`fork`]), or answers 200 when it exists with the same content type,
+/// TTL or expiry, closure and fork (409 otherwise).
 pub async fn create(ctx: Ctx, body: Body) -> Response {
-    if ctx.header("stream-forked-from").is_some() {
+    let forked_from = ctx.header("stream-forked-from").map(str::to_owned);
+    if forked_from.is_none()
+        && (ctx.headers.contains_key("stream-fork-offset")
+            || ctx.headers.contains_key("stream-fork-sub-offset"))
+    {
         return error(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
-            "forks (Stream-Forked-From) are not implemented by this server yet",
+            StatusCode::BAD_REQUEST,
+            "invalid_fork",
+            "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
         );
     }
-    let content_type = ctx
+    let ct_given = ctx
         .header("content-type")
         .map(|c| c.trim().to_owned())
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "application/octet-stream".to_owned());
+        .filter(|c| !c.is_empty());
     let ttl = match ctx.header("stream-ttl").map(streams::parse_ttl).transpose() {
         Ok(t) => t,
         Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_ttl", m),
@@ -132,6 +157,13 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
+    let plan = match &forked_from {
+        None => None,
+        Some(f) => match fork::plan(&ctx, f, ct_given.as_deref()).await {
+            Ok(p) => Some(p),
+            Err(r) => return r,
+        },
+    };
     let now = now_ms();
     let st = match ctx.app.hub.state(&ctx.channel).await {
         Ok(s) => s,
@@ -139,12 +171,18 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
     };
     let (closed_tx, _) = tokio::sync::watch::channel(false);
     let mut meta = Meta {
-        content_type,
+        content_type: ct_given
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".to_owned()),
         ttl_s: ttl,
         expires_at,
         deadline_ms: None,
         epoch: st.epoch,
-        base: st.head,
+        layout: Arc::new(Layout::plain(&ctx.channel, st.epoch, st.head)),
+        fork_of: None,
+        parent: None,
+        children: Vec::new(),
+        soft_deleted: false,
         closed: false,
         closed_by: None,
         deleted: false,
@@ -152,8 +190,29 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         producers: Default::default(),
         closed_tx,
     };
+    let mut prefix = None;
+    if let Some(p) = &plan {
+        // PROTOCOL.md 4.2: the source's type; its TTL or expiry unless the
+        // fork gives its own; its offsets' epoch.
+        meta.content_type = p.content_type.clone();
+        if meta.ttl_s.is_none() && meta.expires_at.is_none() {
+            meta.ttl_s = p.ttl_s;
+            meta.expires_at = p.expires_at.clone();
+        }
+        meta.epoch = p.epoch;
+        meta.layout = Arc::new(Layout {
+            channel: ctx.channel.clone(),
+            epoch: st.epoch,
+            base: st.head,
+            origin: p.origin,
+            parent: Some(p.parent.clone()),
+        });
+        meta.fork_of = Some(p.fork_of.clone());
+        meta.parent = Some((p.fork_of.source.clone(), p.source.clone()));
+        prefix = p.prefix.clone();
+    }
     meta.touch(now);
-    let msgs = if body.is_empty() {
+    let mut msgs = if body.is_empty() {
         Vec::new()
     } else {
         match messages(&meta, &body) {
@@ -161,35 +220,64 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
             Err(r) => return r,
         }
     };
+    if let Some(p) = prefix {
+        msgs.insert(0, p);
+    }
     let stream: Stream = Arc::new(tokio::sync::Mutex::new(meta));
     let mut guard = stream.clone().lock_owned().await;
     loop {
         match ctx.ds.streams.insert(&ctx.channel, stream.clone()) {
             Ok(()) => break,
             Err(existing) => {
-                let old = existing.lock().await;
-                if old.expired(now) {
+                let mut old = existing.lock().await;
+                if old.deleted {
                     drop(old);
                     ctx.ds.streams.remove(&ctx.channel, &existing);
                     continue;
                 }
+                if old.soft_deleted || old.expired(now) {
+                    if fork::has_live_forks(&old, now) {
+                        if !old.soft_deleted {
+                            old.soft_deleted = true;
+                            old.closed_tx.send_replace(true);
+                        }
+                        return error(
+                            StatusCode::CONFLICT,
+                            "stream_exists",
+                            format!(
+                                "the stream at {} was deleted but its forks still read it; the                                  path cannot be used until they are gone",
+                                ctx.url_path
+                            ),
+                        );
+                    }
+                    fork::forget(&ctx.ds, &ctx.channel, &existing, old).await;
+                    continue;
+                }
+                let same_fork = match (&old.fork_of, &guard.fork_of, &plan) {
+                    (None, None, _) => true,
+                    (Some(a), Some(b), Some(p)) => {
+                        a.source == b.source && a.sub == b.sub && (!p.offset_given || a.at == b.at)
+                    }
+                    _ => false,
+                };
                 let same = media_type(&old.content_type) == media_type(&guard.content_type)
                     && old.ttl_s == guard.ttl_s
                     && old.expires_at.as_ref().map(|e| e.1)
                         == guard.expires_at.as_ref().map(|e| e.1)
-                    && old.closed == closed;
+                    && old.closed == closed
+                    && same_fork;
                 if !same {
                     return error(
                         StatusCode::CONFLICT,
                         "stream_exists",
                         format!(
-                            "a stream exists at {} with another content type, TTL, expiry or \
-                             closure",
+                            "a stream exists at {} with another content type, TTL, expiry, \
+                             closure or fork",
                             ctx.url_path
                         ),
                     );
                 }
-                let tail = match head(&ctx).await {
+                let tail = match head(&ctx, &old.layout).await {
                     Ok(h) => h,
                     Err(r) => return r,
                 };
@@ -203,15 +291,19 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
             }
         }
     }
-    let mut tail = guard.base;
+    let mut tail = guard.layout.origin;
     if !msgs.is_empty() {
         match publish(&ctx, msgs).await {
-            Ok(t) => tail = t,
+            Ok(t) => tail = guard.layout.virt(t),
             Err(r) => {
                 ctx.ds.streams.remove(&ctx.channel, &stream);
+                guard.deleted = true;
                 return r;
             }
         }
+    }
+    if let Some(p) = &plan {
+        fork::register(&p.source, &stream).await;
     }
     if closed {
         guard.closed = true;
@@ -298,8 +390,15 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         );
     }
     let mut meta = stream.lock().await;
+    if meta.deleted || meta.soft_deleted {
+        return error(
+            StatusCode::NOT_FOUND,
+            "stream_not_found",
+            format!("the stream at {} was deleted", ctx.url_path),
+        );
+    }
     let now = now_ms();
-    let tail = match head(&ctx).await {
+    let tail = match head(&ctx, &meta.layout).await {
         Ok(h) => h,
         Err(r) => return r,
     };
@@ -429,7 +528,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             );
         }
         match publish(&ctx, msgs).await {
-            Ok(t) => tail = t,
+            Ok(t) => tail = meta.layout.virt(t),
             Err(r) => return r,
         }
     }
@@ -462,16 +561,28 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
 }
 
 /// `DELETE {stream}`: forgets the stream (its events stay in the channel
-/// until retention evicts them; a new stream at the path starts after them).
+/// until retention evicts them; a new stream at the path starts after
+/// them), or soft-deletes it while forks use it (PROTOCOL.md 5.4): its URL
+/// then answers 410 until the last fork is gone.
 pub async fn delete(ctx: Ctx) -> Response {
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    ctx.ds.streams.remove(&ctx.channel, &stream);
-    // Live readers waiting on it end.
     let mut meta = stream.lock().await;
-    meta.deleted = true;
-    meta.closed_tx.send_replace(true);
+    if meta.deleted || meta.soft_deleted {
+        return error(
+            StatusCode::NOT_FOUND,
+            "stream_not_found",
+            format!("the stream at {} was deleted", ctx.url_path),
+        );
+    }
+    if fork::has_live_forks(&meta, now_ms()) {
+        meta.soft_deleted = true;
+        // Live readers of the stream's URL end.
+        meta.closed_tx.send_replace(true);
+        return empty(StatusCode::NO_CONTENT);
+    }
+    fork::forget(&ctx.ds, &ctx.channel, &stream, meta).await;
     empty(StatusCode::NO_CONTENT)
 }
