@@ -202,7 +202,7 @@ impl CommitSink for Recorder {
 fn ev(data: &str) -> NewEvent {
     NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }
 }
 
@@ -281,7 +281,11 @@ async fn batches(f: Fixture) -> R {
     assert_eq!((a.first_seq, a.last_seq), (1, 3));
     let page = j.read("c", 0, 10).await?;
     assert_eq!(seqs(&page), [1, 2, 3]);
-    let data: Vec<_> = page.events.iter().map(|e| e.data.as_str()).collect();
+    let data: Vec<_> = page
+        .events
+        .iter()
+        .map(|e| e.data.as_text().unwrap_or_default())
+        .collect();
     assert_eq!(data, ["one", "two", ""]);
     assert_eq!(page.events[0].event_type.as_deref(), Some("t1"));
     assert_eq!(page.events[1].event_type, None);
@@ -510,7 +514,7 @@ async fn bounded_reads(f: Fixture) -> R {
     for _ in 0..3 {
         let typed = NewEvent {
             event_type: Some("t".repeat(200)),
-            data: "k".repeat(1000),
+            data: "k".repeat(1000).into(),
         };
         j.append("typed", vec![typed], None).await?;
     }
