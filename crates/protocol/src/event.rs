@@ -64,7 +64,7 @@ impl<'de> Deserialize<'de> for Epoch {
 /// a record written before the flag existed reads as text). On the wire,
 /// text is written as is and bytes as standard base64 (RFC 4648 section 4,
 /// padded) marked `"encoding":"base64"` in JSON, or with an `encoding: base64`
-/// line in a plain SSE frame (docs/protocol.md, "Binary data").
+/// line in a plain SSE frame (docs/api.md, "Binary data").
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Payload {
     /// UTF-8 text.
@@ -480,6 +480,13 @@ mod tests {
             env,
             "event: t\ndata: {\"channel\":\"c\",\"seq\":3,\"type\":\"t\",\"data\":\"x\\ny\",\"time\":10}\n\n"
         );
+    }
+
+    /// The flag costs one word per event in memory at most (design.md,
+    /// "memory"): a `Payload` is a `String`'s size plus the variant's tag.
+    #[test]
+    fn a_payload_costs_at_most_one_word_more_than_a_string() {
+        assert!(std::mem::size_of::<Payload>() <= std::mem::size_of::<String>() + 8);
     }
 
     #[test]

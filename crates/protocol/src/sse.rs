@@ -61,7 +61,7 @@ pub fn write_event(out: &mut Vec<u8>, event_type: Option<&str>, data: &str) {
 /// (base64, which has no CR or LF): optional `event:` line, an
 /// `encoding: <name>` line, one `data:` line, blank line. A conforming
 /// EventSource ignores the `encoding` field (WHATWG HTML 9.2.6: an unknown
-/// field is ignored); gapless's SDKs read it (docs/protocol.md, "Binary data").
+/// field is ignored); gapless's SDKs read it (docs/api.md, "Binary data").
 pub fn write_encoded_event(
     out: &mut Vec<u8>,
     event_type: Option<&str>,
