@@ -19,6 +19,13 @@
 //! hyper's timer cuts part way). Every other connection — and every request after the
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
+//!
+//! An answer given before the request's body was read to its end (an early
+//! refusal: 413, 401, 408, ...) says `connection: close`, and every
+//! connection closes with a lingering close ([`linger`]: FIN, then what the
+//! client still sends is read and dropped, at most [`LINGER`] and
+//! [`LINGER_BYTES`]), so a client still sending its body reads the answer
+//! rather than a reset.
 
 use crate::net::listener::{Conn, Refused};
 use crate::{Peer, ServerConfig};
