@@ -19,6 +19,13 @@
 //! hyper's timer cuts part way). Every other connection — and every request after the
 //! first on a keep-alive connection, SSE included — is served by hyper's
 //! HTTP/1 server, which first re-reads the bytes read here ([`Conn::unread`]).
+//!
+//! An answer given before the request's body was read to its end (an early
+//! refusal: 413, 401, 408, ...) says `connection: close`, and every
+//! connection closes with a lingering close ([`linger`]: FIN, then what the
+//! client still sends is read and dropped, at most [`LINGER`] and
+//! [`LINGER_BYTES`]), so a client still sending its body reads the answer
+//! rather than a reset.
 
 use crate::net::listener::{Conn, Refused};
 use crate::{Peer, ServerConfig};
@@ -752,43 +759,74 @@ async fn write_frames(
 }
 
 /// Writes a whole answer, then closes the sending side: no other request is
-/// read on this connection.
-///
-/// Then it reads and drops what the client still sends (up to
-/// [`LINGER_BYTES`] or [`LINGER`]) before closing: closing a socket with
-/// unread bytes sends a reset, which can make the client lose the answer
-/// before it reads it (a refused oversized head, say).
+/// read on this connection; then a [lingering close](linger).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
     let wrote = tokio::select! {
         r = write_frames(conn.tcp(), &mut out, |_| std::task::Poll::Pending, None) => r.is_ok(),
         () = stop.cancelled() => false,
     };
     if wrote {
-        shut_write(conn.tcp());
-        let tcp = conn.tcp();
-        let _ = tokio::time::timeout(LINGER, async {
-            let mut scratch = [0u8; 4096];
-            let mut drained = 0usize;
-            while drained < LINGER_BYTES {
-                if tcp.readable().await.is_err() {
-                    return;
-                }
-                match tcp.try_read(&mut scratch) {
-                    Ok(0) => return,
-                    Ok(n) => drained += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return,
-                }
-            }
-        })
-        .await;
+        linger(conn, stop).await;
     }
 }
 
-/// How long a whole answer's connection keeps draining the client's bytes.
-const LINGER: Duration = Duration::from_secs(1);
-/// Most bytes drained after a whole answer.
-const LINGER_BYTES: usize = 1 << 20;
+/// The lingering close of a connection whose last answer is written: sends
+/// FIN, then reads and drops what the client still sends until it closes
+/// its side, up to [`LINGER_BYTES`] or [`LINGER`] (or server shutdown); the
+/// caller then closes the socket.
+///
+/// Why: an answer given before the request's body was read (413 over a
+/// limit, 401/403, 415, a refused head) leaves the client still sending.
+/// Closing a socket with unread bytes makes the kernel send a reset instead
+/// of a FIN, and a client that sees the reset while still writing (or
+/// before it has read what arrived) loses the answer: "other side closed",
+/// "connection reset". Reading on for a bounded while lets the answer
+/// arrive and be read, as nginx's `lingering_close` does. The connection
+/// keeps its place under `--max-connections` and `--max-connections-per-ip`
+/// while it lingers (the [`Conn`] holds it), and a slow or silent client
+/// holds it at most [`LINGER`].
+async fn linger(conn: &Conn, stop: &CancellationToken) {
+    let tcp = conn.tcp();
+    shut_write(tcp);
+    let drain = async {
+        // Allocated only for a connection that is closing, never held by an
+        // open one (a connection's future stays small).
+        let mut scratch = vec![0u8; LINGER_READ];
+        let mut drained = 0usize;
+        while drained < LINGER_BYTES {
+            if tcp.readable().await.is_err() {
+                return;
+            }
+            match tcp.try_read(&mut scratch) {
+                Ok(0) => return,
+                Ok(n) => drained += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+        tracing::debug!(
+            bytes = drained,
+            "closing a connection that was still sending after its answer"
+        );
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(LINGER, drain) => {}
+        () = stop.cancelled() => {}
+    }
+}
+
+/// How long a closing connection keeps reading (and dropping) what its
+/// client still sends: long enough for a client on a slow link to read an
+/// early answer, short enough that a client cannot hold a connection with
+/// it (nginx's `lingering_time` is 30 s, its `lingering_timeout` 5 s; a
+/// refusal needs far less).
+const LINGER: Duration = Duration::from_secs(2);
+/// Most bytes a closing connection reads and drops: 16 MiB, over the
+/// default `--max-batch-bytes`, so a client sending a body at the size of
+/// the largest limit is read to its end on a fast link and never reset.
+const LINGER_BYTES: usize = 16 << 20;
+/// The read size while lingering.
+const LINGER_READ: usize = 64 << 10;
 
 /// Sends FIN: the end of a close-delimited body.
 fn shut_write(tcp: &TcpStream) {
@@ -844,9 +882,18 @@ async fn serve_http(
             req.extensions_mut().insert(t);
         }
         req.extensions_mut().insert(flushes.clone());
+        let (req, read) = ReadToEnd::track(req);
         let answer = router.clone().oneshot(req);
         async move {
-            let resp = answer.await?;
+            let mut resp = answer.await?;
+            if !read.load(std::sync::atomic::Ordering::Relaxed) {
+                // Answered before its body was read (an early refusal): the
+                // connection cannot carry another request, and says so; it
+                // closes with a lingering close (`linger`), so the answer
+                // reaches a client still sending.
+                resp.headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
             Ok::<_, std::convert::Infallible>(match place {
                 Some((p, slot)) => held_while_answered(resp, &p, slot),
                 None => resp,
@@ -870,19 +917,76 @@ async fn serve_http(
             (&mut conn).await
         }
     };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "connection ended with an error");
-        // A later head that timed out part way (slowloris): 408 first, as for
-        // a first head. hyper hands back the socket and the bytes it holds.
-        if e.is_timeout() {
-            if let Some(parts) = conn.into_parts() {
-                if !parts.read_buf.is_empty() {
-                    let limit = shared.config.header_timeout_ms;
-                    let out = whole(head_timeout(limit, parts.read_buf.len())).await;
-                    send_whole(parts.io.inner().conn(), out, &shared.shutdown).await;
-                }
-            }
+    let timed_out = match &result {
+        Err(e) => {
+            tracing::debug!(error = %e, "connection ended with an error");
+            e.is_timeout()
         }
+        Ok(()) => false,
+    };
+    // hyper hands back the socket (unless it was upgraded: a WebSocket
+    // closes on its own) and the bytes it holds.
+    let Some(parts) = conn.into_parts() else {
+        return;
+    };
+    let tcp = parts.io.inner().conn();
+    if timed_out && !parts.read_buf.is_empty() {
+        // A later head that timed out part way (slowloris): 408 first, as
+        // for a first head.
+        let limit = shared.config.header_timeout_ms;
+        let out = whole(head_timeout(limit, parts.read_buf.len())).await;
+        send_whole(tcp, out, &shared.shutdown).await;
+    } else {
+        // hyper closes a connection whose request body it did not read
+        // (an early refusal: 413, 401, 415, ...) with `connection: close`;
+        // a plain close would reset it and could lose that answer.
+        linger(tcp, &shared.shutdown).await;
+    }
+}
+
+/// A request body that notes when it has been read to its end (or had
+/// none), so the connection knows whether an answer came before the body
+/// was read.
+struct ReadToEnd {
+    inner: hyper::body::Incoming,
+    read: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReadToEnd {
+    /// `req` with its body tracked, and the flag set once it is read whole.
+    fn track(
+        req: Request<hyper::body::Incoming>,
+    ) -> (Request<ReadToEnd>, Arc<std::sync::atomic::AtomicBool>) {
+        use hyper::body::Body as _;
+        let read = Arc::new(std::sync::atomic::AtomicBool::new(
+            req.body().is_end_stream(),
+        ));
+        let flag = read.clone();
+        (req.map(|inner| ReadToEnd { inner, read }), flag)
+    }
+}
+
+impl hyper::body::Body for ReadToEnd {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -57,14 +57,18 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
     Ok(s)
 }
 
-/// Reads the request body, at most `--max-batch-bytes`.
+/// Reads the request body, at most `--max-batch-bytes`: a larger one is
+/// `413 too_large` with `limit` (the connection then closes, lingering so the
+/// client still sending reads the answer: `net/conn.rs`).
 async fn body_bytes(ctx: &Ctx, body: Body) -> Result<bytes::Bytes, Response> {
     let max = ctx.app.config.max_batch_bytes;
     axum::body::to_bytes(body, max).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the body is larger than {max} bytes (--max-batch-bytes)"),
+        api_error(
+            crate::error::ApiError::new(
+                gapless_protocol::codes::ErrorCode::TooLarge,
+                format!("the body is larger than {max} bytes (--max-batch-bytes)"),
+            )
+            .with("limit", max),
         )
     })
 }
