@@ -518,6 +518,12 @@ fn parse_config(app: &App, root: &str, v: &Value) -> Result<Config, Response> {
         (Kind::PullWake, None) => return Err(bad("a pull-wake subscription needs wake_stream")),
         (Kind::Webhook, _) => None,
     };
+    if let Some(w) = wake_stream.as_ref().filter(|w| streams.contains(w)) {
+        return Err(bad(format!(
+            "the wake stream {w:?} cannot be one of the subscription's streams (its wake events \
+             would wake it without end)"
+        )));
+    }
     let lease_ttl_ms = match v.get("lease_ttl_ms") {
         None | Some(Value::Null) => DEFAULT_LEASE_MS,
         Some(n) => match n.as_u64() {
@@ -637,7 +643,7 @@ async fn create(
         );
     }
     if let Some(pattern) = sub.config.pattern.clone() {
-        for rel in matching(ds, root, &pattern) {
+        for rel in matching(ds, root, &pattern, sub.config.wake_stream.as_deref()) {
             let acked = offsets(app, ds, root, &rel).await.map(|o| o.1);
             let l = sub.links.entry(rel).or_default();
             l.glob = true;
@@ -663,14 +669,16 @@ async fn create(
     json_answer(StatusCode::CREATED, &answer)
 }
 
-/// The stream paths under `root` (relative) that `pattern` matches now.
-fn matching(ds: &Ds, root: &str, pattern: &[String]) -> Vec<String> {
+/// The stream paths under `root` (relative) that `pattern` matches now,
+/// except the subscription's own wake stream (its wake events would wake it
+/// again, without end).
+fn matching(ds: &Ds, root: &str, pattern: &[String], wake_stream: Option<&str>) -> Vec<String> {
     let prefix = root_prefix(root);
     ds.streams
         .channels()
         .into_iter()
         .filter_map(|c| c.strip_prefix(prefix.as_str()).map(names::path_of))
-        .filter(|rel| glob(pattern, rel))
+        .filter(|rel| glob(pattern, rel) && Some(rel.as_str()) != wake_stream)
         .collect()
 }
 
@@ -845,7 +853,8 @@ async fn scan(app: &Arc<App>, ds: &Arc<Ds>, sub: &SubRef) {
         return;
     }
     if let Some(pattern) = s.config.pattern.clone() {
-        for rel in matching(ds, &s.root, &pattern) {
+        let wake_stream = s.config.wake_stream.clone();
+        for rel in matching(ds, &s.root, &pattern, wake_stream.as_deref()) {
             // Discovered by its append: linked before it (acked: none).
             s.links.entry(rel).or_default().glob = true;
         }
