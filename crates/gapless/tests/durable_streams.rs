@@ -536,3 +536,110 @@ async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
     .await;
     assert_eq!(a.status, 404, "{}", a.text);
 }
+
+/// A webhook receiver on 127.0.0.1: answers the first request 500, every
+/// later one 200 `{"done":true}`; hands each request's body to the test.
+async fn flaky_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut sock, _)) = listener.accept().await {
+            n += 1;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Read the head, then Content-Length bytes of body.
+            let body = loop {
+                let Ok(k) = sock.read(&mut chunk).await else {
+                    break None;
+                };
+                if k == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..k]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        break Some(buf[end + 4..end + 4 + len].to_vec());
+                    }
+                }
+            };
+            if let Some(b) = body {
+                let _ = tx.send(serde_json::from_slice(&b).unwrap_or(Value::Null));
+            }
+            let answer = if n == 1 {
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_owned()
+            } else {
+                let b = r#"{"done":true}"#;
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+                    b.len()
+                )
+            };
+            let _ = sock.write_all(answer.as_bytes()).await;
+        }
+    });
+    (url, rx)
+}
+
+/// A failed webhook delivery marks the subscription `failed` and is retried
+/// (after about a second) with a new generation; the retry's `{"done": true}`
+/// acks the tail and the subscription is `active` again. Loopback receivers
+/// need `--ds-webhook-allow-loopback`.
+#[tokio::test]
+async fn a_failed_webhook_is_retried_with_a_new_generation() {
+    let s = Server::memory(&["--ds-webhook-allow-loopback"]).await;
+    let (url, mut got) = flaky_receiver().await;
+    let sub = "/ds/h/__ds/subscriptions/retry";
+    let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
+    let r = req(&s, "PUT", sub, &[JSON], &body.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = req(&s, "PUT", "/ds/h/s", &[JSON], r#"{"n":1}"#).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let tail = r.header("stream-next-offset").expect("offset").to_owned();
+
+    let wait = Duration::from_secs(15);
+    let first = tokio::time::timeout(wait, got.recv())
+        .await
+        .expect("a wake")
+        .expect("open");
+    assert_eq!(first["streams"][0]["path"], "s", "{first}");
+    assert_eq!(first["streams"][0]["tail_offset"], tail.as_str());
+    let second = tokio::time::timeout(wait, got.recv())
+        .await
+        .expect("a retry")
+        .expect("open");
+    assert!(
+        second["generation"].as_u64() > first["generation"].as_u64(),
+        "{first} then {second}"
+    );
+    assert_ne!(second["wake_id"], first["wake_id"]);
+
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let g = req(&s, "GET", sub, &[], "").await;
+        if g.json["streams"][0]["acked_offset"] == tail.as_str() {
+            assert_eq!(g.json["status"], "active", "{}", g.text);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not acked: {}",
+            g.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
