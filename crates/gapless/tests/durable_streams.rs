@@ -598,15 +598,26 @@ async fn flaky_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value
 /// A failed webhook delivery marks the subscription `failed` and is retried
 /// (after about a second) with a new generation; the retry's `{"done": true}`
 /// acks the tail and the subscription is `active` again. Loopback receivers
-/// need `--ds-webhook-allow-loopback`.
+/// need `--ds-webhook-allow-loopback`; `--ds-max-subscriptions` bounds the
+/// subscriptions held.
 #[tokio::test]
 async fn a_failed_webhook_is_retried_with_a_new_generation() {
-    let s = Server::memory(&["--ds-webhook-allow-loopback"]).await;
+    let s = Server::memory(&["--ds-webhook-allow-loopback", "--ds-max-subscriptions", "1"]).await;
     let (url, mut got) = flaky_receiver().await;
     let sub = "/ds/h/__ds/subscriptions/retry";
     let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
     let r = req(&s, "PUT", sub, &[JSON], &body.to_string()).await;
     assert_eq!(r.status, 201, "{}", r.text);
+    let more = req(
+        &s,
+        "PUT",
+        "/ds/h/__ds/subscriptions/more",
+        &[JSON],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(more.status, 403, "{}", more.text);
+    assert_eq!(more.json["error"]["code"], "SUBSCRIPTION_LIMIT");
     let r = req(&s, "PUT", "/ds/h/s", &[JSON], r#"{"n":1}"#).await;
     assert_eq!(r.status, 201, "{}", r.text);
     let tail = r.header("stream-next-offset").expect("offset").to_owned();
