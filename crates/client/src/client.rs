@@ -453,7 +453,8 @@ impl BatchRequest<'_> {
             .events
             .into_iter()
             .map(|e| answers::BatchEvent {
-                data: e.data,
+                data: e.data.wire().into_owned(),
+                encoding: e.data.encoding(),
                 event_type: e.event_type,
             })
             .collect();

@@ -271,6 +271,7 @@ fn push_item(
                     channel: env.channel.into_owned(),
                     event_type: env.event_type.map(|t| t.into_owned()),
                     data: env.data.into_owned(),
+                    encoding: env.encoding,
                     time: env.time,
                 }))),
                 Some(_) if e.last_event_id.is_empty() => Err(Error::protocol(
@@ -282,6 +283,7 @@ fn push_item(
                     seq,
                     event_type: env.event_type.map(|t| t.into_owned()),
                     data: env.data.into_owned(),
+                    encoding: env.encoding,
                     time: env.time,
                     cursor: Cursor::from(e.last_event_id),
                 }))),

@@ -532,7 +532,7 @@ fn run(
                     Err(e) => break Err(e),
                 };
                 match msg {
-                    ServerMsg::Event { session, seq, event_type, data, time } => {
+                    ServerMsg::Event { session, seq, event_type, data, encoding, time } => {
                         retrier.attempt = 0;
                         last_seq = Some(seq);
                         *lock(&shared) = last_seq;
@@ -541,6 +541,7 @@ fn run(
                             seq,
                             event_type: event_type.map(|t| t.into_owned()),
                             data: data.into_owned(),
+                            encoding,
                             time,
                         };
                         yield Ok(SessionUpdate::Event(e));

@@ -66,8 +66,13 @@ pub struct Event {
     /// The event's type (`None` when published without one).
     #[serde(rename = "type")]
     pub event_type: Option<String>,
-    /// The payload, UTF-8 text as published.
+    /// The payload: UTF-8 text as published, or with `encoding` the event's
+    /// bytes in that encoding.
     pub data: String,
+    /// `Some(Base64)` when the event's data is bytes: `data` is then their
+    /// standard padded base64 ([`Event::bytes`] decodes it); `None` for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<gapless_protocol::Encoding>,
     /// Commit time, Unix milliseconds.
     pub time: u64,
     /// Where a reader stands after this event. From history and from a
@@ -75,6 +80,25 @@ pub struct Event {
     /// from an SSE subscription, the subscription's cursor (every channel's
     /// position), so resuming from it resumes the whole subscription.
     pub cursor: Cursor,
+}
+
+impl Event {
+    /// The data as published: text, or the bytes of a binary event.
+    ///
+    /// # Errors
+    /// [`crate::Error::Protocol`]-like text when a binary event's data is not
+    /// base64 (a server bug).
+    pub fn payload(&self) -> Result<gapless_protocol::Payload, String> {
+        gapless_protocol::Payload::from_wire(self.data.clone(), self.encoding)
+    }
+
+    /// The bytes of a binary event; `None` for a text event.
+    pub fn bytes(&self) -> Option<Vec<u8>> {
+        match self.payload() {
+            Ok(gapless_protocol::Payload::Binary(b)) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// A live-only event: it has no seq, is never journaled or replayed, and never
@@ -86,8 +110,12 @@ pub struct Ephemeral {
     /// The event's type, if any.
     #[serde(rename = "type")]
     pub event_type: Option<String>,
-    /// The payload.
+    /// The payload (base64 with `encoding`, as for [`Event`]).
     pub data: String,
+    /// `Some(Base64)` when the event's data is bytes: `data` is then their
+    /// standard padded base64 ([`Payload::from_wire`](gapless_protocol::Payload::from_wire) decodes it); `None` for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<gapless_protocol::Encoding>,
     /// When it was published, Unix milliseconds.
     pub time: u64,
 }
@@ -254,6 +282,7 @@ impl From<answers::HistoryPage> for HistoryPage {
                 seq: e.seq,
                 event_type: e.event_type.map(|t| t.into_owned()),
                 data: e.data.into_owned(),
+                encoding: e.encoding,
                 time: e.time,
                 cursor: Cursor(e.cursor.into_owned()),
             })
@@ -347,8 +376,12 @@ pub struct SessionEvent {
     /// The event's type (`None` when appended without one).
     #[serde(rename = "type")]
     pub event_type: Option<String>,
-    /// The payload, UTF-8 text as appended.
+    /// The payload, UTF-8 text as appended (base64 with `encoding`).
     pub data: String,
+    /// `Some(Base64)` when the event's data is bytes: `data` is then their
+    /// standard padded base64 ([`Payload::from_wire`](gapless_protocol::Payload::from_wire) decodes it); `None` for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<gapless_protocol::Encoding>,
     /// Commit time, Unix milliseconds.
     pub time: u64,
 }

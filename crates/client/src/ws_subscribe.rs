@@ -475,6 +475,7 @@ fn step(
                 seq: e.seq,
                 event_type: e.event_type.map(|t| t.into_owned()),
                 data: e.data.into_owned(),
+                encoding: e.encoding,
                 time: e.time,
                 cursor,
             }))
@@ -494,6 +495,7 @@ fn step(
             channel: e.channel.into_owned(),
             event_type: e.event_type.map(|t| t.into_owned()),
             data: e.data.into_owned(),
+            encoding: e.encoding,
             time: e.time,
         })),
         _ => Step::Skip,

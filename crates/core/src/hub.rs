@@ -14,7 +14,7 @@
 use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
 use crate::subscription::{Ephemeral, Follow, Gap, Start, Subscription};
 use gapless_protocol::codes::GapReason;
-use gapless_protocol::{Epoch, Event, NewEvent};
+use gapless_protocol::{Epoch, Event, NewEvent, Payload};
 use parking_lot::RwLock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -334,7 +334,7 @@ impl CommitSink for Channels {
         self.map.read().keys().cloned().collect()
     }
 
-    fn ephemeral(&self, channel: &str, event_type: Option<String>, data: String) {
+    fn ephemeral(&self, channel: &str, event_type: Option<String>, data: Payload) {
         if let Some(cell) = self.get(channel) {
             cell.push_ephemeral(Arc::new(Ephemeral::new(
                 cell.name.clone(),
@@ -457,7 +457,7 @@ impl Hub {
         &self,
         channel: &str,
         event_type: Option<String>,
-        data: String,
+        data: Payload,
     ) -> usize {
         self.published_ephemeral.increment(1);
         self.journal

@@ -149,7 +149,13 @@ pub trait CommitSink: Send + Sync + 'static {
     /// between nodes passes them on, see [`Journal::share_ephemeral`]): it
     /// goes to this node's current subscribers of `channel`, like one
     /// published here. Default: dropped.
-    fn ephemeral(&self, _channel: &str, _event_type: Option<String>, _data: String) {}
+    fn ephemeral(
+        &self,
+        _channel: &str,
+        _event_type: Option<String>,
+        _data: gapless_protocol::Payload,
+    ) {
+    }
 }
 
 /// A sink that drops everything (for tools and tests).
@@ -263,7 +269,13 @@ pub trait Journal: Send + Sync + 'static {
     /// sharing the journal, best effort (ephemeral events are never
     /// journaled: a node that misses it does not get it later). Each of them
     /// hands it to its [`CommitSink::ephemeral`]. Default: nothing (one node).
-    fn share_ephemeral(&self, _channel: &str, _event_type: Option<&str>, _data: &str) {}
+    fn share_ephemeral(
+        &self,
+        _channel: &str,
+        _event_type: Option<&str>,
+        _data: &gapless_protocol::Payload,
+    ) {
+    }
 
     /// Makes everything acknowledged durable and stops accepting appends.
     ///
@@ -294,7 +306,7 @@ mod tests {
                     Epoch(1),
                     i as u64 + 1,
                     None,
-                    "x".repeat(n),
+                    "x".repeat(n).into(),
                     0,
                 ))
             })

@@ -28,7 +28,7 @@ use crate::hub::Hub;
 use crate::journal::{Appended, ChannelState, JournalError};
 use crate::subscription::{Start, Subscription};
 use gapless_protocol::codes::GapReason;
-use gapless_protocol::NewEvent;
+use gapless_protocol::{NewEvent, Payload};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -370,7 +370,7 @@ impl Sessions {
         }
         let marker = NewEvent {
             event_type: Some(OPENED.to_owned()),
-            data: String::new(),
+            data: Payload::default(),
         };
         // Two creates of one id may both find it absent (on two nodes, in
         // cluster mode); the key makes the journal take one opening marker
@@ -752,7 +752,7 @@ impl Sessions {
                 }
                 .to_owned(),
             ),
-            data: String::new(),
+            data: Payload::default(),
         };
         let appended = match hub.publish(&channel_of(id), vec![marker], None).await {
             Ok(a) => a,

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use gapless_protocol::codes::GapReason;
 use gapless_protocol::event::Envelope;
 use gapless_protocol::sse::{self, Format};
-use gapless_protocol::{Cursor, Epoch, Event};
+use gapless_protocol::{Cursor, Encoding, Epoch, Event, Payload};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -82,8 +82,8 @@ pub struct Ephemeral {
     pub channel: Arc<str>,
     /// Optional type.
     pub event_type: Option<String>,
-    /// The payload.
-    pub data: String,
+    /// The payload: text, or bytes.
+    pub data: Payload,
     /// When it was published, Unix ms.
     pub time: u64,
     plain: OnceLock<Bytes>,
@@ -91,7 +91,7 @@ pub struct Ephemeral {
 }
 
 impl Ephemeral {
-    pub(crate) fn new(channel: Arc<str>, event_type: Option<String>, data: String) -> Self {
+    pub(crate) fn new(channel: Arc<str>, event_type: Option<String>, data: Payload) -> Self {
         Ephemeral {
             channel,
             event_type,
@@ -108,7 +108,8 @@ impl Ephemeral {
             channel: (&*self.channel).into(),
             seq: None,
             event_type: self.event_type.as_deref().map(Into::into),
-            data: (&*self.data).into(),
+            data: self.data.wire(),
+            encoding: self.data.encoding(),
             time: self.time,
         }
     }
@@ -122,7 +123,17 @@ impl Ephemeral {
         cell.get_or_init(|| {
             let mut out = Vec::with_capacity(self.data.len() + 32);
             match format {
-                Format::Plain => sse::write_event(&mut out, self.event_type.as_deref(), &self.data),
+                Format::Plain => match &self.data {
+                    Payload::Text(text) => {
+                        sse::write_event(&mut out, self.event_type.as_deref(), text)
+                    }
+                    Payload::Binary(_) => sse::write_encoded_event(
+                        &mut out,
+                        self.event_type.as_deref(),
+                        Encoding::Base64,
+                        &self.data.wire(),
+                    ),
+                },
                 Format::Envelope => {
                     let json = serde_json::to_string(&self.envelope()).unwrap_or_default();
                     sse::write_event(&mut out, self.event_type.as_deref(), &json)

@@ -24,7 +24,7 @@ fn hub(retention: Retention, window: usize) -> Hub {
 fn ev(data: &str) -> Vec<NewEvent> {
     vec![NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }]
 }
 

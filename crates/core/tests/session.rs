@@ -17,7 +17,7 @@ fn hub() -> Hub {
 fn ev(data: &str) -> Vec<NewEvent> {
     vec![NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }]
 }
 

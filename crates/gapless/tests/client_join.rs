@@ -372,7 +372,7 @@ async fn a_live_gap_makes_the_join_walk_again_and_report_only_what_is_really_los
     for _ in 0..60 {
         let batch = (0..10).map(|_| gapless_client::NewEvent {
             event_type: None,
-            data: big.clone(),
+            data: big.clone().into(),
         });
         client
             .publish_batch("s", batch)

@@ -75,8 +75,13 @@ pub struct BatchPublished {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchEvent {
-    /// The event's data: text of at most `--max-event-bytes` bytes.
+    /// The event's data: text of at most `--max-event-bytes` bytes, or with
+    /// `encoding` the event's bytes (at most that many once decoded).
     pub data: String,
+    /// `"base64"` to publish bytes (`data` is their standard padded base64);
+    /// absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<crate::Encoding>,
     /// The event's type; none when absent or null.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<EventType>)]
@@ -121,6 +126,7 @@ impl PageEvents {
                         cursor: j.cursor.into_owned().into(),
                         event_type: j.event_type.map(|t| t.into_owned().into()),
                         data: j.data.into_owned().into(),
+                        encoding: j.encoding,
                         time: j.time,
                     }
                 })
@@ -268,6 +274,7 @@ mod tests {
     fn a_batch_item_leaves_out_a_missing_type() {
         let e = BatchEvent {
             data: "a".into(),
+            encoding: None,
             event_type: None,
         };
         assert_eq!(serde_json::to_string(&e).expect("json"), r#"{"data":"a"}"#);

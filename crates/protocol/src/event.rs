@@ -57,13 +57,172 @@ impl<'de> Deserialize<'de> for Epoch {
     }
 }
 
+/// An event's data: UTF-8 text (what every event was before binary payloads,
+/// and what an event is unless its publisher said otherwise) or bytes.
+///
+/// The journals store which of the two an event is (a flag beside the data;
+/// a record written before the flag existed reads as text). On the wire,
+/// text is written as is and bytes as standard base64 (RFC 4648 section 4,
+/// padded) marked `"encoding":"base64"` in JSON, or with an `encoding: base64`
+/// line in a plain SSE frame (docs/api.md, "Binary data").
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Payload {
+    /// UTF-8 text.
+    Text(String),
+    /// Any bytes, kept exactly.
+    Binary(Vec<u8>),
+}
+
+impl Payload {
+    /// The data's bytes (a text's UTF-8).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Payload::Text(s) => s.as_bytes(),
+            Payload::Binary(b) => b,
+        }
+    }
+
+    /// Its length in bytes (what `--max-event-bytes` counts).
+    pub fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.as_bytes().is_empty()
+    }
+
+    /// Whether it is bytes rather than text.
+    pub fn is_binary(&self) -> bool {
+        matches!(self, Payload::Binary(_))
+    }
+
+    /// The text, or `None` for bytes.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Payload::Text(s) => Some(s),
+            Payload::Binary(_) => None,
+        }
+    }
+
+    /// How the wire form of [`Payload::wire`] is encoded: `None` for text,
+    /// [`Encoding::Base64`] for bytes.
+    pub fn encoding(&self) -> Option<Encoding> {
+        self.is_binary().then_some(Encoding::Base64)
+    }
+
+    /// The data as a JSON string or SSE `data:` carries it: the text itself,
+    /// or the bytes in standard padded base64.
+    pub fn wire(&self) -> Cow<'_, str> {
+        use base64::Engine;
+        match self {
+            Payload::Text(s) => Cow::Borrowed(s),
+            Payload::Binary(b) => Cow::Owned(base64::engine::general_purpose::STANDARD.encode(b)),
+        }
+    }
+
+    /// The data from its wire form and encoding (the reverse of
+    /// [`Payload::wire`]).
+    ///
+    /// # Errors
+    /// A message naming the fault when `encoding` is base64 and `wire` is
+    /// not standard padded base64.
+    pub fn from_wire(wire: String, encoding: Option<Encoding>) -> Result<Self, String> {
+        use base64::Engine;
+        match encoding {
+            None => Ok(Payload::Text(wire)),
+            Some(Encoding::Base64) => base64::engine::general_purpose::STANDARD
+                .decode(wire.as_bytes())
+                .map(Payload::Binary)
+                .map_err(|e| format!("data is not standard padded base64: {e}")),
+        }
+    }
+
+    /// Bytes that are read as text when they are UTF-8 (`binary` false) and
+    /// kept as bytes otherwise.
+    ///
+    /// # Errors
+    /// The offset of the first byte that is not UTF-8, when `binary` is false.
+    pub fn from_bytes(bytes: Vec<u8>, binary: bool) -> Result<Self, usize> {
+        if binary {
+            return Ok(Payload::Binary(bytes));
+        }
+        String::from_utf8(bytes)
+            .map(Payload::Text)
+            .map_err(|e| e.utf8_error().valid_up_to())
+    }
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Text(String::new())
+    }
+}
+
+impl From<String> for Payload {
+    fn from(s: String) -> Self {
+        Payload::Text(s)
+    }
+}
+
+impl From<&str> for Payload {
+    fn from(s: &str) -> Self {
+        Payload::Text(s.to_owned())
+    }
+}
+
+impl PartialEq<str> for Payload {
+    fn eq(&self, other: &str) -> bool {
+        self.as_text() == Some(other)
+    }
+}
+
+impl PartialEq<&str> for Payload {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_text() == Some(*other)
+    }
+}
+
+impl PartialEq<String> for Payload {
+    fn eq(&self, other: &String) -> bool {
+        self.as_text() == Some(other.as_str())
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Payload::Text(s) => fmt::Debug::fmt(s, f),
+            Payload::Binary(b) => write!(f, "Binary({} bytes)", b.len()),
+        }
+    }
+}
+
+/// How a wire `data` string encodes bytes: the `encoding` field of an event's
+/// JSON shapes, absent for text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// Standard padded base64 (RFC 4648 section 4) of the event's bytes.
+    Base64,
+}
+
+impl Encoding {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Base64 => "base64",
+        }
+    }
+}
+
 /// An event as a publisher submits it, before the journal gives it a seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
     /// Optional type (already validated by [`crate::name::validate_type`]).
     pub event_type: Option<String>,
-    /// The payload, UTF-8 text.
-    pub data: String,
+    /// The payload: text, or bytes.
+    pub data: Payload,
 }
 
 /// A journaled event: immutable, with lazily built shared encodings.
@@ -76,8 +235,8 @@ pub struct Event {
     pub seq: u64,
     /// Optional type.
     pub event_type: Option<String>,
-    /// The payload.
-    pub data: String,
+    /// The payload: text, or bytes.
+    pub data: Payload,
     /// Commit time, Unix milliseconds.
     pub time: u64,
     cache: Cache,
@@ -124,9 +283,14 @@ pub struct EventJson<'a> {
     #[serde(rename = "type")]
     #[schema(value_type = Option<String>)]
     pub event_type: Option<Cow<'a, str>>,
-    /// The payload, UTF-8 text as published.
+    /// The payload: UTF-8 text as published, or, with `encoding`, the
+    /// event's bytes in that encoding.
     #[schema(value_type = String)]
     pub data: Cow<'a, str>,
+    /// `"base64"` when the event's data is bytes (`data` is then their
+    /// standard padded base64); absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
     /// Commit time, Unix milliseconds.
     pub time: u64,
 }
@@ -145,9 +309,13 @@ pub struct Envelope<'a> {
     #[serde(rename = "type")]
     #[schema(value_type = Option<String>)]
     pub event_type: Option<Cow<'a, str>>,
-    /// The payload.
+    /// The payload: text, or, with `encoding`, the event's bytes in that
+    /// encoding.
     #[schema(value_type = String)]
     pub data: Cow<'a, str>,
+    /// `"base64"` when the event's data is bytes; absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
     /// Unix ms.
     pub time: u64,
 }
@@ -182,7 +350,7 @@ impl Event {
         epoch: Epoch,
         seq: u64,
         event_type: Option<String>,
-        data: String,
+        data: Payload,
         time: u64,
     ) -> Self {
         Event {
@@ -209,7 +377,8 @@ impl Event {
             seq: self.seq,
             cursor: Cow::Borrowed(self.cursor()),
             event_type: self.event_type.as_deref().map(Cow::Borrowed),
-            data: Cow::Borrowed(&self.data),
+            data: self.data.wire(),
+            encoding: self.data.encoding(),
             time: self.time,
         }
     }
@@ -220,13 +389,15 @@ impl Event {
             channel: Cow::Borrowed(&self.channel),
             seq: Some(self.seq),
             event_type: self.event_type.as_deref().map(Cow::Borrowed),
-            data: Cow::Borrowed(&self.data),
+            data: self.data.wire(),
+            encoding: self.data.encoding(),
             time: self.time,
         }
     }
 
     /// The WebSocket message of this event (JSON text, see `docs/protocol.md`):
-    /// `{"op":"event","channel","seq","cursor","type","data","time"}`.
+    /// `{"op":"event","channel","seq","cursor","type","data","time"}`, with
+    /// `"encoding":"base64"` after `data` when the data is bytes.
     pub fn ws_message(&self) -> &Bytes {
         self.cache.ws_message.get_or_init(|| {
             let msg = ServerMessage::Event(EventMessage {
@@ -234,7 +405,8 @@ impl Event {
                 seq: self.seq,
                 cursor: Cow::Borrowed(self.cursor()),
                 event_type: self.event_type.as_deref().map(Cow::Borrowed),
-                data: Cow::Borrowed(&self.data),
+                data: self.data.wire(),
+                encoding: self.data.encoding(),
                 time: self.time,
             });
             Bytes::from(serde_json::to_vec(&msg).unwrap_or_default())
@@ -271,7 +443,15 @@ impl Event {
 
     fn write_body(&self, format: Format, out: &mut Vec<u8>) {
         match format {
-            Format::Plain => sse::write_event(out, self.event_type.as_deref(), &self.data),
+            Format::Plain => match &self.data {
+                Payload::Text(text) => sse::write_event(out, self.event_type.as_deref(), text),
+                Payload::Binary(_) => sse::write_encoded_event(
+                    out,
+                    self.event_type.as_deref(),
+                    Encoding::Base64,
+                    &self.data.wire(),
+                ),
+            },
             Format::Envelope => {
                 let json = serde_json::to_string(&self.envelope()).unwrap_or_default();
                 sse::write_event(out, self.event_type.as_deref(), &json)
@@ -300,5 +480,44 @@ mod tests {
             env,
             "event: t\ndata: {\"channel\":\"c\",\"seq\":3,\"type\":\"t\",\"data\":\"x\\ny\",\"time\":10}\n\n"
         );
+    }
+
+    /// The flag costs one word per event in memory at most (design.md,
+    /// "memory"): a `Payload` is a `String`'s size plus the variant's tag.
+    #[test]
+    fn a_payload_costs_at_most_one_word_more_than_a_string() {
+        assert!(std::mem::size_of::<Payload>() <= std::mem::size_of::<String>() + 8);
+    }
+
+    #[test]
+    fn binary_data_is_base64_and_marked_in_every_shape() {
+        let bytes: Vec<u8> = vec![0, 0xff, b'\n', b'\r', 0x80];
+        let e = Event::new(
+            "c".into(),
+            Epoch(5),
+            3,
+            None,
+            Payload::Binary(bytes.clone()),
+            10,
+        );
+        let plain = std::str::from_utf8(e.sse_body(Format::Plain)).expect("utf8");
+        assert_eq!(plain, "encoding: base64\ndata: AP8KDYA=\n\n");
+        let env = std::str::from_utf8(e.sse_body(Format::Envelope)).expect("utf8");
+        assert_eq!(
+            env,
+            "data: {\"channel\":\"c\",\"seq\":3,\"type\":null,\"data\":\"AP8KDYA=\",\"encoding\":\"base64\",\"time\":10}\n\n"
+        );
+        let json = serde_json::to_string(&e.to_json()).expect("json");
+        assert!(
+            json.contains(r#""data":"AP8KDYA=","encoding":"base64""#),
+            "{json}"
+        );
+        let back: EventJson<'static> = serde_json::from_str(&json).expect("reads");
+        let data = Payload::from_wire(back.data.into_owned(), back.encoding).expect("base64");
+        assert_eq!(data, Payload::Binary(bytes));
+        let ws = std::str::from_utf8(e.ws_message()).expect("utf8");
+        assert!(ws.contains(r#""encoding":"base64""#), "{ws}");
+        assert!(Payload::from_wire("not base64!".into(), Some(Encoding::Base64)).is_err());
+        assert_eq!(Payload::from_bytes(vec![0xff], false), Err(0));
     }
 }

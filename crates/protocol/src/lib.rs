@@ -20,4 +20,4 @@ pub mod sse;
 pub mod ws;
 
 pub use cursor::{ChannelKey, Cursor, CursorError, Position};
-pub use event::{Epoch, Event, NewEvent};
+pub use event::{Encoding, Epoch, Event, NewEvent, Payload};

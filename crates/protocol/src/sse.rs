@@ -57,6 +57,29 @@ pub fn write_event(out: &mut Vec<u8>, event_type: Option<&str>, data: &str) {
     out.push(b'\n');
 }
 
+/// Appends a whole event whose data is bytes, given in its wire `encoding`
+/// (base64, which has no CR or LF): optional `event:` line, an
+/// `encoding: <name>` line, one `data:` line, blank line. A conforming
+/// EventSource ignores the `encoding` field (WHATWG HTML 9.2.6: an unknown
+/// field is ignored); gapless's SDKs read it (docs/api.md, "Binary data").
+pub fn write_encoded_event(
+    out: &mut Vec<u8>,
+    event_type: Option<&str>,
+    encoding: crate::event::Encoding,
+    data: &str,
+) {
+    if let Some(t) = event_type {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(t.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"encoding: ");
+    out.extend_from_slice(encoding.as_str().as_bytes());
+    out.push(b'\n');
+    write_data(out, data);
+    out.push(b'\n');
+}
+
 /// Appends an `id:` line.
 pub fn write_id(out: &mut Vec<u8>, cursor: &str) {
     out.extend_from_slice(b"id: ");

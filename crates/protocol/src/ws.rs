@@ -53,8 +53,13 @@ pub enum ClientMessage {
         id: Option<Value>,
         /// The channel.
         channel: String,
-        /// The data.
+        /// The data: text, or with `encoding` the event's bytes in that
+        /// encoding.
         data: String,
+        /// `"base64"` to publish bytes (`data` is their standard padded
+        /// base64); absent for text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        encoding: Option<crate::Encoding>,
         /// Optional type.
         #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
         event_type: Option<String>,
@@ -82,6 +87,10 @@ pub struct EventMessage<'a> {
     pub event_type: Option<Cow<'a, str>>,
     /// The data.
     pub data: Cow<'a, str>,
+    /// `"base64"` when the data is bytes (`data` is then their standard
+    /// padded base64); absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<crate::Encoding>,
     /// Commit time, Unix milliseconds.
     pub time: u64,
 }
@@ -97,6 +106,10 @@ pub struct EphemeralMessage<'a> {
     pub event_type: Option<Cow<'a, str>>,
     /// The data.
     pub data: Cow<'a, str>,
+    /// `"base64"` when the data is bytes (`data` is then their standard
+    /// padded base64); absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<crate::Encoding>,
     /// When the server handled it, Unix milliseconds.
     pub time: u64,
 }
@@ -242,6 +255,9 @@ pub enum SessionMessage<'a> {
         event_type: Option<Cow<'a, str>>,
         /// The data.
         data: Cow<'a, str>,
+        /// `"base64"` when the data is bytes; absent for text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        encoding: Option<crate::Encoding>,
         /// Commit time, Unix milliseconds.
         time: u64,
     },
@@ -307,9 +323,22 @@ mod tests {
                 cursor: "AQE".into(),
                 event_type: Some("created".into()),
                 data: "text".into(),
+                encoding: None,
                 time: 7,
             }),
             r#"{"op":"event","channel":"orders","seq":42,"cursor":"AQE","type":"created","data":"text","time":7}"#,
+        );
+        round_trip(
+            &ServerMessage::Event(EventMessage {
+                channel: "orders".into(),
+                seq: 43,
+                cursor: "AQE".into(),
+                event_type: None,
+                data: "AP8=".into(),
+                encoding: Some(crate::Encoding::Base64),
+                time: 7,
+            }),
+            r#"{"op":"event","channel":"orders","seq":43,"cursor":"AQE","type":null,"data":"AP8=","encoding":"base64","time":7}"#,
         );
         round_trip(
             &ServerMessage::Subscribed(Subscribed {

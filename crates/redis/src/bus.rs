@@ -288,11 +288,8 @@ impl Inner {
             Some(e) if e.node == self.node => {}
             Some(e) => {
                 if self.sink.follows(e.channel) {
-                    self.sink.ephemeral(
-                        e.channel,
-                        e.event_type.map(str::to_owned),
-                        e.data.to_owned(),
-                    );
+                    self.sink
+                        .ephemeral(e.channel, e.event_type.map(str::to_owned), e.payload());
                 }
             }
             None => tracing::warn!("malformed ephemeral event on the bus; ignored"),

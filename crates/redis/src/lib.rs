@@ -604,7 +604,12 @@ impl Journal for RedisJournal {
         self.inner.fork_of(channel, from, to)
     }
 
-    fn share_ephemeral(&self, channel: &str, event_type: Option<&str>, data: &str) {
+    fn share_ephemeral(
+        &self,
+        channel: &str,
+        event_type: Option<&str>,
+        data: &gapless_protocol::Payload,
+    ) {
         let msg = ephemeral::encode(&self.inner.node, channel, event_type, data);
         let inner = self.inner.clone();
         tokio::spawn(async move {

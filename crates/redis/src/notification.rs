@@ -142,12 +142,20 @@ mod tests {
         let events = n.events().expect("decodes");
         assert_eq!(events.len(), 2);
         assert_eq!(
-            (events[0].seq, events[0].time, events[0].data.as_str()),
+            (
+                events[0].seq,
+                events[0].time,
+                events[0].data.as_text().unwrap_or_default()
+            ),
             (4, 100, "abc")
         );
         assert_eq!(events[0].event_type, None);
         assert_eq!(
-            (events[1].seq, events[1].time, events[1].data.as_str()),
+            (
+                events[1].seq,
+                events[1].time,
+                events[1].data.as_text().unwrap_or_default()
+            ),
             (5, 101, "a:b\nc")
         );
         assert_eq!(events[1].event_type.as_deref(), Some("x"));

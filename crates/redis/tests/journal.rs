@@ -44,14 +44,14 @@ trait Inspect {
 fn ev(data: &str) -> NewEvent {
     NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }
 }
 
 fn typed(t: &str, data: &str) -> NewEvent {
     NewEvent {
         event_type: Some(t.to_owned()),
-        data: data.to_owned(),
+        data: data.into(),
     }
 }
 
@@ -106,7 +106,13 @@ async fn seqs_are_dense_batches_in_order_and_a_key_answers_the_original_seqs() {
     let got: Vec<(u64, Option<&str>, &str)> = page
         .events
         .iter()
-        .map(|e| (e.seq, e.event_type.as_deref(), e.data.as_str()))
+        .map(|e| {
+            (
+                e.seq,
+                e.event_type.as_deref(),
+                e.data.as_text().unwrap_or_default(),
+            )
+        })
         .collect();
     assert_eq!(
         got,

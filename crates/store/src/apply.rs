@@ -121,8 +121,8 @@ impl<'t> Tables<'t> {
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Result<(), JournalError> {
         let id = rec.id;
         let first_seq = rec.first_seq();
-        for (seq, (event_type, data)) in (first_seq..).zip(&rec.events) {
-            encode_event_into(&mut self.buf, rec.time, *event_type, data);
+        for (seq, (event_type, data, binary)) in (first_seq..).zip(&rec.events) {
+            encode_event_into(&mut self.buf, rec.time, *event_type, data, *binary);
             self.events
                 .insert((id, seq), self.buf.as_slice())
                 .map_err(storage)?;

@@ -19,11 +19,14 @@
 //! `id u64 | old_floor u64 | head u64 | floor u64 | time u64 | n u32 |
 //! name_len u32 | name | key_len u32 (u32::MAX = none) | key |
 //! n × (type_len u32 (u32::MAX = none) | type | data_len u32 | data)`.
-//! The events have seqs `head - n + 1 ..= head`.
+//! The events have seqs `head - n + 1 ..= head`. The top bit of `data_len`
+//! ([`BINARY`]) marks data that is bytes rather than text; records written
+//! before binary payloads never have it, so they read as text, unchanged.
 
 use crate::apply::Tables;
 use crate::tables::{corrupt, storage, LOG};
 use gapless_core::JournalError;
+use gapless_protocol::Payload;
 use redb::{Database, ReadableTable, WriteTransaction};
 
 /// Logged record bytes after which the next commit is a checkpoint.
@@ -31,6 +34,9 @@ pub(crate) const CHECKPOINT_BYTES: usize = 256 << 10;
 
 /// Marks an absent key or type.
 const NONE: u32 = u32::MAX;
+/// Set in an event's `data_len` when its data is bytes (data is far below
+/// 2 GiB: `--max-event-bytes`).
+const BINARY: u32 = 1 << 31;
 
 /// One append as decided by the writer.
 pub(crate) struct Record<'a> {
@@ -48,8 +54,9 @@ pub(crate) struct Record<'a> {
     pub time: u64,
     /// The idempotency key, if any.
     pub key: Option<&'a str>,
-    /// The events, `(type, data)`, in seq order.
-    pub events: Vec<(Option<&'a str>, &'a str)>,
+    /// The events, `(type, data, binary)`, in seq order: `data` is text's
+    /// UTF-8 (checked when read) or, with `binary`, bytes.
+    pub events: Vec<(Option<&'a str>, &'a [u8], bool)>,
 }
 
 impl Record<'_> {
@@ -82,9 +89,14 @@ pub(crate) fn put_header(
 }
 
 /// Writes one event of a record.
-pub(crate) fn put_event(out: &mut Vec<u8>, event_type: Option<&str>, data: &str) {
+pub(crate) fn put_event(out: &mut Vec<u8>, event_type: Option<&str>, data: &Payload) {
     put_str(out, event_type);
-    put_str(out, Some(data));
+    let len = u32::try_from(data.len())
+        .unwrap_or(BINARY - 1)
+        .min(BINARY - 1);
+    let tag = if data.is_binary() { BINARY | len } else { len };
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&data.as_bytes()[..len as usize]);
 }
 
 fn put_len(out: &mut Vec<u8>, n: usize) {
@@ -166,10 +178,16 @@ impl<'a> Records<'a> {
         let mut events = Vec::with_capacity(n.min(self.bytes.len() / 8));
         for _ in 0..n {
             let event_type = self.str()?;
-            let data = self
-                .str()?
-                .ok_or_else(|| corrupt("log event without data"))?;
-            events.push((event_type, data));
+            let tag = self.u32()?;
+            if tag == NONE {
+                return Err(corrupt("log event without data"));
+            }
+            let binary = tag & BINARY != 0;
+            let data = self.take((tag & !BINARY) as usize)?;
+            if !binary && std::str::from_utf8(data).is_err() {
+                return Err(corrupt("log text is not UTF-8"));
+            }
+            events.push((event_type, data, binary));
         }
         Ok(Record {
             id,
@@ -249,9 +267,10 @@ mod tests {
     #[test]
     fn records_round_trip() -> Result<(), JournalError> {
         let mut out = Vec::new();
-        put_header(&mut out, 3, "chan", 1, 7, 2, 99, Some("k"), 2);
-        put_event(&mut out, None, "a");
-        put_event(&mut out, Some("t"), "");
+        put_header(&mut out, 3, "chan", 1, 7, 2, 99, Some("k"), 3);
+        put_event(&mut out, None, &"a".into());
+        put_event(&mut out, Some("t"), &"".into());
+        put_event(&mut out, Some("b"), &Payload::Binary(vec![0xff, 0]));
         put_header(&mut out, 4, "d", 1, 0, 1, 5, None, 0);
         let records: Vec<_> = Records::new(&out).collect::<Result<_, _>>()?;
         assert_eq!(records.len(), 2);
@@ -260,8 +279,15 @@ mod tests {
             (r.id, r.name, r.old_floor, r.head, r.floor),
             (3, "chan", 1, 7, 2)
         );
-        assert_eq!((r.time, r.key, r.first_seq()), (99, Some("k"), 6));
-        assert_eq!(r.events, [(None, "a"), (Some("t"), "")]);
+        assert_eq!((r.time, r.key, r.first_seq()), (99, Some("k"), 5));
+        assert_eq!(
+            r.events,
+            [
+                (None, &b"a"[..], false),
+                (Some("t"), &b""[..], false),
+                (Some("b"), &[0xff, 0][..], true)
+            ]
+        );
         assert_eq!((records[1].key, records[1].events.len()), (None, 0));
         assert!(Records::new(&out[..out.len() - 3]).any(|r| r.is_err()));
         Ok(())

@@ -24,6 +24,7 @@
 //! there. See `log.rs`.
 
 use gapless_core::JournalError;
+use gapless_protocol::Payload;
 use redb::TableDefinition;
 use std::fmt::Display;
 
@@ -87,62 +88,96 @@ impl ChannelRow {
     }
 }
 
-/// Marks an absent event type in the type-length field.
+/// The type-length field of a text event without a type.
 const NO_TYPE: u32 = u32::MAX;
+/// The type-length field of a binary event without a type.
+const NO_TYPE_BINARY: u32 = u32::MAX - 1;
+/// Set in the type-length field of a binary event with a type (the type's
+/// length is in the other bits; types are at most 64 bytes).
+const BINARY: u32 = 1 << 31;
 /// Bytes before the type: time (u64 LE) and type length (u32 LE).
 const HEADER: usize = 12;
 
-/// Encodes an event row: `time: u64 LE | type_len: u32 LE (u32::MAX = none) | type | data`.
+/// Encodes an event row: `time: u64 LE | tag: u32 LE | type | data`.
+///
+/// `tag` says whether there is a type, its length, and whether the data is
+/// text or bytes: `u32::MAX` text without type, below `2^31` text with a type
+/// that long (the only two forms before binary payloads, so every older row
+/// reads as text, unchanged), `u32::MAX - 1` bytes without type, `2^31 | len`
+/// bytes with a type of `len` bytes.
 #[cfg(test)]
-pub(crate) fn encode_event(time: u64, event_type: Option<&str>, data: &str) -> Vec<u8> {
+pub(crate) fn encode_event(time: u64, event_type: Option<&str>, data: &Payload) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_event_into(&mut out, time, event_type, data);
+    encode_event_into(
+        &mut out,
+        time,
+        event_type,
+        data.as_bytes(),
+        data.is_binary(),
+    );
     out
 }
 
-/// [`encode_event`] into `out` (cleared first), reusing its allocation.
+/// [`encode_event`] into `out` (cleared first), reusing its allocation; `data`
+/// is text's UTF-8 (`binary` false) or bytes.
 pub(crate) fn encode_event_into(
     out: &mut Vec<u8>,
     time: u64,
     event_type: Option<&str>,
-    data: &str,
+    data: &[u8],
+    binary: bool,
 ) {
     out.clear();
     let type_len = event_type.map_or(0, str::len);
     out.reserve(HEADER + type_len + data.len());
     out.extend_from_slice(&time.to_le_bytes());
-    let tag = match event_type {
-        Some(t) => u32::try_from(t.len()).unwrap_or(NO_TYPE - 1),
-        None => NO_TYPE,
+    // Types are at most 64 bytes (protocol::name::MAX_TYPE_LEN).
+    let len = u32::try_from(type_len)
+        .unwrap_or(BINARY - 1)
+        .min(BINARY - 1);
+    let tag = match (event_type.is_some(), binary) {
+        (false, false) => NO_TYPE,
+        (false, true) => NO_TYPE_BINARY,
+        (true, false) => len,
+        (true, true) => BINARY | len,
     };
     out.extend_from_slice(&tag.to_le_bytes());
     if let Some(t) = event_type {
-        out.extend_from_slice(&t.as_bytes()[..tag as usize]);
+        out.extend_from_slice(&t.as_bytes()[..len as usize]);
     }
-    out.extend_from_slice(data.as_bytes());
+    out.extend_from_slice(data);
 }
 
 /// A decoded event row: `(time, type, data)`.
-pub(crate) type DecodedEvent = (u64, Option<String>, String);
+pub(crate) type DecodedEvent = (u64, Option<String>, Payload);
 
-/// Decodes an event row written by [`encode_event`].
+/// Decodes an event row written by [`encode_event`] (or by a release before
+/// binary payloads: its rows are all text).
 pub(crate) fn decode_event(bytes: &[u8]) -> Result<DecodedEvent, JournalError> {
     let time = event_time(bytes)?;
     let tag = u32::from_le_bytes(fixed(bytes, 8)?);
     let rest = bytes
         .get(HEADER..)
         .ok_or_else(|| corrupt("event row too short"))?;
-    let (event_type, data) = if tag == NO_TYPE {
-        (None, rest)
-    } else {
-        let len = tag as usize;
-        if len > rest.len() {
-            return Err(corrupt("event type overruns the row"));
-        }
-        let (t, d) = rest.split_at(len);
-        (Some(utf8(t)?), d)
+    let (type_len, binary) = match tag {
+        NO_TYPE => (None, false),
+        NO_TYPE_BINARY => (None, true),
+        t if t & BINARY != 0 => (Some((t & !BINARY) as usize), true),
+        t => (Some(t as usize), false),
     };
-    Ok((time, event_type, utf8(data)?))
+    let (event_type, data) = match type_len {
+        None => (None, rest),
+        Some(len) => {
+            if len > rest.len() {
+                return Err(corrupt("event type overruns the row"));
+            }
+            let (t, d) = rest.split_at(len);
+            (Some(utf8(t)?), d)
+        }
+    };
+    let data = Payload::from_bytes(data.to_vec(), binary)
+        .map_err(|_| corrupt("event text is not UTF-8"))?;
+    Ok((time, event_type, data))
 }
 
 /// The commit time of an encoded event, without decoding the rest.
@@ -188,26 +223,51 @@ mod tests {
 
     #[test]
     fn event_rows_round_trip() -> Result<(), JournalError> {
+        let all: Vec<u8> = (0..=255).collect();
         for (time, ty, data) in [
-            (7, None, "x"),
-            (u64::MAX, Some("t"), ""),
-            (0, Some(""), "é"),
+            (7, None, Payload::from("x")),
+            (u64::MAX, Some("t"), Payload::from("")),
+            (0, Some(""), Payload::from("é")),
+            (1, None, Payload::Binary(all.clone())),
+            (2, Some("bin.t"), Payload::Binary(all.clone())),
+            (3, Some("e"), Payload::Binary(Vec::new())),
+            (4, None, Payload::Binary(b"text-like".to_vec())),
         ] {
-            let row = encode_event(time, ty, data);
+            let row = encode_event(time, ty, &data);
             let (t, ty2, d) = decode_event(&row)?;
-            assert_eq!((t, ty2.as_deref(), d.as_str()), (time, ty, data));
+            assert_eq!((t, ty2.as_deref(), &d), (time, ty, &data));
             assert_eq!(event_time(&row)?, time);
         }
+        Ok(())
+    }
+
+    /// Rows as a release before binary payloads wrote them read as the same
+    /// text (the bytes are hard-coded: they must not follow the encoder).
+    #[test]
+    fn rows_of_the_release_before_binary_payloads_read_as_text() -> Result<(), JournalError> {
+        let untyped = [7, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, b'h', b'i'];
+        let (t, ty, d) = decode_event(&untyped)?;
+        assert_eq!((t, ty, d), (7, None, Payload::from("hi")));
+        let mut typed = vec![9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, b'a', b'b'];
+        typed.extend_from_slice("é\r\n".as_bytes());
+        let (t, ty, d) = decode_event(&typed)?;
+        assert_eq!(
+            (t, ty.as_deref(), d),
+            (9, Some("ab"), Payload::from("é\r\n"))
+        );
         Ok(())
     }
 
     #[test]
     fn corrupt_rows_are_errors_not_panics() {
         assert!(decode_event(&[1, 2, 3]).is_err());
-        let mut row = encode_event(1, Some("type"), "data");
+        let mut row = encode_event(1, Some("type"), &"data".into());
         row[8] = 200;
         assert!(decode_event(&row).is_err());
-        let mut row = encode_event(1, None, "data");
+        let mut row = encode_event(1, Some("type"), &Payload::Binary(vec![1]));
+        row[8] = 200;
+        assert!(decode_event(&row).is_err());
+        let mut row = encode_event(1, None, &"data".into());
         row[HEADER] = 0xff;
         assert!(decode_event(&row).is_err());
     }

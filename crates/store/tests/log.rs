@@ -44,7 +44,7 @@ async fn check(j: &EmbeddedJournal, models: &HashMap<String, Model>, keep: u64) 
                 let got: Vec<(u64, &str)> = page
                     .events
                     .iter()
-                    .map(|e| (e.seq, e.data.as_str()))
+                    .map(|e| (e.seq, e.data.as_text().unwrap_or_default()))
                     .collect();
                 assert_eq!(got, want, "{name} after {after} limit {limit}");
             }
@@ -72,7 +72,7 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
         let events: Vec<NewEvent> = (0..n)
             .map(|i| NewEvent {
                 event_type: (i % 2 == 1).then(|| "t".to_owned()),
-                data: format!("{step}.{i}"),
+                data: format!("{step}.{i}").into(),
             })
             .collect();
         let a = j.append(&name, events.clone(), key.as_deref()).await?;
@@ -92,7 +92,11 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
             None => {
                 assert!(!a.duplicate, "step {step}");
                 let first = m.data.len() as u64 + 1;
-                m.data.extend(events.into_iter().map(|e| e.data));
+                m.data.extend(
+                    events
+                        .into_iter()
+                        .map(|e| e.data.as_text().unwrap_or_default().to_owned()),
+                );
                 let head = m.data.len() as u64;
                 assert_eq!((a.first_seq, a.last_seq), (first, head));
                 m.floor = m.floor.max(head.saturating_sub(keep) + 1);
@@ -168,7 +172,11 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
     .expect("copy journal");
     let j = open(copy.path(), opts, usize::MAX);
     let page = j.read("a", 0, 100).await?;
-    let data: Vec<&str> = page.events.iter().map(|e| e.data.as_str()).collect();
+    let data: Vec<&str> = page
+        .events
+        .iter()
+        .map(|e| e.data.as_text().unwrap_or_default())
+        .collect();
     assert_eq!(data, ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);
     assert!(
         j.append("a", vec![common::ev("x")], Some("k3"))

@@ -15,7 +15,7 @@
 use gapless_core::journal::{now_ms, ChannelState, CommitSink, Journal, JournalError, Retention};
 use gapless_core::memory::MemoryJournal;
 use gapless_core::Page;
-use gapless_protocol::{Event, NewEvent};
+use gapless_protocol::{Event, NewEvent, Payload};
 use gapless_redis::{RedisJournal, RedisOptions};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use gapless_testkit::redis::Redis;
@@ -139,6 +139,7 @@ contract!(
     sink_order,
     close,
     reports,
+    bytes,
 );
 
 // ---- the sink ----
@@ -202,7 +203,7 @@ impl CommitSink for Recorder {
 fn ev(data: &str) -> NewEvent {
     NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }
 }
 
@@ -281,7 +282,11 @@ async fn batches(f: Fixture) -> R {
     assert_eq!((a.first_seq, a.last_seq), (1, 3));
     let page = j.read("c", 0, 10).await?;
     assert_eq!(seqs(&page), [1, 2, 3]);
-    let data: Vec<_> = page.events.iter().map(|e| e.data.as_str()).collect();
+    let data: Vec<_> = page
+        .events
+        .iter()
+        .map(|e| e.data.as_text().unwrap_or_default())
+        .collect();
     assert_eq!(data, ["one", "two", ""]);
     assert_eq!(page.events[0].event_type.as_deref(), Some("t1"));
     assert_eq!(page.events[1].event_type, None);
@@ -510,7 +515,7 @@ async fn bounded_reads(f: Fixture) -> R {
     for _ in 0..3 {
         let typed = NewEvent {
             event_type: Some("t".repeat(200)),
-            data: "k".repeat(1000),
+            data: "k".repeat(1000).into(),
         };
         j.append("typed", vec![typed], None).await?;
     }
@@ -588,6 +593,57 @@ async fn sink_order(f: Fixture) -> R {
     }
     for t in tasks {
         t.await.expect("task")?;
+    }
+    Ok(())
+}
+
+/// Binary payloads: an event's data is text or bytes, and reads back
+/// exactly as appended, flag included (bytes that happen to be UTF-8 stay
+/// bytes; text stays text), in a batch that mixes both, typed or not. The
+/// Redis journal is read again through a second journal on the same server
+/// (what another node reads).
+async fn bytes(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let all: Vec<u8> = (0..=255u8).collect();
+    let batch = vec![
+        NewEvent {
+            event_type: None,
+            data: Payload::Binary(all.clone()),
+        },
+        ev("text"),
+        NewEvent {
+            event_type: Some("blob".into()),
+            data: Payload::Binary(all.iter().rev().copied().collect()),
+        },
+        NewEvent {
+            event_type: None,
+            data: Payload::Binary(Vec::new()),
+        },
+        NewEvent {
+            event_type: Some("t".into()),
+            data: Payload::Binary(b"utf-8 but bytes\r\n".to_vec()),
+        },
+        NewEvent {
+            event_type: Some("t".into()),
+            data: "é\r\n".into(),
+        },
+    ];
+    let want: Vec<(Option<String>, Payload)> = batch
+        .iter()
+        .map(|e| (e.event_type.clone(), e.data.clone()))
+        .collect();
+    let a = j.append("c", batch, None).await?;
+    assert_eq!((a.first_seq, a.last_seq), (1, 6));
+    let got = |page: &Page| -> Vec<(Option<String>, Payload)> {
+        page.events
+            .iter()
+            .map(|e| (e.event_type.clone(), e.data.clone()))
+            .collect()
+    };
+    assert_eq!(got(&j.read("c", 0, 10).await?), want);
+    if f.kind == Kind::Redis {
+        let (other, _) = f.open(Retention::default());
+        assert_eq!(got(&other.read("c", 0, 10).await?), want, "another node");
     }
     Ok(())
 }

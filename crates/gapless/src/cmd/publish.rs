@@ -268,8 +268,9 @@ async fn import(
                     format!("{} line {line_no}: {why}; {}", source.name, tally.so_far())
                 })?;
             if let Some(event) = event {
-                let size =
-                    json_len(&event.data) + event.event_type.as_deref().map_or(0, json_len) + 20;
+                let size = json_len(&event.data.wire())
+                    + event.event_type.as_deref().map_or(0, json_len)
+                    + 40;
                 if !batch.is_empty() && batch_json + size > MAX_BATCH_JSON {
                     send_batch(client, args, &prefix, &mut batch, &mut tally).await?;
                     batch_json = 2;
@@ -316,7 +317,7 @@ fn parse_line(
     if !json {
         return Ok(Some(NewEvent {
             event_type: event_type.map(str::to_owned),
-            data: text.to_owned(),
+            data: text.into(),
         }));
     }
     if text.trim().is_empty() {
@@ -328,7 +329,7 @@ fn parse_line(
     })?;
     Ok(Some(NewEvent {
         event_type: e.event_type.or_else(|| event_type.map(str::to_owned)),
-        data: e.data,
+        data: e.data.into(),
     }))
 }
 

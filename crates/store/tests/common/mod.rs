@@ -46,7 +46,7 @@ impl CommitSink for Recorder {
 pub fn ev(data: &str) -> NewEvent {
     NewEvent {
         event_type: None,
-        data: data.to_owned(),
+        data: data.into(),
     }
 }
 

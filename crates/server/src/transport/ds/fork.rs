@@ -26,7 +26,7 @@ use crate::App;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::JournalError;
-use gapless_protocol::{Epoch, Event};
+use gapless_protocol::{Epoch, Event, Payload};
 use std::sync::{Arc, Weak};
 
 /// Where a stream's messages are: its own channel and, for a fork, the
@@ -296,7 +296,7 @@ pub struct Plan {
     pub expires_at: Option<(String, u64)>,
     /// A byte sub-offset inside a message: its first bytes, the fork's first
     /// own event.
-    pub prefix: Option<String>,
+    pub prefix: Option<Payload>,
 }
 
 fn bad(code: &'static str, m: impl Into<String>) -> Response {
@@ -516,17 +516,23 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
                 origin = at + 1;
             } else {
                 let cut = usize::try_from(sub).unwrap_or(usize::MAX);
-                let Some(p) = next.data.get(..cut) else {
-                    return Err(error(
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                        "binary_unsupported",
-                        format!(
-                            "Stream-Fork-Sub-Offset {sub} splits a UTF-8 character; this server \
-                             stores text only, for now"
-                        ),
-                    ));
+                let p = match &next.data {
+                    Payload::Binary(b) => Payload::Binary(b[..cut.min(b.len())].to_vec()),
+                    Payload::Text(t) => match t.get(..cut) {
+                        Some(t) => Payload::Text(t.to_owned()),
+                        None => {
+                            return Err(error(
+                                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                                "invalid_utf8",
+                                format!(
+                                    "Stream-Fork-Sub-Offset {sub} splits a UTF-8 character of a \
+                                     text stream's message"
+                                ),
+                            ))
+                        }
+                    },
                 };
-                prefix = Some(p.to_owned());
+                prefix = Some(p);
             }
         }
     }

@@ -104,20 +104,23 @@ async fn resolve(ctx: &Ctx, meta: &Meta, tail: u64, off: Offset) -> Result<u64, 
 
 /// The body of `events` for a stream of `meta`'s type: JSON mode, an array
 /// of the messages; any other type, their bytes one after another.
-fn body_of(meta: &Meta, events: &[Arc<Event>]) -> String {
+fn body_of(meta: &Meta, events: &[Arc<Event>]) -> Vec<u8> {
+    let mut s = Vec::new();
     if meta.is_json() {
-        let mut s = String::from("[");
+        s.push(b'[');
         for (i, e) in events.iter().enumerate() {
             if i > 0 {
-                s.push(',');
+                s.push(b',');
             }
-            s.push_str(&e.data);
+            s.extend_from_slice(e.data.as_bytes());
         }
-        s.push(']');
-        s
+        s.push(b']');
     } else {
-        events.iter().map(|e| e.data.as_str()).collect()
+        for e in events {
+            s.extend_from_slice(e.data.as_bytes());
+        }
     }
+    s
 }
 
 fn cache_control(ctx: &Ctx) -> &'static str {
@@ -383,8 +386,11 @@ fn sse_data(meta: &Meta, events: &[Arc<Event>], out: &mut String) {
     if meta.is_text() {
         // One `data:` line per line of the text, a line ending at CRLF, CR
         // or LF (as SSE reads them), so no text can end the event or start
-        // another (a lone CR comes back as LF).
-        let mut rest = body.as_str();
+        // another (a lone CR comes back as LF). A text stream's events are
+        // UTF-8 (appends are checked; the lossy read only covers an event
+        // published as bytes over gapless's own API).
+        let body = String::from_utf8_lossy(&body);
+        let mut rest = &*body;
         loop {
             let end = rest.find(['\n', '\r']);
             out.push_str("data:");
@@ -396,7 +402,7 @@ fn sse_data(meta: &Meta, events: &[Arc<Event>], out: &mut String) {
         }
     } else {
         out.push_str("data:");
-        out.push_str(&base64::engine::general_purpose::STANDARD.encode(body.as_bytes()));
+        out.push_str(&base64::engine::general_purpose::STANDARD.encode(&body));
         out.push('\n');
     }
     out.push('\n');

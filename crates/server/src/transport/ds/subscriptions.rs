@@ -911,14 +911,16 @@ async fn scan(app: &Arc<App>, ds: &Arc<Ds>, sub: &SubRef) {
                 .filter(|p| p.pending)
                 .map(|p| NewEvent {
                     event_type: None,
-                    data: json!({
-                        "type": "wake",
-                        "subscription_id": s.id,
-                        "stream": p.path,
-                        "generation": generation,
-                        "ts": ts,
-                    })
-                    .to_string(),
+                    data: gapless_protocol::Payload::Text(
+                        json!({
+                                "type": "wake",
+                            "subscription_id": s.id,
+                            "stream": p.path,
+                            "generation": generation,
+                            "ts": ts,
+                        })
+                        .to_string(),
+                    ),
                 })
                 .collect();
             match append_wake(app, ds, &s.root, &wake_stream, events).await {

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
-use gapless_protocol::NewEvent;
+use gapless_protocol::{NewEvent, Payload};
 use std::sync::Arc;
 
 /// The largest JavaScript-safe integer, the bound of producer epochs and seqs.
@@ -71,30 +71,37 @@ async fn body_bytes(ctx: &Ctx, body: Body) -> Result<bytes::Bytes, Response> {
 
 /// The messages of a body for a stream of `meta`'s type: JSON mode splits
 /// an array into its elements; any other type is one message of the whole
-/// body. The journal carries UTF-8 text only, for now: other bytes are
-/// refused with 415 (docs/durable-streams.md, "Binary").
-fn messages(meta: &Meta, body: &[u8]) -> Result<Vec<String>, Response> {
+/// body. A text stream (`text/*`, JSON) takes UTF-8 only (415 otherwise); any
+/// other type's body is stored as bytes, exactly (docs/durable-streams.md,
+/// "Binary").
+fn messages(meta: &Meta, body: &[u8]) -> Result<Vec<Payload>, Response> {
+    if !meta.is_text() {
+        return Ok(vec![Payload::Binary(body.to_vec())]);
+    }
     let text = std::str::from_utf8(body).map_err(|e| {
         error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "binary_unsupported",
+            "invalid_utf8",
             format!(
-                "the body is not UTF-8 (invalid at byte {}): this server stores text only, for \
-                 now; binary payloads are not supported yet",
+                "the body is not UTF-8 (invalid at byte {}), and this stream's content type \
+                 is text; create the stream with a binary type (application/octet-stream) \
+                 to append bytes",
                 e.valid_up_to()
             ),
         )
     })?;
     if meta.is_json() {
-        streams::json_messages(text).map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_json", m))
+        streams::json_messages(text)
+            .map(|m| m.into_iter().map(Payload::Text).collect())
+            .map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_json", m))
     } else {
-        Ok(vec![text.to_owned()])
+        Ok(vec![Payload::Text(text.to_owned())])
     }
 }
 
 /// Appends `msgs` to the channel as one batch (the publish limits apply);
 /// returns the new tail seq.
-async fn publish(ctx: &Ctx, msgs: Vec<String>) -> Result<u64, Response> {
+async fn publish(ctx: &Ctx, msgs: Vec<Payload>) -> Result<u64, Response> {
     let events = msgs
         .into_iter()
         .map(|data| NewEvent {

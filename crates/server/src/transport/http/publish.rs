@@ -22,7 +22,7 @@ use gapless_protocol::answers::{
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use gapless_protocol::schema::{ChannelName, EventType};
-use gapless_protocol::{Cursor, NewEvent};
+use gapless_protocol::{Cursor, NewEvent, Payload};
 use std::sync::Arc;
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
@@ -43,7 +43,7 @@ use std::sync::Arc;
     request_body(
         content = String,
         content_type = "text/plain",
-        description = "The event's data, as is: UTF-8 text of at most `--max-event-bytes` bytes (default 1 MiB). Any content type is accepted; the body is stored as text.",
+        description = "The event's data, as is, of at most `--max-event-bytes` bytes (default 1 MiB): UTF-8 text, or any bytes with `Content-Type: application/octet-stream` (a binary event: readers get it base64-encoded and marked `encoding: base64`). Any other content type is accepted and the body stored as text.",
     ),
     responses(
         (status = 201, description = "Appended; with `--durability sync` (the default) it is on disk.", body = Published),
@@ -117,8 +117,20 @@ pub async fn publish(
         .into_response())
 }
 
+/// Whether a publish body is bytes: its `Content-Type` is
+/// `application/octet-stream` (any case, parameters ignored). Any other
+/// type, or none, is UTF-8 text, as before binary payloads.
+pub(crate) fn is_octet_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/octet-stream"))
+}
+
 /// Reads one event from a publish request: `?type=`, the body as data (UTF-8,
-/// at most `--max-event-bytes`), and the optional `Idempotency-Key`.
+/// or bytes with `Content-Type: application/octet-stream`; at most
+/// `--max-event-bytes` bytes), and the optional `Idempotency-Key`.
 ///
 /// # Errors
 /// 400 `invalid_type`, `invalid_utf8`, `invalid_request`; 413 `too_large`.
@@ -140,12 +152,13 @@ pub(crate) async fn read_event(
         "--max-event-bytes",
     )
     .await?;
-    let data = String::from_utf8(bytes.to_vec()).map_err(|e| {
+    let binary = is_octet_stream(headers);
+    let data = Payload::from_bytes(bytes.to_vec(), binary).map_err(|at| {
         ApiError::new(
             ErrorCode::InvalidUtf8,
             format!(
-                "event data must be UTF-8 text; invalid byte at offset {}",
-                e.utf8_error().valid_up_to()
+                "event data must be UTF-8 text; invalid byte at offset {at} (send \
+                 Content-Type: application/octet-stream to publish bytes)"
             ),
         )
     })?;
@@ -153,7 +166,7 @@ pub(crate) async fn read_event(
 }
 
 /// `POST /v1/channels/{channel}/batch`: body is a JSON array of objects
-/// `{"data": text, "type": optional name}` (an item in any other form, such
+/// `{"data": text, "type": optional name, "encoding": optional "base64"}` (an item in any other form, such
 /// as an array of the fields, is 400 `invalid_request`); all are appended
 /// atomically, in order.
 #[utoipa::path(
@@ -175,7 +188,7 @@ pub(crate) async fn read_event(
     responses(
         (status = 201, description = "Appended.", body = BatchPublished),
         (status = 200, description = "An idempotent retry: nothing was appended; the original seqs and cursors.", body = BatchPublished),
-        (status = 400, description = "`invalid_channel`, `invalid_type` (the message names the item), or `invalid_request` (not a JSON array of such objects, an unknown field, empty, a bad `Idempotency-Key`).", body = ErrorBody),
+        (status = 400, description = "`invalid_channel`, `invalid_type` (the message names the item), or `invalid_request` (not a JSON array of such objects, an unknown field, empty, a bad `Idempotency-Key`, an item with `encoding` base64 whose data is not standard padded base64).", body = ErrorBody),
         Unauthorized,
         PublishForbidden,
         SlowBody,
@@ -220,11 +233,17 @@ pub async fn publish_batch(
     })?;
     let events = items
         .into_iter()
-        .map(|Object(item)| NewEvent {
-            event_type: item.event_type,
-            data: item.data,
+        .enumerate()
+        .map(|(i, Object(item))| {
+            let data = Payload::from_wire(item.data, item.encoding).map_err(|m| {
+                ApiError::new(ErrorCode::InvalidRequest, format!("batch item {i}: {m}"))
+            })?;
+            Ok(NewEvent {
+                event_type: item.event_type,
+                data,
+            })
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     let peer = peer.map(|Extension(p)| p.0.ip());
     let appended = op::batch(&app, &grant, peer, &channel, events, key.as_deref()).await?;
     let status = if appended.duplicate {

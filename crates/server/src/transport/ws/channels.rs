@@ -304,12 +304,19 @@ impl Conn {
                 id,
                 channel,
                 data,
+                encoding,
                 event_type,
                 ephemeral,
                 idempotency_key,
             } => Some(
                 match self
-                    .publish(&channel, data, event_type, ephemeral, idempotency_key)
+                    .publish(
+                        &channel,
+                        (data, encoding),
+                        event_type,
+                        ephemeral,
+                        idempotency_key,
+                    )
                     .await
                 {
                     Ok(mut m) => {
@@ -458,13 +465,15 @@ impl Conn {
     async fn publish(
         &self,
         channel: &str,
-        data: String,
+        (data, encoding): (String, Option<gapless_protocol::Encoding>),
         event_type: Option<String>,
         ephemeral: bool,
         key: Option<String>,
     ) -> Result<PublishedMessage, ApiError> {
         op::check_channel(&self.grant, channel)?;
         let event_type = names::event_type(event_type.as_deref())?;
+        let data = gapless_protocol::Payload::from_wire(data, encoding)
+            .map_err(|m| ApiError::new(ErrorCode::InvalidRequest, m))?;
         let event = NewEvent { event_type, data };
         let published = op::one(
             &self.app,

@@ -88,7 +88,8 @@ pub fn ephemeral(e: &Ephemeral) -> ServerMessage<'_> {
     ServerMessage::Ephemeral(EphemeralMessage {
         channel: Cow::Borrowed(&e.channel),
         event_type: e.event_type.as_deref().map(Cow::Borrowed),
-        data: Cow::Borrowed(&e.data),
+        data: e.data.wire(),
+        encoding: e.data.encoding(),
         time: e.time,
     })
 }

@@ -354,7 +354,8 @@ fn message<'a>(id: &'a str, step: Step<'a>) -> SessionMessage<'a> {
             session,
             seq: e.seq,
             event_type: e.event_type.as_deref().map(Cow::Borrowed),
-            data: Cow::Borrowed(&e.data),
+            data: e.data.wire(),
+            encoding: e.data.encoding(),
             time: e.time,
         },
         Step::Ended {
