@@ -2,7 +2,8 @@
 # The Durable Streams server conformance suite (@durable-streams/server-conformance-tests,
 # pinned in tests/durable-streams/package-lock.json) against a gapless it starts: `--memory`,
 # a free port, the Durable Streams prefix `/ds` and `--ds-long-poll-timeout-ms 500` (the
-# suite's longPollTimeoutMs), subscriptions on. docs/durable-streams.md describes the mapping.
+# suite's longPollTimeoutMs), subscriptions on, and `--ds-webhook-allow-loopback` (the suite's
+# webhook receivers listen on 127.0.0.1). docs/durable-streams.md describes the mapping.
 #
 # Usage: scripts/ds-conformance.sh
 #   GAPLESS_BIN  the gapless binary to test (default: target/debug/gapless, built here with
@@ -43,7 +44,7 @@ if [ -z "${DS_URL:-}" ]; then
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
   log "starting $GAPLESS_BIN on 127.0.0.1:$port"
   "$GAPLESS_BIN" serve --memory --listen "127.0.0.1:$port" --ds-prefix /ds \
-    --ds-long-poll-timeout-ms 500 >"$work/server.log" 2>&1 &
+    --ds-long-poll-timeout-ms 500 --ds-webhook-allow-loopback >"$work/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
     if curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then break; fi

@@ -247,6 +247,19 @@ pub struct ServeArgs {
     /// before answering 204, in milliseconds; 1 to 600000.
     #[arg(long, env = "GAPLESS_DS_LONG_POLL_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub ds_long_poll_timeout_ms: u64,
+    /// Let Durable Streams webhook subscriptions target loopback addresses
+    /// (localhost, 127.0.0.0/8, ::1), over http or https: the protocol's
+    /// development exception. Off: only public https:// URLs are accepted.
+    /// Other internal addresses (RFC 1918, link-local, …) are always refused.
+    #[arg(long, env = "GAPLESS_DS_WEBHOOK_ALLOW_LOOPBACK", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub ds_webhook_allow_loopback: bool,
+    /// How long one Durable Streams webhook delivery may take, in
+    /// milliseconds (slower: a failed delivery, retried with backoff); 100 to 600000.
+    #[arg(long, env = "GAPLESS_DS_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub ds_webhook_timeout_ms: u64,
+    /// Most Durable Streams subscriptions the server holds (one more: 403).
+    #[arg(long, env = "GAPLESS_DS_MAX_SUBSCRIPTIONS", default_value_t = 1000)]
+    pub ds_max_subscriptions: usize,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
     /// Keep it at least 6 x --max-event-bytes + 65536, so that a WebSocket
     /// publish takes every event an HTTP publish takes however its data is

@@ -334,3 +334,317 @@ async fn retention_of_the_source_channel_bounds_what_a_fork_inherits() {
         .await
         .expect_error(410, "offset_gone");
 }
+
+/// The subscription APIs (`{root}/__ds/…`) take gapless tokens: managing or
+/// claiming a subscription needs `subscribe` covering every channel under
+/// the root, a pull-wake subscription also `publish` on its wake stream;
+/// wake-scoped calls (callback, ack, release) take the wake's own token; the
+/// JWK Set is public. Webhook URLs to internal addresses are refused, and
+/// loopback too unless `--ds-webhook-allow-loopback`.
+#[tokio::test]
+async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
+    let s = Server::memory(&["--jwt-secret", SECRET]).await;
+    let sub = "/ds/team/__ds/subscriptions/s1";
+    let hook = r#"{"type":"webhook","pattern":"*","webhook":{"url":"https://example.com/hook"}}"#;
+    req(&s, "PUT", sub, &[JSON], hook)
+        .await
+        .expect_error(401, "unauthorized");
+
+    let narrow = format!("Bearer {}", token(&["team~a"], &[]));
+    let r = req(&s, "PUT", sub, &[JSON, ("authorization", &narrow)], hook).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert_eq!(r.json["error"]["code"], "FORBIDDEN", "{}", r.text);
+
+    let reader = format!("Bearer {}", token(&["team~*"], &[]));
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "https://192.168.0.1/hook",
+        "http://example.com/",
+    ] {
+        let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
+        let r = req(
+            &s,
+            "PUT",
+            sub,
+            &[JSON, ("authorization", &reader)],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{url}: {}", r.text);
+        assert_eq!(r.json["error"]["code"], "WEBHOOK_URL_REJECTED", "{url}");
+    }
+    let created = req(&s, "PUT", sub, &[JSON, ("authorization", &reader)], hook).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let kid = created.json["webhook"]["signing"]["kid"].clone();
+    let jwks_url = created.json["webhook"]["signing"]["jwks_url"]
+        .as_str()
+        .expect("jwks_url")
+        .to_owned();
+    assert!(jwks_url.ends_with("/ds/team/__ds/jwks.json"), "{jwks_url}");
+
+    // The JWK Set needs no token.
+    let jwks = req(&s, "GET", "/ds/team/__ds/jwks.json", &[], "").await;
+    assert_eq!(jwks.status, 200, "{}", jwks.text);
+    assert_eq!(jwks.json["keys"][0]["kid"], kid);
+    assert_eq!(jwks.json["keys"][0]["crv"], "Ed25519");
+
+    // A wake-scoped call without the wake's token is 401; with another, FENCED.
+    let cb = "/ds/team/__ds/subscriptions/s1/callback";
+    let ack = r#"{"wake_id":"w_1","generation":1,"done":true}"#;
+    let r = req(&s, "POST", cb, &[JSON], ack).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    let wrong = req(
+        &s,
+        "POST",
+        cb,
+        &[JSON, ("authorization", "Bearer nope")],
+        ack,
+    )
+    .await;
+    assert_eq!(wrong.status, 409, "{}", wrong.text);
+    assert_eq!(wrong.json["error"]["code"], "FENCED");
+
+    // Pull-wake: the wake stream needs `publish`.
+    let writer = format!("Bearer {}", token(&[], &["team~*"]));
+    let made = req(
+        &s,
+        "PUT",
+        "/ds/team/wake",
+        &[JSON, ("authorization", &writer)],
+        "",
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let pull = r#"{"type":"pull-wake","pattern":"*","wake_stream":"wake"}"#;
+    let p = "/ds/team/__ds/subscriptions/p1";
+    let r = req(&s, "PUT", p, &[JSON, ("authorization", &reader)], pull).await;
+    r.expect_error(403, "forbidden");
+    let both = format!("Bearer {}", token(&["team~*"], &["team~*"]));
+    let r = req(&s, "PUT", p, &[JSON, ("authorization", &both)], pull).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = req(
+        &s,
+        "POST",
+        &format!("{p}/claim"),
+        &[JSON, ("authorization", &writer)],
+        r#"{"worker":"w"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 403, "claiming needs subscribe: {}", r.text);
+}
+
+/// A pull-wake subscription wakes on events published through gapless's own
+/// API too (a stream is a channel), acks move `acked_offset`, and a deleted
+/// subscription fences its worker.
+#[tokio::test]
+async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
+    let s = Server::memory(&[]).await;
+    for p in ["/ds/app/wake", "/ds/app/jobs/1"] {
+        let r = req(&s, "PUT", p, &[JSON], "").await;
+        assert_eq!(r.status, 201, "{}", r.text);
+    }
+    let sub = "/ds/app/__ds/subscriptions/workers";
+    let body =
+        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
+    let r = req(&s, "PUT", sub, &[JSON], body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+
+    s.publish("app~jobs~1", r#"{"job":1}"#).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let w = req(&s, "GET", "/ds/app/wake?offset=-1", &[], "").await;
+        let woke = w.json.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|e| e["subscription_id"] == "workers" && e["stream"] == "jobs/1")
+        });
+        if woke {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no wake event: {}",
+            w.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let c = req(
+        &s,
+        "POST",
+        &format!("{sub}/claim"),
+        &[JSON],
+        r#"{"worker":"w1"}"#,
+    )
+    .await;
+    assert_eq!(c.status, 200, "{}", c.text);
+    let tail = c.json["streams"][0]["tail_offset"]
+        .as_str()
+        .expect("tail")
+        .to_owned();
+    assert_eq!(c.json["streams"][0]["has_pending"], true);
+    let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
+    let ack = json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"],
+                     "acks": [{"stream": "jobs/1", "offset": tail}], "done": true});
+    let a = req(
+        &s,
+        "POST",
+        &format!("{sub}/ack"),
+        &[JSON, ("authorization", &auth)],
+        &ack.to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.json, json!({"ok": true, "next_wake": false}));
+    let g = req(&s, "GET", sub, &[], "").await;
+    assert_eq!(
+        g.json["streams"][0]["acked_offset"],
+        tail.as_str(),
+        "{}",
+        g.text
+    );
+
+    // A second claim, then the subscription is deleted: its ack fails and
+    // advances nothing.
+    s.publish("app~jobs~1", r#"{"job":2}"#).await;
+    let c = req(
+        &s,
+        "POST",
+        &format!("{sub}/claim"),
+        &[JSON],
+        r#"{"worker":"w2"}"#,
+    )
+    .await;
+    assert_eq!(c.status, 200, "{}", c.text);
+    let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
+    let d = req(&s, "DELETE", sub, &[], "").await;
+    assert_eq!(d.status, 204, "{}", d.text);
+    let ack =
+        json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"], "done": true});
+    let a = req(
+        &s,
+        "POST",
+        &format!("{sub}/ack"),
+        &[JSON, ("authorization", &auth)],
+        &ack.to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.text);
+}
+
+/// A webhook receiver on 127.0.0.1: answers the first request 500, every
+/// later one 200 `{"done":true}`; hands each request's body to the test.
+async fn flaky_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut sock, _)) = listener.accept().await {
+            n += 1;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Read the head, then Content-Length bytes of body.
+            let body = loop {
+                let Ok(k) = sock.read(&mut chunk).await else {
+                    break None;
+                };
+                if k == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..k]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        break Some(buf[end + 4..end + 4 + len].to_vec());
+                    }
+                }
+            };
+            if let Some(b) = body {
+                let _ = tx.send(serde_json::from_slice(&b).unwrap_or(Value::Null));
+            }
+            let answer = if n == 1 {
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_owned()
+            } else {
+                let b = r#"{"done":true}"#;
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+                    b.len()
+                )
+            };
+            let _ = sock.write_all(answer.as_bytes()).await;
+        }
+    });
+    (url, rx)
+}
+
+/// A failed webhook delivery marks the subscription `failed` and is retried
+/// (after about a second) with a new generation; the retry's `{"done": true}`
+/// acks the tail and the subscription is `active` again. Loopback receivers
+/// need `--ds-webhook-allow-loopback`; `--ds-max-subscriptions` bounds the
+/// subscriptions held.
+#[tokio::test]
+async fn a_failed_webhook_is_retried_with_a_new_generation() {
+    let s = Server::memory(&["--ds-webhook-allow-loopback", "--ds-max-subscriptions", "1"]).await;
+    let (url, mut got) = flaky_receiver().await;
+    let sub = "/ds/h/__ds/subscriptions/retry";
+    let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
+    let r = req(&s, "PUT", sub, &[JSON], &body.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let more = req(
+        &s,
+        "PUT",
+        "/ds/h/__ds/subscriptions/more",
+        &[JSON],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(more.status, 403, "{}", more.text);
+    assert_eq!(more.json["error"]["code"], "SUBSCRIPTION_LIMIT");
+    let r = req(&s, "PUT", "/ds/h/s", &[JSON], r#"{"n":1}"#).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let tail = r.header("stream-next-offset").expect("offset").to_owned();
+
+    let wait = Duration::from_secs(15);
+    let first = tokio::time::timeout(wait, got.recv())
+        .await
+        .expect("a wake")
+        .expect("open");
+    assert_eq!(first["streams"][0]["path"], "s", "{first}");
+    assert_eq!(first["streams"][0]["tail_offset"], tail.as_str());
+    let second = tokio::time::timeout(wait, got.recv())
+        .await
+        .expect("a retry")
+        .expect("open");
+    assert!(
+        second["generation"].as_u64() > first["generation"].as_u64(),
+        "{first} then {second}"
+    );
+    assert_ne!(second["wake_id"], first["wake_id"]);
+
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let g = req(&s, "GET", sub, &[], "").await;
+        if g.json["streams"][0]["acked_offset"] == tail.as_str() {
+            assert_eq!(g.json["status"], "active", "{}", g.text);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not acked: {}",
+            g.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

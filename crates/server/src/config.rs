@@ -106,6 +106,18 @@ pub struct ServerConfig {
     /// How long a Durable Streams long-poll (`live=long-poll`) waits for
     /// data before answering 204, in milliseconds. Default 30000.
     pub ds_long_poll_timeout_ms: u64,
+    /// Whether Durable Streams webhook subscriptions may target loopback
+    /// addresses (`localhost`, `127.0.0.0/8`, `::1`, over http or https):
+    /// the protocol's development exception (PROTOCOL.md 6.2). Other
+    /// internal addresses are always refused. Default false.
+    pub ds_webhook_allow_loopback: bool,
+    /// How long one webhook delivery may take (connect, send, answer), in
+    /// milliseconds; slower counts as a failed delivery, retried with
+    /// backoff. Default 10000.
+    pub ds_webhook_timeout_ms: u64,
+    /// Most Durable Streams subscriptions the server holds (`PUT` of one more
+    /// answers 403 `SUBSCRIPTION_LIMIT`). Default 1000.
+    pub ds_max_subscriptions: usize,
 }
 
 impl Default for ServerConfig {
@@ -135,6 +147,9 @@ impl Default for ServerConfig {
             on_thread_idle: None,
             ds_prefix: "/ds".to_owned(),
             ds_long_poll_timeout_ms: 30_000,
+            ds_webhook_allow_loopback: false,
+            ds_webhook_timeout_ms: 10_000,
+            ds_max_subscriptions: 1000,
         }
     }
 }

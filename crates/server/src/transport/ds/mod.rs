@@ -23,6 +23,8 @@ pub mod fork;
 pub mod names;
 pub mod read;
 pub mod streams;
+pub mod subscriptions;
+pub mod webhook;
 pub mod write;
 
 use crate::auth::{Access, Action};
@@ -40,6 +42,8 @@ use std::sync::Arc;
 pub struct Ds {
     /// Every stream, by channel.
     pub streams: streams::Streams,
+    /// The subscriptions (the reserved `__ds/` APIs).
+    pub subs: subscriptions::Subscriptions,
 }
 
 /// The state [`intercept`] runs with.
@@ -93,12 +97,8 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
     if req.method() == Method::OPTIONS {
         return preflight();
     }
-    if rest == "__ds" || rest.starts_with("__ds/") {
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
-            "the reserved subscription APIs (__ds/) are not implemented by this server yet",
-        );
+    if let Some((root, sub)) = subscriptions::split(rest) {
+        return subscriptions::handle(app, ds, req, root, &sub).await;
     }
     let channel = match names::channel_of(rest) {
         Ok(c) => c,

@@ -131,6 +131,11 @@ impl Streams {
         Ok(())
     }
 
+    /// The channels of every stream (the subscriptions' stream listing).
+    pub fn channels(&self) -> Vec<String> {
+        self.map.lock().keys().cloned().collect()
+    }
+
     /// Forgets the stream on `channel` if it is still `stream`.
     pub fn remove(&self, channel: &str, stream: &Stream) {
         let mut map = self.map.lock();
