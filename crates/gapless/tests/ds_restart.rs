@@ -1,0 +1,227 @@
+//! Durable Streams metadata is durable and shared (docs/durable-streams.md,
+//! "Metadata"): streams survive a `kill -9` with their content type, closure,
+//! TTL, forks and offsets; an idempotent producer's append acknowledged
+//! before a `kill -9` and retried after it is stored once; and in a cluster a
+//! stream created on one node is known on the others.
+
+use gapless_testkit::redis::Redis;
+use gapless_testkit::{Opts, Resp, Server};
+use std::time::{Duration, Instant};
+
+async fn req(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut r = s.http.request(m, s.url(path)).body(body.to_owned());
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    s.send(r).await
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+const TEXT: (&str, &str) = ("content-type", "text/plain");
+
+/// What a client sees of a stream: HEAD's headers that matter and a
+/// catch-up read from the start.
+async fn seen(s: &Server, path: &str) -> (u16, Vec<Option<String>>, String) {
+    let h = req(s, "HEAD", path, &[], "").await;
+    let heads = [
+        "content-type",
+        "stream-next-offset",
+        "stream-closed",
+        "stream-ttl",
+    ]
+    .iter()
+    .map(|k| h.header(k).map(str::to_owned))
+    .collect();
+    let body = req(s, "GET", &format!("{path}?offset=-1"), &[], "").await;
+    (h.status, heads, body.text)
+}
+
+#[tokio::test]
+async fn streams_survive_a_kill_9_with_type_closure_ttl_forks_and_offsets() {
+    let mut s = Server::start(&[]).await;
+    let put = |p: &'static str, h: Vec<(&'static str, &'static str)>| {
+        let s = &s;
+        async move {
+            let r = req(s, "PUT", p, &h, "").await;
+            assert_eq!(r.status, 201, "PUT {p}: {}", r.text);
+        }
+    };
+    put("/ds/r/text", vec![TEXT]).await;
+    put("/ds/r/json", vec![JSON]).await;
+    put("/ds/r/closed", vec![TEXT]).await;
+    put("/ds/r/ttl", vec![TEXT, ("stream-ttl", "3600")]).await;
+    for (p, h, b) in [
+        ("/ds/r/text", TEXT, "hello "),
+        ("/ds/r/text", TEXT, "world"),
+        ("/ds/r/json", JSON, r#"[{"a":1},{"a":2}]"#),
+        ("/ds/r/closed", TEXT, "last"),
+        ("/ds/r/ttl", TEXT, "t"),
+    ] {
+        let r = req(&s, "POST", p, &[h], b).await;
+        assert_eq!(r.status, 204, "POST {p}: {}", r.text);
+    }
+    let r = req(&s, "POST", "/ds/r/closed", &[("stream-closed", "true")], "").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let r = req(
+        &s,
+        "PUT",
+        "/ds/r/fork",
+        &[JSON, ("stream-forked-from", "/ds/r/json")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 201, "fork: {}", r.text);
+    let r = req(&s, "POST", "/ds/r/fork", &[JSON], r#"{"a":3}"#).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+
+    let paths = [
+        "/ds/r/text",
+        "/ds/r/json",
+        "/ds/r/closed",
+        "/ds/r/ttl",
+        "/ds/r/fork",
+    ];
+    let mut before = Vec::new();
+    for p in paths {
+        before.push(seen(&s, p).await);
+    }
+    assert_eq!(before[4].2, r#"[{"a":1},{"a":2},{"a":3}]"#);
+    assert_eq!(before[2].1[2].as_deref(), Some("true"), "closed");
+    assert_eq!(before[3].1[3].as_deref(), Some("3600"), "ttl");
+
+    s.kill9().await;
+    s.restart().await;
+
+    for (p, b) in paths.iter().zip(&before) {
+        assert_eq!(&seen(&s, p).await, b, "{p} after kill -9");
+    }
+    // Still closed; the others still take appends, at the offsets after theirs.
+    let r = req(&s, "POST", "/ds/r/closed", &[TEXT], "more").await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    let r = req(&s, "POST", "/ds/r/text", &[TEXT], "!").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert!(
+        r.header("stream-next-offset") > before[0].1[1].as_deref(),
+        "offsets keep growing"
+    );
+    assert_eq!(
+        req(&s, "GET", "/ds/r/text?offset=-1", &[], "").await.text,
+        "hello world!"
+    );
+    // A deleted stream stays deleted.
+    let r = req(&s, "DELETE", "/ds/r/ttl", &[], "").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    s.kill9().await;
+    s.restart().await;
+    assert_eq!(req(&s, "HEAD", "/ds/r/ttl", &[], "").await.status, 404);
+    assert_eq!(req(&s, "HEAD", "/ds/r/text", &[], "").await.status, 200);
+}
+
+fn producer<'a>(id: &'a str, epoch: &'a str, seq: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        TEXT,
+        ("producer-id", id),
+        ("producer-epoch", epoch),
+        ("producer-seq", seq),
+    ]
+}
+
+#[tokio::test]
+async fn a_producer_append_acknowledged_before_a_kill_9_and_retried_after_is_stored_once() {
+    let mut s = Server::start(&[]).await;
+    let r = req(&s, "PUT", "/ds/p/1", &[TEXT], "").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    for (seq, body) in [("0", "a"), ("1", "b")] {
+        let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", seq), body).await;
+        assert_eq!(r.status, 200, "seq {seq}: {}", r.text);
+    }
+    let r = req(&s, "POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+
+    s.kill9().await;
+    s.restart().await;
+
+    // The retry of the acknowledged seq 1 is a duplicate (204), not stored.
+    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "1"), "b").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert_eq!(r.header("producer-seq"), Some("1"));
+    // The producer continues at seq 2; a gap and a stale epoch are refused as before.
+    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "4"), "x").await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(r.header("producer-expected-seq"), Some("2"));
+    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "2"), "d").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Stream-Seq coordination survived too.
+    let r = req(&s, "POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c").await;
+    assert_eq!(r.status, 409, "{}", r.text);
+
+    assert_eq!(
+        req(&s, "GET", "/ds/p/1?offset=-1", &[], "").await.text,
+        "abcd"
+    );
+    assert_eq!(s.all_data("p~1").await, ["a", "b", "c", "d"]);
+}
+
+#[tokio::test]
+async fn a_stream_created_on_one_node_is_appended_read_and_closed_on_another() {
+    let Some(redis) = Redis::start_or_skip("ds cluster").await else {
+        return;
+    };
+    let node = || async {
+        Server::with(Opts {
+            args: vec!["--redis".to_owned(), redis.url()],
+            ..Opts::default()
+        })
+        .await
+    };
+    let a = node().await;
+    let b = node().await;
+    // b serves a Durable Streams request first, so it reads the records early.
+    assert_eq!(req(&b, "HEAD", "/ds/c/none", &[], "").await.status, 404);
+
+    let r = req(&a, "PUT", "/ds/c/1", &[JSON], r#"[{"n":1}]"#).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    // Known on b at once: same type, appendable, readable.
+    let r = req(&b, "PUT", "/ds/c/1", &[TEXT], "").await;
+    assert_eq!(r.status, 409, "another type on b: {}", r.text);
+    let mut p = producer("w", "0", "0");
+    p[0] = JSON;
+    let r = req(&b, "POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // The producer's retry on a is a duplicate, stored once.
+    let r = req(&a, "POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert_eq!(
+        req(&a, "GET", "/ds/c/1?offset=-1", &[], "").await.text,
+        r#"[{"n":1},{"n":2}]"#
+    );
+    // A close on a reaches b.
+    let r = req(&a, "POST", "/ds/c/1", &[("stream-closed", "true")], "").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let t0 = Instant::now();
+    while req(&b, "HEAD", "/ds/c/1", &[], "")
+        .await
+        .header("stream-closed")
+        != Some("true")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "b never saw the close"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = req(&b, "POST", "/ds/c/1", &[JSON], r#"{"n":3}"#).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    // Deleted on b: gone on a.
+    let r = req(&b, "DELETE", "/ds/c/1", &[], "").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let t0 = Instant::now();
+    while req(&a, "HEAD", "/ds/c/1", &[], "").await.status != 404 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "a never saw the delete"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
