@@ -116,6 +116,9 @@ async fn streams_survive_a_kill_9_with_type_closure_ttl_forks_and_offsets() {
     s.restart().await;
     assert_eq!(req(&s, "HEAD", "/ds/r/ttl", &[], "").await.status, 404);
     assert_eq!(req(&s, "HEAD", "/ds/r/text", &[], "").await.status, 200);
+    // The records' channel is not reachable through gapless's own API.
+    let h = s.history("gapless%2Fds-streams", "").await;
+    assert_eq!(h.status, 400, "{}", h.text);
 }
 
 fn producer<'a>(id: &'a str, epoch: &'a str, seq: &'a str) -> Vec<(&'a str, &'a str)> {
@@ -224,4 +227,55 @@ async fn a_stream_created_on_one_node_is_appended_read_and_closed_on_another() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Retention applies to the records' channel too: a live stream's record
+/// is rewritten before retention evicts it, so a stream idle while others
+/// write many records still survives a restart.
+#[tokio::test]
+async fn a_quiet_streams_record_outlives_retention_of_the_records_channel() {
+    // Rewrites start 500 + 2 x 4 streams behind the head; 700 are kept.
+    let mut s = Server::start(&["--retention-events", "700"]).await;
+    let r = req(&s, "PUT", "/ds/q/quiet", &[JSON], r#"{"q":1}"#).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    for b in 0..3 {
+        let r = req(&s, "PUT", &format!("/ds/q/busy{b}"), &[TEXT], "").await;
+        assert_eq!(r.status, 201, "{}", r.text);
+    }
+    // 750 records (one per producer append, three streams at once) in
+    // chunks of 150, with pauses longer than the rewrite pass's period (1 s).
+    for chunk in 0..5u64 {
+        let mut tasks = Vec::new();
+        for b in 0..3 {
+            let http = s.http.clone();
+            let url = s.url(&format!("/ds/q/busy{b}"));
+            tasks.push(tokio::spawn(async move {
+                for k in 0..50u64 {
+                    let seq = (chunk * 50 + k).to_string();
+                    let r = http
+                        .post(&url)
+                        .header("content-type", "text/plain")
+                        .header("producer-id", "w")
+                        .header("producer-epoch", "0")
+                        .header("producer-seq", &seq)
+                        .body("x")
+                        .send()
+                        .await
+                        .expect("append");
+                    assert_eq!(r.status().as_u16(), 200, "seq {seq}");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("appender");
+        }
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+    }
+    s.kill9().await;
+    s.restart().await;
+    let h = req(&s, "HEAD", "/ds/q/quiet", &[], "").await;
+    assert_eq!(h.status, 200, "the quiet stream is known after the restart");
+    assert_eq!(h.header("content-type"), Some("application/json"));
+    let r = req(&s, "POST", "/ds/q/busy0", &producer("w", "0", "249"), "x").await;
+    assert_eq!(r.status, 204, "{}", r.text);
 }

@@ -29,8 +29,11 @@ use std::sync::Arc;
 /// name everywhere, and no stream path maps to it (a path's `/` becomes `~`).
 pub const CHANNEL: &str = "gapless/ds-streams";
 
-/// A stream's record is rewritten when more than this many records were
-/// appended after it (the channel's count retention must keep more: see
+/// A stream's record is rewritten when more than this many records, plus
+/// twice the number of streams, were appended after it (so rewriting every
+/// stream once never makes them all old again: at most one rewrite per
+/// other record, amortized). The channel's count retention must keep more
+/// (`--retention-events` of at least 1000 plus 3 per stream; see
 /// docs/durable-streams.md, "Metadata").
 pub const COMPACT_EVENTS: u64 = 500;
 
@@ -190,8 +193,22 @@ pub async fn save_deleted(app: &App, channel: &str) {
 /// # Errors
 /// [`JournalError`] when the journal cannot be read.
 pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
-    let mut applied = ds.applied.lock().await;
+    let mut guard = ds.applied.lock().await;
     let st = app.hub.state(CHANNEL).await?;
+    let (epoch, applied) = &mut *guard;
+    if *epoch != st.epoch {
+        // A new incarnation of the channel (its history was lost, e.g. a
+        // Redis that lost its data): its seqs start again, so read it all
+        // and let its records replace what they name.
+        if *epoch != Epoch::default() {
+            tracing::warn!("the Durable Streams records' channel changed epoch; reading it again");
+            for (_, s) in ds.streams.all() {
+                s.lock().await.rev = 0;
+            }
+        }
+        *epoch = st.epoch;
+        *applied = 0;
+    }
     if st.head <= *applied {
         ds.loaded.store(true, Ordering::Release);
         return Ok(());
@@ -351,14 +368,14 @@ pub async fn follow(app: Arc<App>, ds: Arc<Ds>) {
             Ok(s) => s.head,
             Err(_) => continue,
         };
-        for (ch, s) in ds.streams.all() {
+        let all = ds.streams.all();
+        let behind = COMPACT_EVENTS + 2 * all.len() as u64;
+        for (ch, s) in all {
             let Ok(mut m) = s.try_lock() else { continue };
             if m.deleted || m.rev == 0 {
                 continue;
             }
-            if head.saturating_sub(m.rev) > COMPACT_EVENTS
-                || now.saturating_sub(m.rev_ms) > COMPACT_MS
-            {
+            if head.saturating_sub(m.rev) > behind || now.saturating_sub(m.rev_ms) > COMPACT_MS {
                 if let Err(e) = save(&app, &ch, &mut m).await {
                     tracing::warn!(channel = %ch, error = %e, "could not rewrite a Durable Streams record");
                 }

@@ -41,8 +41,8 @@ use std::sync::Arc;
 pub struct Ds {
     /// Every stream, by channel.
     pub streams: streams::Streams,
-    /// The seq of [`meta::CHANNEL`] applied so far ([`meta::catch_up`]).
-    pub applied: tokio::sync::Mutex<u64>,
+    /// The epoch and seq of [`meta::CHANNEL`] applied so far ([`meta::catch_up`]).
+    pub applied: tokio::sync::Mutex<(gapless_protocol::Epoch, u64)>,
     /// Whether the records were read back once since the start.
     pub loaded: std::sync::atomic::AtomicBool,
     /// Whether [`meta::follow`] runs.
