@@ -279,3 +279,57 @@ async fn a_quiet_streams_record_outlives_retention_of_the_records_channel() {
     let r = req(&s, "POST", "/ds/q/busy0", &producer("w", "0", "249"), "x").await;
     assert_eq!(r.status, 204, "{}", r.text);
 }
+
+/// A producer appends without pause while the server is killed (`kill -9`)
+/// under it, twice; after each restart it retries its unacknowledged append
+/// and goes on. Whatever the kill interrupted (before, inside or after the
+/// append and its record), every message is stored exactly once, in order.
+#[tokio::test]
+async fn a_producer_killed_under_mid_append_retries_and_every_message_is_stored_once() {
+    let mut s = Server::start(&[]).await;
+    let r = req(&s, "PUT", "/ds/k/1", &[TEXT], "").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let mut next = 0u64; // the first seq not acknowledged
+    for round in 0..3 {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let http = s.http.clone();
+        let url = s.url("/ds/k/1");
+        let flag = stop.clone();
+        let writer = tokio::spawn(async move {
+            let mut seq = next;
+            // The retry of the append the last kill interrupted comes first.
+            loop {
+                let r = http
+                    .post(&url)
+                    .header("content-type", "text/plain")
+                    .header("producer-id", "p")
+                    .header("producer-epoch", "0")
+                    .header("producer-seq", seq.to_string())
+                    .body(format!("<{seq}>"))
+                    .timeout(Duration::from_secs(10))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status().is_success() => seq += 1,
+                    Ok(r) => panic!("seq {seq}: {} {:?}", r.status(), r.text().await),
+                    Err(_) => return seq, // killed under it: not acknowledged
+                }
+                if flag.load(std::sync::atomic::Ordering::Relaxed) && seq >= next + 5 {
+                    return seq;
+                }
+            }
+        });
+        if round < 2 {
+            tokio::time::sleep(Duration::from_millis(300 + 170 * round)).await;
+            s.kill9().await;
+            next = writer.await.expect("writer");
+            s.restart().await;
+        } else {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            next = writer.await.expect("writer");
+        }
+    }
+    let want: String = (0..next).map(|n| format!("<{n}>")).collect();
+    let got = req(&s, "GET", "/ds/k/1?offset=-1", &[], "").await;
+    assert_eq!(got.text, want, "every message once, in order");
+}
