@@ -682,3 +682,43 @@ pub async fn delete(ctx: Ctx) -> Response {
     fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &stream, meta).await;
     empty(StatusCode::NO_CONTENT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_keys_name_the_incarnation_and_stay_short_visible_ascii() {
+        let p = |id: &str| Producer {
+            id: id.to_owned(),
+            epoch: 2,
+            seq: 7,
+        };
+        assert_eq!(
+            append_key(0xab, Some(&p("w-1")), Some("9")).as_deref(),
+            Some("ds/ab/p/2/7/w-1")
+        );
+        assert_eq!(
+            append_key(0xab, None, Some("0005")).as_deref(),
+            Some("ds/ab/s/0005")
+        );
+        assert_eq!(append_key(0xab, None, None), None);
+        assert_ne!(
+            append_key(1, Some(&p("w")), None),
+            append_key(2, Some(&p("w")), None),
+            "a stream created again never matches its predecessor's keys"
+        );
+        let long = "x".repeat(5000);
+        let spaced = "a producer id";
+        for id in [long.as_str(), spaced] {
+            let k = append_key(u64::MAX, Some(&p(id)), None).unwrap_or_default();
+            assert!(k.len() <= 128, "{k}");
+            assert!(k.bytes().all(|b| b.is_ascii_graphic()), "{k}");
+            assert_eq!(Some(k), append_key(u64::MAX, Some(&p(id)), None), "stable");
+        }
+        assert_ne!(
+            append_key(1, Some(&p(&"x".repeat(200))), None),
+            append_key(1, Some(&p(&"y".repeat(200))), None)
+        );
+    }
+}
