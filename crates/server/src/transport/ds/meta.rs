@@ -353,11 +353,22 @@ pub async fn follow(app: Arc<App>, ds: Arc<Ds>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(FOLLOW_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_compact = 0u64;
+    let mut failing = false;
     loop {
         tick.tick().await;
-        if let Err(e) = catch_up(&app, &ds).await {
-            tracing::warn!(error = %e, "could not read the Durable Streams records");
-            continue;
+        match catch_up(&app, &ds).await {
+            // Logged once per outage, not every tick.
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "could not read the Durable Streams records; retrying");
+                continue;
+            }
+            Err(_) => continue,
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("reading the Durable Streams records again");
+            }
+            Ok(()) => {}
         }
         let now = now_ms();
         if now.saturating_sub(last_compact) < 1000 {
