@@ -569,7 +569,9 @@ pub fn has_live_forks(m: &Meta, now_ms: u64) -> bool {
 /// and may be created again; its live readers end. Then each source up the
 /// chain that is soft-deleted and has no live fork left is forgotten too
 /// (PROTOCOL.md 4.2, "Garbage collection cascades").
+/// Each forgotten stream's deletion is journaled ([`super::meta`]).
 pub async fn forget(
+    app: &App,
     ds: &super::Ds,
     channel: &str,
     stream: &Stream,
@@ -580,6 +582,7 @@ pub async fn forget(
     guard.closed_tx.send_replace(true);
     let mut up = guard.parent.clone();
     drop(guard);
+    super::meta::save_deleted(app, channel).await;
     let now = gapless_core::journal::now_ms();
     while let Some((ch, s)) = up.take() {
         let mut g = s.lock().await;
@@ -590,6 +593,8 @@ pub async fn forget(
         ds.streams.remove(&ch, &s);
         g.deleted = true;
         up = g.parent.clone();
+        drop(g);
+        super::meta::save_deleted(app, &ch).await;
     }
 }
 

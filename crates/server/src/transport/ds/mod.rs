@@ -3,7 +3,7 @@
 //! under `--ds-prefix` (default `/ds`), over the same hub and journal as
 //! channels. A stream is a gapless channel ([`names::channel_of`]); its
 //! offsets are journal positions ([`names::offset`]); its metadata lives in
-//! [`streams`]. docs/durable-streams.md gives the whole mapping and what is
+//! [`streams`], journaled by [`meta`]. docs/durable-streams.md gives the whole mapping and what is
 //! not implemented yet.
 //!
 //! The protocol's paths are free-form under the prefix and the prefix is a
@@ -20,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod fork;
+pub mod meta;
 pub mod names;
 pub mod read;
 pub mod streams;
@@ -44,6 +45,12 @@ pub struct Ds {
     pub streams: streams::Streams,
     /// The subscriptions (the reserved `__ds/` APIs).
     pub subs: subscriptions::Subscriptions,
+    /// The epoch and seq of [`meta::CHANNEL`] applied so far ([`meta::catch_up`]).
+    pub applied: tokio::sync::Mutex<(gapless_protocol::Epoch, u64)>,
+    /// Whether the records were read back once since the start.
+    pub loaded: std::sync::atomic::AtomicBool,
+    /// Whether [`meta::follow`] runs.
+    pub following: std::sync::atomic::AtomicBool,
 }
 
 /// The state [`intercept`] runs with.
@@ -100,6 +107,9 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
     if let Some((root, sub)) = subscriptions::split(rest) {
         return subscriptions::handle(app, ds, req, root, &sub).await;
     }
+    if let Err(r) = ready(app, ds).await {
+        return r;
+    }
     let channel = match names::channel_of(rest) {
         Ok(c) => c,
         Err(names::BadPath(m)) => return error(StatusCode::BAD_REQUEST, "invalid_stream_path", m),
@@ -148,6 +158,21 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
             r
         }
     }
+}
+
+/// Reads the journaled metadata back at the first request (and starts
+/// following it); 503 while the journal cannot be read.
+async fn ready(app: &Arc<App>, ds: &Arc<Ds>) -> Result<(), Response> {
+    use std::sync::atomic::Ordering;
+    if !ds.following.swap(true, Ordering::AcqRel) {
+        tokio::spawn(meta::follow(app.clone(), ds.clone()));
+    }
+    if ds.loaded.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    meta::catch_up(app, ds)
+        .await
+        .map_err(|e| api_error(e.into()))
 }
 
 /// What a handler needs of its request.

@@ -2,9 +2,8 @@
 //! expiry, closure, the `Stream-Seq` and idempotent producers' state, and
 //! where the stream begins in its channel.
 //!
-//! Held in memory, per server process, for now: a restart forgets which
-//! channels are streams (docs/durable-streams.md, "Metadata", says where it
-//! is to be stored durably and why it is not yet).
+//! Held in memory, and journaled by [`super::meta`] before an operation is
+//! answered (docs/durable-streams.md, "Metadata").
 
 use super::fork;
 use gapless_protocol::Epoch;
@@ -57,6 +56,14 @@ pub struct Meta {
     pub deleted: bool,
     /// Bumped on closure and deletion, so live readers waiting at the tail wake up.
     pub closed_tx: watch::Sender<bool>,
+    /// The stream's incarnation: random at creation, part of its appends'
+    /// idempotency keys ([`super::meta::Record::inc`]).
+    pub inc: u64,
+    /// The seq of the newest record of this state in [`super::meta::CHANNEL`]
+    /// (0: not journaled yet).
+    pub rev: u64,
+    /// When that record was written (Unix ms).
+    pub rev_ms: u64,
 }
 
 impl Meta {
@@ -134,6 +141,15 @@ impl Streams {
     /// The channels of every stream (the subscriptions' stream listing).
     pub fn channels(&self) -> Vec<String> {
         self.map.lock().keys().cloned().collect()
+    }
+
+    /// Every stream, with its channel.
+    pub fn all(&self) -> Vec<(String, Stream)> {
+        self.map
+            .lock()
+            .iter()
+            .map(|(c, s)| (c.clone(), s.clone()))
+            .collect()
     }
 
     /// Forgets the stream on `channel` if it is still `stream`.

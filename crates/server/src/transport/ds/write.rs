@@ -36,7 +36,16 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
             ),
         )
     };
-    let s = ctx.ds.streams.get(&ctx.channel).ok_or_else(not_found)?;
+    let s = match ctx.ds.streams.get(&ctx.channel) {
+        Some(s) => s,
+        None => {
+            // Perhaps created on another node since the last catch-up.
+            super::meta::catch_up(&ctx.app, &ctx.ds)
+                .await
+                .map_err(|e| api_error(e.into()))?;
+            ctx.ds.streams.get(&ctx.channel).ok_or_else(not_found)?
+        }
+    };
     let now = now_ms();
     let mut m = s.lock().await;
     if m.deleted {
@@ -47,10 +56,13 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
             if !m.soft_deleted {
                 m.soft_deleted = true;
                 m.closed_tx.send_replace(true);
+                if let Err(e) = save(ctx, &mut m).await {
+                    return Err(api_error(e.into()));
+                }
             }
             return Err(gone());
         }
-        fork::forget(&ctx.ds, &ctx.channel, &s, m).await;
+        fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &s, m).await;
         return Err(not_found());
     }
     drop(m);
@@ -103,9 +115,48 @@ fn messages(meta: &Meta, body: &[u8]) -> Result<Vec<Payload>, Response> {
     }
 }
 
-/// Appends `msgs` to the channel as one batch (the publish limits apply);
-/// returns the new tail seq.
-async fn publish(ctx: &Ctx, msgs: Vec<Payload>) -> Result<u64, Response> {
+/// Journals `m`'s state (see [`super::meta`]) before the operation is answered.
+async fn save(ctx: &Ctx, m: &mut Meta) -> Result<(), gapless_core::journal::JournalError> {
+    super::meta::save(&ctx.app, &ctx.channel, m).await
+}
+
+/// The idempotency key of an append to a stream of incarnation `inc`: from
+/// the producer tuple, else from `Stream-Seq`, else none. The journal
+/// stores an append with a key seen before (while its events are retained)
+/// once, atomically with the append, so a retry across a crash is never
+/// stored twice. Parts that are long or not visible ASCII are hashed.
+fn append_key(inc: u64, prod: Option<&Producer>, stream_seq: Option<&str>) -> Option<String> {
+    let part = |v: &str| -> String {
+        if v.len() <= 96 && v.bytes().all(|b| b.is_ascii_graphic()) {
+            v.to_owned()
+        } else {
+            // FNV-1a, 64 bits: stable across builds, as a key must be.
+            let h = v.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            format!("#{h:016x}{:x}", v.len())
+        }
+    };
+    match (prod, stream_seq) {
+        (Some(p), _) => Some(format!(
+            "ds/{inc:x}/p/{}/{}/{}",
+            p.epoch,
+            p.seq,
+            part(&p.id)
+        )),
+        (None, Some(s)) => Some(format!("ds/{inc:x}/s/{}", part(s))),
+        (None, None) => None,
+    }
+}
+
+/// Appends `msgs` to the channel as one batch (the publish limits apply),
+/// with idempotency key `key`; returns the new tail seq and whether the
+/// journal had the key already (nothing appended).
+async fn publish_keyed(
+    ctx: &Ctx,
+    msgs: Vec<Payload>,
+    key: Option<&str>,
+) -> Result<(u64, bool), Response> {
     let events = msgs
         .into_iter()
         .map(|data| NewEvent {
@@ -113,10 +164,16 @@ async fn publish(ctx: &Ctx, msgs: Vec<Payload>) -> Result<u64, Response> {
             data,
         })
         .collect();
-    crate::ops::publish::batch(&ctx.app, &ctx.grant, ctx.peer, &ctx.channel, events, None)
+    crate::ops::publish::batch(&ctx.app, &ctx.grant, ctx.peer, &ctx.channel, events, key)
         .await
-        .map(|a| a.last_seq)
+        .map(|a| (a.last_seq, a.duplicate))
         .map_err(api_error)
+}
+
+/// Appends `msgs` to the channel as one batch (the publish limits apply);
+/// returns the new tail seq.
+async fn publish(ctx: &Ctx, msgs: Vec<Payload>) -> Result<u64, Response> {
+    publish_keyed(ctx, msgs, None).await.map(|(t, _)| t)
 }
 
 /// The stream's tail position now.
@@ -168,6 +225,11 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
+    // A stream created on another node since the last catch-up is the existing one (and a
+    // fork's source is known).
+    if let Err(e) = super::meta::catch_up(&ctx.app, &ctx.ds).await {
+        return api_error(e.into());
+    }
     let plan = match &forked_from {
         None => None,
         Some(f) => match fork::plan(&ctx, f, ct_given.as_deref()).await {
@@ -200,6 +262,9 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         last_stream_seq: None,
         producers: Default::default(),
         closed_tx,
+        inc: rand::random(),
+        rev: 0,
+        rev_ms: 0,
     };
     let mut prefix = None;
     if let Some(p) = &plan {
@@ -251,6 +316,9 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                         if !old.soft_deleted {
                             old.soft_deleted = true;
                             old.closed_tx.send_replace(true);
+                            if let Err(e) = save(&ctx, &mut old).await {
+                                return api_error(e.into());
+                            }
                         }
                         return error(
                             StatusCode::CONFLICT,
@@ -261,7 +329,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                             ),
                         );
                     }
-                    fork::forget(&ctx.ds, &ctx.channel, &existing, old).await;
+                    fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &existing, old).await;
                     continue;
                 }
                 let same_fork = match (&old.fork_of, &guard.fork_of, &plan) {
@@ -318,6 +386,15 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
     }
     if closed {
         guard.closed = true;
+    }
+    // The stream exists once its record is journaled.
+    if let Err(e) = save(&ctx, &mut guard).await {
+        ctx.ds.streams.remove(&ctx.channel, &stream);
+        guard.deleted = true;
+        guard.closed_tx.send_replace(true);
+        return api_error(e.into());
+    }
+    if closed {
         guard.closed_tx.send_replace(true);
     }
     let mut r = empty(StatusCode::CREATED);
@@ -526,6 +603,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         }
     }
     let mut tail = tail;
+    let mut duplicate = false;
     if !body.is_empty() {
         let msgs = match messages(&meta, &body) {
             Ok(m) => m,
@@ -538,11 +616,17 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
                 "an append of an empty JSON array appends nothing; send at least one message",
             );
         }
-        match publish(&ctx, msgs).await {
-            Ok(t) => tail = meta.layout.virt(t),
+        let key = append_key(meta.inc, prod.as_ref(), stream_seq.as_deref());
+        match publish_keyed(&ctx, msgs, key.as_deref()).await {
+            // A duplicate: the retry of an append stored before a crash
+            // whose record (below) was not journaled; the tail is the
+            // stream's, not the original append's.
+            Ok((_, true)) => duplicate = true,
+            Ok((t, false)) => tail = meta.layout.virt(t),
             Err(r) => return r,
         }
     }
+    let journaled = prod.is_some() || stream_seq.is_some() || close;
     if let Some(s) = stream_seq {
         meta.last_stream_seq = Some(s);
     }
@@ -552,10 +636,19 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
     if close {
         meta.closed = true;
         meta.closed_by = prod.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
+    }
+    // Producer state, Stream-Seq and closure are journaled after the append
+    // they guard and before the answer (docs/durable-streams.md, "Metadata").
+    if journaled {
+        if let Err(e) = save(&ctx, &mut meta).await {
+            return api_error(e.into());
+        }
+    }
+    if close {
         meta.closed_tx.send_replace(true);
     }
     meta.touch(now);
-    let status = if prod.is_some() && !body.is_empty() {
+    let status = if prod.is_some() && !body.is_empty() && !duplicate {
         StatusCode::OK
     } else {
         StatusCode::NO_CONTENT
@@ -590,10 +683,53 @@ pub async fn delete(ctx: Ctx) -> Response {
     }
     if fork::has_live_forks(&meta, now_ms()) {
         meta.soft_deleted = true;
+        if let Err(e) = save(&ctx, &mut meta).await {
+            return api_error(e.into());
+        }
         // Live readers of the stream's URL end.
         meta.closed_tx.send_replace(true);
         return empty(StatusCode::NO_CONTENT);
     }
-    fork::forget(&ctx.ds, &ctx.channel, &stream, meta).await;
+    fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &stream, meta).await;
     empty(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_keys_name_the_incarnation_and_stay_short_visible_ascii() {
+        let p = |id: &str| Producer {
+            id: id.to_owned(),
+            epoch: 2,
+            seq: 7,
+        };
+        assert_eq!(
+            append_key(0xab, Some(&p("w-1")), Some("9")).as_deref(),
+            Some("ds/ab/p/2/7/w-1")
+        );
+        assert_eq!(
+            append_key(0xab, None, Some("0005")).as_deref(),
+            Some("ds/ab/s/0005")
+        );
+        assert_eq!(append_key(0xab, None, None), None);
+        assert_ne!(
+            append_key(1, Some(&p("w")), None),
+            append_key(2, Some(&p("w")), None),
+            "a stream created again never matches its predecessor's keys"
+        );
+        let long = "x".repeat(5000);
+        let spaced = "a producer id";
+        for id in [long.as_str(), spaced] {
+            let k = append_key(u64::MAX, Some(&p(id)), None).unwrap_or_default();
+            assert!(k.len() <= 128, "{k}");
+            assert!(k.bytes().all(|b| b.is_ascii_graphic()), "{k}");
+            assert_eq!(Some(k), append_key(u64::MAX, Some(&p(id)), None), "stable");
+        }
+        assert_ne!(
+            append_key(1, Some(&p(&"x".repeat(200))), None),
+            append_key(1, Some(&p(&"y".repeat(200))), None)
+        );
+    }
 }
