@@ -197,7 +197,9 @@ pub fn compare(a: &Path, others: &[PathBuf]) -> Result<()> {
     for b in others {
         let all_b = read_records(b)?;
         runs_of.push(all_b.len());
-        rest.push(median(&all_b).ok_or_else(|| anyhow::anyhow!("{} holds no result", b.display()))?);
+        rest.push(
+            median(&all_b).ok_or_else(|| anyhow::anyhow!("{} holds no result", b.display()))?,
+        );
     }
     let runs = if runs_of.iter().all(|&n| n == 1) {
         String::new()

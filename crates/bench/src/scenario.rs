@@ -969,38 +969,39 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
             a.events + 10,
         )
         .await?;
-    }
-    while !ctx.ds {
-        let path = match &after {
-            Some(c) => format!("{base}{sep}after={c}"),
-            None => base.clone(),
-        };
-        let req = request("GET", &tpl.host, &path, &[], b"");
-        let t = Instant::now();
-        let status = client.call(&req, &mut body).await?;
-        if status != 200 {
-            bail!(
-                "history page answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            );
-        }
-        let page: Page<'_> = serde_json::from_slice(&body).context("history page")?;
-        page_time.saturating_record(t.elapsed().as_micros() as u64);
-        pages += 1;
-        for e in &page.events {
-            match crate::payload::parse(&e.data) {
-                crate::payload::Payload::Event { seq, .. } => {
-                    tracker.event(seq);
-                }
-                _ => tracker.foreign += 1,
+    } else {
+        loop {
+            let path = match &after {
+                Some(c) => format!("{base}{sep}after={c}"),
+                None => base.clone(),
+            };
+            let req = request("GET", &tpl.host, &path, &[], b"");
+            let t = Instant::now();
+            let status = client.call(&req, &mut body).await?;
+            if status != 200 {
+                bail!(
+                    "history page answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                );
             }
-        }
-        if page.done || page.events.is_empty() {
-            break;
-        }
-        after = page.next.map(Cow::into_owned);
-        if after.is_none() || pages >= max_pages {
-            break;
+            let page: Page<'_> = serde_json::from_slice(&body).context("history page")?;
+            page_time.saturating_record(t.elapsed().as_micros() as u64);
+            pages += 1;
+            for e in &page.events {
+                match crate::payload::parse(&e.data) {
+                    crate::payload::Payload::Event { seq, .. } => {
+                        tracker.event(seq);
+                    }
+                    _ => tracker.foreign += 1,
+                }
+            }
+            if page.done || page.events.is_empty() {
+                break;
+            }
+            after = page.next.map(Cow::into_owned);
+            if after.is_none() || pages >= max_pages {
+                break;
+            }
         }
     }
     let took = t0.elapsed();
@@ -1040,7 +1041,13 @@ async fn ds_read(
     let mut body = Vec::new();
     let mut pages = 0u64;
     loop {
-        let req = request("GET", &tpl.host, &format!("{base}{sep}offset={offset}"), &[], b"");
+        let req = request(
+            "GET",
+            &tpl.host,
+            &format!("{base}{sep}offset={offset}"),
+            &[],
+            b"",
+        );
         let t = Instant::now();
         let answer = client.call_full(&req, &mut body).await?;
         if answer.status != 200 {

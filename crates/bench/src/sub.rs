@@ -339,7 +339,9 @@ pub fn spawn(
         };
         let result = result.and_then(|()| match tracker.malformed {
             0 => Ok(()),
-            n => Err(anyhow::anyhow!("{n} SSE data event(s) not of the stream's shape")),
+            n => Err(anyhow::anyhow!(
+                "{n} SSE data event(s) not of the stream's shape"
+            )),
         });
         if let Err(e) = result {
             let msg = format!("{e:#}");
