@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every gapless-bench scenario at tiny sizes against gapless only, so the
+# Runs every gapless-bench scenario at tiny sizes against gapless only (its own
+# API, its Durable Streams paths under /ds, and a two-node cluster), so the
 # harness cannot rot. Checks counts (nothing lost, nothing duplicated), never
 # speed: gapless-bench exits 2 when a count is not exact. Builds nothing.
 #
@@ -59,6 +60,17 @@ run publish --publishers 4 --events 40
 run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
 
+# The Durable Streams scenarios (--kind gapless-ds; electric and dsnode speak the same protocol):
+# streams created with PUT, SSE data/control events counted exactly, catch-up read paging on
+# Stream-Next-Offset.
+run --kind gapless-ds idle --subs 4 --one-channel --hold-ms 50
+run --kind gapless-ds fanout --subs 4 --events 25 --bytes 100
+run --kind gapless-ds fanout --subs 3 --events 20 --rate 200
+run --kind gapless-ds --ds-type text channels --channels 2 --subs-per-channel 2 --events 20 --publishers 2
+run --kind gapless-ds storm --subs 3 --behind 10 --linger-ms 100
+run --kind gapless-ds publish --publishers 4 --events 40
+run --kind gapless-ds history --events 120 --publishers 4
+
 # Cluster mode (--nodes): two nodes on one Redis, subscribers and publishers spread over both.
 REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir -p "$WORK/redis"
@@ -79,4 +91,4 @@ start_node n1 PID ADDR
 start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
-echo "bench-smoke: 11 scenario runs exact"
+echo "bench-smoke: 18 scenario runs exact"

@@ -222,6 +222,21 @@ pub struct Head {
     pub body: BodyDecoder,
     /// The server asked to close the connection after this response.
     pub close: bool,
+    /// Durable Streams: the `Stream-Next-Offset` header.
+    pub next_offset: Option<String>,
+    /// Durable Streams: `Stream-Up-To-Date: true`.
+    pub up_to_date: bool,
+}
+
+/// What [`Client::call_full`] learned besides the body.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// Durable Streams: the `Stream-Next-Offset` header.
+    pub next_offset: Option<String>,
+    /// Durable Streams: `Stream-Up-To-Date: true`.
+    pub up_to_date: bool,
 }
 
 /// One client connection with its read buffer.
@@ -303,6 +318,7 @@ impl Conn {
                 let status = resp.code.unwrap_or(0);
                 let mut framing = Framing::UntilClose;
                 let mut close = false;
+                let (mut next_offset, mut up_to_date) = (None, false);
                 for h in resp.headers.iter() {
                     if h.name.eq_ignore_ascii_case("content-length") {
                         let v = std::str::from_utf8(h.value)
@@ -324,7 +340,15 @@ impl Conn {
                         && h.value.eq_ignore_ascii_case(b"close")
                     {
                         close = true;
+                    } else if h.name.eq_ignore_ascii_case("stream-next-offset") {
+                        next_offset = Some(String::from_utf8_lossy(h.value).trim().to_owned());
+                    } else if h.name.eq_ignore_ascii_case("stream-up-to-date") {
+                        up_to_date = h.value.trim_ascii().eq_ignore_ascii_case(b"true");
                     }
+                }
+                // 204 and 304 answers have no body, whatever their headers say (RFC 9112 6.3).
+                if matches!(status, 204 | 304) {
+                    framing = Framing::Length(0);
                 }
                 let done = framing == Framing::Length(0);
                 self.start += pos + 4;
@@ -332,6 +356,8 @@ impl Conn {
                     status,
                     body: BodyDecoder { framing, done },
                     close,
+                    next_offset,
+                    up_to_date,
                 });
             }
             if avail.len() >= MAX_HEAD {
@@ -439,6 +465,14 @@ impl Client {
     /// # Errors
     /// Connect, write or read failures, or a malformed answer.
     pub async fn call(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<u16> {
+        Ok(self.call_full(request, body).await?.status)
+    }
+
+    /// [`Client::call`], also returning the Durable Streams headers of the answer.
+    ///
+    /// # Errors
+    /// Connect, write or read failures, or a malformed answer.
+    pub async fn call_full(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<Answer> {
         body.clear();
         let conn = match &mut self.conn {
             Some(c) => c,
@@ -448,15 +482,21 @@ impl Client {
             conn.send(request).await?;
             let mut head = conn.read_head().await?;
             conn.read_body(&mut head.body, body).await?;
-            Ok::<_, anyhow::Error>((head.status, head.close || !head.body.done()))
+            let close = head.close || !head.body.done();
+            let answer = Answer {
+                status: head.status,
+                next_offset: head.next_offset,
+                up_to_date: head.up_to_date,
+            };
+            Ok::<_, anyhow::Error>((answer, close))
         }
         .await;
         match result {
-            Ok((status, close)) => {
+            Ok((answer, close)) => {
                 if close {
                     self.conn = None;
                 }
-                Ok(status)
+                Ok(answer)
             }
             Err(e) => {
                 self.conn = None;

@@ -2,8 +2,9 @@
 //! peers, on the same machine and with the same tool.
 //!
 //! It is target-agnostic: the subscribe, publish and history URLs are
-//! templates holding `{channel}` (`--kind gapless|nchan` fills them in for
-//! the two servers we compare), and latency comes from the publish time the
+//! templates holding `{channel}` (`--kind` fills them in for the servers we
+//! compare: gapless, Nchan, and the Durable Streams servers `electric`,
+//! `dsnode` and `gapless-ds`), and latency comes from the publish time the
 //! harness writes into each event's data, not from anything the server says.
 //! Every scenario also checks its counts (every event exactly once) and exits
 //! with status 2 when they are not exact. See `docs/performance.md`.
@@ -40,14 +41,62 @@ pub enum Kind {
     Gapless,
     /// Nchan: `/sub/{channel}`, `/pub/{channel}`.
     Nchan,
+    /// Electric's Durable Streams server (`durable-streams-server`): streams at `/{channel}`.
+    Electric,
+    /// The Durable Streams Node reference server (`@durable-streams/server`): `/{channel}`.
+    Dsnode,
+    /// gapless over its Durable Streams paths: `/ds/{channel}`.
+    GaplessDs,
+}
+
+impl Kind {
+    /// The path prefix of a Durable Streams target's streams; `None` for the
+    /// others (gapless's own API, Nchan).
+    pub fn ds_prefix(self) -> Option<&'static str> {
+        match self {
+            Kind::Gapless | Kind::Nchan => None,
+            Kind::Electric | Kind::Dsnode => Some(""),
+            Kind::GaplessDs => Some("/ds"),
+        }
+    }
+
+    /// The default label of the target in the results.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Gapless => "gapless",
+            Kind::Nchan => "nchan",
+            Kind::Electric => "electric",
+            Kind::Dsnode => "dsnode",
+            Kind::GaplessDs => "gapless-ds",
+        }
+    }
+}
+
+/// How messages travel over a Durable Streams target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DsType {
+    /// `application/json` streams: each append is one JSON string; reads (catch-up and SSE
+    /// `data` events) are JSON arrays of the messages, so several appends in one event are
+    /// told apart exactly.
+    Json,
+    /// `text/plain` streams: each append is the event data and a `\n`; reads are the
+    /// messages concatenated and are split at `\n`.
+    Text,
 }
 
 /// Options every scenario takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// URL layout of the target (fills in the templates not given).
+    /// URL layout and protocol of the target (fills in the templates not given). The
+    /// Durable Streams kinds (`electric`, `dsnode`, `gapless-ds`) create each stream with
+    /// `PUT` before a run, append with `POST`, follow with `GET ?offset=now&live=sse`
+    /// (reconnecting from the last `control` offset when the server ends a response) and
+    /// read back with `GET ?offset=-1` paging on `Stream-Next-Offset`.
     #[arg(long, global = true, value_enum, default_value_t = Kind::Gapless)]
     pub kind: Kind,
+    /// Content type of the Durable Streams streams (Durable Streams kinds only).
+    #[arg(long, global = true, value_enum, default_value_t = DsType::Json)]
+    pub ds_type: DsType,
     /// Target address for the preset templates.
     #[arg(long, global = true, default_value = "127.0.0.1:8080")]
     pub addr: String,
@@ -55,13 +104,15 @@ pub struct Common {
     /// connections and publishers are spread round robin over `--addr` and these. Default: none.
     #[arg(long, global = true, value_delimiter = ',')]
     pub nodes: Vec<String>,
-    /// Subscribe URL template, e.g. `http://127.0.0.1:8080/v1/channels/{channel}/sse`.
+    /// Subscribe URL template, e.g. `http://127.0.0.1:8080/v1/channels/{channel}/sse`
+    /// (Durable Streams: `…/{channel}?offset={offset}&live=sse`, `{offset}` filled at each connect).
     #[arg(long, global = true)]
     pub sub_url: Option<String>,
     /// Publish URL template (POST, body = event data).
     #[arg(long, global = true)]
     pub pub_url: Option<String>,
-    /// History page URL template with `{channel}` and `{limit}`; the cursor is appended as `&after=`.
+    /// History page URL template with `{channel}` and `{limit}`; the cursor is appended as
+    /// `&after=` (Durable Streams: the stream URL; `?offset=` is appended).
     #[arg(long, global = true)]
     pub history_url: Option<String>,
     /// Channel info URL template answering JSON with `head` (used to verify publish counts).
@@ -122,13 +173,13 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Print the results of two JSON-lines files side by side with the ratio A/B
-    /// (the median of each figure when a file holds several runs).
+    /// Print the results of JSON-lines files side by side with the ratio of the first to
+    /// each other (the median of each figure when a file holds several runs).
     Compare {
         /// Results of the first target (numerator).
         a: PathBuf,
-        /// Results of the second target (denominator); without it, A alone.
-        b: Option<PathBuf>,
+        /// Results of the other targets (denominators); without them, A alone.
+        others: Vec<PathBuf>,
     },
 }
 
@@ -146,8 +197,8 @@ fn main() -> std::process::ExitCode {
 fn real_main() -> Result<bool> {
     let cli = Cli::parse();
     match &cli.command {
-        Command::Compare { a, b } => {
-            report::compare(a, b.as_deref())?;
+        Command::Compare { a, others } => {
+            report::compare(a, others)?;
             return Ok(true);
         }
         Command::Plot {

@@ -4,6 +4,10 @@
 //! publish time (Unix microseconds, taken just before the request is written).
 //! Warm-up events, used to learn that every subscriber is attached, are
 //! `wN:MICROS:`. Latency is the subscriber's read time minus MICROS.
+//!
+//! How the data travels in a request body and comes back in a read is the
+//! [`Wire`]: as is (gapless, Nchan), or wrapped for a Durable Streams stream so
+//! that several appends read back in one piece can be told apart exactly.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -29,6 +33,70 @@ pub enum Payload {
     Warm(u64),
     /// Anything else (not ours).
     Foreign,
+}
+
+/// How event data travels in an append's body and comes back in reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// The body is the data; a read (an SSE event, a history entry) holds one event.
+    Raw,
+    /// Durable Streams `application/json`: the body is the data as one JSON string; a read
+    /// (catch-up answer, SSE `data` event) is a JSON array of such strings.
+    JsonString,
+    /// Durable Streams `text/plain`: the body is the data and `\n`; a read is the messages
+    /// concatenated, split at `\n` (the data never holds one).
+    Line,
+}
+
+impl Wire {
+    /// The `Content-Type` of appends (and of stream creation).
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Wire::Raw | Wire::Line => "text/plain",
+            Wire::JsonString => "application/json",
+        }
+    }
+
+    /// Wraps the data in `out` (as written by [`encode`] or [`encode_warm`]) into a body.
+    pub fn wrap(self, out: &mut Vec<u8>) {
+        match self {
+            Wire::Raw => {}
+            // The data is ASCII digits, `:`, `w` and `x`: nothing to escape.
+            Wire::JsonString => {
+                out.insert(0, b'"');
+                out.push(b'"');
+            }
+            Wire::Line => out.push(b'\n'),
+        }
+    }
+
+    /// Calls `each` with every message of one read; returns false when the read is
+    /// not of this wire's shape (not a JSON array of strings).
+    pub fn split(self, read: &str, mut each: impl FnMut(&str)) -> bool {
+        match self {
+            Wire::Raw => {
+                each(read);
+                true
+            }
+            Wire::Line => {
+                for m in read.split('\n').filter(|m| !m.is_empty()) {
+                    each(m);
+                }
+                true
+            }
+            Wire::JsonString => {
+                match serde_json::from_str::<Vec<std::borrow::Cow<'_, str>>>(read) {
+                    Ok(messages) => {
+                        for m in &messages {
+                            each(m);
+                        }
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
 }
 
 /// Writes a measured event's data into `out` (cleared first).
@@ -123,6 +191,20 @@ mod tests {
             Payload::Warm(3)
         );
         assert_eq!(parse("hello"), Payload::Foreign);
+        encode(&mut buf, 9, 5, 6);
+        Wire::JsonString.wrap(&mut buf);
+        assert_eq!(buf, b"\"9:5:xx\"");
         assert_eq!(parse("1:x:"), Payload::Foreign);
+    }
+
+    #[test]
+    fn wire_splits_shared_reads() {
+        let mut got = Vec::new();
+        assert!(Wire::JsonString.split(r#"["1:5:x","2:6:x"]"#, |m| got.push(m.to_owned())));
+        assert_eq!(got, ["1:5:x", "2:6:x"]);
+        got.clear();
+        assert!(Wire::Line.split("1:5:x\n2:6:x\n", |m| got.push(m.to_owned())));
+        assert_eq!(got, ["1:5:x", "2:6:x"]);
+        assert!(!Wire::JsonString.split("1:5:x", |_| {}));
     }
 }

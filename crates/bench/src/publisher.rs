@@ -5,7 +5,7 @@
 //! channel-local number and publish time ([`crate::payload`]).
 
 use crate::http::{request, Client};
-use crate::payload;
+use crate::payload::{self, Wire};
 use crate::report::histogram;
 use anyhow::Result;
 use hdrhistogram::Histogram;
@@ -35,6 +35,8 @@ pub struct Plan {
     pub bytes: usize,
     /// Concurrent publisher connections.
     pub publishers: usize,
+    /// How the data travels in the body (and its `Content-Type`).
+    pub wire: Wire,
 }
 
 /// What a publishing run did.
@@ -140,11 +142,12 @@ async fn publisher(plan: Plan, shared: Arc<Shared>, t0: Instant) -> One {
         let c = (i % n) as usize;
         let seq = shared.counters[c].fetch_add(1, Ordering::Relaxed) + 1;
         payload::encode(&mut data, seq, payload::now_us(), plan.bytes);
+        plan.wire.wrap(&mut data);
         let req = request(
             "POST",
             &plan.host,
             &plan.paths[c],
-            &[("Content-Type", "text/plain")],
+            &[("Content-Type", plan.wire.content_type())],
             &data,
         );
         let t = Instant::now();
@@ -181,6 +184,7 @@ pub async fn warm_round(
     host: &str,
     paths: &Arc<Vec<String>>,
     n: u64,
+    wire: Wire,
 ) -> Result<()> {
     let lanes = paths.len().clamp(1, 16);
     let tasks: Vec<_> = (0..lanes)
@@ -193,11 +197,12 @@ pub async fn warm_round(
                 let mut body = Vec::new();
                 for path in paths.iter().skip(lane).step_by(lanes) {
                     payload::encode_warm(&mut data, n);
+                    wire.wrap(&mut data);
                     let req = request(
                         "POST",
                         &host,
                         path,
-                        &[("Content-Type", "text/plain")],
+                        &[("Content-Type", wire.content_type())],
                         &data,
                     );
                     let status = client.call(&req, &mut body).await?;

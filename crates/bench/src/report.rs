@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A latency histogram in microseconds, 1 µs to 1 hour, 3 significant digits.
 pub fn histogram() -> Histogram<u64> {
@@ -181,27 +181,35 @@ fn median(records: &[Record]) -> Option<Record> {
     Some(out)
 }
 
-/// Prints, as a Markdown table, the records of file `a` beside those of file
-/// `b` (the median of each figure when a file holds several runs of the same
-/// scenario) with the ratio a/b for every figure both have; `a` alone without `b`.
+/// Prints, as a Markdown table, the records of file `a` beside those of each
+/// file in `others` (the median of each figure when a file holds several runs
+/// of the same scenario) with the ratio a/other for every figure both have; `a`
+/// alone without others. With one other file the ratio column is `ratio`, with
+/// several it is `a/TARGET` per other target.
 ///
 /// # Errors
 /// A file is missing, empty or not made of records.
-pub fn compare(a: &Path, b: Option<&Path>) -> Result<()> {
+pub fn compare(a: &Path, others: &[PathBuf]) -> Result<()> {
     let all_a = read_records(a)?;
-    let all_b = match b {
-        Some(b) => read_records(b)?,
-        None => Vec::new(),
-    };
     let ra = median(&all_a).ok_or_else(|| anyhow::anyhow!("{} holds no result", a.display()))?;
-    let rb = median(&all_b);
-    if b.is_some() && rb.is_none() {
-        anyhow::bail!("the second results file holds no result");
+    let mut rest = Vec::with_capacity(others.len());
+    let mut runs_of = vec![all_a.len()];
+    for b in others {
+        let all_b = read_records(b)?;
+        runs_of.push(all_b.len());
+        rest.push(
+            median(&all_b).ok_or_else(|| anyhow::anyhow!("{} holds no result", b.display()))?,
+        );
     }
-    let runs = match (all_a.len(), all_b.len()) {
-        (1, 0 | 1) => String::new(),
-        (na, 0) => format!(", median of {na} runs"),
-        (na, nb) => format!(", median of {na} and {nb} runs"),
+    let runs = if runs_of.iter().all(|&n| n == 1) {
+        String::new()
+    } else {
+        let list: Vec<String> = runs_of.iter().map(ToString::to_string).collect();
+        match list.len() {
+            1 => format!(", median of {} runs", list[0]),
+            2 => format!(", median of {} and {} runs", list[0], list[1]),
+            _ => format!(", median of {} runs", list.join(", ")),
+        }
     };
     let verdict = |r: &Record| {
         if r.exact {
@@ -212,26 +220,44 @@ pub fn compare(a: &Path, b: Option<&Path>) -> Result<()> {
     };
     println!("### {} ({}{runs})", ra.scenario, ra.params);
     println!();
-    let Some(rb) = rb else {
-        println!("| figure | {} |", ra.target);
-        println!("|---|---:|");
-        for (k, va) in &ra.metrics {
-            println!("| {k} | {} |", fmt_num(*va));
-        }
-        println!("| counts | {} |", verdict(&ra));
-        return Ok(());
-    };
-    println!("| figure | {} | {} | ratio |", ra.target, rb.target);
-    println!("|---|---:|---:|---:|");
-    for (k, va) in &ra.metrics {
-        let vb = rb.metrics.iter().find(|(kb, _)| kb == k).map(|(_, v)| *v);
-        let (sb, ratio) = match vb {
-            Some(vb) if vb != 0.0 => (fmt_num(vb), format!("{:.2}", va / vb)),
-            Some(vb) => (fmt_num(vb), "-".to_owned()),
-            None => ("n/a".to_owned(), "-".to_owned()),
-        };
-        println!("| {k} | {} | {sb} | {ratio} |", fmt_num(*va));
+    let mut head = format!("| figure | {} |", ra.target);
+    let mut rule = "|---|---:|".to_owned();
+    for rb in &rest {
+        head.push_str(&format!(" {} |", rb.target));
+        rule.push_str("---:|");
     }
-    println!("| counts | {} | {} | |", verdict(&ra), verdict(&rb));
+    for rb in &rest {
+        if rest.len() == 1 {
+            head.push_str(" ratio |");
+        } else {
+            head.push_str(&format!(" {}/{} |", ra.target, rb.target));
+        }
+        rule.push_str("---:|");
+    }
+    println!("{head}");
+    println!("{rule}");
+    for (k, va) in &ra.metrics {
+        let mut line = format!("| {k} | {} |", fmt_num(*va));
+        let mut ratios = String::new();
+        for rb in &rest {
+            let vb = rb.metrics.iter().find(|(kb, _)| kb == k).map(|(_, v)| *v);
+            let (sb, ratio) = match vb {
+                Some(vb) if vb != 0.0 => (fmt_num(vb), format!("{:.2}", va / vb)),
+                Some(vb) => (fmt_num(vb), "-".to_owned()),
+                None => ("n/a".to_owned(), "-".to_owned()),
+            };
+            line.push_str(&format!(" {sb} |"));
+            ratios.push_str(&format!(" {ratio} |"));
+        }
+        println!("{line}{ratios}");
+    }
+    let mut counts = format!("| counts | {} |", verdict(&ra));
+    for rb in &rest {
+        counts.push_str(&format!(" {} |", verdict(rb)));
+    }
+    for _ in &rest {
+        counts.push_str(" |");
+    }
+    println!("{counts}");
     Ok(())
 }

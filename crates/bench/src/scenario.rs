@@ -5,14 +5,20 @@
 //! warm-up event: a server may answer the subscribe request before it routes
 //! events to the new stream. Warm-up events carry their own numbering and are
 //! never counted as deliveries.
+//!
+//! Against a Durable Streams target (`--kind electric|dsnode|gapless-ds`) every
+//! stream a scenario uses is created with `PUT` first; the publish check reads
+//! every stream back from offset `-1`, and `history` is the protocol's
+//! catch-up read (`GET ?offset=…` paging on `Stream-Next-Offset` until
+//! `Stream-Up-To-Date`).
 
 use crate::http::{request, Client, UrlTemplate};
-use crate::payload::now_us;
+use crate::payload::{now_us, Payload, Wire};
 use crate::procstat::{self, Meter, Usage};
 use crate::publisher::{self, Outcome, Plan};
 use crate::report::{histogram, Record};
 use crate::sub::{self, Board, Tracker};
-use crate::{Common, Kind};
+use crate::{Common, DsType, Kind};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
@@ -36,6 +42,10 @@ pub struct Ctx {
     gate: Arc<Semaphore>,
     timeout: Duration,
     read_buffer: usize,
+    /// How event data travels (`Raw` for gapless and Nchan).
+    wire: Wire,
+    /// A Durable Streams target: streams are created before a run, followed from an offset.
+    ds: bool,
     /// Cluster mode: every node's address and `Host` (the first is `--addr`);
     /// empty: the templates' own address.
     nodes: Vec<(std::net::SocketAddr, String)>,
@@ -63,6 +73,21 @@ impl Ctx {
                 None,
                 None,
             ),
+            Kind::Electric | Kind::Dsnode | Kind::GaplessDs => {
+                let p = c.kind.ds_prefix().unwrap_or_default();
+                (
+                    format!("http://{a}{p}/{{channel}}?offset={{offset}}&live=sse"),
+                    format!("http://{a}{p}/{{channel}}"),
+                    Some(format!("http://{a}{p}/{{channel}}")),
+                    None,
+                )
+            }
+        };
+        let ds = c.kind.ds_prefix().is_some();
+        let wire = match (ds, c.ds_type) {
+            (false, _) => Wire::Raw,
+            (true, DsType::Json) => Wire::JsonString,
+            (true, DsType::Text) => Wire::Line,
         };
         let pick =
             |given: &Option<String>, preset: Option<String>| -> Result<Option<UrlTemplate>> {
@@ -72,13 +97,7 @@ impl Ctx {
                     .map(|u| UrlTemplate::parse(&u))
                     .transpose()
             };
-        let label = c.label.clone().unwrap_or_else(|| {
-            match c.kind {
-                Kind::Gapless => "gapless",
-                Kind::Nchan => "nchan",
-            }
-            .to_owned()
-        });
+        let label = c.label.clone().unwrap_or_else(|| c.kind.label().to_owned());
         Ok(Ctx {
             label,
             sub: pick(&c.sub_url, Some(sub))?.ok_or_else(|| anyhow!("no subscribe URL"))?,
@@ -95,6 +114,8 @@ impl Ctx {
             gate: Arc::new(Semaphore::new(c.connect_concurrency.max(1))),
             timeout: Duration::from_secs(c.timeout_secs.max(1)),
             read_buffer: c.read_buffer,
+            wire,
+            ds,
             nodes: if c.nodes.is_empty() {
                 Vec::new()
             } else {
@@ -109,8 +130,41 @@ impl Ctx {
         })
     }
 
-    fn names(&self, tag: &str, n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("{}{tag}{i}", self.prefix)).collect()
+    /// The names of `n` channels (streams) for this run; on a Durable Streams target each
+    /// stream is created (`PUT` with the wire's content type, 16 at a time) first.
+    async fn streams(&self, tag: &str, n: usize) -> Result<Vec<String>> {
+        let names: Vec<String> = (0..n).map(|i| format!("{}{tag}{i}", self.prefix)).collect();
+        if !self.ds {
+            return Ok(names);
+        }
+        let lanes = n.clamp(1, 16);
+        let paths = self.pub_paths(&names);
+        let tasks: Vec<_> = (0..lanes)
+            .map(|lane| {
+                let (paths, addr, host) = (paths.clone(), self.publ.addr, self.publ.host.clone());
+                let content_type = self.wire.content_type();
+                tokio::spawn(async move {
+                    let mut client = Client::new(addr);
+                    let mut body = Vec::new();
+                    for path in paths.iter().skip(lane).step_by(lanes) {
+                        let req =
+                            request("PUT", &host, path, &[("Content-Type", content_type)], b"");
+                        let status = client.call(&req, &mut body).await?;
+                        if !matches!(status, 200 | 201) {
+                            bail!(
+                                "create stream {path} answered {status}: {}",
+                                String::from_utf8_lossy(&body)
+                            );
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.context("stream creation task")??;
+        }
+        Ok(names)
     }
 
     fn pub_paths(&self, names: &[String]) -> Arc<Vec<String>> {
@@ -136,6 +190,7 @@ impl Ctx {
             max_time: max_secs.map(Duration::from_secs_f64),
             bytes,
             publishers,
+            wire: self.wire,
         }
     }
 
@@ -167,7 +222,12 @@ impl Group {
                     0 => (ctx.sub.addr, &ctx.sub.host),
                     n => (ctx.nodes[i % n].0, &ctx.nodes[i % n].1),
                 };
-                let target = sub::Target::sse(addr, host, &path, last.as_deref(), ctx.read_buffer);
+                let target = if ctx.ds {
+                    // Resuming uses the tracker's last control offset (run() reads it).
+                    sub::Target::ds(addr, host, &path, ctx.wire, ctx.read_buffer)
+                } else {
+                    sub::Target::sse(addr, host, &path, last.as_deref(), ctx.read_buffer)
+                };
                 sub::spawn(target, t, board.clone(), ctx.gate.clone(), stop.clone())
             })
             .collect();
@@ -201,7 +261,7 @@ impl Group {
         let mut n = 0;
         'rounds: loop {
             n += 1;
-            publisher::warm_round(ctx.publ.addr, &ctx.publ.host, paths, n).await?;
+            publisher::warm_round(ctx.publ.addr, &ctx.publ.host, paths, n, ctx.wire).await?;
             let round = Instant::now();
             while round.elapsed() < Duration::from_millis(500) {
                 if all_at_least(1) {
@@ -286,6 +346,26 @@ fn cpu_metrics(r: &mut Record, usage: &Usage, count: u64, unit: &str) {
     r.metric(
         "other_cpu_cores",
         others as f64 / 1e6 / usage.wall_s.max(1e-9),
+    );
+}
+
+/// Durable Streams SSE figures: `data` and `control` events (with the SSE's measured
+/// deliveries per `data` event in the run) and reconnects after the server ended a response.
+fn ds_metrics(ctx: &Ctx, r: &mut Record, board: &Board) {
+    if !ctx.ds {
+        return;
+    }
+    r.metric(
+        "sse_data_events",
+        board.data_events.load(Ordering::Relaxed) as f64,
+    );
+    r.metric(
+        "sse_control_events",
+        board.control_events.load(Ordering::Relaxed) as f64,
+    );
+    r.metric(
+        "sse_reconnects",
+        board.reconnects.load(Ordering::Relaxed) as f64,
     );
 }
 
@@ -387,7 +467,9 @@ pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
             if a.one_channel { "one" } else { "distinct" }
         ),
     );
-    let names = ctx.names("i", if a.one_channel { 1 } else { a.subs });
+    let names = ctx
+        .streams("i", if a.one_channel { 1 } else { a.subs })
+        .await?;
     let trackers = (0..a.subs)
         .map(|i| Tracker::new(i, i % names.len()))
         .collect();
@@ -418,6 +500,7 @@ pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
         );
     }
     r.metric("bench_rss_per_sub_kb", own1.saturating_sub(own0) as f64 / n);
+    ds_metrics(ctx, &mut r, &group.board);
     let trackers = group.finish().await?;
     delivery_problems(&mut r, &trackers, |_| 0, false);
     Ok(r)
@@ -546,7 +629,7 @@ async fn spread(
     max_secs: Option<f64>,
 ) -> Result<Record> {
     let mut r = ctx.record(scenario, params);
-    let names = ctx.names("f", channels);
+    let names = ctx.streams("f", channels).await?;
     let paths = ctx.pub_paths(&names);
     let subs = channels * subs_per_channel;
     let trackers = (0..subs).map(|i| Tracker::new(i, i % channels)).collect();
@@ -565,6 +648,7 @@ async fn spread(
     tokio::time::sleep(Duration::from_millis(100)).await;
     let delivered = group.board.delivered.load(Ordering::Acquire);
     let reads = group.board.reads.load(Ordering::Relaxed);
+    let board = group.board.clone();
     let span_us = group
         .board
         .last_delivery_us
@@ -586,6 +670,7 @@ async fn spread(
         per_s(delivered, Duration::from_micros(span_us)),
     );
     r.metric("events_per_read", delivered as f64 / reads.max(1) as f64);
+    ds_metrics(ctx, &mut r, &board);
     r.latency("latency", &latency);
     if node_latency.len() > 1 {
         for (k, h) in node_latency.iter().enumerate() {
@@ -639,7 +724,7 @@ pub async fn storm(ctx: &Ctx, a: &StormArgs) -> Result<Record> {
         "storm",
         format!("subs={} behind={} bytes={}", a.subs, a.behind, a.bytes),
     );
-    let names = ctx.names("s", 1);
+    let names = ctx.streams("s", 1).await?;
     let paths = ctx.pub_paths(&names);
     let trackers = (0..a.subs).map(|i| Tracker::new(i, 0)).collect();
     let group = Group::spawn(ctx, &names, trackers, false);
@@ -742,14 +827,16 @@ pub async fn publish(ctx: &Ctx, a: &PublishArgs) -> Result<Record> {
         params.push_str(&format!(" durability={}", a.durability));
     }
     let mut r = ctx.record("publish", params);
-    let names = ctx.names(
-        "p",
-        if a.one_channel {
-            1
-        } else {
-            a.publishers.max(1)
-        },
-    );
+    let names = ctx
+        .streams(
+            "p",
+            if a.one_channel {
+                1
+            } else {
+                a.publishers.max(1)
+            },
+        )
+        .await?;
     let paths = ctx.pub_paths(&names);
     let meter = Meter::start(&ctx.server)?;
     let outcome =
@@ -760,7 +847,26 @@ pub async fn publish(ctx: &Ctx, a: &PublishArgs) -> Result<Record> {
     r.latency("ack", &outcome.ack);
     cpu_metrics(&mut r, &usage, outcome.acked, "event");
     publish_problems(&mut r, &outcome);
-    if let Some(info) = &ctx.info {
+    if ctx.ds {
+        // Read every stream back: each append exactly once.
+        let mut client = Client::new(ctx.publ.addr);
+        let mut trackers = Vec::with_capacity(names.len());
+        let mut page_time = histogram();
+        for (c, name) in names.iter().enumerate() {
+            let mut t = Tracker::new(c, c);
+            ds_read(
+                ctx,
+                &mut client,
+                name,
+                &mut t,
+                &mut page_time,
+                outcome.issued[c] + 10,
+            )
+            .await?;
+            trackers.push(t);
+        }
+        delivery_problems(&mut r, &trackers, |t| outcome.issued[t.channel], false);
+    } else if let Some(info) = &ctx.info {
         let mut client = Client::new(info.addr);
         let mut body = Vec::new();
         let mut wrong = 0;
@@ -826,11 +932,16 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
         .history
         .as_ref()
         .ok_or_else(|| anyhow!("history needs --history-url (this target has no history API)"))?;
+    let page = if ctx.ds {
+        "server".to_owned()
+    } else {
+        a.page.to_string()
+    };
     let mut r = ctx.record(
         "history",
-        format!("events={} page={} bytes={}", a.events, a.page, a.bytes),
+        format!("events={} page={page} bytes={}", a.events, a.bytes),
     );
-    let names = ctx.names("h", 1);
+    let names = ctx.streams("h", 1).await?;
     let paths = ctx.pub_paths(&names);
     let fill = publisher::run(ctx.plan(paths, a.events, 0.0, a.bytes, a.publishers, None)).await;
     publish_problems(&mut r, &fill);
@@ -847,37 +958,50 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
     let max_pages = a.events / a.page.max(1) as u64 + 10;
     let meter = Meter::start(&ctx.server)?;
     let t0 = Instant::now();
-    loop {
-        let path = match &after {
-            Some(c) => format!("{base}{sep}after={c}"),
-            None => base.clone(),
-        };
-        let req = request("GET", &tpl.host, &path, &[], b"");
-        let t = Instant::now();
-        let status = client.call(&req, &mut body).await?;
-        if status != 200 {
-            bail!(
-                "history page answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            );
-        }
-        let page: Page<'_> = serde_json::from_slice(&body).context("history page")?;
-        page_time.saturating_record(t.elapsed().as_micros() as u64);
-        pages += 1;
-        for e in &page.events {
-            match crate::payload::parse(&e.data) {
-                crate::payload::Payload::Event { seq, .. } => {
-                    tracker.event(seq);
-                }
-                _ => tracker.foreign += 1,
+    if ctx.ds {
+        // The server picks the page size; a page holds at least one message.
+        pages = ds_read(
+            ctx,
+            &mut client,
+            &names[0],
+            &mut tracker,
+            &mut page_time,
+            a.events + 10,
+        )
+        .await?;
+    } else {
+        loop {
+            let path = match &after {
+                Some(c) => format!("{base}{sep}after={c}"),
+                None => base.clone(),
+            };
+            let req = request("GET", &tpl.host, &path, &[], b"");
+            let t = Instant::now();
+            let status = client.call(&req, &mut body).await?;
+            if status != 200 {
+                bail!(
+                    "history page answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                );
             }
-        }
-        if page.done || page.events.is_empty() {
-            break;
-        }
-        after = page.next.map(Cow::into_owned);
-        if after.is_none() || pages >= max_pages {
-            break;
+            let page: Page<'_> = serde_json::from_slice(&body).context("history page")?;
+            page_time.saturating_record(t.elapsed().as_micros() as u64);
+            pages += 1;
+            for e in &page.events {
+                match crate::payload::parse(&e.data) {
+                    crate::payload::Payload::Event { seq, .. } => {
+                        tracker.event(seq);
+                    }
+                    _ => tracker.foreign += 1,
+                }
+            }
+            if page.done || page.events.is_empty() {
+                break;
+            }
+            after = page.next.map(Cow::into_owned);
+            if after.is_none() || pages >= max_pages {
+                break;
+            }
         }
     }
     let took = t0.elapsed();
@@ -889,6 +1013,76 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
     cpu_metrics(&mut r, &usage, tracker.unique, "event");
     delivery_problems(&mut r, &[tracker], |_| fill.issued[0], false);
     Ok(r)
+}
+
+/// Durable Streams catch-up: reads stream `name` from offset `-1` to its tail
+/// (`GET ?offset=…`, following `Stream-Next-Offset` until `Stream-Up-To-Date`),
+/// recording every message in `tracker` and each answer's time in `page_time`.
+/// Returns the number of answers.
+///
+/// # Errors
+/// No history URL, an answer other than 200, no `Stream-Next-Offset`, an answer
+/// not of the wire's shape, no progress, or more than `max_pages` answers.
+async fn ds_read(
+    ctx: &Ctx,
+    client: &mut Client,
+    name: &str,
+    tracker: &mut Tracker,
+    page_time: &mut hdrhistogram::Histogram<u64>,
+    max_pages: u64,
+) -> Result<u64> {
+    let tpl = ctx
+        .history
+        .as_ref()
+        .ok_or_else(|| anyhow!("no stream URL for the catch-up read"))?;
+    let base = tpl.path_for(name, 0);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let mut offset = "-1".to_owned();
+    let mut body = Vec::new();
+    let mut pages = 0u64;
+    loop {
+        let req = request(
+            "GET",
+            &tpl.host,
+            &format!("{base}{sep}offset={offset}"),
+            &[],
+            b"",
+        );
+        let t = Instant::now();
+        let answer = client.call_full(&req, &mut body).await?;
+        if answer.status != 200 {
+            bail!(
+                "catch-up read of {name} at {offset} answered {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&body)
+            );
+        }
+        let text = std::str::from_utf8(&body).context("catch-up answer is not UTF-8")?;
+        let shaped = ctx.wire.split(text, |m| match crate::payload::parse(m) {
+            Payload::Event { seq, .. } => {
+                tracker.event(seq);
+            }
+            _ => tracker.foreign += 1,
+        });
+        page_time.saturating_record(t.elapsed().as_micros() as u64);
+        pages += 1;
+        if !shaped {
+            bail!("catch-up answer of {name} at {offset} is not a JSON array of strings");
+        }
+        let next = answer
+            .next_offset
+            .ok_or_else(|| anyhow!("catch-up answer of {name} without Stream-Next-Offset"))?;
+        if answer.up_to_date {
+            return Ok(pages);
+        }
+        if next == offset {
+            bail!("catch-up read of {name} made no progress at {offset}");
+        }
+        if pages >= max_pages {
+            bail!("catch-up read of {name}: more than {max_pages} answers");
+        }
+        offset = next;
+    }
 }
 
 #[cfg(test)]

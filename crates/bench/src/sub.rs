@@ -3,6 +3,12 @@
 //! allocating) and a [`Tracker`] that checks the events' numbers: every one
 //! exactly once, and in order when one publisher feeds the channel.
 //!
+//! A Durable Streams subscriber (`Target::ds`) reads the protocol's SSE: each
+//! `event: data` holds one or more appends (split per [`Wire`]), each
+//! `event: control` the offset after them; when the server ends a response
+//! (the protocol's collapsing) it reconnects from the last control offset, so
+//! a long run sees every append once.
+//!
 //! Tasks report progress through a shared [`Board`]: attached count, warm-up
 //! numbers seen, unique deliveries, the time of the latest one, and latency
 //! histograms (sharded, recorded once per socket read; with several nodes
@@ -10,7 +16,7 @@
 //! node).
 
 use crate::http::{request, Conn};
-use crate::payload::{self, Payload};
+use crate::payload::{self, Payload, Wire};
 use crate::report::histogram;
 use anyhow::{bail, Result};
 use gapless_client::sse::{Item, Parser};
@@ -43,6 +49,12 @@ pub struct Board {
     pub connected: AtomicUsize,
     /// Subscriber tasks that ended with an error.
     pub failed: AtomicUsize,
+    /// Durable Streams: SSE `data` events received (one may hold several appends).
+    pub data_events: AtomicU64,
+    /// Durable Streams: SSE `control` events received.
+    pub control_events: AtomicU64,
+    /// Durable Streams: connections opened again after the server ended a response.
+    pub reconnects: AtomicU64,
     /// Shard `s` holds subscribers `i` with `i % latency.len() == s`; its
     /// node is `s % nodes` (subscriber `i` is on node `i % nodes`).
     latency: Vec<Mutex<Histogram<u64>>>,
@@ -65,6 +77,9 @@ impl Board {
             record_latency: AtomicBool::new(true),
             connected: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
+            data_events: AtomicU64::new(0),
+            control_events: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
             latency: (0..shards).map(|_| Mutex::new(histogram())).collect(),
             nodes,
             connect: Mutex::new(histogram()),
@@ -180,8 +195,11 @@ pub struct Tracker {
     pub warm_duplicates: u64,
     /// Events whose data is not ours.
     pub foreign: u64,
-    /// The parser's last event ID when the connection was dropped.
+    /// The parser's last event ID when the connection was dropped; for a Durable
+    /// Streams subscriber, the offset of the last `control` event.
     pub last_event_id: String,
+    /// Durable Streams: `data` events that were not of the wire's shape.
+    pub malformed: u64,
     /// Why the connection ended, when not by our choice.
     pub error: Option<String>,
 }
@@ -243,8 +261,14 @@ impl Tracker {
 pub struct Target {
     /// Server address.
     pub addr: SocketAddr,
-    /// The request, ready to write.
-    pub request: Vec<u8>,
+    /// `Host` header.
+    pub host: String,
+    /// Path and query; for Durable Streams it holds `{offset}`, filled at each connect.
+    pub path: String,
+    /// gapless/Nchan: resume after this event ID (`Last-Event-ID`).
+    pub last_event_id: Option<String>,
+    /// Durable Streams: the wire of the stream's messages; `None` for plain SSE.
+    pub ds: Option<Wire>,
     /// Read buffer size.
     pub buf_size: usize,
 }
@@ -258,18 +282,42 @@ impl Target {
         last_event_id: Option<&str>,
         buf_size: usize,
     ) -> Self {
+        Target {
+            addr,
+            host: host.to_owned(),
+            path: path.to_owned(),
+            last_event_id: last_event_id.map(str::to_owned),
+            ds: None,
+            buf_size,
+        }
+    }
+
+    /// A Durable Streams SSE GET: `path` holds `{offset}`, which is `from` at the first
+    /// connect (`now`, or an offset to resume from), then the last `control` offset.
+    pub fn ds(addr: SocketAddr, host: &str, path: &str, wire: Wire, buf_size: usize) -> Self {
+        Target {
+            addr,
+            host: host.to_owned(),
+            path: path.to_owned(),
+            last_event_id: None,
+            ds: Some(wire),
+            buf_size,
+        }
+    }
+
+    fn request(&self, offset: &str) -> Vec<u8> {
         let mut headers = vec![
             ("Accept", "text/event-stream"),
             ("Cache-Control", "no-cache"),
         ];
-        if let Some(id) = last_event_id {
+        if self.ds.is_some() {
+            let path = self.path.replace("{offset}", offset);
+            return request("GET", &self.host, &path, &headers, b"");
+        }
+        if let Some(id) = &self.last_event_id {
             headers.push(("Last-Event-ID", id));
         }
-        Target {
-            addr,
-            request: request("GET", host, path, &headers, b""),
-            buf_size,
-        }
+        request("GET", &self.host, &self.path, &headers, b"")
     }
 }
 
@@ -289,15 +337,85 @@ pub fn spawn(
             r = run(&target, &mut tracker, &mut parser, &board, &gate) => r,
             _ = stop.cancelled() => Ok(()),
         };
+        let result = result.and_then(|()| match tracker.malformed {
+            0 => Ok(()),
+            n => Err(anyhow::anyhow!(
+                "{n} SSE data event(s) not of the stream's shape"
+            )),
+        });
         if let Err(e) = result {
             let msg = format!("{e:#}");
             board.failed.fetch_add(1, Ordering::Relaxed);
             board.first_error.lock().get_or_insert_with(|| msg.clone());
             tracker.error = Some(msg);
         }
-        tracker.last_event_id = parser.last_event_id().to_owned();
+        if target.ds.is_none() {
+            tracker.last_event_id = parser.last_event_id().to_owned();
+        }
         tracker
     })
+}
+
+/// What one socket read brought, before it is published to the board.
+struct Intake<'a> {
+    tracker: &'a mut Tracker,
+    warm: &'a AtomicU64,
+    latencies: &'a mut Vec<u64>,
+    fresh: u64,
+    now: u64,
+    data_events: u64,
+    control_events: u64,
+}
+
+impl Intake<'_> {
+    /// One event's data (one message).
+    fn data(&mut self, data: &str) {
+        match payload::parse(data) {
+            Payload::Event { seq, sent_us } => {
+                if self.tracker.event(seq) {
+                    self.fresh += 1;
+                    self.latencies.push(self.now.saturating_sub(sent_us));
+                }
+            }
+            Payload::Warm(n) => {
+                if n <= self.tracker.warm_max {
+                    self.tracker.warm_duplicates += 1;
+                } else {
+                    self.tracker.warm_max = n;
+                    self.warm.fetch_max(n, Ordering::Relaxed);
+                }
+            }
+            Payload::Foreign => self.tracker.foreign += 1,
+        }
+    }
+
+    /// One Durable Streams SSE event: `data` (one or more messages) or `control`.
+    fn ds_event(&mut self, wire: Wire, event_type: &str, data: &str) {
+        match event_type {
+            "data" => {
+                self.data_events += 1;
+                if !wire.split(data, |m| self.data(m)) {
+                    self.tracker.malformed += 1;
+                }
+            }
+            "control" => {
+                self.control_events += 1;
+                if let Ok(c) = serde_json::from_str::<Control>(data) {
+                    if let Some(offset) = c.stream_next_offset {
+                        self.tracker.last_event_id = offset;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A Durable Streams `control` event's data (the fields used here).
+#[derive(serde::Deserialize)]
+struct Control {
+    #[serde(rename = "streamNextOffset")]
+    stream_next_offset: Option<String>,
 }
 
 async fn run(
@@ -307,51 +425,75 @@ async fn run(
     board: &Board,
     gate: &Semaphore,
 ) -> Result<()> {
-    let permit = gate.acquire().await?;
-    let t0 = Instant::now();
-    let mut conn = Conn::connect(target.addr, target.buf_size).await?;
-    conn.send(&target.request).await?;
-    let mut head = conn.read_head().await?;
-    if head.status != 200 {
-        bail!("subscribe answered {}", head.status);
+    let mut first = true;
+    loop {
+        let from = if tracker.last_event_id.is_empty() {
+            "now".to_owned()
+        } else {
+            tracker.last_event_id.clone()
+        };
+        let request = target.request(&from);
+        let permit = gate.acquire().await?;
+        let t0 = Instant::now();
+        let mut conn = Conn::connect(target.addr, target.buf_size).await?;
+        conn.send(&request).await?;
+        let mut head = conn.read_head().await?;
+        if head.status != 200 {
+            bail!("subscribe answered {}", head.status);
+        }
+        drop(permit);
+        if first {
+            board
+                .connect
+                .lock()
+                .saturating_record(t0.elapsed().as_micros() as u64);
+            board.connected.fetch_add(1, Ordering::Relaxed);
+            first = false;
+        } else {
+            board.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        *parser = Parser::new();
+        follow(target, &mut conn, &mut head.body, tracker, parser, board).await?;
+        if target.ds.is_none() {
+            bail!("the server ended the stream");
+        }
+        // Durable Streams: the server ended this response; go on from the last offset.
     }
-    board
-        .connect
-        .lock()
-        .saturating_record(t0.elapsed().as_micros() as u64);
-    drop(permit);
-    board.connected.fetch_add(1, Ordering::Relaxed);
+}
 
+/// Reads one response's events until it ends.
+async fn follow(
+    target: &Target,
+    conn: &mut Conn,
+    body: &mut crate::http::BodyDecoder,
+    tracker: &mut Tracker,
+    parser: &mut Parser,
+    board: &Board,
+) -> Result<()> {
     let shard = &board.latency[tracker.id % board.latency.len()];
     let warm = &board.warm[tracker.id];
     let mut latencies: Vec<u64> = Vec::with_capacity(64);
     loop {
-        let mut fresh = 0u64;
         let mut too_large = None;
-        let mut now = 0u64;
+        let mut intake = Intake {
+            tracker: &mut *tracker,
+            warm,
+            latencies: &mut latencies,
+            fresh: 0,
+            now: 0,
+            data_events: 0,
+            control_events: 0,
+        };
         let more = conn
-            .stream_body(&mut head.body, &mut |bytes| {
-                if now == 0 {
-                    now = payload::now_us();
+            .stream_body(body, &mut |bytes| {
+                if intake.now == 0 {
+                    intake.now = payload::now_us();
                 }
                 let fed = parser.feed(bytes, |item| {
                     let Item::Event(e) = item else { return };
-                    match payload::parse(e.data) {
-                        Payload::Event { seq, sent_us } => {
-                            if tracker.event(seq) {
-                                fresh += 1;
-                                latencies.push(now.saturating_sub(sent_us));
-                            }
-                        }
-                        Payload::Warm(n) => {
-                            if n <= tracker.warm_max {
-                                tracker.warm_duplicates += 1;
-                            } else {
-                                tracker.warm_max = n;
-                                warm.fetch_max(n, Ordering::Relaxed);
-                            }
-                        }
-                        Payload::Foreign => tracker.foreign += 1,
+                    match target.ds {
+                        None => intake.data(e.data),
+                        Some(wire) => intake.ds_event(wire, e.event_type, e.data),
                     }
                 });
                 if let Err(e) = fed {
@@ -359,6 +501,17 @@ async fn run(
                 }
             })
             .await?;
+        let (fresh, now) = (intake.fresh, intake.now);
+        if intake.data_events > 0 {
+            board
+                .data_events
+                .fetch_add(intake.data_events, Ordering::Relaxed);
+        }
+        if intake.control_events > 0 {
+            board
+                .control_events
+                .fetch_add(intake.control_events, Ordering::Relaxed);
+        }
         if let Some(e) = too_large {
             return Err(e.into());
         }
@@ -377,7 +530,7 @@ async fn run(
             board.delivered.fetch_add(fresh, Ordering::Release);
         }
         if !more {
-            bail!("the server ended the stream");
+            return Ok(());
         }
     }
 }
