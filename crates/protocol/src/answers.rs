@@ -71,8 +71,10 @@ pub struct BatchPublished {
 //
 // (Not in the document:) read strictly (an unknown field is refused; the
 // server reads it through `crate::object::Object`, so only the object form
-// is taken); written without `type` when it has none.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+// is taken); written without `type` when it has none. Its OpenAPI schema is
+// written by hand (below): text or bytes, so that a generator of valid
+// bodies (schemathesis) never sends base64 the server cannot decode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchEvent {
     /// The event's data: text of at most `--max-event-bytes` bytes, or with
@@ -84,8 +86,95 @@ pub struct BatchEvent {
     pub encoding: Option<crate::Encoding>,
     /// The event's type; none when absent or null.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<EventType>)]
     pub event_type: Option<String>,
+}
+
+/// Canonical standard padded base64 (RFC 4648 section 4, the unused bits of
+/// the last symbol zero): exactly what the server decodes.
+pub const BASE64_PATTERN: &str =
+    "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
+impl utoipa::PartialSchema for BatchEvent {
+    /// `oneOf`: text (`data` any string, `encoding` absent or null) or bytes
+    /// (`encoding: "base64"`, `data` matching [`BASE64_PATTERN`]); `type`
+    /// an [`EventType`] or null in both; no other field.
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, RefBuilder, Type};
+        let event_type = || {
+            OneOfBuilder::new()
+                .item(
+                    RefBuilder::new()
+                        .ref_location_from_schema_name("EventType")
+                        .description(Some("The event's type; none when absent or null.")),
+                )
+                .item(ObjectBuilder::new().schema_type(Type::Null))
+        };
+        let text = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some("A text event."))
+            .property(
+                "data",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(
+                        "The event's data: text of at most `--max-event-bytes` bytes.",
+                    )),
+            )
+            .required("data")
+            .property(
+                "encoding",
+                ObjectBuilder::new()
+                    .schema_type(Type::Null)
+                    .description(Some("Absent or null for text.")),
+            )
+            .property("type", event_type())
+            .additional_properties(Some(
+                utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+            ));
+        let bytes = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some("An event of bytes."))
+            .property(
+                "data",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(BASE64_PATTERN))
+                    .description(Some(
+                        "The event's bytes in standard padded base64 (at most \
+                         `--max-event-bytes` bytes once decoded).",
+                    )),
+            )
+            .required("data")
+            .property(
+                "encoding",
+                RefBuilder::new().ref_location_from_schema_name("Encoding"),
+            )
+            .required("encoding")
+            .property("type", event_type())
+            .additional_properties(Some(
+                utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+            ));
+        OneOfBuilder::new()
+            .description(Some(
+                "One event of a batch publish body: text, or bytes in base64.",
+            ))
+            .item(text)
+            .item(bytes)
+            .into()
+    }
+}
+
+impl ToSchema for BatchEvent {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push(("EventType".into(), EventType::schema()));
+        schemas.push(("Encoding".into(), crate::Encoding::schema()));
+    }
 }
 
 /// The events of a [`HistoryPage`], each in its history shape
@@ -237,6 +326,24 @@ pub struct SessionAppended {
 
 #[cfg(test)]
 mod tests {
+    /// The last symbols [`BASE64_PATTERN`] allows are exactly those the
+    /// decoder takes: a body the OpenAPI document calls valid is decoded.
+    #[test]
+    fn base64_pattern_matches_the_decoder() {
+        use base64::Engine;
+        const ALPHABET: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for c in ALPHABET.chars() {
+            let one = format!("A{c}==");
+            let two = format!("AA{c}=");
+            let decodes = |t: &str| base64::engine::general_purpose::STANDARD.decode(t).is_ok();
+            assert_eq!(decodes(&one), "AQgw".contains(c), "{one}");
+            assert_eq!(decodes(&two), "AEIMQUYcgkosw048".contains(c), "{two}");
+        }
+        assert!(
+            BASE64_PATTERN.contains("[AQgw]==") && BASE64_PATTERN.contains("[AEIMQUYcgkosw048]=")
+        );
+    }
+
     use super::*;
 
     #[test]
