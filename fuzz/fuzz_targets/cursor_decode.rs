@@ -22,7 +22,11 @@ fn check(s: &[u8]) {
         assert_eq!(Cursor::decode(again.as_bytes()).as_ref(), Ok(&c));
         let keys = c.positions().iter().map(|p| p.key.0);
         let distinct: std::collections::HashSet<u64> = keys.clone().collect();
-        assert_eq!(distinct.len(), keys.count(), "one position per channel: {c:?}");
+        assert_eq!(
+            distinct.len(),
+            keys.count(),
+            "one position per channel: {c:?}"
+        );
     }
 }
 

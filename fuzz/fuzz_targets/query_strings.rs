@@ -25,7 +25,11 @@ fuzz_target!(|input: Input| {
         assert!((1..=gapless_server::ops::history::MAX_LIMIT).contains(&limit));
     }
     let mut headers = HeaderMap::new();
-    if let Some(h) = input.header.as_deref().and_then(|h| HeaderValue::from_bytes(h).ok()) {
+    if let Some(h) = input
+        .header
+        .as_deref()
+        .and_then(|h| HeaderValue::from_bytes(h).ok())
+    {
         headers.insert("last-event-id", h);
     }
     let channels: Vec<String> = input.channels.into_iter().take(8).collect();

@@ -30,10 +30,12 @@ fn parse(frame: &[u8], cuts: &[u16]) -> Vec<OwnedItem> {
             break;
         }
         let (a, b) = rest.split_at(usize::from(c) % (rest.len() + 1));
-        p.feed(a, |i| out.push(i.to_owned_item())).expect("within the limit");
+        p.feed(a, |i| out.push(i.to_owned_item()))
+            .expect("within the limit");
         rest = b;
     }
-    p.feed(rest, |i| out.push(i.to_owned_item())).expect("within the limit");
+    p.feed(rest, |i| out.push(i.to_owned_item()))
+        .expect("within the limit");
     p.finish();
     out
 }
@@ -42,8 +44,19 @@ fuzz_target!(|input: Input| {
     let t = input
         .event_type
         .filter(|t| gapless_protocol::name::validate_type(t).is_ok());
-    let format = if input.envelope { Format::Envelope } else { Format::Plain };
-    let e = Event::new("c".into(), Epoch(7), input.seq, t.clone(), input.data.clone(), 1);
+    let format = if input.envelope {
+        Format::Envelope
+    } else {
+        Format::Plain
+    };
+    let e = Event::new(
+        "c".into(),
+        Epoch(7),
+        input.seq,
+        t.clone(),
+        gapless_protocol::Payload::Text(input.data.clone()),
+        1,
+    );
     let frame = e.sse_frame(format).clone();
     for cuts in [&[][..], &input.cuts[..]] {
         let items = parse(&frame, cuts);
