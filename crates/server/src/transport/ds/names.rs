@@ -63,7 +63,9 @@ pub fn path_of(channel: &str) -> String {
     channel.replace(SEPARATOR, "/")
 }
 
-fn percent_decode(s: &str) -> Option<String> {
+/// `s` with its `%XX` escapes decoded; `None` for a malformed escape or a
+/// result that is not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -13,7 +13,7 @@ use axum::response::Response;
 use base64::Engine;
 use bytes::Bytes;
 use gapless_core::journal::now_ms;
-use gapless_core::subscription::{Item, Start};
+use gapless_core::subscription::{Gap, Item, Start, Subscription};
 use gapless_protocol::Event;
 use std::sync::Arc;
 use std::time::Duration;
@@ -335,21 +335,7 @@ async fn wait(
 ) -> Result<Option<Vec<Arc<Event>>>, Response> {
     let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;
-    let (mut sub, gaps) = ctx
-        .app
-        .hub
-        .subscribe(
-            vec![(
-                layout.channel.clone(),
-                Start::After {
-                    epoch: layout.epoch,
-                    seq: layout.seq(from),
-                },
-            )],
-            ctx.app.config.read_batch,
-        )
-        .await
-        .map_err(|e| api_error(e.into()))?;
+    let (mut sub, gaps) = follow(ctx, layout, from).await.map_err(api_error)?;
     if !gaps.is_empty() {
         return Err(error(
             StatusCode::GONE,
@@ -452,23 +438,9 @@ async fn sse(
     // The own channel is followed from the later of `from` and the fork
     // point, before the inherited part is read, so nothing is missed.
     let own_from = from.max(layout.origin);
-    let (mut sub, gaps) = match ctx
-        .app
-        .hub
-        .subscribe(
-            vec![(
-                layout.channel.clone(),
-                Start::After {
-                    epoch: layout.epoch,
-                    seq: layout.seq(own_from),
-                },
-            )],
-            ctx.app.config.read_batch,
-        )
-        .await
-    {
+    let (mut sub, gaps) = match follow(&ctx, &layout, own_from).await {
         Ok(s) => s,
-        Err(e) => return api_error(e.into()),
+        Err(e) => return api_error(e),
     };
     if !gaps.is_empty() {
         return gone("the data after this offset is no longer retained; read again from -1");
@@ -567,4 +539,19 @@ async fn sse(
         set(&mut r, "stream-sse-data-encoding", "base64");
     }
     r
+}
+
+/// Follows the stream's own channel after offset position `from`, through
+/// the stream source every transport opens (`ops::stream::open`: refused
+/// while the server shuts down).
+async fn follow(
+    ctx: &Ctx,
+    layout: &fork::Layout,
+    from: u64,
+) -> Result<(Subscription, Vec<Gap>), crate::error::ApiError> {
+    let start = Start::After {
+        epoch: layout.epoch,
+        seq: layout.seq(from),
+    };
+    crate::ops::stream::open(&ctx.app, vec![(layout.channel.clone(), start)]).await
 }

@@ -303,7 +303,7 @@ pub async fn handle(
         (&Method::POST, "streams") => add_streams(app, ds, &root, id, body).await,
         (&Method::POST, "claim") => claim(app, ds, &root, id, body).await,
         (&Method::DELETE, op) if op.starts_with("streams/") => {
-            let Some(path) = percent_decode(&op["streams/".len()..]) else {
+            let Some(path) = names::percent_decode(&op["streams/".len()..]) else {
                 return refuse(
                     StatusCode::BAD_REQUEST,
                     "INVALID_STREAM_PATH",
@@ -407,23 +407,6 @@ fn glob(pattern: &[String], path: &str) -> bool {
     }
     let segs: Vec<&str> = path.split('/').collect();
     go(pattern, &segs)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// A stream path of a request body, relative to `root`: it must name a channel.
