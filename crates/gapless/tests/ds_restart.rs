@@ -5,17 +5,8 @@
 //! stream created on one node is known on the others.
 
 use gapless_testkit::redis::Redis;
-use gapless_testkit::{Opts, Resp, Server};
+use gapless_testkit::{Opts, Server};
 use std::time::{Duration, Instant};
-
-async fn req(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut r = s.http.request(m, s.url(path)).body(body.to_owned());
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    s.send(r).await
-}
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 const TEXT: (&str, &str) = ("content-type", "text/plain");
@@ -23,7 +14,7 @@ const TEXT: (&str, &str) = ("content-type", "text/plain");
 /// What a client sees of a stream: HEAD's headers that matter and a
 /// catch-up read from the start.
 async fn seen(s: &Server, path: &str) -> (u16, Vec<Option<String>>, String) {
-    let h = req(s, "HEAD", path, &[], "").await;
+    let h = s.request("HEAD", path, &[], "").await;
     let heads = [
         "content-type",
         "stream-next-offset",
@@ -33,7 +24,9 @@ async fn seen(s: &Server, path: &str) -> (u16, Vec<Option<String>>, String) {
     .iter()
     .map(|k| h.header(k).map(str::to_owned))
     .collect();
-    let body = req(s, "GET", &format!("{path}?offset=-1"), &[], "").await;
+    let body = s
+        .request("GET", &format!("{path}?offset=-1"), &[], "")
+        .await;
     (h.status, heads, body.text)
 }
 
@@ -43,7 +36,7 @@ async fn streams_survive_a_kill_9_with_type_closure_ttl_forks_and_offsets() {
     let put = |p: &'static str, h: Vec<(&'static str, &'static str)>| {
         let s = &s;
         async move {
-            let r = req(s, "PUT", p, &h, "").await;
+            let r = s.request("PUT", p, &h, "").await;
             assert_eq!(r.status, 201, "PUT {p}: {}", r.text);
         }
     };
@@ -58,21 +51,23 @@ async fn streams_survive_a_kill_9_with_type_closure_ttl_forks_and_offsets() {
         ("/ds/r/closed", TEXT, "last"),
         ("/ds/r/ttl", TEXT, "t"),
     ] {
-        let r = req(&s, "POST", p, &[h], b).await;
+        let r = s.request("POST", p, &[h], b).await;
         assert_eq!(r.status, 204, "POST {p}: {}", r.text);
     }
-    let r = req(&s, "POST", "/ds/r/closed", &[("stream-closed", "true")], "").await;
+    let r = s
+        .request("POST", "/ds/r/closed", &[("stream-closed", "true")], "")
+        .await;
     assert_eq!(r.status, 204, "{}", r.text);
-    let r = req(
-        &s,
-        "PUT",
-        "/ds/r/fork",
-        &[JSON, ("stream-forked-from", "/ds/r/json")],
-        "",
-    )
-    .await;
+    let r = s
+        .request(
+            "PUT",
+            "/ds/r/fork",
+            &[JSON, ("stream-forked-from", "/ds/r/json")],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 201, "fork: {}", r.text);
-    let r = req(&s, "POST", "/ds/r/fork", &[JSON], r#"{"a":3}"#).await;
+    let r = s.request("POST", "/ds/r/fork", &[JSON], r#"{"a":3}"#).await;
     assert_eq!(r.status, 204, "{}", r.text);
 
     let paths = [
@@ -97,25 +92,25 @@ async fn streams_survive_a_kill_9_with_type_closure_ttl_forks_and_offsets() {
         assert_eq!(&seen(&s, p).await, b, "{p} after kill -9");
     }
     // Still closed; the others still take appends, at the offsets after theirs.
-    let r = req(&s, "POST", "/ds/r/closed", &[TEXT], "more").await;
+    let r = s.request("POST", "/ds/r/closed", &[TEXT], "more").await;
     assert_eq!(r.status, 409, "{}", r.text);
-    let r = req(&s, "POST", "/ds/r/text", &[TEXT], "!").await;
+    let r = s.request("POST", "/ds/r/text", &[TEXT], "!").await;
     assert_eq!(r.status, 204, "{}", r.text);
     assert!(
         r.header("stream-next-offset") > before[0].1[1].as_deref(),
         "offsets keep growing"
     );
     assert_eq!(
-        req(&s, "GET", "/ds/r/text?offset=-1", &[], "").await.text,
+        s.request("GET", "/ds/r/text?offset=-1", &[], "").await.text,
         "hello world!"
     );
     // A deleted stream stays deleted.
-    let r = req(&s, "DELETE", "/ds/r/ttl", &[], "").await;
+    let r = s.request("DELETE", "/ds/r/ttl", &[], "").await;
     assert_eq!(r.status, 204, "{}", r.text);
     s.kill9().await;
     s.restart().await;
-    assert_eq!(req(&s, "HEAD", "/ds/r/ttl", &[], "").await.status, 404);
-    assert_eq!(req(&s, "HEAD", "/ds/r/text", &[], "").await.status, 200);
+    assert_eq!(s.request("HEAD", "/ds/r/ttl", &[], "").await.status, 404);
+    assert_eq!(s.request("HEAD", "/ds/r/text", &[], "").await.status, 200);
     // The records' channel is not reachable through gapless's own API.
     let h = s.history("gapless%2Fds-streams", "").await;
     assert_eq!(h.status, 400, "{}", h.text);
@@ -133,34 +128,46 @@ fn producer<'a>(id: &'a str, epoch: &'a str, seq: &'a str) -> Vec<(&'a str, &'a 
 #[tokio::test]
 async fn a_producer_append_acknowledged_before_a_kill_9_and_retried_after_is_stored_once() {
     let mut s = Server::start(&[]).await;
-    let r = req(&s, "PUT", "/ds/p/1", &[TEXT], "").await;
+    let r = s.request("PUT", "/ds/p/1", &[TEXT], "").await;
     assert_eq!(r.status, 201, "{}", r.text);
     for (seq, body) in [("0", "a"), ("1", "b")] {
-        let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", seq), body).await;
+        let r = s
+            .request("POST", "/ds/p/1", &producer("w", "0", seq), body)
+            .await;
         assert_eq!(r.status, 200, "seq {seq}: {}", r.text);
     }
-    let r = req(&s, "POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c").await;
+    let r = s
+        .request("POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c")
+        .await;
     assert_eq!(r.status, 204, "{}", r.text);
 
     s.kill9().await;
     s.restart().await;
 
     // The retry of the acknowledged seq 1 is a duplicate (204), not stored.
-    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "1"), "b").await;
+    let r = s
+        .request("POST", "/ds/p/1", &producer("w", "0", "1"), "b")
+        .await;
     assert_eq!(r.status, 204, "{}", r.text);
     assert_eq!(r.header("producer-seq"), Some("1"));
     // The producer continues at seq 2; a gap and a stale epoch are refused as before.
-    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "4"), "x").await;
+    let r = s
+        .request("POST", "/ds/p/1", &producer("w", "0", "4"), "x")
+        .await;
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.header("producer-expected-seq"), Some("2"));
-    let r = req(&s, "POST", "/ds/p/1", &producer("w", "0", "2"), "d").await;
+    let r = s
+        .request("POST", "/ds/p/1", &producer("w", "0", "2"), "d")
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
     // Stream-Seq coordination survived too.
-    let r = req(&s, "POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c").await;
+    let r = s
+        .request("POST", "/ds/p/1", &[TEXT, ("stream-seq", "0005")], "c")
+        .await;
     assert_eq!(r.status, 409, "{}", r.text);
 
     assert_eq!(
-        req(&s, "GET", "/ds/p/1?offset=-1", &[], "").await.text,
+        s.request("GET", "/ds/p/1?offset=-1", &[], "").await.text,
         "abcd"
     );
     assert_eq!(s.all_data("p~1").await, ["a", "b", "c", "d"]);
@@ -181,29 +188,32 @@ async fn a_stream_created_on_one_node_is_appended_read_and_closed_on_another() {
     let a = node().await;
     let b = node().await;
     // b serves a Durable Streams request first, so it reads the records early.
-    assert_eq!(req(&b, "HEAD", "/ds/c/none", &[], "").await.status, 404);
+    assert_eq!(b.request("HEAD", "/ds/c/none", &[], "").await.status, 404);
 
-    let r = req(&a, "PUT", "/ds/c/1", &[JSON], r#"[{"n":1}]"#).await;
+    let r = a.request("PUT", "/ds/c/1", &[JSON], r#"[{"n":1}]"#).await;
     assert_eq!(r.status, 201, "{}", r.text);
     // Known on b at once: same type, appendable, readable.
-    let r = req(&b, "PUT", "/ds/c/1", &[TEXT], "").await;
+    let r = b.request("PUT", "/ds/c/1", &[TEXT], "").await;
     assert_eq!(r.status, 409, "another type on b: {}", r.text);
     let mut p = producer("w", "0", "0");
     p[0] = JSON;
-    let r = req(&b, "POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
+    let r = b.request("POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
     assert_eq!(r.status, 200, "{}", r.text);
     // The producer's retry on a is a duplicate, stored once.
-    let r = req(&a, "POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
+    let r = a.request("POST", "/ds/c/1", &p, r#"{"n":2}"#).await;
     assert_eq!(r.status, 204, "{}", r.text);
     assert_eq!(
-        req(&a, "GET", "/ds/c/1?offset=-1", &[], "").await.text,
+        a.request("GET", "/ds/c/1?offset=-1", &[], "").await.text,
         r#"[{"n":1},{"n":2}]"#
     );
     // A close on a reaches b.
-    let r = req(&a, "POST", "/ds/c/1", &[("stream-closed", "true")], "").await;
+    let r = a
+        .request("POST", "/ds/c/1", &[("stream-closed", "true")], "")
+        .await;
     assert_eq!(r.status, 204, "{}", r.text);
     let t0 = Instant::now();
-    while req(&b, "HEAD", "/ds/c/1", &[], "")
+    while b
+        .request("HEAD", "/ds/c/1", &[], "")
         .await
         .header("stream-closed")
         != Some("true")
@@ -214,13 +224,13 @@ async fn a_stream_created_on_one_node_is_appended_read_and_closed_on_another() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = req(&b, "POST", "/ds/c/1", &[JSON], r#"{"n":3}"#).await;
+    let r = b.request("POST", "/ds/c/1", &[JSON], r#"{"n":3}"#).await;
     assert_eq!(r.status, 409, "{}", r.text);
     // Deleted on b: gone on a.
-    let r = req(&b, "DELETE", "/ds/c/1", &[], "").await;
+    let r = b.request("DELETE", "/ds/c/1", &[], "").await;
     assert_eq!(r.status, 204, "{}", r.text);
     let t0 = Instant::now();
-    while req(&a, "HEAD", "/ds/c/1", &[], "").await.status != 404 {
+    while a.request("HEAD", "/ds/c/1", &[], "").await.status != 404 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "a never saw the delete"
@@ -236,10 +246,12 @@ async fn a_stream_created_on_one_node_is_appended_read_and_closed_on_another() {
 async fn a_quiet_streams_record_outlives_retention_of_the_records_channel() {
     // Rewrites start 500 + 2 x 4 streams behind the head; 700 are kept.
     let mut s = Server::start(&["--retention-events", "700"]).await;
-    let r = req(&s, "PUT", "/ds/q/quiet", &[JSON], r#"{"q":1}"#).await;
+    let r = s.request("PUT", "/ds/q/quiet", &[JSON], r#"{"q":1}"#).await;
     assert_eq!(r.status, 201, "{}", r.text);
     for b in 0..3 {
-        let r = req(&s, "PUT", &format!("/ds/q/busy{b}"), &[TEXT], "").await;
+        let r = s
+            .request("PUT", &format!("/ds/q/busy{b}"), &[TEXT], "")
+            .await;
         assert_eq!(r.status, 201, "{}", r.text);
     }
     // 750 records (one per producer append, three streams at once) in
@@ -273,10 +285,12 @@ async fn a_quiet_streams_record_outlives_retention_of_the_records_channel() {
     }
     s.kill9().await;
     s.restart().await;
-    let h = req(&s, "HEAD", "/ds/q/quiet", &[], "").await;
+    let h = s.request("HEAD", "/ds/q/quiet", &[], "").await;
     assert_eq!(h.status, 200, "the quiet stream is known after the restart");
     assert_eq!(h.header("content-type"), Some("application/json"));
-    let r = req(&s, "POST", "/ds/q/busy0", &producer("w", "0", "249"), "x").await;
+    let r = s
+        .request("POST", "/ds/q/busy0", &producer("w", "0", "249"), "x")
+        .await;
     assert_eq!(r.status, 204, "{}", r.text);
 }
 
@@ -287,7 +301,7 @@ async fn a_quiet_streams_record_outlives_retention_of_the_records_channel() {
 #[tokio::test]
 async fn a_producer_killed_under_mid_append_retries_and_every_message_is_stored_once() {
     let mut s = Server::start(&[]).await;
-    let r = req(&s, "PUT", "/ds/k/1", &[TEXT], "").await;
+    let r = s.request("PUT", "/ds/k/1", &[TEXT], "").await;
     assert_eq!(r.status, 201, "{}", r.text);
     let mut next = 0u64; // the first seq not acknowledged
     for round in 0..3 {
@@ -330,6 +344,6 @@ async fn a_producer_killed_under_mid_append_retries_and_every_message_is_stored_
         }
     }
     let want: String = (0..next).map(|n| format!("<{n}>")).collect();
-    let got = req(&s, "GET", "/ds/k/1?offset=-1", &[], "").await;
+    let got = s.request("GET", "/ds/k/1?offset=-1", &[], "").await;
     assert_eq!(got.text, want, "every message once, in order");
 }

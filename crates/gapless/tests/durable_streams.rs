@@ -27,21 +27,6 @@ fn token(subscribe: &[&str], publish: &[&str]) -> String {
     .expect("signing")
 }
 
-async fn req(
-    s: &Server,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> gapless_testkit::Resp {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut r = s.http.request(m, s.url(path)).body(body.to_owned());
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    s.send(r).await
-}
-
 const JSON: (&str, &str) = ("content-type", "application/json");
 
 /// A JSON stream's messages are the channel's events, in order, whichever
@@ -50,16 +35,18 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 #[tokio::test]
 async fn a_stream_is_a_channel_read_and_written_by_both_apis() {
     let s = Server::memory(&[]).await;
-    let created = req(&s, "PUT", "/ds/rooms/1", &[JSON], "").await;
+    let created = s.request("PUT", "/ds/rooms/1", &[JSON], "").await;
     assert_eq!(created.status, 201, "{}", created.text);
     let (mut sse, pre) = s.subscribe("rooms~1", "since=earliest").await;
     assert!(pre.gaps.is_empty(), "{:?}", pre.gaps);
 
-    let appended = req(&s, "POST", "/ds/rooms/1", &[JSON], r#"[{"a":1}, {"a":2}]"#).await;
+    let appended = s
+        .request("POST", "/ds/rooms/1", &[JSON], r#"[{"a":1}, {"a":2}]"#)
+        .await;
     assert_eq!(appended.status, 204, "{}", appended.text);
     s.publish("rooms~1", r#"{"a":3}"#).await;
 
-    let read = req(&s, "GET", "/ds/rooms/1?offset=-1", &[], "").await;
+    let read = s.request("GET", "/ds/rooms/1?offset=-1", &[], "").await;
     assert_eq!(read.status, 200, "{}", read.text);
     assert_eq!(read.json, json!([{"a":1}, {"a":2}, {"a":3}]));
     assert_eq!(read.header("stream-up-to-date"), Some("true"));
@@ -93,45 +80,34 @@ async fn a_stream_is_a_channel_read_and_written_by_both_apis() {
 #[tokio::test]
 async fn tokens_grant_streams_as_channels() {
     let s = Server::memory(&["--jwt-secret", SECRET]).await;
-    let none = req(&s, "PUT", "/ds/team/a", &[JSON], "").await;
+    let none = s.request("PUT", "/ds/team/a", &[JSON], "").await;
     none.expect_error(401, "unauthorized");
     let reader = token(&["team~*"], &[]);
     let writer = token(&[], &["team~*"]);
     let bearer = |t: &str| format!("Bearer {t}");
 
     let r = bearer(&reader);
-    let refused = req(&s, "PUT", "/ds/team/a", &[JSON, ("authorization", &r)], "").await;
+    let refused = s
+        .request("PUT", "/ds/team/a", &[JSON, ("authorization", &r)], "")
+        .await;
     refused.expect_error(403, "forbidden");
     let w = bearer(&writer);
-    let created = req(
-        &s,
-        "PUT",
-        "/ds/team/a",
-        &[JSON, ("authorization", &w)],
-        "[1]",
-    )
-    .await;
+    let created = s
+        .request("PUT", "/ds/team/a", &[JSON, ("authorization", &w)], "[1]")
+        .await;
     assert_eq!(created.status, 201, "{}", created.text);
-    let elsewhere = req(&s, "PUT", "/ds/other/a", &[JSON, ("authorization", &w)], "").await;
+    let elsewhere = s
+        .request("PUT", "/ds/other/a", &[JSON, ("authorization", &w)], "")
+        .await;
     elsewhere.expect_error(403, "forbidden");
 
-    let no_read = req(
-        &s,
-        "GET",
-        "/ds/team/a?offset=-1",
-        &[("authorization", &w)],
-        "",
-    )
-    .await;
+    let no_read = s
+        .request("GET", "/ds/team/a?offset=-1", &[("authorization", &w)], "")
+        .await;
     no_read.expect_error(403, "forbidden");
-    let read = req(
-        &s,
-        "GET",
-        "/ds/team/a?offset=-1",
-        &[("authorization", &r)],
-        "",
-    )
-    .await;
+    let read = s
+        .request("GET", "/ds/team/a?offset=-1", &[("authorization", &r)], "")
+        .await;
     assert_eq!(read.status, 200, "{}", read.text);
     assert_eq!(read.json, json!([1]));
 }
@@ -148,16 +124,18 @@ async fn bad_paths_and_bodies_are_refused_clearly() {
         ("/ds/a%20b", "channel"),
         ("/ds/a%2Fb", "encoded `/`"),
     ] {
-        let r = req(&s, "PUT", path, &[], "").await;
+        let r = s.request("PUT", path, &[], "").await;
         let e = r.expect_error(400, "invalid_stream_path");
         let m = e["message"].as_str().unwrap_or_default();
         assert!(m.contains(says), "{path}: {m}");
     }
-    req(&s, "GET", "/ds/nothing-here", &[], "")
+    s.request("GET", "/ds/nothing-here", &[], "")
         .await
         .expect_error(404, "stream_not_found");
 
-    let created = req(&s, "PUT", "/ds/bin", &[("content-type", "text/plain")], "").await;
+    let created = s
+        .request("PUT", "/ds/bin", &[("content-type", "text/plain")], "")
+        .await;
     assert_eq!(created.status, 201);
     let bytes = s
         .send(
@@ -168,7 +146,7 @@ async fn bad_paths_and_bodies_are_refused_clearly() {
         )
         .await;
     bytes.expect_error(415, "invalid_utf8");
-    let read = req(&s, "GET", "/ds/bin?offset=-1", &[], "").await;
+    let read = s.request("GET", "/ds/bin?offset=-1", &[], "").await;
     assert_eq!(read.status, 200);
     assert_eq!(read.text, "", "nothing was stored");
 }
@@ -181,61 +159,66 @@ async fn bad_paths_and_bodies_are_refused_clearly() {
 #[tokio::test]
 async fn a_fork_stitches_its_source_and_its_channel_holds_its_own_events() {
     let s = Server::memory(&[]).await;
-    let created = req(&s, "PUT", "/ds/src", &[JSON], "[1,2]").await;
+    let created = s.request("PUT", "/ds/src", &[JSON], "[1,2]").await;
     assert_eq!(created.status, 201, "{}", created.text);
     let at = created
         .header("stream-next-offset")
         .expect("offset")
         .to_owned();
-    assert_eq!(req(&s, "POST", "/ds/src", &[JSON], "[3]").await.status, 204);
+    assert_eq!(
+        s.request("POST", "/ds/src", &[JSON], "[3]").await.status,
+        204
+    );
 
-    let forked = req(
-        &s,
-        "PUT",
-        "/ds/fork",
-        &[
-            ("stream-forked-from", "/ds/src"),
-            ("stream-fork-offset", &at),
-        ],
-        "",
-    )
-    .await;
+    let forked = s
+        .request(
+            "PUT",
+            "/ds/fork",
+            &[
+                ("stream-forked-from", "/ds/src"),
+                ("stream-fork-offset", &at),
+            ],
+            "",
+        )
+        .await;
     assert_eq!(forked.status, 201, "{}", forked.text);
     assert_eq!(forked.header("content-type"), Some("application/json"));
     assert_eq!(forked.header("stream-next-offset"), Some(at.as_str()));
     assert_eq!(
-        req(&s, "POST", "/ds/fork", &[JSON], "[10]").await.status,
+        s.request("POST", "/ds/fork", &[JSON], "[10]").await.status,
         204
     );
     s.publish("fork", "11").await;
     s.publish("src", "4").await;
 
-    let read = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await;
+    let read = s.request("GET", "/ds/fork?offset=-1", &[], "").await;
     assert_eq!(read.status, 200, "{}", read.text);
     assert_eq!(read.json, json!([1, 2, 10, 11]));
     let tail = read.header("stream-next-offset").expect("tail").to_owned();
     assert!(tail > at, "offsets grow past the fork point: {tail} > {at}");
     // An offset read on the source continues on the fork.
-    let own = req(&s, "GET", &format!("/ds/fork?offset={at}"), &[], "").await;
+    let own = s
+        .request("GET", &format!("/ds/fork?offset={at}"), &[], "")
+        .await;
     assert_eq!(own.json, json!([10, 11]));
     assert_eq!(own.header("stream-next-offset"), Some(tail.as_str()));
     // The fork's channel holds its own events only.
     assert_eq!(s.all_data("fork").await, vec!["10", "11"]);
 
-    let deleted = req(&s, "DELETE", "/ds/src", &[], "").await;
+    let deleted = s.request("DELETE", "/ds/src", &[], "").await;
     assert_eq!(deleted.status, 204, "{}", deleted.text);
-    req(&s, "GET", "/ds/src?offset=-1", &[], "")
+    s.request("GET", "/ds/src?offset=-1", &[], "")
         .await
         .expect_error(410, "stream_deleted");
-    req(&s, "PUT", "/ds/src", &[JSON], "")
+    s.request("PUT", "/ds/src", &[JSON], "")
         .await
         .expect_error(409, "stream_exists");
-    let again = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await;
+    let again = s.request("GET", "/ds/fork?offset=-1", &[], "").await;
     assert_eq!(again.json, json!([1, 2, 10, 11]));
 
-    assert_eq!(req(&s, "DELETE", "/ds/fork", &[], "").await.status, 204);
-    req(&s, "HEAD", "/ds/src", &[], "").await.expect(404);
-    let fresh = req(&s, "PUT", "/ds/src", &[JSON], "").await;
+    assert_eq!(s.request("DELETE", "/ds/fork", &[], "").await.status, 204);
+    s.request("HEAD", "/ds/src", &[], "").await.expect(404);
+    let fresh = s.request("PUT", "/ds/src", &[JSON], "").await;
     assert_eq!(fresh.status, 201, "{}", fresh.text);
 }
 
@@ -247,14 +230,9 @@ async fn forking_needs_a_read_grant_on_the_source() {
     let s = Server::memory(&["--jwt-secret", SECRET]).await;
     let all = format!("Bearer {}", token(&["team~*"], &["team~*"]));
     let writer = format!("Bearer {}", token(&[], &["team~*"]));
-    let created = req(
-        &s,
-        "PUT",
-        "/ds/team/a",
-        &[JSON, ("authorization", &all)],
-        "[1]",
-    )
-    .await;
+    let created = s
+        .request("PUT", "/ds/team/a", &[JSON, ("authorization", &all)], "[1]")
+        .await;
     assert_eq!(created.status, 201, "{}", created.text);
     let fork = |auth: String, from: &'static str, offset: Option<&'static str>| {
         let s = &s;
@@ -266,7 +244,7 @@ async fn forking_needs_a_read_grant_on_the_source() {
             if let Some(o) = offset {
                 h.push(("stream-fork-offset", o));
             }
-            req(s, "PUT", "/ds/team/b", &h, "").await
+            s.request("PUT", "/ds/team/b", &h, "").await
         }
     };
     fork(writer, "/team/a", None)
@@ -284,14 +262,14 @@ async fn forking_needs_a_read_grant_on_the_source() {
     .expect_error(400, "invalid_offset");
     let ok = fork(all.clone(), "/team/a", None).await;
     assert_eq!(ok.status, 201, "{}", ok.text);
-    let read = req(
-        &s,
-        "GET",
-        "/ds/team/b?offset=-1",
-        &[("authorization", &all)],
-        "",
-    )
-    .await;
+    let read = s
+        .request(
+            "GET",
+            "/ds/team/b?offset=-1",
+            &[("authorization", &all)],
+            "",
+        )
+        .await;
     assert_eq!(read.json, json!([1]));
 }
 
@@ -301,7 +279,7 @@ async fn forking_needs_a_read_grant_on_the_source() {
 #[tokio::test]
 async fn retention_of_the_source_channel_bounds_what_a_fork_inherits() {
     let s = Server::memory(&["--retention-events", "3"]).await;
-    let created = req(&s, "PUT", "/ds/src", &[JSON], "[1,2]").await;
+    let created = s.request("PUT", "/ds/src", &[JSON], "[1,2]").await;
     assert_eq!(created.status, 201, "{}", created.text);
     let after_two = created
         .header("stream-next-offset")
@@ -310,27 +288,31 @@ async fn retention_of_the_source_channel_bounds_what_a_fork_inherits() {
     // The offset before the first message: this server's form, seq 0.
     let (epoch, _) = after_two.split_once('_').expect("EPOCH_SEQ");
     let before_one = format!("{epoch}_{:020}", 0);
-    let forked = req(&s, "PUT", "/ds/fork", &[("stream-forked-from", "/src")], "").await;
+    let forked = s
+        .request("PUT", "/ds/fork", &[("stream-forked-from", "/src")], "")
+        .await;
     assert_eq!(forked.status, 201, "{}", forked.text);
-    let read = req(&s, "GET", &format!("/ds/fork?offset={before_one}"), &[], "").await;
+    let read = s
+        .request("GET", &format!("/ds/fork?offset={before_one}"), &[], "")
+        .await;
     assert_eq!(read.json, json!([1, 2]), "{}", read.text);
 
     // The source's channel moves on; retention (3 events) evicts 1 and 2.
-    let more = req(&s, "POST", "/ds/src", &[JSON], "[5,6,7]").await;
+    let more = s.request("POST", "/ds/src", &[JSON], "[5,6,7]").await;
     assert_eq!(more.status, 204, "{}", more.text);
     let mut from_start = Value::Null;
     for _ in 0..100 {
-        from_start = req(&s, "GET", "/ds/fork?offset=-1", &[], "").await.json;
+        from_start = s.request("GET", "/ds/fork?offset=-1", &[], "").await.json;
         if from_start == json!([]) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(from_start, json!([]), "the inherited messages were evicted");
-    req(&s, "GET", &format!("/ds/fork?offset={before_one}"), &[], "")
+    s.request("GET", &format!("/ds/fork?offset={before_one}"), &[], "")
         .await
         .expect_error(410, "offset_gone");
-    req(&s, "GET", &format!("/ds/src?offset={before_one}"), &[], "")
+    s.request("GET", &format!("/ds/src?offset={before_one}"), &[], "")
         .await
         .expect_error(410, "offset_gone");
 }
@@ -346,12 +328,14 @@ async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
     let s = Server::memory(&["--jwt-secret", SECRET]).await;
     let sub = "/ds/team/__ds/subscriptions/s1";
     let hook = r#"{"type":"webhook","pattern":"*","webhook":{"url":"https://example.com/hook"}}"#;
-    req(&s, "PUT", sub, &[JSON], hook)
+    s.request("PUT", sub, &[JSON], hook)
         .await
         .expect_error(401, "unauthorized");
 
     let narrow = format!("Bearer {}", token(&["team~a"], &[]));
-    let r = req(&s, "PUT", sub, &[JSON, ("authorization", &narrow)], hook).await;
+    let r = s
+        .request("PUT", sub, &[JSON, ("authorization", &narrow)], hook)
+        .await;
     assert_eq!(r.status, 403, "{}", r.text);
     assert_eq!(r.json["error"]["code"], "FORBIDDEN", "{}", r.text);
 
@@ -362,18 +346,20 @@ async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
         "http://example.com/",
     ] {
         let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
-        let r = req(
-            &s,
-            "PUT",
-            sub,
-            &[JSON, ("authorization", &reader)],
-            &body.to_string(),
-        )
-        .await;
+        let r = s
+            .request(
+                "PUT",
+                sub,
+                &[JSON, ("authorization", &reader)],
+                &body.to_string(),
+            )
+            .await;
         assert_eq!(r.status, 400, "{url}: {}", r.text);
         assert_eq!(r.json["error"]["code"], "WEBHOOK_URL_REJECTED", "{url}");
     }
-    let created = req(&s, "PUT", sub, &[JSON, ("authorization", &reader)], hook).await;
+    let created = s
+        .request("PUT", sub, &[JSON, ("authorization", &reader)], hook)
+        .await;
     assert_eq!(created.status, 201, "{}", created.text);
     let kid = created.json["webhook"]["signing"]["kid"].clone();
     let jwks_url = created.json["webhook"]["signing"]["jwks_url"]
@@ -383,7 +369,7 @@ async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
     assert!(jwks_url.ends_with("/ds/team/__ds/jwks.json"), "{jwks_url}");
 
     // The JWK Set needs no token.
-    let jwks = req(&s, "GET", "/ds/team/__ds/jwks.json", &[], "").await;
+    let jwks = s.request("GET", "/ds/team/__ds/jwks.json", &[], "").await;
     assert_eq!(jwks.status, 200, "{}", jwks.text);
     assert_eq!(jwks.json["keys"][0]["kid"], kid);
     assert_eq!(jwks.json["keys"][0]["crv"], "Ed25519");
@@ -391,45 +377,44 @@ async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
     // A wake-scoped call without the wake's token is 401; with another, FENCED.
     let cb = "/ds/team/__ds/subscriptions/s1/callback";
     let ack = r#"{"wake_id":"w_1","generation":1,"done":true}"#;
-    let r = req(&s, "POST", cb, &[JSON], ack).await;
+    let r = s.request("POST", cb, &[JSON], ack).await;
     assert_eq!(r.status, 401, "{}", r.text);
-    let wrong = req(
-        &s,
-        "POST",
-        cb,
-        &[JSON, ("authorization", "Bearer nope")],
-        ack,
-    )
-    .await;
+    let wrong = s
+        .request("POST", cb, &[JSON, ("authorization", "Bearer nope")], ack)
+        .await;
     assert_eq!(wrong.status, 409, "{}", wrong.text);
     assert_eq!(wrong.json["error"]["code"], "FENCED");
 
     // Pull-wake: the wake stream needs `publish`.
     let writer = format!("Bearer {}", token(&[], &["team~*"]));
-    let made = req(
-        &s,
-        "PUT",
-        "/ds/team/wake",
-        &[JSON, ("authorization", &writer)],
-        "",
-    )
-    .await;
+    let made = s
+        .request(
+            "PUT",
+            "/ds/team/wake",
+            &[JSON, ("authorization", &writer)],
+            "",
+        )
+        .await;
     assert_eq!(made.status, 201, "{}", made.text);
     let pull = r#"{"type":"pull-wake","pattern":"*","wake_stream":"wake"}"#;
     let p = "/ds/team/__ds/subscriptions/p1";
-    let r = req(&s, "PUT", p, &[JSON, ("authorization", &reader)], pull).await;
+    let r = s
+        .request("PUT", p, &[JSON, ("authorization", &reader)], pull)
+        .await;
     r.expect_error(403, "forbidden");
     let both = format!("Bearer {}", token(&["team~*"], &["team~*"]));
-    let r = req(&s, "PUT", p, &[JSON, ("authorization", &both)], pull).await;
+    let r = s
+        .request("PUT", p, &[JSON, ("authorization", &both)], pull)
+        .await;
     assert_eq!(r.status, 201, "{}", r.text);
-    let r = req(
-        &s,
-        "POST",
-        &format!("{p}/claim"),
-        &[JSON, ("authorization", &writer)],
-        r#"{"worker":"w"}"#,
-    )
-    .await;
+    let r = s
+        .request(
+            "POST",
+            &format!("{p}/claim"),
+            &[JSON, ("authorization", &writer)],
+            r#"{"worker":"w"}"#,
+        )
+        .await;
     assert_eq!(r.status, 403, "claiming needs subscribe: {}", r.text);
 }
 
@@ -440,19 +425,19 @@ async fn subscription_apis_take_gapless_grants_and_refuse_internal_webhooks() {
 async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
     let s = Server::memory(&[]).await;
     for p in ["/ds/app/wake", "/ds/app/jobs/1"] {
-        let r = req(&s, "PUT", p, &[JSON], "").await;
+        let r = s.request("PUT", p, &[JSON], "").await;
         assert_eq!(r.status, 201, "{}", r.text);
     }
     let sub = "/ds/app/__ds/subscriptions/workers";
     let body =
         r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
-    let r = req(&s, "PUT", sub, &[JSON], body).await;
+    let r = s.request("PUT", sub, &[JSON], body).await;
     assert_eq!(r.status, 201, "{}", r.text);
 
     s.publish("app~jobs~1", r#"{"job":1}"#).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let w = req(&s, "GET", "/ds/app/wake?offset=-1", &[], "").await;
+        let w = s.request("GET", "/ds/app/wake?offset=-1", &[], "").await;
         let woke = w.json.as_array().is_some_and(|a| {
             a.iter()
                 .any(|e| e["subscription_id"] == "workers" && e["stream"] == "jobs/1")
@@ -468,14 +453,14 @@ async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let c = req(
-        &s,
-        "POST",
-        &format!("{sub}/claim"),
-        &[JSON],
-        r#"{"worker":"w1"}"#,
-    )
-    .await;
+    let c = s
+        .request(
+            "POST",
+            &format!("{sub}/claim"),
+            &[JSON],
+            r#"{"worker":"w1"}"#,
+        )
+        .await;
     assert_eq!(c.status, 200, "{}", c.text);
     let tail = c.json["streams"][0]["tail_offset"]
         .as_str()
@@ -485,17 +470,17 @@ async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
     let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
     let ack = json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"],
                      "acks": [{"stream": "jobs/1", "offset": tail}], "done": true});
-    let a = req(
-        &s,
-        "POST",
-        &format!("{sub}/ack"),
-        &[JSON, ("authorization", &auth)],
-        &ack.to_string(),
-    )
-    .await;
+    let a = s
+        .request(
+            "POST",
+            &format!("{sub}/ack"),
+            &[JSON, ("authorization", &auth)],
+            &ack.to_string(),
+        )
+        .await;
     assert_eq!(a.status, 200, "{}", a.text);
     assert_eq!(a.json, json!({"ok": true, "next_wake": false}));
-    let g = req(&s, "GET", sub, &[], "").await;
+    let g = s.request("GET", sub, &[], "").await;
     assert_eq!(
         g.json["streams"][0]["acked_offset"],
         tail.as_str(),
@@ -506,28 +491,28 @@ async fn pull_wake_wakes_on_gapless_publishes_and_deletion_fences() {
     // A second claim, then the subscription is deleted: its ack fails and
     // advances nothing.
     s.publish("app~jobs~1", r#"{"job":2}"#).await;
-    let c = req(
-        &s,
-        "POST",
-        &format!("{sub}/claim"),
-        &[JSON],
-        r#"{"worker":"w2"}"#,
-    )
-    .await;
+    let c = s
+        .request(
+            "POST",
+            &format!("{sub}/claim"),
+            &[JSON],
+            r#"{"worker":"w2"}"#,
+        )
+        .await;
     assert_eq!(c.status, 200, "{}", c.text);
     let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
-    let d = req(&s, "DELETE", sub, &[], "").await;
+    let d = s.request("DELETE", sub, &[], "").await;
     assert_eq!(d.status, 204, "{}", d.text);
     let ack =
         json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"], "done": true});
-    let a = req(
-        &s,
-        "POST",
-        &format!("{sub}/ack"),
-        &[JSON, ("authorization", &auth)],
-        &ack.to_string(),
-    )
-    .await;
+    let a = s
+        .request(
+            "POST",
+            &format!("{sub}/ack"),
+            &[JSON, ("authorization", &auth)],
+            &ack.to_string(),
+        )
+        .await;
     assert_eq!(a.status, 404, "{}", a.text);
 }
 
@@ -600,19 +585,19 @@ async fn a_failed_webhook_is_retried_with_a_new_generation() {
     let (url, mut got) = flaky_receiver().await;
     let sub = "/ds/h/__ds/subscriptions/retry";
     let body = json!({"type": "webhook", "pattern": "*", "webhook": {"url": url}});
-    let r = req(&s, "PUT", sub, &[JSON], &body.to_string()).await;
+    let r = s.request("PUT", sub, &[JSON], &body.to_string()).await;
     assert_eq!(r.status, 201, "{}", r.text);
-    let more = req(
-        &s,
-        "PUT",
-        "/ds/h/__ds/subscriptions/more",
-        &[JSON],
-        &body.to_string(),
-    )
-    .await;
+    let more = s
+        .request(
+            "PUT",
+            "/ds/h/__ds/subscriptions/more",
+            &[JSON],
+            &body.to_string(),
+        )
+        .await;
     assert_eq!(more.status, 403, "{}", more.text);
     assert_eq!(more.json["error"]["code"], "SUBSCRIPTION_LIMIT");
-    let r = req(&s, "PUT", "/ds/h/s", &[JSON], r#"{"n":1}"#).await;
+    let r = s.request("PUT", "/ds/h/s", &[JSON], r#"{"n":1}"#).await;
     assert_eq!(r.status, 201, "{}", r.text);
     let tail = r.header("stream-next-offset").expect("offset").to_owned();
 
@@ -635,7 +620,7 @@ async fn a_failed_webhook_is_retried_with_a_new_generation() {
 
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let g = req(&s, "GET", sub, &[], "").await;
+        let g = s.request("GET", sub, &[], "").await;
         if g.json["streams"][0]["acked_offset"] == tail.as_str() {
             assert_eq!(g.json["status"], "active", "{}", g.text);
             break;

@@ -345,6 +345,23 @@ impl Server {
         self.send(self.http.get(self.url(path))).await
     }
 
+    /// `method` (e.g. `PUT`, `HEAD`) to `path` with headers and `body` (the
+    /// Durable Streams tests' one request helper).
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Resp {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        let mut req = self.http.request(m, self.url(path)).body(body.to_owned());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req).await
+    }
+
     /// POST `body` to `path` with headers.
     pub async fn post(
         &self,
