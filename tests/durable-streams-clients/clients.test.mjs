@@ -9,7 +9,8 @@
 // the tail, twice with an append in flight, and once before a second producer with the same
 // id and epoch (a writer that restarted without its state) re-sends every message already
 // acknowledged. The follower must see every message exactly once, in order, and a catch-up read
-// from the start must hold exactly the messages. JSON streams compare messages; binary streams
+// from the start must hold exactly the messages. Then HEAD names the follower's offset, and the
+// producer closes the stream: the follower is told (`streamClosed`) and its read ends. JSON streams compare messages; binary streams
 // compare the bytes (each message holds its index and non-UTF-8 bytes).
 import assert from "node:assert/strict"
 import { test } from "node:test"
@@ -105,6 +106,7 @@ async function waitFor(what, cond, ms = 20000) {
  */
 function follow(url, live, json) {
   const f = { items: [], chunks: [], errors: [], offset: "-1", res: null, stopped: false }
+  f.streamClosed = false
   const abort = new AbortController()
   f.count = () => (json ? f.items.length : f.chunks.reduce((n, c) => n + c.length, 0) / 16)
   f.stop = () => {
@@ -112,6 +114,7 @@ function follow(url, live, json) {
     abort.abort()
     f.res?.cancel()
   }
+  f.ended = false
   f.done = (async () => {
     while (!f.stopped) {
       try {
@@ -128,14 +131,23 @@ function follow(url, live, json) {
           res.subscribeJson(async (batch) => {
             f.items.push(...batch.items)
             f.offset = batch.offset
+            f.streamClosed ||= batch.streamClosed
           })
         } else {
           res.subscribeBytes(async (chunk) => {
             if (chunk.data.length > 0) f.chunks.push(Uint8Array.from(chunk.data))
             f.offset = chunk.offset
+            f.streamClosed ||= chunk.streamClosed
           })
         }
         await res.closed
+        // A closed stream's read ends for good (the client stops after `streamClosed`).
+        // `closed` may resolve before the subscriber got the last batch (the client reads
+        // ahead of its subscriber), so wait for that batch here.
+        if (res.streamClosed) {
+          await waitFor("the batch that says the stream is closed", () => f.streamClosed, 5000)
+          break
+        }
         if (!f.stopped) f.errors.push("the read ended")
       } catch (e) {
         if (f.stopped) break
@@ -143,6 +155,7 @@ function follow(url, live, json) {
         await sleep(50)
       }
     }
+    f.ended = true
   })()
   return f
 }
@@ -209,8 +222,17 @@ async function scenario(t, { name, contentType, live }) {
 
   await waitFor(`the follower to see ${N} messages`, () => f.count() >= N)
   await sleep(300) // a duplicate would arrive now
+
+  // HEAD through the client names the offset the follower reached.
+  const head = await handle.head()
+  assert.equal(head.offset, f.offset, "HEAD's offset is the follower's")
+  assert.equal(head.contentType, contentType)
+
+  // The producer closes the stream: the follower is told and its read ends by itself.
+  await p2.close()
+  await waitFor("the follower to see the stream closed and stop", () => f.streamClosed)
+  await waitFor("the follower's read to end after the close", () => f.ended, 10000)
   f.stop()
-  await f.done
 
   assert.deepEqual(producerErrors, [], "the producer reported errors")
   const wantJson = Array.from({ length: N }, (_, i) => message(i))

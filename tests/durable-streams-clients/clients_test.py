@@ -10,7 +10,8 @@ while the server is killed with SIGKILL and restarted on the same port and data 
 while the follower waits at the tail, twice with an append in flight (the append is retried with
 the same `Stream-Seq` until answered), and once before appends acknowledged earlier are sent
 again (each must be refused with 409, nothing stored). The follower must see every message
-exactly once, in order, and a catch-up read from the start must hold exactly the messages.
+exactly once, in order, a catch-up read from the start must hold exactly the messages, and
+HEAD must name the offset the follower reached. (This client has no close.)
 """
 
 from __future__ import annotations
@@ -271,6 +272,11 @@ class ClientAcrossKill9(unittest.TestCase):
         wait_for(f"the follower to see {N} messages", lambda: f.count() >= N)
         time.sleep(0.3)  # a duplicate would arrive now
         f.stop()
+
+        # HEAD through the client names the offset the follower reached.
+        head = w.head()
+        self.assertEqual(head.offset, f.offset, "HEAD's offset is the follower's")
+        self.assertEqual(head.content_type, content_type)
 
         want = [message(i) for i in range(N)]
         if json_mode:
