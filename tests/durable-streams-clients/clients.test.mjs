@@ -271,3 +271,46 @@ test("binary stream, followed by SSE (base64), across kill -9", (t) =>
 
 test("binary stream, followed by long-poll, across kill -9", (t) =>
   scenario(t, { name: "binary-long-poll", contentType: "application/octet-stream", live: "long-poll" }))
+
+// gapless answers a catch-up read with at most 1000 messages and about 4 MiB (then without
+// Stream-Up-To-Date; PROTOCOL.md allows such chunks). The client's promise helpers with
+// `live: true` read on until up to date; with `live: false` the client 0.2.7 stops after the
+// first answer, whatever Stream-Up-To-Date said (docs/durable-streams.md, "Clients tested").
+test("a catch-up read longer than one answer is whole (JSON and binary)", async (t) => {
+  const g = await Gapless.start()
+  t.after(() => g.stop())
+
+  const url = g.url("clients/ts/long-json")
+  await DurableStream.create({ url, contentType: "application/json" })
+  const items = Array.from({ length: 2500 }, (_, i) => ({ i }))
+  for (let k = 0; k < items.length; k += 500) {
+    // Raw POSTs of 500 messages each (the client's append() makes one message of its argument).
+    const r = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(items.slice(k, k + 500)),
+    })
+    assert.equal(r.status, 204)
+  }
+  assert.deepEqual(await (await stream({ url, offset: "-1", live: true })).json(), items)
+  const sse = await (await stream({ url, offset: "-1", live: "sse" })).json()
+  assert.deepEqual(sse, items, "SSE from the start")
+  const first = await (await stream({ url, offset: "-1", live: false })).json()
+  t.diagnostic(`live: false read ${first.length} of ${items.length} messages (one answer)`)
+
+  const burl = g.url("clients/ts/long-binary")
+  const h = await DurableStream.create({ url: burl, contentType: "application/octet-stream" })
+  const chunk = (k) => Uint8Array.from({ length: 900 * 1024 }, (_, i) => (i * 7919 + k * 31) & 0xff)
+  for (let k = 0; k < 6; k++) await h.append(chunk(k))
+  const want = Buffer.concat(Array.from({ length: 6 }, (_, k) => chunk(k)))
+  const body = await (await stream({ url: burl, offset: "-1", live: true })).body()
+  assert.ok(Buffer.from(body).equals(want), `catch-up: ${body.length} bytes, want ${want.length}`)
+  const parts = []
+  const res = await stream({ url: burl, offset: "-1", live: "sse" })
+  res.subscribeBytes(async (c) => {
+    parts.push(Buffer.from(c.data))
+  })
+  await waitFor("SSE to deliver every byte", () => parts.reduce((n, p) => n + p.length, 0) >= want.length)
+  res.cancel()
+  assert.ok(Buffer.concat(parts).equals(want), "SSE (base64) from the start")
+})

@@ -309,6 +309,41 @@ class ClientAcrossKill9(unittest.TestCase):
         self.scenario("binary-long-poll", "application/octet-stream", "long-poll")
 
 
+class CatchUpLongerThanOneAnswer(unittest.TestCase):
+    """gapless answers a catch-up read with at most 1000 messages and about 4 MiB (then without
+    Stream-Up-To-Date; PROTOCOL.md allows such chunks). The client's `read_*` with `live="auto"`
+    read on until up to date; with `live=False` the client stops after the first answer,
+    whatever Stream-Up-To-Date said (docs/durable-streams.md, "Clients tested")."""
+
+    def test_a_catch_up_read_longer_than_one_answer_is_whole(self) -> None:
+        g = Gapless([])
+        self.addCleanup(g.stop)
+        url = g.url("clients/py/long-json")
+        DurableStream.create(url, content_type="application/json").close()
+        items = [{"i": i} for i in range(2500)]
+        for k in range(0, len(items), 500):
+            # Raw POSTs of 500 messages each (the client's append() makes one message of its
+            # argument).
+            r = httpx.post(url, content=json.dumps(items[k:k + 500]),
+                           headers={"content-type": "application/json"})
+            self.assertEqual(r.status_code, 204, r.text)
+        with stream(url, offset="-1", live="auto", timeout=10) as res:
+            self.assertEqual(res.read_json(), items)
+        with stream(url, offset="-1", live=False, timeout=10) as res:
+            n = len(res.read_json())
+        print(f"\n  live=False read {n} of {len(items)} messages (one answer)", file=sys.stderr)
+
+        burl = g.url("clients/py/long-binary")
+        chunks = [bytes((i * 7919 + k * 31) & 0xFF for i in range(900 * 1024)) for k in range(6)]
+        with DurableStream.create(burl, content_type="application/octet-stream",
+                                  timeout=10) as h:
+            for c in chunks:
+                h.append(c)
+        with stream(burl, offset="-1", live="auto", timeout=10) as res:
+            got = res.read_bytes()
+        self.assertEqual(describe_binary(got, b"".join(chunks)), "identical")
+
+
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=2).result
     failed = len(result.failures) + len(result.errors)
