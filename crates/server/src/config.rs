@@ -261,10 +261,11 @@ impl DsSigningKey {
             path: path.to_owned(),
             error: "the file is not text".to_owned(),
         })?;
-        let key = ed25519_dalek::SigningKey::from_pkcs8_pem(&text).map_err(|e| KeyFileError::Bad {
-            path: path.to_owned(),
-            error: e.to_string(),
-        })?;
+        let key =
+            ed25519_dalek::SigningKey::from_pkcs8_pem(&text).map_err(|e| KeyFileError::Bad {
+                path: path.to_owned(),
+                error: e.to_string(),
+            })?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
