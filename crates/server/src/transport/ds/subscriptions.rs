@@ -320,6 +320,17 @@ pub async fn handle(
         );
     }
     let base_url = base_url(app, &parts.headers, &root);
+    // In a cluster, streams another node made since the last read of their
+    // records are known before a subscription names or links them.
+    let names_streams = matches!(
+        (&method, op),
+        (&Method::PUT, "") | (&Method::POST, "streams")
+    );
+    if app.config.cluster && names_streams {
+        if let Err(e) = super::meta::catch_up(app, ds).await {
+            return api_error(e.into());
+        }
+    }
     match (&method, op) {
         (&Method::PUT, "") => create(app, ds, &grant, &root, id, base_url, body).await,
         (&Method::GET, "") => {
