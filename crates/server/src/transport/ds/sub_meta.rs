@@ -407,6 +407,27 @@ pub async fn delivering(app: &App, ds: &Ds) -> bool {
     }
 }
 
+/// Ends this node's delivery lease at shutdown (best effort), so another
+/// node takes over at once instead of after [`LEASE_MS`].
+pub async fn resign(app: &App, ds: &Ds) {
+    let log = &ds.subs.log;
+    let (ver, lease) = log.deliverer.lock().clone();
+    if !app.config.cluster || lease.is_none_or(|l| l.node != log.node) {
+        return;
+    }
+    let rec = Record {
+        root: String::new(),
+        id: String::new(),
+        ver: ver + 1,
+        sub: None,
+        deliverer: Some(Lease {
+            node: log.node.clone(),
+            until: 0,
+        }),
+    };
+    let _ = append(app, &rec, &idempotency_key(None, ver + 1)).await;
+}
+
 /// Rewrites the records of subscriptions that grew old (as `meta.rs` does
 /// for streams, with the same thresholds [`meta::COMPACT_EVENTS`] and
 /// [`meta::COMPACT_MS`]), so retention never evicts the only record of a

@@ -915,6 +915,7 @@ pub fn start(app: &Arc<App>, ds: &Arc<Ds>) {
                 scan(&app, &ds, &k).await;
             }
         }
+        let _ = tokio::time::timeout(Duration::from_millis(500), sub_meta::resign(&app, &ds)).await;
     });
 }
 
