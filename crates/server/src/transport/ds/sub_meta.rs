@@ -39,6 +39,12 @@ pub const CHANNEL: &str = "gapless/ds-subscriptions";
 /// milliseconds (and at once before every subscription request).
 pub const FOLLOW_MS: u64 = 250;
 
+/// How often a cluster node that knows no subscription reads the records,
+/// in milliseconds: a subscription made on another node is known here
+/// within this (at once on a subscription request), so this node can take
+/// over its delivery; an unused cluster is not polled more.
+pub const IDLE_FOLLOW_MS: u64 = 5_000;
+
 /// How long the delivery lease of a cluster lasts, in milliseconds: the
 /// longest pause of deliveries after the node holding it dies.
 pub const LEASE_MS: u64 = 10_000;
@@ -471,5 +477,66 @@ pub async fn compact(app: &App, ds: &Ds) {
         if let Err(e) = r.await {
             tracing::warn!(subscription = %key.1, error = %e, "could not rewrite a Durable Streams subscription record");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, ver: u64) -> Record {
+        Record {
+            root: "r".into(),
+            id: id.into(),
+            ver,
+            sub: None,
+            deliverer: None,
+        }
+    }
+
+    #[test]
+    fn the_newest_version_wins_whatever_the_order_read() {
+        let log = Log::default();
+        let key = ("r".to_owned(), "s".to_owned());
+        log.apply(10, 0, rec("s", 2));
+        log.apply(11, 0, rec("s", 1));
+        assert_eq!(
+            log.get(&key).0,
+            2,
+            "an older version never replaces a newer one"
+        );
+        log.apply(12, 0, rec("s", 3));
+        assert_eq!(log.get(&key).0, 3);
+        let lease = |ver, node: &str| Record {
+            root: String::new(),
+            id: String::new(),
+            ver,
+            sub: None,
+            deliverer: Some(Lease {
+                node: node.into(),
+                until: 1,
+            }),
+        };
+        log.apply(13, 0, lease(5, "a"));
+        log.apply(14, 0, lease(4, "b"));
+        assert_eq!(
+            log.deliverer.lock().1.as_ref().map(|l| l.node.as_str()),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn idempotency_keys_are_short_visible_ascii_and_differ_by_subscription() {
+        let long = ("x".repeat(200), "y".repeat(200));
+        let k = idempotency_key(Some(&long), 7);
+        assert!(
+            k.len() < 64 && k.bytes().all(|b| b.is_ascii_graphic()),
+            "{k}"
+        );
+        assert!(k.ends_with("/7"));
+        let other = ("x".repeat(200), "z".repeat(200));
+        assert_ne!(k, idempotency_key(Some(&other), 7));
+        assert_ne!(k, idempotency_key(Some(&long), 8));
+        assert_eq!(idempotency_key(None, 3), "ds-sub/deliverer/3");
     }
 }

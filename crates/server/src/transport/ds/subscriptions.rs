@@ -881,7 +881,12 @@ pub fn start(app: &Arc<App>, ds: &Arc<Ds>) {
                 () = tokio::time::sleep(SCAN_EVERY) => {}
             }
             let now = now_ms();
-            let follow = app.config.cluster && now.saturating_sub(followed) >= sub_meta::FOLLOW_MS;
+            let every = if ds.subs.log.count() > 0 {
+                sub_meta::FOLLOW_MS
+            } else {
+                sub_meta::IDLE_FOLLOW_MS
+            };
+            let follow = app.config.cluster && now.saturating_sub(followed) >= every;
             if !ds.subs.log.loaded() || follow {
                 followed = now;
                 match sub_meta::catch_up(&app, &ds).await {
