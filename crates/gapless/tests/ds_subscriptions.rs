@@ -271,6 +271,9 @@ async fn a_webhook_subscription_and_the_signing_key_survive_a_kill_9() {
     );
     let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
     assert_eq!(r.status, 200, "re-confirmed: {}", r.text);
+    // The records' channel is not reachable through gapless's own API.
+    let h = s.history("gapless%2Fds-subscriptions", "").await;
+    assert_eq!(h.status, 400, "{}", h.text);
 
     let tail2 = append(&s, "/ds/w/a", r#"{"n":2}"#).await;
     let w2 = hook.next().await;
