@@ -313,16 +313,25 @@ impl<'a> Tx<'a> {
     /// # Errors
     /// As [`catch_up`].
     pub async fn begin(app: &'a App, ds: &'a Ds, key: Key) -> Result<Tx<'a>, JournalError> {
-        let guard = ds.subs.log.stripe(&key).lock().await;
+        let tx = Self::begin_on_view(app, ds, key).await;
         sync(app, ds).await?;
-        Ok(Tx {
+        Ok(tx)
+    }
+
+    /// Starts a change of `key` on this node's view as it is, without
+    /// reading the records first (the delivery task's looks, every 50 ms,
+    /// which follows the records on its own): a stale view only makes
+    /// [`Tx::write`] lose and read them.
+    pub async fn begin_on_view(app: &'a App, ds: &'a Ds, key: Key) -> Tx<'a> {
+        let guard = ds.subs.log.stripe(&key).lock().await;
+        Tx {
             app,
             ds,
             key,
             ver: 0,
             attempts: 0,
             _one_at_a_time: guard,
-        })
+        }
     }
 
     /// The subscription's state now (`None`: none, or deleted).

@@ -982,7 +982,7 @@ async fn scan(app: &Arc<App>, ds: &Arc<Ds>, k: &Key) {
 /// The change of [`scan`], journaled; what is left to do after it.
 async fn look(app: &App, ds: &Ds, k: &Key) -> Result<Next, JournalError> {
     let now = now_ms();
-    let mut tx = Tx::begin(app, ds, k.clone()).await?;
+    let mut tx = Tx::begin_on_view(app, ds, k.clone()).await;
     loop {
         let Some(cur) = tx.current() else {
             return Ok(Next::Nothing);
