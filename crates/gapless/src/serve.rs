@@ -67,7 +67,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // the compiler's layout query allows.
     let store = Box::pin(open_store(&args, channels.clone())).await?;
     let auth = auth(&args)?;
-    let config = server_config(&args, cors_origins(&args, &auth)?);
+    let mut config = server_config(&args, cors_origins(&args, &auth)?);
+    config.ds_signing_key = ds_signing_key(&args)?;
     let listener = bind(args.listen).with_context(|| {
         format!(
             "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
@@ -191,6 +192,41 @@ fn cors_origins(args: &ServeArgs, auth: &Auth) -> anyhow::Result<Vec<String>> {
     Ok(cors_origins)
 }
 
+/// The webhook signing key of Durable Streams subscriptions: the
+/// `--ds-signing-key` file (which must exist), else `ds-signing-key.pem` in
+/// the data directory (made at the first start), else none (`--memory`, or
+/// cluster mode without the setting: a key per process). Nothing when the
+/// protocol is off.
+fn ds_signing_key(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<gapless_server::config::DsSigningKey>> {
+    use gapless_server::config::DsSigningKey;
+    if args.ds_prefix.is_empty() {
+        return Ok(None);
+    }
+    if let Some(path) = &args.ds_signing_key {
+        if !path.exists() {
+            anyhow::bail!(
+                "--ds-signing-key {}: no such file; make one with `openssl genpkey -algorithm ed25519 -out {}` (and chmod 600 it), or leave the setting out to keep a generated key in --data-dir",
+                path.display(),
+                path.display()
+            );
+        }
+        return Ok(Some(DsSigningKey::load(path).context("--ds-signing-key")?));
+    }
+    if args.memory {
+        return Ok(None);
+    }
+    if args.redis.url.is_some() {
+        tracing::warn!(
+            "cluster mode without --ds-signing-key: each node signs Durable Streams webhooks with a key of its own process, so the JWK Set differs by node and changes at a restart; give every node the same key file (docs/durable-streams.md)"
+        );
+        return Ok(None);
+    }
+    let path = args.data_dir.join("ds-signing-key.pem");
+    Ok(Some(DsSigningKey::load_or_create(&path)?))
+}
+
 /// The server's settings from the command line.
 fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
     ServerConfig {
@@ -219,7 +255,8 @@ fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
         ds_long_poll_timeout_ms: args.ds_long_poll_timeout_ms,
         ds_webhook_allow_loopback: args.ds_webhook_allow_loopback,
         ds_webhook_timeout_ms: args.ds_webhook_timeout_ms,
-        ds_max_subscriptions: args.ds_max_subscriptions,
+        ds_max_subscriptions: usize::try_from(args.ds_max_subscriptions).unwrap_or(usize::MAX),
+        cluster: args.redis.url.is_some(),
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
         max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),

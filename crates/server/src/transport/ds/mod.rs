@@ -24,6 +24,7 @@ pub mod meta;
 pub mod names;
 pub mod read;
 pub mod streams;
+pub mod sub_meta;
 pub mod subscriptions;
 pub mod webhook;
 pub mod write;
@@ -56,9 +57,15 @@ pub struct Ds {
 /// The state [`intercept`] runs with.
 pub type DsState = (Arc<App>, Arc<Ds>);
 
-/// The state of the layer [`intercept`] for `app`.
+/// The state of the layer [`intercept`] for `app`; starts the subscriptions'
+/// delivery task (it reads their records back at once, so wakes go out
+/// after a restart before any request comes).
 pub fn state(app: Arc<App>) -> DsState {
-    (app, Arc::new(Ds::default()))
+    let ds = Arc::new(Ds::default());
+    if !app.config.ds_prefix.is_empty() {
+        subscriptions::start(&app, &ds);
+    }
+    (app, ds)
 }
 
 /// The router layer: a request whose path is under `--ds-prefix` (the

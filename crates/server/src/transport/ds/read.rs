@@ -254,6 +254,7 @@ pub async fn get(ctx: Ctx) -> Response {
             if inm.split(',').any(|t| t.trim() == etag || t.trim() == "*") {
                 let mut r = empty(StatusCode::NOT_MODIFIED);
                 set(&mut r, "etag", &etag);
+                set(&mut r, "cache-control", cache_control(&ctx));
                 set(&mut r, "stream-next-offset", offset(meta.epoch, next));
                 return r;
             }
