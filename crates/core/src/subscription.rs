@@ -27,6 +27,15 @@ pub enum Start {
     Live,
     /// At the floor: everything retained, then live.
     Earliest,
+    /// The last `n` retained events (all of them when fewer are retained,
+    /// with no notice: only retained events are asked for), then live.
+    Last(u64),
+    /// At the first retained event whose `time` is at or after this Unix
+    /// time in milliseconds ([`Journal::seek_time`]), then live; at the head
+    /// when none is. When an event no longer retained may be at or after it
+    /// ([`crate::journal::TimeSeek::evicted_after`]), at the floor with a
+    /// gap notice (`evicted`) naming the evicted seqs.
+    Time(u64),
     /// After `seq` of journal incarnation `epoch` (from a cursor).
     After {
         /// The cursor's epoch.
