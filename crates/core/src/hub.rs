@@ -495,6 +495,15 @@ impl Hub {
         self.journal.state(channel).await
     }
 
+    /// The first retained event of `channel` at or after `time_ms` (see
+    /// [`Journal::seek_time`]).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        self.journal.seek_time(channel, time_ms).await
+    }
+
     /// How many subscribers follow `channel` now.
     pub fn subscribers(&self, channel: &str) -> usize {
         self.channels.get(channel).map_or(0, |c| c.subscribers())

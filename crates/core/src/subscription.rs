@@ -61,20 +61,25 @@ pub struct Gap {
 }
 
 impl Gap {
-    /// The JSON of a gap notice: `{"channel","after","next","reason"}`, with
-    /// `after` and `next` as single-channel cursors (`after` null when unknown).
-    pub fn to_json(&self) -> String {
+    /// The gap notice's wire shape, with `after` and `next` as
+    /// single-channel cursors (`after` null when unknown).
+    pub fn notice(&self) -> gapless_protocol::event::GapNotice<'static> {
         let after = self
             .after
             .map(|(e, s)| Cursor::single(&self.channel, e, s).encode());
         let next = Cursor::single(&self.channel, self.next.0, self.next.1).encode();
-        serde_json::to_string(&gapless_protocol::event::GapNotice {
-            channel: (&*self.channel).into(),
+        gapless_protocol::event::GapNotice {
+            channel: self.channel.to_string().into(),
             after,
             next,
             reason: self.reason.as_str().into(),
-        })
-        .unwrap_or_default()
+        }
+    }
+
+    /// The JSON of a gap notice: `{"channel","after","next","reason"}`, with
+    /// `after` and `next` as single-channel cursors (`after` null when unknown).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.notice()).unwrap_or_default()
     }
 
     /// The SSE frame: `event: gap` with the JSON as data, and no `id:` line.
