@@ -559,7 +559,13 @@ async fn since_is_documented_where_it_is_taken() {
         "{since}"
     );
     let text = since["description"].as_str().unwrap_or_default();
-    for form in ["`live`", "`earliest`", "`last:N`", "`time:UNIX_MS`", "`evicted`"] {
+    for form in [
+        "`live`",
+        "`earliest`",
+        "`last:N`",
+        "`time:UNIX_MS`",
+        "`evicted`",
+    ] {
         assert!(text.contains(form), "the description names {form}: {text}");
     }
     for (path, target) in [
