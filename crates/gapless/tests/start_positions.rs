@@ -459,3 +459,48 @@ async fn websocket_subscribe_takes_last_and_time() {
     let live = ws.expect_op("event").await;
     assert_eq!(live["data"], "a5");
 }
+
+/// Two nodes on one Redis journal: a channel published on one node starts
+/// where `since` says on the other (whose hub has not followed it before),
+/// over SSE and history, before the floor too.
+#[tokio::test]
+async fn redis_journal_two_nodes() {
+    let Some(redis) = gapless_testkit::redis::Redis::start_or_skip("redis_journal_two_nodes").await
+    else {
+        return;
+    };
+    let node = |_: u8| {
+        gapless_testkit::Server::with(gapless_testkit::Opts {
+            args: vec![
+                "--redis".to_owned(),
+                redis.url(),
+                "--retention-events".to_owned(),
+                "5".to_owned(),
+            ],
+            ..gapless_testkit::Opts::default()
+        })
+    };
+    let (a, b) = (node(1).await, node(2).await);
+    let t = publish_apart(&a, "r", &["r1", "r2", "r3"], 20).await;
+    let (mut c, pre) = stream(&b, "/v1/channels/r/sse?since=last:2").await;
+    assert!(pre.gaps.is_empty(), "{:?}", pre.gaps);
+    assert_eq!(data(&c.events(2).await), ["r2", "r3"]);
+    let (mut c, pre) = stream(&b, &format!("/v1/channels/r/sse?since=time:{}", t[0] + 1)).await;
+    assert!(pre.gaps.is_empty(), "{:?}", pre.gaps);
+    assert_eq!(data(&c.events(2).await), ["r2", "r3"]);
+    assert_eq!(
+        page_data(&get_of(&b, "r", &format!("since=time:{}", t[2])).await),
+        ["r3"]
+    );
+    for i in 4..=8 {
+        a.publish("r", &format!("r{i}")).await;
+    }
+    let epoch = b.epoch("r").await;
+    let (mut c, pre) = stream(&b, "/v1/channels/r/sse?since=time:0").await;
+    assert_eq!(pre.gaps.len(), 1, "{:?}", pre.gaps);
+    assert_eq!(pre.gaps[0]["next"], make_cursor("r", &epoch, 3));
+    assert_eq!(data(&c.events(5).await), ["r4", "r5", "r6", "r7", "r8"]);
+    let p = get_of(&b, "r", "since=time:0").await;
+    assert_eq!(p["gap"]["reason"], "evicted", "{p}");
+    assert_eq!(page_data(&p), ["r4", "r5", "r6", "r7", "r8"]);
+}
