@@ -9,4 +9,6 @@ pub mod memory;
 pub mod session;
 pub mod subscription;
 
-pub use journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
+pub use journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
+};
