@@ -436,6 +436,16 @@ impl Hub {
         Ok(appended)
     }
 
+    /// Removes every event of `channel` and starts a new epoch for it (see
+    /// [`Journal::purge`]); its subscribers are woken before this returns and
+    /// each gets one `epoch` gap, then the events appended after the purge.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.journal.purge(channel).await
+    }
+
     /// Counts `n` published events under the journal's current durability label.
     fn count_published(&self, n: u64) {
         let label = self.journal.durability();

@@ -259,6 +259,23 @@ pub trait Journal: Send + Sync + 'static {
     /// [`JournalError`] when storage fails.
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError>;
 
+    /// Removes every event of `channel` and starts a new epoch for it
+    /// (`DELETE /v1/channels/{channel}`): the answer, also reported to the
+    /// sink through [`CommitSink::evicted`] before this returns, is the
+    /// channel's new state `{epoch: new, floor: 1, head: 0}`; seqs start
+    /// again at 1 and idempotency keys are forgotten. The new epoch is a
+    /// fork at seq 0 of the one it replaces ([`Journal::fork_of`] answers
+    /// `Some(0)`): a reader of the old epoch gets one `epoch` gap and then
+    /// every event appended after the purge. An append racing the purge is
+    /// wholly before it (and gone) or wholly after it (in the new epoch).
+    /// A channel never published to is left as it is (its empty state is
+    /// answered). Durable once it returns, like an append.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; the channel may then be purged
+    /// or not, never half.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError>;
+
     /// Evicts events older than the retention age, reporting new floors to the
     /// sink. Called about every 250 ms by the server.
     ///

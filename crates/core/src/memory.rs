@@ -26,6 +26,10 @@ pub struct MemoryJournal {
 
 struct ChannelLog {
     name: Arc<str>,
+    /// The channel's epoch: the journal's, or the one its last purge began.
+    epoch: Epoch,
+    /// The epoch the last purge replaced (its fork point is seq 0).
+    purged_from: Option<Epoch>,
     head: u64,
     last_time: u64,
     events: VecDeque<Arc<Event>>,
@@ -36,9 +40,9 @@ struct ChannelLog {
 }
 
 impl ChannelLog {
-    fn state(&self, epoch: Epoch) -> ChannelState {
+    fn state(&self) -> ChannelState {
         ChannelState {
-            epoch,
+            epoch: self.epoch,
             floor: self.events.front().map_or(self.head + 1, |e| e.seq),
             head: self.head,
         }
@@ -101,6 +105,8 @@ impl Journal for MemoryJournal {
                 let name: Arc<str> = Arc::from(channel);
                 map.entry(name.clone()).or_insert(ChannelLog {
                     name,
+                    epoch: self.epoch,
+                    purged_from: None,
                     head: 0,
                     last_time: 0,
                     events: VecDeque::new(),
@@ -112,7 +118,7 @@ impl Journal for MemoryJournal {
         if let Some(k) = idempotency_key {
             if let Some(&(first_seq, last_seq)) = log.keys.get(k) {
                 return Ok(Appended {
-                    epoch: self.epoch,
+                    epoch: log.epoch,
                     first_seq,
                     last_seq,
                     duplicate: true,
@@ -127,7 +133,7 @@ impl Journal for MemoryJournal {
             log.head += 1;
             let e = Arc::new(Event::new(
                 log.name.clone(),
-                self.epoch,
+                log.epoch,
                 log.head,
                 ev.event_type,
                 ev.data,
@@ -142,11 +148,11 @@ impl Journal for MemoryJournal {
             log.key_order.push_back((last_seq, k.to_owned()));
         }
         log.evict_to(self.retention.count_floor(log.head));
-        let state = log.state(self.epoch);
+        let state = log.state();
         // Still under the lock: the sink sees commits in seq order.
         self.sink.committed(channel, state, &committed);
         Ok(Appended {
-            epoch: self.epoch,
+            epoch: log.epoch,
             first_seq,
             last_seq,
             duplicate: false,
@@ -161,7 +167,7 @@ impl Journal for MemoryJournal {
                 events: Vec::new(),
             });
         };
-        let state = log.state(self.epoch);
+        let state = log.state();
         let start = after.max(state.floor.saturating_sub(1)) + 1;
         let skip = (start - state.floor.min(start)) as usize;
         let events = log.events.iter().skip(skip).take(limit).cloned().collect();
@@ -172,7 +178,7 @@ impl Journal for MemoryJournal {
         let map = self.channels.lock();
         Ok(map
             .get(channel)
-            .map_or(ChannelState::empty(self.epoch), |l| l.state(self.epoch)))
+            .map_or(ChannelState::empty(self.epoch), |l| l.state()))
     }
 
     /// A binary search of the retained events (times never decrease).
@@ -186,7 +192,7 @@ impl Journal for MemoryJournal {
                 head_time: 0,
             });
         };
-        let state = log.state(self.epoch);
+        let state = log.state();
         let i = log.events.partition_point(|e| e.time < time_ms);
         let seq = log.events.get(i).map_or(state.head + 1, |e| e.seq);
         Ok(TimeSeek {
@@ -194,6 +200,38 @@ impl Journal for MemoryJournal {
             seq,
             head_time: log.last_time,
         })
+    }
+
+    /// Drops the channel's events and keys under the lock appends take, and
+    /// draws a new random epoch for it.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        let mut map = self.channels.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        let Some(log) = map.get_mut(channel) else {
+            return Ok(ChannelState::empty(self.epoch));
+        };
+        let mut epoch = Epoch(rand::random::<u64>() | 1);
+        while epoch == log.epoch || epoch == self.epoch {
+            epoch = Epoch(rand::random::<u64>() | 1);
+        }
+        log.purged_from = Some(log.epoch);
+        log.epoch = epoch;
+        log.head = 0;
+        log.events.clear();
+        log.keys.clear();
+        log.key_order.clear();
+        let state = log.state();
+        self.sink.evicted(channel, state);
+        Ok(state)
+    }
+
+    /// A purge's epoch forks at seq 0 from the epoch it replaced.
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        let map = self.channels.lock();
+        map.get(channel)
+            .and_then(|l| (l.epoch == to && l.purged_from == Some(from)).then_some(0))
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
@@ -209,7 +247,7 @@ impl Journal for MemoryJournal {
                 .find(|e| e.time > cutoff)
                 .map_or(log.head + 1, |e| e.seq);
             if log.evict_to(floor) {
-                self.sink.evicted(&log.name, log.state(self.epoch));
+                self.sink.evicted(&log.name, log.state());
             }
         }
         Ok(())

@@ -583,6 +583,10 @@ impl Journal for RedisJournal {
         self.inner.seek_time(channel, time_ms).await
     }
 
+    async fn purge(&self, _channel: &str) -> Result<ChannelState, JournalError> {
+        Err(JournalError::Storage("purge: not yet".into()))
+    }
+
     /// Every `poll_ms`: re-reads the state of every followed channel (which
     /// applies retention by age in Redis), reports new floors to the hub and
     /// fills any head this node missed. Channels nobody here follows are

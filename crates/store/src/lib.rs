@@ -229,6 +229,10 @@ impl Journal for EmbeddedJournal {
         self.disk.check()
     }
 
+    async fn purge(&self, _channel: &str) -> Result<ChannelState, JournalError> {
+        Err(JournalError::Storage("purge: not yet".into()))
+    }
+
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
