@@ -28,8 +28,8 @@ struct ChannelLog {
     name: Arc<str>,
     /// The channel's epoch: the journal's, or the one its last purge began.
     epoch: Epoch,
-    /// The epoch the last purge replaced (its fork point is seq 0).
-    purged_from: Option<Epoch>,
+    /// Whether `epoch` began with a purge (its fork point is seq 0).
+    purged: bool,
     head: u64,
     last_time: u64,
     events: VecDeque<Arc<Event>>,
@@ -106,7 +106,7 @@ impl Journal for MemoryJournal {
                 map.entry(name.clone()).or_insert(ChannelLog {
                     name,
                     epoch: self.epoch,
-                    purged_from: None,
+                    purged: false,
                     head: 0,
                     last_time: 0,
                     events: VecDeque::new(),
@@ -216,7 +216,7 @@ impl Journal for MemoryJournal {
         while epoch == log.epoch || epoch == self.epoch {
             epoch = Epoch(rand::random::<u64>() | 1);
         }
-        log.purged_from = Some(log.epoch);
+        log.purged = true;
         log.epoch = epoch;
         log.head = 0;
         log.events.clear();
@@ -227,11 +227,12 @@ impl Journal for MemoryJournal {
         Ok(state)
     }
 
-    /// A purge's epoch forks at seq 0 from the epoch it replaced.
+    /// A purge's epoch forks at seq 0 from every earlier one: every event
+    /// in it was appended after the purge.
     fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
         let map = self.channels.lock();
         map.get(channel)
-            .and_then(|l| (l.epoch == to && l.purged_from == Some(from)).then_some(0))
+            .and_then(|l| (l.purged && l.epoch == to && from != to).then_some(0))
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {

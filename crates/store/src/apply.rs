@@ -282,8 +282,9 @@ pub(crate) fn append(
     events: Vec<NewEvent>,
     idempotency_key: Option<&str>,
 ) -> Result<(Appended, Option<Notice>), JournalError> {
-    let epoch = cx.epoch;
     let ch = cx.cache.get_or_create(channel);
+    // The store's, or the channel's own since a purge (`purge.rs`).
+    let epoch = ch.state(cx.epoch).epoch;
     let id = ch.row.id;
     if let Some(key) = idempotency_key {
         if let Some((first_seq, last_seq)) =

@@ -21,6 +21,8 @@ pub(crate) struct Channel {
     pub name: Arc<str>,
     /// The persisted row.
     pub row: ChannelRow,
+    /// The epoch its last purge began (`None`: the store's).
+    pub epoch: Option<Epoch>,
     /// A lower bound of the time of the event at the floor (`None` when no
     /// event is retained or ages are not tracked).
     oldest: Option<u64>,
@@ -28,9 +30,10 @@ pub(crate) struct Channel {
 
 impl Channel {
     /// The channel's bounds.
+    /// `epoch` is the store's; a purged channel has its own.
     pub(crate) fn state(&self, epoch: Epoch) -> ChannelState {
         ChannelState {
-            epoch,
+            epoch: self.epoch.unwrap_or(epoch),
             floor: self.row.floor,
             head: self.row.head,
         }
@@ -52,6 +55,7 @@ impl Channels {
         let txn = db.begin_read().map_err(storage)?;
         let channels = txn.open_table(CHANNELS).map_err(storage)?;
         let events = txn.open_table(EVENTS).map_err(storage)?;
+        let purged = crate::purge::Epochs::load(db)?.all();
         let mut out = Channels {
             map: HashMap::new(),
             expiry: BTreeSet::new(),
@@ -75,6 +79,7 @@ impl Channels {
                 Channel {
                     name: name.clone(),
                     row,
+                    epoch: purged.get(&name).copied(),
                     oldest: None,
                 },
             );
@@ -102,6 +107,7 @@ impl Channels {
                     floor: 1,
                     last_time: 0,
                 },
+                epoch: None,
                 oldest: None,
             }
         })

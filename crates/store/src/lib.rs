@@ -29,6 +29,7 @@ mod meta;
 mod open;
 mod options;
 mod overlay;
+mod purge;
 mod reader;
 mod request;
 mod tables;
@@ -72,6 +73,8 @@ pub struct EmbeddedJournal {
     db: Arc<Database>,
     /// Appends not yet in the tables, for readers.
     overlay: Arc<overlay::Overlay>,
+    /// Purged channels' epochs (`purge.rs`).
+    epochs: Arc<purge::Epochs>,
     /// `None` only while dropping.
     tx: Option<mpsc::Sender<Request>>,
     closed: AtomicBool,
@@ -114,11 +117,13 @@ impl EmbeddedJournal {
         let epoch = meta::init(&db, options.durability)?;
         log::recover(&db)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
+        let epochs = Arc::new(purge::Epochs::load(&db)?);
         let db = Arc::new(db);
         let overlay = Arc::new(overlay::Overlay::default());
         let (tx, rx) = mpsc::channel();
         let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache, overlay.clone())
             .checkpoint_every(checkpoint_bytes)
+            .with_epochs(epochs.clone())
             .spawn()
             .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedJournal {
@@ -128,13 +133,15 @@ impl EmbeddedJournal {
             epoch,
             db,
             overlay,
+            epochs,
             tx: Some(tx),
             closed: AtomicBool::new(false),
             writer: Some(writer),
         })
     }
 
-    /// The store's epoch (shared by all its channels).
+    /// The store's epoch (shared by all its channels but those purged,
+    /// which have their own).
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
@@ -185,7 +192,8 @@ impl Journal for EmbeddedJournal {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        let (epoch, bound) = (self.epoch, reader::Bound { limit, max_bytes });
+        let epoch = self.epochs.of(channel, self.epoch);
+        let bound = reader::Bound { limit, max_bytes };
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
             _ => return reader::page(&self.db, &self.overlay, epoch, channel, after, bound),
@@ -199,14 +207,16 @@ impl Journal for EmbeddedJournal {
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        reader::state(&self.db, &self.overlay, self.epoch, channel)
+        let epoch = self.epochs.of(channel, self.epoch);
+        reader::state(&self.db, &self.overlay, epoch, channel)
     }
 
     /// A binary search over seqs, on the calling task: the overlay's events
     /// in memory, then at most about log2(retained events) row lookups in
     /// the tables (`reader::seek_time`).
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
-        reader::seek_time(&self.db, &self.overlay, self.epoch, channel, time_ms)
+        let epoch = self.epochs.of(channel, self.epoch);
+        reader::seek_time(&self.db, &self.overlay, epoch, channel, time_ms)
     }
 
     /// After [`Journal::close`] this does nothing.
@@ -229,8 +239,24 @@ impl Journal for EmbeddedJournal {
         self.disk.check()
     }
 
-    async fn purge(&self, _channel: &str) -> Result<ChannelState, JournalError> {
-        Err(JournalError::Storage("purge: not yet".into()))
+    /// Run by the writer thread alone, between two batches, in one durable
+    /// transaction (`purge.rs`).
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.call(|reply| Request::Purge {
+            channel: channel.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    /// A purge's epoch forks at seq 0 from the store's epoch (the one a
+    /// channel has before its first purge) or from the previous purge's.
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        let current = self.epochs.of(channel, self.epoch);
+        (current == to && to != self.epoch && from != to).then_some(0)
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {

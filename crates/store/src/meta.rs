@@ -67,7 +67,7 @@ pub(crate) fn mark_clean(txn: &WriteTransaction) -> Result<(), JournalError> {
 }
 
 /// A random nonzero epoch different from `previous`.
-fn fresh_epoch(previous: Option<u64>) -> u64 {
+pub(crate) fn fresh_epoch(previous: Option<u64>) -> u64 {
     loop {
         let e = rand::random::<u64>();
         if e != 0 && Some(e) != previous {

@@ -33,6 +33,15 @@ pub(crate) enum Request {
         /// The result.
         reply: Reply<()>,
     },
+    /// Purge a channel (`purge.rs`): run alone, after what is queued before
+    /// it and before what comes after.
+    Purge {
+        /// The channel.
+        channel: String,
+        /// Its new state (the empty state of the store's epoch for a
+        /// channel never appended to).
+        reply: Reply<gapless_core::ChannelState>,
+    },
     /// Apply what is queued before this, commit durably, and stop.
     Close {
         /// The result of the final commit.
@@ -82,6 +91,11 @@ impl Batch {
     pub(crate) fn push(&mut self, request: Request) -> Option<Reply<()>> {
         match request {
             Request::Close { reply } => return Some(reply),
+            // The writer takes a purge before it reaches a batch.
+            Request::Purge { reply, .. } => {
+                let msg = "a purge reached a batch".to_owned();
+                let _ = reply.send(Err(JournalError::Storage(msg)));
+            }
             Request::Append {
                 channel,
                 events,

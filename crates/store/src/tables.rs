@@ -1,6 +1,6 @@
 //! The on-disk layout: redb table definitions and the encoding of rows.
 //!
-//! One redb file holds six tables:
+//! One redb file holds six tables, and a seventh once a channel is purged:
 //!
 //! | table                | key                        | value                              |
 //! |----------------------|----------------------------|------------------------------------|
@@ -10,6 +10,7 @@
 //! | `idempotency_keys`   | `(channel id, key)`        | `(first_seq, last_seq)`            |
 //! | `idempotency_order`  | `(channel id, last_seq, key)` | `()`                            |
 //! | `log`                | commit number              | the appends of one commit (see `log.rs`) |
+//! | `purged`             | channel name               | the epoch its last purge began (see `purge.rs`) |
 //!
 //! Channels get a small numeric id on their first append so event keys stay
 //! 16 bytes whatever the name. Rows below a channel's floor are deleted in the
@@ -54,6 +55,9 @@ pub(crate) const KEYS: TableDefinition<(u64, &str), (u64, u64)> =
 /// `(channel id, last_seq, idempotency key)`: keys in eviction order.
 pub(crate) const KEY_ORDER: TableDefinition<(u64, u64, &str), ()> =
     TableDefinition::new("idempotency_order");
+/// Channel name -> the epoch its last purge began (`purge.rs`); a channel
+/// without a row has the store's epoch. Created by the first purge.
+pub(crate) const PURGED: TableDefinition<&str, u64> = TableDefinition::new("purged");
 /// Commit number -> the append records of that commit, not yet applied to
 /// the other tables.
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");

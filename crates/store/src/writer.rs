@@ -24,7 +24,7 @@ use crate::options::{Durability, StoreOptions};
 use crate::overlay::{self, Overlay};
 use crate::request::{Batch, Op, Pending, Request};
 use crate::tables::{storage, LOG};
-use gapless_core::{Appended, CommitSink, JournalError};
+use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -63,6 +63,8 @@ pub(crate) struct Writer {
     checkpoint_bytes: usize,
     /// When the oldest commit not yet durable was made (`Async` only).
     unsynced_since: Option<Instant>,
+    /// Purged channels' epochs (shared with the readers, `purge.rs`).
+    epochs: Arc<crate::purge::Epochs>,
     /// Test hook: fail the next commit after applying its batch.
     #[cfg(test)]
     fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
@@ -93,6 +95,7 @@ impl Writer {
             record: Vec::new(),
             checkpoint_bytes: CHECKPOINT_BYTES,
             unsynced_since: None,
+            epochs: Arc::default(),
             #[cfg(test)]
             fail_next_commit: Arc::default(),
         }
@@ -101,6 +104,12 @@ impl Writer {
     /// Sets the logged bytes after which a commit is a checkpoint.
     pub(crate) fn checkpoint_every(mut self, bytes: usize) -> Self {
         self.checkpoint_bytes = bytes;
+        self
+    }
+
+    /// Shares the purged channels' epochs with the readers.
+    pub(crate) fn with_epochs(mut self, epochs: Arc<crate::purge::Epochs>) -> Self {
+        self.epochs = epochs;
         self
     }
 
@@ -113,11 +122,21 @@ impl Writer {
     }
 
     fn run(mut self) {
-        while let Some(first) = self.next_request() {
+        // A purge that ended the previous batch, run before the next one.
+        let mut purge = None;
+        while let Some(first) = purge.take().or_else(|| self.next_request()) {
+            if let Request::Purge { channel, reply } = first {
+                let _ = reply.send(self.purge(&channel));
+                continue;
+            }
             let mut batch = Batch::default();
             let mut close = batch.push(first);
             while close.is_none() && !batch.is_full() {
                 match self.rx.try_recv() {
+                    Ok(request @ Request::Purge { .. }) => {
+                        purge = Some(request);
+                        break;
+                    }
                     Ok(request) => close = batch.push(request),
                     Err(_) => break,
                 }
@@ -369,6 +388,45 @@ impl Writer {
             self.unsynced_since.get_or_insert_with(Instant::now);
         }
         Ok((results, notices))
+    }
+
+    /// Purges `channel` (`purge.rs`) and tells the sink its new state.
+    fn purge(&mut self, channel: &str) -> Result<ChannelState, JournalError> {
+        if self.cache.is_none() {
+            self.recover()?;
+        }
+        let Some(cache) = self.cache.as_mut() else {
+            return Err(JournalError::Storage("journal cache not loaded".into()));
+        };
+        let purged = crate::purge::purge(
+            &self.db,
+            &self.overlay,
+            cache,
+            &self.epochs,
+            self.epoch,
+            channel,
+        );
+        match purged {
+            Ok(None) => Ok(ChannelState::empty(self.epoch)),
+            Ok(Some(state)) => {
+                // The purge applied the log: nothing is logged any more, and
+                // its durable commit made every earlier one durable.
+                self.logged.clear();
+                self.keys.pending.clear();
+                self.next_log = 0;
+                self.unsynced_since = None;
+                self.notify(Notice::Evicted {
+                    channel: Arc::from(channel),
+                    state,
+                });
+                Ok(state)
+            }
+            Err(e) => {
+                tracing::error!("journal purge failed: {e}");
+                self.cache = None;
+                Err(e)
+            }
+        }
     }
 
     /// Tells the sink about one committed operation. A panicking sink is
