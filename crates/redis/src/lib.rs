@@ -438,6 +438,40 @@ impl Inner {
         Ok(state)
     }
 
+    /// The purge script (`scripts::PURGE`): the channel's new state, `None`
+    /// for a channel never appended to.
+    async fn purge(&self, channel: &str) -> Result<Option<ChannelState>, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let mut epoch = RedisJournal::fresh_epoch();
+        while epoch == fresh {
+            epoch = RedisJournal::fresh_epoch();
+        }
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.purge.prepare_invoke();
+                inv.key(&key)
+                    .arg(channel)
+                    .arg(&fresh)
+                    .arg(&epoch)
+                    .arg(BUS_CHANNEL);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let bad = || JournalError::Storage(format!("unexpected answer of the purge script: {v:?}"));
+        let state = ChannelState {
+            epoch: epoch_of(v.first()).ok_or_else(bad)?,
+            floor: int_of(v.get(1)).ok_or_else(bad)?,
+            head: int_of(v.get(2)).ok_or_else(bad)?,
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(Some(state))
+    }
+
     /// The seek script (`scripts::SEEK`): the first retained event at or
     /// after `time_ms`, found in Redis by bisection.
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
@@ -583,8 +617,20 @@ impl Journal for RedisJournal {
         self.inner.seek_time(channel, time_ms).await
     }
 
-    async fn purge(&self, _channel: &str) -> Result<ChannelState, JournalError> {
-        Err(JournalError::Storage("purge: not yet".into()))
+    /// One script (`scripts::PURGE`); the other nodes learn of it from its
+    /// bus notification, or at their next re-read of the channel.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        match self.inner.purge(channel).await? {
+            Some(state) => {
+                self.inner.deliver_purge(channel, state).await;
+                Ok(state)
+            }
+            // Never appended to: nothing to purge; its state, as a read gives.
+            None => self.inner.state(channel, "").await,
+        }
     }
 
     /// Every `poll_ms`: re-reads the state of every followed channel (which

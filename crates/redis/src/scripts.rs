@@ -376,6 +376,29 @@ local seq = older_until(k, floor, head, t - 1) + 1
 return {epoch, floor, head, prev, fork, S(time), seq}
 "#;
 
+/// `PURGE`: KEYS[1] = channel hash; ARGV = channel, fresh epoch (for
+/// `load`), the purge's epoch, bus channel. A channel never appended to (no
+/// hash) is left alone and answers `{}`. Otherwise, after `load` (so a fork
+/// it finds is settled first), the hash is replaced whole by the channel's
+/// new, empty epoch: `floor 1, head 0`, the same `time` (times never go
+/// back) and `lin`, `prev_epoch` the epoch it replaces and `fork 0` (every
+/// event of the new epoch was appended after the purge, see
+/// `Journal::fork_of`). Publishes `<epoch> 1 0 <channel>` (an empty commit,
+/// `notification.rs`) so every node drops what it holds of the channel.
+/// Returns `{epoch, floor, head, prev epoch, fork}`. One script: an append
+/// is wholly before it or wholly after it.
+const PURGE: &str = r#"
+local k = KEYS[1]
+if redis.call('EXISTS', k) == 0 then return {} end
+local epoch, _, _, time = load(k, ARGV[2], 0, '')
+local lin = redis.call('HGET', k, 'lin') or ''
+redis.call('DEL', k)
+redis.call('HSET', k, 'epoch', ARGV[3], 'floor', 1, 'head', 0, 'time', S(time), 'lin', lin,
+  'prev_epoch', epoch, 'fork', 0)
+redis.call('PUBLISH', ARGV[4], ARGV[3] .. ' 1 0 ' .. ARGV[1])
+return {ARGV[3], 1, 0, epoch, 0}
+"#;
+
 /// `READY`: touches nothing and returns `PONG`; the readiness check. Like
 /// every script above it is declared with `#!lua` and no flags, so Redis
 /// refuses it exactly when it would refuse an append before running it:
@@ -392,6 +415,7 @@ pub(crate) struct Scripts {
     pub(crate) state: redis::Script,
     pub(crate) seek: redis::Script,
     pub(crate) ready: redis::Script,
+    pub(crate) purge: redis::Script,
 }
 
 impl Scripts {
@@ -402,6 +426,7 @@ impl Scripts {
             state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
             seek: redis::Script::new(&format!("{PRELUDE}{SEEK}")),
             ready: redis::Script::new(READY),
+            purge: redis::Script::new(&format!("{PRELUDE}{PURGE}")),
         }
     }
 }
