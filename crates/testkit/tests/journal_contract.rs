@@ -12,7 +12,9 @@
 //! (the store's reopen and checkpoints, Redis's scripts and outages) is
 //! tested in that journal's crate.
 
-use gapless_core::journal::{now_ms, ChannelState, CommitSink, Journal, JournalError, Retention};
+use gapless_core::journal::{
+    now_ms, Appended, ChannelState, CommitSink, Journal, JournalError, NoSink, Retention,
+};
 use gapless_core::memory::MemoryJournal;
 use gapless_core::Page;
 use gapless_protocol::{Event, NewEvent, Payload};
@@ -142,6 +144,8 @@ contract!(
     bytes,
     seek_times,
     seek_after_eviction,
+    purge,
+    purge_racing,
 );
 
 // ---- the sink ----
@@ -796,5 +800,128 @@ async fn reports(f: Fixture) -> R {
     assert_eq!(j.size_bytes().is_some(), f.kind == Kind::Embedded);
     let st = j.state("c").await?;
     assert_eq!(j.fork_of("c", st.epoch, st.epoch), None);
+    Ok(())
+}
+
+/// A purge removes every event and idempotency key of one channel, gives it
+/// a new epoch (a fork at seq 0 of the old one) with seqs from 1 again,
+/// tells the sink before it returns, leaves other channels alone, leaves a
+/// channel never appended to as it is, and (on a store that outlives the
+/// journal) is still there when the store is opened again.
+async fn purge(f: Fixture) -> R {
+    let (j, rec) = f.open(Retention::default());
+    j.append("a", vec![ev("1"), ev("2")], Some("k")).await?;
+    j.append("a", vec![ev("3")], None).await?;
+    let b = j.append("b", vec![ev("y")], None).await?;
+    let old = j.state("a").await?;
+    let st = j.purge("a").await?;
+    assert_ne!(st.epoch, old.epoch, "a new epoch");
+    assert_ne!(st.epoch.0, 0);
+    assert_eq!((st.floor, st.head), (1, 0));
+    assert_eq!(rec.last_state("a"), Some(st), "the sink knows before it returns");
+    assert_eq!(j.state("a").await?, st);
+    let page = j.read("a", 0, 100).await?;
+    assert!(page.events.is_empty(), "{:?}", seqs(&page));
+    assert_eq!(page.state, st);
+    assert_eq!(j.fork_of("a", old.epoch, st.epoch), Some(0));
+    assert_eq!(j.seek_time("a", 0).await?.state, st);
+    let other = j.state("b").await?;
+    assert_eq!((other.epoch, other.head), (b.epoch, 1), "other channels stay");
+    let again = j.append("a", vec![ev("4")], Some("k")).await?;
+    assert_eq!(
+        (again.epoch, again.first_seq, again.duplicate),
+        (st.epoch, 1, false),
+        "seqs start at 1; the key was forgotten"
+    );
+    let page = j.read("a", 0, 100).await?;
+    assert_eq!(seqs(&page), [1]);
+    assert!(page.events.iter().all(|e| e.epoch == st.epoch));
+    // A channel never appended to: nothing to purge.
+    let never = j.purge("never").await?;
+    assert_eq!((never.floor, never.head), (1, 0));
+    assert_eq!(j.state("never").await?.head, 0);
+    // Purged twice: another epoch again.
+    let twice = j.purge("a").await?;
+    assert_ne!(twice.epoch, st.epoch);
+    assert_eq!(j.fork_of("a", st.epoch, twice.epoch), Some(0));
+    if f.kind == Kind::Embedded {
+        j.close().await?;
+        drop(j);
+        let dir = f.dirs.lock().expect("lock").pop().expect("the store's directory");
+        let opts = StoreOptions {
+            min_free_bytes: 0,
+            ..StoreOptions::default()
+        };
+        let reopened: Arc<dyn Journal> =
+            Arc::new(EmbeddedJournal::open(dir.path(), opts, Arc::new(NoSink))?);
+        assert_eq!(reopened.state("a").await?, twice, "the purge is durable");
+        assert!(reopened.read("a", 0, 100).await?.events.is_empty());
+        assert_eq!(reopened.state("b").await?.epoch, b.epoch);
+        let next = reopened.append("a", vec![ev("5")], None).await?;
+        assert_eq!((next.epoch, next.first_seq), (twice.epoch, 1));
+        f.dirs.lock().expect("lock").push(dir);
+    }
+    Ok(())
+}
+
+/// Appends racing a purge land wholly before it (and are gone) or wholly
+/// after it (in the new epoch, dense from seq 1), never half: a batch is
+/// never split across the purge.
+async fn purge_racing(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    j.append("r", vec![ev("first")], None).await?;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let ja = j.clone();
+        tasks.push(tokio::spawn(async move {
+            let j = ja;
+            let batch = vec![ev(&format!("{i}a")), ev(&format!("{i}b"))];
+            j.append("r", batch, None).await
+        }));
+        if i == 20 {
+            let j = j.clone();
+            tasks.push(tokio::spawn(async move {
+                j.purge("r").await.map(|st| Appended {
+                    epoch: st.epoch,
+                    first_seq: 0,
+                    last_seq: 0,
+                    duplicate: true,
+                })
+            }));
+        }
+    }
+    let mut acks = Vec::new();
+    let mut purged = None;
+    for t in tasks {
+        let a = t.await.expect("task")?;
+        if a.first_seq == 0 {
+            purged = Some(a.epoch);
+        } else {
+            acks.push(a);
+        }
+    }
+    let purged = purged.expect("the purge answered");
+    let st = j.state("r").await?;
+    assert_eq!(st.epoch, purged, "no other epoch since");
+    let after: Vec<&Appended> = acks.iter().filter(|a| a.epoch == purged).collect();
+    for a in &acks {
+        assert_eq!(a.last_seq, a.first_seq + 1, "{a:?}");
+    }
+    let page = j.read("r", 0, 1000).await?;
+    assert_eq!(
+        page.events.len(),
+        after.len() * 2,
+        "exactly the appends answered in the new epoch are there"
+    );
+    assert_eq!(seqs(&page), (1..=st.head).collect::<Vec<_>>(), "dense from 1");
+    for pair in page.events.chunks(2) {
+        let text = |e: &Event| String::from_utf8_lossy(e.data.as_bytes()).into_owned();
+        let (x, y) = (text(&pair[0]), text(&pair[1]));
+        assert_eq!(
+            x.trim_end_matches('a'),
+            y.trim_end_matches('b'),
+            "a batch is whole: {x} {y}"
+        );
+    }
     Ok(())
 }
