@@ -64,7 +64,8 @@ async fn live_and_resume(s: &Server, ch: &str) {
     assert!(pre.gaps.is_empty());
     assert_eq!(sse_events(&mut sse, 4).await, ["a1", "a2", "a3", "a4"]);
     let mut ws = Ws::channels(s).await;
-    ws.subscribe(json!(1), ch, json!({"since": "earliest"})).await;
+    ws.subscribe(json!(1), ch, json!({"since": "earliest"}))
+        .await;
     assert_eq!(ws_events(&mut ws, 4).await.len(), 4);
     assert_eq!(ws.expect_op("subscribed").await["replayed"], 4);
 
@@ -81,15 +82,25 @@ async fn live_and_resume(s: &Server, ch: &str) {
     assert_ne!(new_epoch, old_epoch, "a purge starts a new epoch");
 
     let gap = sse.next_event().await;
-    assert!(gap.is_gap(), "the first thing after a purge is a gap: {gap:?}");
+    assert!(
+        gap.is_gap(),
+        "the first thing after a purge is a gap: {gap:?}"
+    );
     let g = gap.json();
     assert_eq!(g["reason"], "epoch", "{g}");
     assert_eq!(g["after"], old_cursor.as_str(), "{g}");
     let next = g["next"].as_str().expect("next");
-    assert_eq!((epoch_of(next, ch), seq_of(next, ch)), (new_epoch.clone(), 0));
+    assert_eq!(
+        (epoch_of(next, ch), seq_of(next, ch)),
+        (new_epoch.clone(), 0)
+    );
     let ev = sse.next_event().await;
     assert_eq!(ev.data, "b1");
-    assert_eq!(seq_of(ev.id.as_deref().expect("id"), ch), 1, "seqs start at 1");
+    assert_eq!(
+        seq_of(ev.id.as_deref().expect("id"), ch),
+        1,
+        "seqs start at 1"
+    );
     assert_eq!(sse_events(&mut sse, 1).await, ["b2"]);
 
     let gap = ws.expect_op("gap").await;
@@ -97,7 +108,12 @@ async fn live_and_resume(s: &Server, ch: &str) {
     let evs = ws_events(&mut ws, 2).await;
     let got: Vec<(&str, u64)> = evs
         .iter()
-        .map(|m| (m["data"].as_str().unwrap_or(""), m["seq"].as_u64().unwrap_or(0)))
+        .map(|m| {
+            (
+                m["data"].as_str().unwrap_or(""),
+                m["seq"].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
     assert_eq!(got, [("b1", 1), ("b2", 2)]);
 
@@ -107,7 +123,8 @@ async fn live_and_resume(s: &Server, ch: &str) {
     assert_eq!(pre.gaps[0]["reason"], "epoch");
     assert_eq!(sse_events(&mut again, 2).await, ["b1", "b2"]);
     let mut ws2 = Ws::channels(s).await;
-    ws2.subscribe(json!(2), ch, json!({"cursor": old_cursor})).await;
+    ws2.subscribe(json!(2), ch, json!({"cursor": old_cursor}))
+        .await;
     assert_eq!(ws2.expect_op("gap").await["reason"], "epoch");
     assert_eq!(ws_events(&mut ws2, 2).await.len(), 2);
     assert_eq!(ws2.expect_op("subscribed").await["replayed"], 2);
@@ -115,7 +132,10 @@ async fn live_and_resume(s: &Server, ch: &str) {
     // History holds only what came after, in the new epoch.
     assert_eq!(s.all_data(ch).await, ["b1", "b2"]);
     let info = s.info(ch).await;
-    assert_eq!((info["floor"].clone(), info["head"].clone()), (json!(1), json!(2)));
+    assert_eq!(
+        (info["floor"].clone(), info["head"].clone()),
+        (json!(1), json!(2))
+    );
 }
 
 #[tokio::test]
@@ -138,7 +158,10 @@ async fn history_is_empty_after_and_unknown_channels_answer_204() {
         purge_ok(&s, "h").await;
         assert!(s.all_data("h").await.is_empty());
         let info = s.info("h").await;
-        assert_eq!((info["floor"].clone(), info["head"].clone()), (json!(1), json!(0)));
+        assert_eq!(
+            (info["floor"].clone(), info["head"].clone()),
+            (json!(1), json!(0))
+        );
         // Twice, and a channel never published to.
         purge_ok(&s, "h").await;
         purge_ok(&s, "never-published").await;
@@ -173,7 +196,12 @@ async fn purge_needs_the_publish_right() {
     let url = s.url("/v1/channels/p");
     let publisher = token(&[], &["p"]);
     let pubr = s
-        .send(s.http.post(s.url("/v1/channels/p/events")).body("x").bearer_auth(&publisher))
+        .send(
+            s.http
+                .post(s.url("/v1/channels/p/events"))
+                .body("x")
+                .bearer_auth(&publisher),
+        )
         .await;
     assert_eq!(pubr.status, 201, "{}", pubr.text);
 
@@ -282,4 +310,45 @@ async fn cluster_a_purge_through_one_node_reaches_every_node() {
     // And through B, seen on A.
     purge_ok(&b, "r").await;
     assert!(a.all_data("r").await.is_empty());
+}
+
+/// A Durable Streams reader of a stream whose channel was purged through
+/// the gapless API: an offset from before is of another epoch, so `410
+/// offset_gone` (the protocol's "before the earliest retained position");
+/// reading from the start again (`-1`) serves what was appended after the
+/// purge, with offsets of the new epoch.
+#[tokio::test]
+#[ignore = "not done: the stream keeps its creation epoch and start, so an old offset answers 400 invalid_offset (docs/durable-streams.md, Purge)"]
+async fn a_durable_streams_reader_of_a_purged_channel_gets_410_then_reads_anew() {
+    let s = Server::memory(&[]).await;
+    let ct = [("Content-Type", "text/plain")];
+    assert_eq!(s.request("PUT", "/ds/p/one", &ct, "").await.status, 201);
+    let a = s.request("POST", "/ds/p/one", &ct, "before").await;
+    assert!(a.status < 300, "{} {}", a.status, a.text);
+    let old = s.request("GET", "/ds/p/one?offset=-1", &[], "").await;
+    assert_eq!(old.status, 200, "{}", old.text);
+    assert_eq!(old.text, "before");
+    let old_next = old
+        .header("Stream-Next-Offset")
+        .expect("Stream-Next-Offset")
+        .to_owned();
+
+    purge_ok(&s, "p~one").await;
+    let gone = s
+        .request("GET", &format!("/ds/p/one?offset={old_next}"), &[], "")
+        .await;
+    assert_eq!(
+        gone.status, 410,
+        "an offset of the old epoch: {}",
+        gone.text
+    );
+    let b = s.request("POST", "/ds/p/one", &ct, "after").await;
+    assert!(b.status < 300, "{} {}", b.status, b.text);
+    let anew = s.request("GET", "/ds/p/one?offset=-1", &[], "").await;
+    assert_eq!(anew.status, 200, "{}", anew.text);
+    assert_eq!(anew.text, "after", "only what came after the purge");
+    let next = anew
+        .header("Stream-Next-Offset")
+        .expect("Stream-Next-Offset");
+    assert_ne!(next[..16], old_next[..16], "offsets of the new epoch");
 }

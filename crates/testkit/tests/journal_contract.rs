@@ -818,7 +818,11 @@ async fn purge(f: Fixture) -> R {
     assert_ne!(st.epoch, old.epoch, "a new epoch");
     assert_ne!(st.epoch.0, 0);
     assert_eq!((st.floor, st.head), (1, 0));
-    assert_eq!(rec.last_state("a"), Some(st), "the sink knows before it returns");
+    assert_eq!(
+        rec.last_state("a"),
+        Some(st),
+        "the sink knows before it returns"
+    );
     assert_eq!(j.state("a").await?, st);
     let page = j.read("a", 0, 100).await?;
     assert!(page.events.is_empty(), "{:?}", seqs(&page));
@@ -826,7 +830,11 @@ async fn purge(f: Fixture) -> R {
     assert_eq!(j.fork_of("a", old.epoch, st.epoch), Some(0));
     assert_eq!(j.seek_time("a", 0).await?.state, st);
     let other = j.state("b").await?;
-    assert_eq!((other.epoch, other.head), (b.epoch, 1), "other channels stay");
+    assert_eq!(
+        (other.epoch, other.head),
+        (b.epoch, 1),
+        "other channels stay"
+    );
     let again = j.append("a", vec![ev("4")], Some("k")).await?;
     assert_eq!(
         (again.epoch, again.first_seq, again.duplicate),
@@ -847,7 +855,12 @@ async fn purge(f: Fixture) -> R {
     if f.kind == Kind::Embedded {
         j.close().await?;
         drop(j);
-        let dir = f.dirs.lock().expect("lock").pop().expect("the store's directory");
+        let dir = f
+            .dirs
+            .lock()
+            .expect("lock")
+            .pop()
+            .expect("the store's directory");
         let opts = StoreOptions {
             min_free_bytes: 0,
             ..StoreOptions::default()
@@ -913,7 +926,11 @@ async fn purge_racing(f: Fixture) -> R {
         after.len() * 2,
         "exactly the appends answered in the new epoch are there"
     );
-    assert_eq!(seqs(&page), (1..=st.head).collect::<Vec<_>>(), "dense from 1");
+    assert_eq!(
+        seqs(&page),
+        (1..=st.head).collect::<Vec<_>>(),
+        "dense from 1"
+    );
     for pair in page.events.chunks(2) {
         let text = |e: &Event| String::from_utf8_lossy(e.data.as_bytes()).into_owned();
         let (x, y) = (text(&pair[0]), text(&pair[1]));
