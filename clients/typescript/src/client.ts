@@ -6,7 +6,7 @@
  */
 
 import type { BackoffOptions } from "./backoff.js";
-import { requestJson } from "./core.js";
+import { request, requestJson } from "./core.js";
 import type { Core, EventSourceConstructor } from "./core.js";
 import { GaplessError } from "./errors.js";
 import { Auth, segment, sinceParam } from "./internal.js";
@@ -254,6 +254,17 @@ export class Client {
       if (page.done) return;
       after = page.next;
     }
+  }
+
+  /**
+   * Purges a channel (`DELETE /v1/channels/{channel}`): removes every event and starts a new
+   * epoch. Every subscriber gets one `epoch` gap, then the events published after the purge;
+   * a channel never published to is purged too (nothing changes). Needs the publish right.
+   * @throws {GaplessError} 400 `invalid_channel`, 401/403, `network`.
+   */
+  async purge(channel: string): Promise<void> {
+    const res = await request(this.#core, { method: "DELETE", path: `/v1/channels/${segment(channel)}` });
+    await res.body?.cancel().catch(() => {});
   }
 
   /**
