@@ -353,6 +353,14 @@ async fn a_durable_streams_reader_of_a_purged_channel_gets_410_then_reads_anew()
     assert_ne!(next[..16], old_next[..16], "offsets of the new epoch");
 }
 
+async fn next(sub: &mut gapless_client::Subscription) -> gapless_client::Update {
+    tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("an update within 10 s")
+        .expect("the subscription goes on")
+        .expect("no error")
+}
+
 /// The Rust SDK's `purge`: its subscriber gets one `epoch` gap, then the
 /// events published after the purge.
 #[tokio::test]
@@ -367,25 +375,21 @@ async fn rust_sdk_purge_and_its_subscriber() {
         .connect()
         .await
         .expect("connect");
-    let next = |sub: &mut gapless_client::Subscription| {
-        let fut = sub.next();
-        async move {
-            tokio::time::timeout(Duration::from_secs(10), fut)
-                .await
-                .expect("an update within 10 s")
-                .expect("the subscription goes on")
-                .expect("no error")
-        }
-    };
     assert!(matches!(next(&mut sub).await, Update::Event(e) if e.data == "a1"));
     client.purge("sdk").await.expect("purge");
-    client.purge("sdk-never").await.expect("an unknown channel too");
+    client
+        .purge("sdk-never")
+        .await
+        .expect("an unknown channel too");
     client.publish("sdk", "b1").send().await.expect("publish");
     match next(&mut sub).await {
         Update::Gap(g) => assert_eq!(g.reason, GapReason::Epoch),
         other => panic!("expected the epoch gap, got {other:?}"),
     }
     assert!(matches!(next(&mut sub).await, Update::Event(e) if e.data == "b1"));
-    let bad = client.purge("bad name").await.expect_err("a bad name is refused");
+    let bad = client
+        .purge("bad name")
+        .await
+        .expect_err("a bad name is refused");
     assert_eq!(bad.api().map(|a| a.status), Some(400), "{bad}");
 }
