@@ -386,10 +386,17 @@ return {epoch, floor, head, prev, fork, S(time), seq}
 /// `Journal::fork_of`). Publishes `<epoch> 1 0 <channel>` (an empty commit,
 /// `notification.rs`) so every node drops what it holds of the channel.
 /// Returns `{epoch, floor, head, prev epoch, fork}`. One script: an append
-/// is wholly before it or wholly after it.
+/// is wholly before it or wholly after it. A purge sent again (the
+/// connection closed before its answer, `conn.rs`) finds the channel already
+/// in the purge's epoch and changes nothing: it must not remove the events
+/// appended after the first run.
 const PURGE: &str = r#"
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then return {} end
+if redis.call('HGET', k, 'epoch') == ARGV[3] then
+  local h = redis.call('HMGET', k, 'floor', 'head', 'prev_epoch')
+  return {ARGV[3], h[1], h[2], h[3] or '', 0}
+end
 local epoch, _, _, time = load(k, ARGV[2], 0, '')
 local lin = redis.call('HGET', k, 'lin') or ''
 redis.call('DEL', k)
@@ -447,4 +454,66 @@ pub(crate) fn append_source() -> String {
 /// The Redis key of `channel`'s hash.
 pub(crate) fn key_of(channel: &str) -> String {
     format!("gapless:{{{channel}}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{key_of, Scripts};
+    use gapless_testkit::redis::Redis;
+    use redis::AsyncCommands;
+
+    /// Runs `PURGE` on `channel` with the purge's epoch `epoch`; the answer.
+    async fn purge(
+        con: &mut redis::aio::MultiplexedConnection,
+        channel: &str,
+        epoch: &str,
+    ) -> Vec<redis::Value> {
+        Scripts::new()
+            .purge
+            .key(key_of(channel))
+            .arg(channel)
+            .arg("11")
+            .arg(epoch)
+            .arg("bus")
+            .invoke_async(con)
+            .await
+            .expect("purge script")
+    }
+
+    /// The connection closed before a purge's answer, so it is sent again
+    /// with the same epoch: the second run must keep what was appended in
+    /// between (here: head 5 in the new epoch), where a purge with another
+    /// epoch empties the channel.
+    #[tokio::test]
+    async fn a_purge_sent_again_keeps_the_events_appended_after_the_first() {
+        let Some(redis) = Redis::start_or_skip("purge resend").await else {
+            return;
+        };
+        let client = redis::Client::open(redis.url()).expect("client");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let k = key_of("c");
+        let _: () = con
+            .hset_multiple(
+                &k,
+                &[("epoch", "7"), ("floor", "1"), ("head", "3"), ("time", "0")],
+            )
+            .await
+            .expect("hset");
+        purge(&mut con, "c", "9").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "0", "the first purge empties the channel");
+        // Appends land in the new epoch.
+        let _: () = con.hset(&k, "head", "5").await.expect("hset");
+        let again = purge(&mut con, "c", "9").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "5", "a resent purge removed later events: {again:?}");
+        assert_eq!(again.get(2), Some(&redis::Value::BulkString(b"5".to_vec())));
+        // A new purge (another epoch) does empty it.
+        purge(&mut con, "c", "13").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "0");
+    }
 }
