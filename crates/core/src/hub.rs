@@ -608,6 +608,7 @@ fn resolve(
     match start {
         Start::Live => (st.head, None),
         Start::Earliest => (st.floor - 1, None),
+        Start::Latest => (st.head.saturating_sub(1).max(st.floor - 1), None),
         Start::After { epoch, seq } => {
             let after = Some((epoch, seq));
             if epoch != st.epoch {

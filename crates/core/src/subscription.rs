@@ -27,6 +27,10 @@ pub enum Start {
     Live,
     /// At the floor: everything retained, then live.
     Earliest,
+    /// At the newest retained event: it, then live (a namespace's
+    /// `latest = true`, for a subscriber that gave no start position); at
+    /// the head when nothing is retained.
+    Latest,
     /// After `seq` of journal incarnation `epoch` (from a cursor).
     After {
         /// The cursor's epoch.

@@ -73,6 +73,7 @@ async fn resume_gaps_name_their_reason() {
         Retention {
             max_events: 3,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );
@@ -113,6 +114,7 @@ async fn slow_reader_passed_by_retention_gets_evicted_gap_then_continues() {
         Retention {
             max_events: 5,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );

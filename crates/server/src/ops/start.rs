@@ -7,6 +7,7 @@
 //! words the refusal for its wire); one from another version of gapless is
 //! [`Resume::Unreadable`]: a gap notice of reason `unknown`, then live.
 
+use gapless_core::namespace::Namespaces;
 use gapless_core::subscription::Start;
 use gapless_protocol::{Cursor, CursorError};
 
@@ -41,6 +42,18 @@ pub fn since(value: Option<&str>) -> Option<Start> {
         None | Some("live") => Some(Start::Live),
         Some("earliest") => Some(Start::Earliest),
         Some(_) => None,
+    }
+}
+
+/// Where `channel` starts when its client gave no start position at all
+/// (`given` false: no cursor, no `since`): its namespace's `latest = true`
+/// starts at the newest retained event ([`Start::Latest`]); otherwise, and
+/// whenever the client gave one, `start` as resolved.
+pub fn or_latest(namespaces: &Namespaces, channel: &str, given: bool, start: Start) -> Start {
+    if !given && namespaces.policy(channel).latest {
+        Start::Latest
+    } else {
+        start
     }
 }
 

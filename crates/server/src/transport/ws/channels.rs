@@ -390,7 +390,12 @@ impl Conn {
                 Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
             },
             None => match start::since(since.as_deref()) {
-                Some(start) => start,
+                Some(start) => start::or_latest(
+                    &self.app.config.namespaces,
+                    &channel,
+                    since.is_some(),
+                    start,
+                ),
                 None => {
                     return Ok(Err(ApiError::new(
                         ErrorCode::InvalidRequest,
