@@ -287,7 +287,9 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
         for (key, v) in table {
             let whole = |min: u64, max: u64| -> Result<u64, String> {
                 match v {
-                    toml::Value::Integer(n) if (min as i128..=max as i128).contains(&i128::from(*n)) => {
+                    toml::Value::Integer(n)
+                        if (min as i128..=max as i128).contains(&i128::from(*n)) =>
+                    {
                         Ok(*n as u64)
                     }
                     toml::Value::Integer(n) => Err(format!(
@@ -314,8 +316,8 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
                 "retention_ms" => t.retention_ms = Some(whole(0, any)?),
                 "retention_bytes" => t.retention_bytes = Some(whole(0, any)?),
                 "max_event_bytes" => {
-                    let max = usize::MAX.min(i64::MAX as usize) as u64;
-                    t.max_event_bytes = Some(usize::try_from(whole(1, max)?).unwrap_or(usize::MAX));
+                    let n = whole(1, any)?;
+                    t.max_event_bytes = Some(usize::try_from(n).unwrap_or(usize::MAX));
                 }
                 "ephemeral" => t.ephemeral = Some(flag()?),
                 "latest" => t.latest = Some(flag()?),
@@ -323,7 +325,8 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
                 "presence" => {
                     if flag()? {
                         return Err(format!(
-                            "{at}: `presence = true`: presence is not built yet (issue 21,                              \"Presence\"); leave the key out or set it to false"
+                            "{at}: `presence = true`: presence is not built yet (issue 21, \
+                             \"Presence\"); leave the key out or set it to false"
                         ));
                     }
                     t.presence = Some(false);
@@ -492,7 +495,10 @@ fn print_namespaces(out: &mut String, p: &Parsed, m: &ArgMatches, args: &ServeAr
             let source = if table.sets(key) {
                 "file".to_owned()
             } else if let Some(id) = server_setting(key) {
-                format!("server setting ({})", source_of(p, m, id).unwrap_or("default"))
+                format!(
+                    "server setting ({})",
+                    source_of(p, m, id).unwrap_or("default")
+                )
             } else {
                 "default".to_owned()
             };

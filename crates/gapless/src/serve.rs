@@ -6,15 +6,15 @@ use crate::cli::{DurabilityArg, ForwardedHeaderArg, LogFormat, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
-use gapless_core::session::{SessionConfig, SessionRegistry, Sessions};
 use gapless_core::namespace::{Namespaces, Table};
+use gapless_core::session::{SessionConfig, SessionRegistry, Sessions};
 use gapless_core::Journal;
-use std::collections::BTreeMap;
 use gapless_server::auth::{Auth, AuthConfig};
 use gapless_server::net::forwarded::ForwardedHeader;
 use gapless_server::ops::limits::PublishLimiter;
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,10 +140,7 @@ async fn open_store(
     }
     if args.memory {
         return Ok(Store {
-            journal: Arc::new(MemoryJournal::with_namespaces(
-                namespaces.clone(),
-                channels,
-            )),
+            journal: Arc::new(MemoryJournal::with_namespaces(namespaces.clone(), channels)),
             session_registry: None,
             described: "in memory".to_owned(),
         });

@@ -220,7 +220,10 @@ fn gapless_config_default_shows_a_namespace() {
             "{key} in:\n{example}"
         );
     }
-    assert!(text.contains("# retention_bytes = 0"), "the new flag: {text}");
+    assert!(
+        text.contains("# retention_bytes = 0"),
+        "the new flag: {text}"
+    );
 }
 
 // ---- retention on the embedded journal ----
@@ -244,7 +247,11 @@ async fn retention_by_count_age_and_bytes_per_namespace() {
     }
     assert_eq!(retained(&s, "few:a").await, [4, 5, 6], "count");
     assert_eq!(retained(&s, "small:a").await, [5, 6], "25 bytes");
-    assert_eq!(retained(&s, "plain").await, [3, 4, 5, 6], "[namespaces.default]");
+    assert_eq!(
+        retained(&s, "plain").await,
+        [3, 4, 5, 6],
+        "[namespaces.default]"
+    );
     assert_eq!(
         retained(&s, "other:a").await,
         [2, 3, 4, 5, 6],
@@ -310,7 +317,10 @@ async fn a_lower_retention_applies_to_existing_channels_after_a_restart() {
     let (mut sub, pre) = s.resume("chat:1", &first).await;
     assert_eq!(pre.gaps.len(), 1, "{:?}", pre.gaps);
     assert_eq!(pre.gaps[0]["reason"], "evicted");
-    assert_eq!(seq_of(pre.gaps[0]["after"].as_str().expect("after"), "chat:1"), 2);
+    assert_eq!(
+        seq_of(pre.gaps[0]["after"].as_str().expect("after"), "chat:1"),
+        2
+    );
     s.publish("chat:1", "next").await;
     let e = sub.next_event().await;
     assert_eq!(e.data, "next");
@@ -348,7 +358,11 @@ async fn max_event_bytes_per_namespace_on_every_way_to_publish() {
     assert!(r.message().contains("--max-event-bytes"), "{}", r.text);
     // HTTP, a batch.
     let r = s
-        .batch("tiny:a", &json!([{"data": "ok"}, {"data": "123456789"}]), &[])
+        .batch(
+            "tiny:a",
+            &json!([{"data": "ok"}, {"data": "123456789"}]),
+            &[],
+        )
         .await;
     r.expect_error(413, "too_large");
     assert_eq!(r.json["limit"], 8);
@@ -401,11 +415,16 @@ async fn ephemeral_false_refuses_ephemeral_publishes_naming_the_namespace() {
         .await
         .expect(202);
     let mut ws = Ws::channels(&s).await;
-    ws.send(&json!({"op": "publish", "id": 7, "channel": "logs:b", "data": "x", "ephemeral": true}))
-        .await;
+    ws.send(
+        &json!({"op": "publish", "id": 7, "channel": "logs:b", "data": "x", "ephemeral": true}),
+    )
+    .await;
     let e = ws.json().await;
     assert_error(&e, "forbidden");
-    assert_eq!((e["id"].clone(), e["namespace"].clone()), (json!(7), json!("logs")));
+    assert_eq!(
+        (e["id"].clone(), e["namespace"].clone()),
+        (json!(7), json!("logs"))
+    );
     ws.send(&json!({"op": "publish", "id": 8, "channel": "logs:b", "data": "x"}))
         .await;
     assert_eq!(ws.expect_op("published").await["id"], 8);
@@ -438,7 +457,11 @@ async fn latest_starts_a_subscriber_without_a_start_at_the_newest_event() {
     let got: Vec<String> = all.events(5).await.into_iter().map(|e| e.data).collect();
     assert_eq!(got, ["t1", "t2", "t3", "t4", "t5"]);
     let got: Vec<String> = after.events(3).await.into_iter().map(|e| e.data).collect();
-    assert_eq!(got, ["t3", "t4", "t5"], "after the cursor of the preamble (seq 2)");
+    assert_eq!(
+        got,
+        ["t3", "t4", "t5"],
+        "after the cursor of the preamble (seq 2)"
+    );
     // Another namespace: live only.
     let (mut plain, _) = s.subscribe("plain", "").await;
     s.publish("plain", "p4").await;
@@ -460,8 +483,12 @@ async fn latest_starts_a_subscriber_without_a_start_at_the_newest_event() {
     let msgs = ws.read_until_seq("ticker:a", 5, WAIT).await;
     assert_eq!(ws_seqs(&msgs, "ticker:a"), [5]);
     let r = ws.expect_op("subscribed").await;
-    assert_eq!((r["id"].clone(), r["replayed"].clone()), (json!(1), json!(1)));
-    ws.subscribe(json!(2), "plain", json!({"since": "live"})).await;
+    assert_eq!(
+        (r["id"].clone(), r["replayed"].clone()),
+        (json!(1), json!(1))
+    );
+    ws.subscribe(json!(2), "plain", json!({"since": "live"}))
+        .await;
     assert_eq!(ws.expect_op("subscribed").await["id"], 2);
     s.publish("ticker:a", "t6").await;
     let msgs = ws.read_until_seq("ticker:a", 6, WAIT).await;
@@ -532,11 +559,19 @@ async fn public_namespaces_are_read_without_a_token_and_published_with_one() {
     // the answer for what it does not allow.
     let other = token(&["other"], &[]);
     let r = s
-        .send(s.http.get(s.url("/v1/channels/news:a/events")).bearer_auth(&other))
+        .send(
+            s.http
+                .get(s.url("/v1/channels/news:a/events"))
+                .bearer_auth(&other),
+        )
         .await;
     r.expect(200);
     let r = s
-        .send(s.http.get(s.url("/v1/channels/secret:a/events")).bearer_auth(&other))
+        .send(
+            s.http
+                .get(s.url("/v1/channels/secret:a/events"))
+                .bearer_auth(&other),
+        )
         .await;
     r.expect_error(403, "forbidden");
     // WebSocket without a token: subscribes to news:a, nothing else.

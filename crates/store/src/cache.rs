@@ -201,7 +201,8 @@ impl Channels {
             return;
         }
         if let Some(t) = ch.oldest {
-            self.expiry.remove(&(t.saturating_add(age), ch.name.clone()));
+            self.expiry
+                .remove(&(t.saturating_add(age), ch.name.clone()));
         }
         if let Some(t) = oldest {
             self.expiry.insert((t.saturating_add(age), ch.name.clone()));

@@ -16,11 +16,11 @@ use gapless_core::journal::{now_ms, ChannelState, CommitSink, Journal, JournalEr
 use gapless_core::memory::MemoryJournal;
 use gapless_core::namespace::{Namespaces, Policy, Table};
 use gapless_core::Page;
-use std::collections::BTreeMap;
 use gapless_protocol::{Event, NewEvent, Payload};
 use gapless_redis::{RedisJournal, RedisOptions};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use gapless_testkit::redis::Redis;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -470,7 +470,11 @@ async fn byte_retention(f: Fixture) -> R {
     assert_eq!(seqs(&j.read("c", 0, 10).await?), [1, 2], "20 bytes fit");
     j.append("c", vec![ev("0123456789")], None).await?;
     let st = j.state("c").await?;
-    assert_eq!((st.floor, st.head), (2, 3), "30 bytes do not: the oldest goes");
+    assert_eq!(
+        (st.floor, st.head),
+        (2, 3),
+        "30 bytes do not: the oldest goes"
+    );
     assert_eq!(seqs(&j.read("c", 0, 10).await?), [2, 3]);
     assert_eq!(
         rec.last_state("c"),
