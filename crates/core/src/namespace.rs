@@ -259,8 +259,12 @@ impl Namespaces {
     }
 
     /// The effective policy of `channel`'s namespace ([`namespace_of`]).
+    /// The server's own channels (names with `/`, which no client channel
+    /// can have: a session's `session/ID`, the Durable Streams records
+    /// `gapless/ds-streams`) always have the server's settings, so that no
+    /// namespace table shortens what the server keeps for itself.
     pub fn policy(&self, channel: &str) -> &Policy {
-        if self.named.is_empty() {
+        if self.named.is_empty() || channel.contains('/') {
             return &self.server;
         }
         self.of_namespace(namespace_of(channel))
@@ -332,6 +336,7 @@ mod tests {
         assert!(chat.latest && chat.ephemeral && !chat.public);
         assert_eq!(ns.policy("other:1"), &server);
         assert_eq!(ns.policy("plain"), &server);
+        assert_eq!(ns.policy("chat:x/y"), &server, "the server's own channels");
         assert!(ns.has_table("chat") && !ns.has_table("other"));
     }
 

@@ -331,6 +331,32 @@ async fn a_lower_retention_applies_to_existing_channels_after_a_restart() {
     assert_eq!(r.json["reason"], "evicted");
 }
 
+/// The server's own channels (names with `/`: the Durable Streams records,
+/// sessions) keep the server's settings whatever `[namespaces.default]`
+/// says: a low count there must not forget streams across a restart.
+#[tokio::test]
+async fn namespace_tables_never_apply_to_the_servers_own_channels() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = write(&dir, "[namespaces.default]\nretention_events = 2\n");
+    let mut s = durable(&file, &[]).await;
+    let ct = [("content-type", "text/plain")];
+    for i in 0..4 {
+        s.request("PUT", &format!("/ds/s{i}"), &ct, "")
+            .await
+            .expect(201);
+    }
+    s.restart().await;
+    for i in 0..4 {
+        let r = s.request("HEAD", &format!("/ds/s{i}"), &[], "").await;
+        assert_eq!(r.status, 200, "stream s{i} after a restart");
+    }
+    // A client channel of the namespace follows the table.
+    for _ in 0..3 {
+        s.publish("plain", TEN).await;
+    }
+    assert_eq!(retained(&s, "plain").await, [2, 3]);
+}
+
 // ---- max_event_bytes ----
 
 #[tokio::test]
