@@ -96,7 +96,9 @@ pub struct ConfigArgs {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// A TOML file of settings, named as these flags with `_` for `-`
-    /// (`retention_events = 1000`). Flags and GAPLESS_* variables win over it.
+    /// (`retention_events = 1000`), and of namespace tables
+    /// (`[namespaces.chat]`: the rules of channels named `chat:…`; see
+    /// `gapless config --default`). Flags and GAPLESS_* variables win over it.
     #[arg(long, env = "GAPLESS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (printed at start).
