@@ -103,6 +103,40 @@ pub struct Page {
     pub events: Vec<Arc<Event>>,
 }
 
+/// Where a time falls in a channel: the answer of [`Journal::seek_time`].
+///
+/// Event times are commit times (Unix ms) that never decrease within a
+/// channel: each journal gives an append the later of its clock and the
+/// channel's newest time, so a clock that steps back holds a channel's
+/// times still (its events get its newest time) until it catches up. The
+/// retained events with `time >= T` are therefore exactly `seq ..= head`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSeek {
+    /// The channel's bounds when it was read.
+    pub state: ChannelState,
+    /// The first retained event whose `time` is at or after the time asked
+    /// (`floor <= seq`); `head + 1` when no retained event is.
+    pub seq: u64,
+    /// The commit time of the event at `head`, retained or not (Unix ms);
+    /// 0 before the first event.
+    pub head_time: u64,
+}
+
+impl TimeSeek {
+    /// Whether an event that is no longer retained may have a time at or
+    /// after `time_ms`: the answer is the floor, something was evicted
+    /// (`floor > 1`), and either events are retained (the evicted one just
+    /// below the floor is at most as new as the floor, and its own time is
+    /// gone) or none are and the head event, the newest evicted, is at or
+    /// after `time_ms`. False when the answer is past the floor: the event
+    /// before it is retained and older than `time_ms`, and so is everything
+    /// before that.
+    pub fn evicted_after(&self, time_ms: u64) -> bool {
+        let st = self.state;
+        self.seq <= st.floor && st.floor > 1 && (st.floor <= st.head || self.head_time >= time_ms)
+    }
+}
+
 /// A journal failure. Nothing was acknowledged when an append fails.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -225,6 +259,17 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// [`JournalError`] when storage fails.
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError>;
+
+    /// The first retained event of `channel` whose `time` is at or after
+    /// `time_ms` (Unix ms), with the channel's bounds: where a start at a
+    /// point in time (`since=time:T`) begins. Times never decrease within a
+    /// channel ([`TimeSeek`]), so every journal answers with a binary search
+    /// over seqs (a few reads of event times, never the whole channel). A
+    /// channel never published to answers its empty state and `seq` 1.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError>;
 
     /// Evicts events older than the retention age, reporting new floors to the
     /// sink. Called about every 250 ms by the server.

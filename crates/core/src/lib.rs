@@ -10,5 +10,7 @@ pub mod namespace;
 pub mod session;
 pub mod subscription;
 
-pub use journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
+pub use journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
+};
 pub use namespace::{Namespaces, Policy};

@@ -3,7 +3,9 @@
 //! created, so a restarted `--memory` server tells every returning client that
 //! history was lost (gap reason `epoch`).
 
-use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
+use crate::journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
+};
 use crate::namespace::Namespaces;
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
@@ -203,6 +205,27 @@ impl Journal for MemoryJournal {
         Ok(map
             .get(channel)
             .map_or(ChannelState::empty(self.epoch), |l| l.state(self.epoch)))
+    }
+
+    /// A binary search of the retained events (times never decrease).
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        let map = self.channels.lock();
+        let Some(log) = map.get(channel) else {
+            let state = ChannelState::empty(self.epoch);
+            return Ok(TimeSeek {
+                state,
+                seq: state.head + 1,
+                head_time: 0,
+            });
+        };
+        let state = log.state(self.epoch);
+        let i = log.events.partition_point(|e| e.time < time_ms);
+        let seq = log.events.get(i).map_or(state.head + 1, |e| e.seq);
+        Ok(TimeSeek {
+            state,
+            seq,
+            head_time: log.last_time,
+        })
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {

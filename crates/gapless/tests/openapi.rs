@@ -544,6 +544,61 @@ async fn streams_and_upgrades_answer_as_documented() {
     }
 }
 
+/// `since` is documented where it is taken (both SSE operations, both
+/// history pages) as the one `Since` schema, whose pattern is the rule's
+/// (`gapless_protocol::since`) and whose examples the server accepts there.
+#[tokio::test]
+async fn since_is_documented_where_it_is_taken() {
+    let s = Server::memory(&[]).await;
+    s.publish("oa", "hello").await;
+    let doc = document(&s).await;
+    let since = &doc["components"]["schemas"]["Since"];
+    assert_eq!(
+        since["pattern"],
+        gapless_protocol::since::SINCE_PATTERN,
+        "{since}"
+    );
+    let text = since["description"].as_str().unwrap_or_default();
+    for form in [
+        "`live`",
+        "`earliest`",
+        "`last:N`",
+        "`time:UNIX_MS`",
+        "`evicted`",
+    ] {
+        assert!(text.contains(form), "the description names {form}: {text}");
+    }
+    for (path, target) in [
+        ("/v1/channels/{channel}/sse", "/v1/channels/oa/sse"),
+        ("/v1/sse", "/v1/sse?channel=oa"),
+        ("/v1/channels/{channel}/events", "/v1/channels/oa/events"),
+        ("/v1/sessions/{id}/events", ""),
+    ] {
+        let param = doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|p| p["name"] == "since")
+            .unwrap_or_else(|| panic!("{path}: a since parameter"))
+            .clone();
+        assert_eq!(param["in"], "query", "{path}");
+        assert_eq!(
+            param["schema"]["$ref"], "#/components/schemas/Since",
+            "{path}: {param}"
+        );
+        if target.is_empty() {
+            continue;
+        }
+        for example in since["examples"].as_array().expect("examples") {
+            let v = example.as_str().expect("a string");
+            let sep = if target.contains('?') { '&' } else { '?' };
+            let (status, body, _) =
+                status_and_start(s.http.get(s.url(&format!("{target}{sep}since={v}")))).await;
+            assert_eq!(status, 200, "{path} since={v}: {body}");
+        }
+    }
+}
+
 /// What schemathesis found in the server, fixed there: each stays fixed.
 #[tokio::test]
 async fn schemathesis_findings_stay_fixed() {

@@ -262,6 +262,14 @@ pub struct HistoryPage {
     pub next: String,
     /// Whether this page reaches the head.
     pub done: bool,
+    /// Only on a page read with `since=time:UNIX_MS` that starts at the
+    /// floor because an event no longer retained may be at or after that
+    /// time: the evicted seqs, as a gap notice of reason `evicted` (`after`
+    /// at seq 0, `next` at the floor - 1; which of them were at or after
+    /// the time is not known once they are gone). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::event::GapNotice>, nullable = false)]
+    pub gap: Option<crate::event::GapNotice<'static>>,
 }
 
 /// A channel's bounds and audience.
@@ -388,6 +396,7 @@ mod tests {
             events: PageEvents::Journal(vec![e.clone()]),
             next: e.cursor().to_owned(),
             done: true,
+            gap: None,
         };
         let text = serde_json::to_string(&page).expect("json");
         assert!(

@@ -37,7 +37,7 @@ mod settings;
 pub use sessions::RedisSessions;
 
 use async_trait::async_trait;
-use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page};
+use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, TimeSeek};
 use gapless_core::{JournalError, Namespaces};
 use gapless_protocol::{Epoch, Event, NewEvent};
 use redis::Value;
@@ -446,6 +446,40 @@ impl Inner {
         self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
         Ok(state)
     }
+
+    /// The seek script (`scripts::SEEK`): the first retained event at or
+    /// after `time_ms`, found in Redis by bisection.
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let r = self.opts.namespaces.retention(channel);
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.seek.prepare_invoke();
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(r.max_age_ms)
+                    .arg("")
+                    .arg(time_ms)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let bad = || JournalError::Storage(format!("unexpected answer of the seek script: {v:?}"));
+        let state = ChannelState {
+            epoch: epoch_of(v.first()).ok_or_else(bad)?,
+            floor: int_of(v.get(1)).ok_or_else(bad)?,
+            head: int_of(v.get(2)).ok_or_else(bad)?,
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(TimeSeek {
+            state,
+            head_time: int_of(v.get(5)).ok_or_else(bad)?,
+            seq: int_of(v.get(6)).ok_or_else(bad)?,
+        })
+    }
 }
 
 /// A token for one append request: 128 random bits in 22 base64url
@@ -558,6 +592,10 @@ impl Journal for RedisJournal {
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
         self.inner.state(channel, "").await
+    }
+
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        self.inner.seek_time(channel, time_ms).await
     }
 
     /// Every `poll_ms`: re-reads the state of every followed channel (which

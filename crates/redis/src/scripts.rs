@@ -421,6 +421,21 @@ local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2
 return {epoch, floor, head, prev, fork}
 "#;
 
+/// `SEEK`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, known
+/// (see `load`), time (Unix ms), max events, max bytes (see `load`). Returns `{epoch, floor, head, prev epoch,
+/// fork, time (of the event at head), seq}`: `seq` is the first retained
+/// event whose time is at or after the time asked (`head + 1` when none),
+/// found by bisection (`older_until`: times never go back within a
+/// channel), so it reads about log2(retained events) events, never the
+/// whole channel (`Journal::seek_time`).
+const SEEK: &str = r#"
+local k = KEYS[1]
+local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[5]), tonumber(ARGV[6]))
+local t = tonumber(ARGV[4])
+local seq = older_until(k, floor, head, t - 1) + 1
+return {epoch, floor, head, prev, fork, S(time), seq}
+"#;
+
 /// `READY`: touches nothing and returns `PONG`; the readiness check. Like
 /// every script above it is declared with `#!lua` and no flags, so Redis
 /// refuses it exactly when it would refuse an append before running it:
@@ -435,6 +450,7 @@ pub(crate) struct Scripts {
     pub(crate) append: redis::Script,
     pub(crate) read: redis::Script,
     pub(crate) state: redis::Script,
+    pub(crate) seek: redis::Script,
     pub(crate) ready: redis::Script,
 }
 
@@ -444,6 +460,7 @@ impl Scripts {
             append: redis::Script::new(&append_source()),
             read: redis::Script::new(&format!("{PRELUDE}{READ}")),
             state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
+            seek: redis::Script::new(&format!("{PRELUDE}{SEEK}")),
             ready: redis::Script::new(READY),
         }
     }

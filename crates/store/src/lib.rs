@@ -38,7 +38,7 @@ pub use open::{check, CheckReport};
 pub use options::{Durability, StoreOptions, DEFAULT_CACHE_BYTES};
 
 use async_trait::async_trait;
-use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
+use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, TimeSeek};
 use gapless_protocol::{Epoch, NewEvent};
 use redb::Database;
 use request::{Reply, Request};
@@ -208,6 +208,13 @@ impl Journal for EmbeddedJournal {
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
         reader::state(&self.db, &self.overlay, self.epoch, channel)
+    }
+
+    /// A binary search over seqs, on the calling task: the overlay's events
+    /// in memory, then at most about log2(retained events) row lookups in
+    /// the tables (`reader::seek_time`).
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        reader::seek_time(&self.db, &self.overlay, self.epoch, channel, time_ms)
     }
 
     /// After [`Journal::close`] this does nothing.

@@ -176,6 +176,8 @@ contract!(
     close,
     reports,
     bytes,
+    seek_times,
+    seek_after_eviction,
 );
 
 // ---- the sink ----
@@ -890,6 +892,91 @@ async fn bytes(f: Fixture) -> R {
     if f.kind == Kind::Redis {
         let (other, _) = f.open(Retention::default());
         assert_eq!(got(&other.read("c", 0, 10).await?), want, "another node");
+    }
+    Ok(())
+}
+
+/// `seek_time` answers the first retained event at or after a time
+/// (`head + 1` when none is), with the channel's bounds and the head
+/// event's time, for every time around every event's; a channel never
+/// published to answers seq 1 and time 0. The channel is long enough (300
+/// KiB) that the embedded store has applied part of it to its tables and
+/// holds the rest in its overlay, so the search crosses both.
+async fn seek_times(f: Fixture) -> R {
+    let (j, _) = f.open(keep(1000, 0));
+    let none = j.seek_time("nobody", now_ms()).await?;
+    assert_eq!((none.seq, none.head_time), (1, 0));
+    assert_eq!(none.state, j.state("nobody").await?);
+    assert!(!none.evicted_after(0));
+    for _ in 0..30 {
+        let batch = (0..5).map(|_| ev(&"x".repeat(2048))).collect();
+        j.append("t", batch, None).await?;
+        // Mostly distinct times; equal ones are checked as well.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let page = j.read("t", 0, 1000).await?;
+    let (st, all) = (page.state, page.events);
+    assert_eq!((st.floor, st.head, all.len()), (1, 150, 150));
+    let head_time = all[149].time;
+    let first_at = |t: u64| {
+        all.iter()
+            .find(|e| e.time >= t)
+            .map_or(st.head + 1, |e| e.seq)
+    };
+    let mut times: Vec<u64> = vec![0, 1, head_time + 1, u64::MAX];
+    for e in &all {
+        times.extend([e.time - 1, e.time, e.time + 1]);
+    }
+    times.dedup();
+    for t in times {
+        let s = j.seek_time("t", t).await?;
+        assert_eq!(s.seq, first_at(t), "time {t} (events from {})", all[0].time);
+        assert_eq!((s.state, s.head_time), (st, head_time), "time {t}");
+        assert!(!s.evicted_after(t), "nothing was evicted: {s:?}");
+    }
+    Ok(())
+}
+
+/// After eviction `seek_time` answers among the retained events only, and
+/// `evicted_after` says when an evicted event may be at or after the time:
+/// the answer is the floor and something was evicted (by count here), or
+/// everything was evicted (by age) and the head event, whose time the
+/// journal keeps, is at or after it.
+async fn seek_after_eviction(f: Fixture) -> R {
+    let (j, _) = f.open(keep(4, 0));
+    for i in 1..=8 {
+        j.append("c", vec![ev(&i.to_string())], None).await?;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let page = j.read("c", 0, 10).await?;
+    assert_eq!(seqs(&page), [5, 6, 7, 8]);
+    let t = |seq: u64| page.events[(seq - 5) as usize].time;
+    let s = j.seek_time("c", 0).await?;
+    assert_eq!((s.seq, s.state, s.head_time), (5, page.state, t(8)));
+    assert!(s.evicted_after(0), "events 1 to 4 may be after time 0");
+    let s = j.seek_time("c", t(5)).await?;
+    assert_eq!(s.seq, 5);
+    assert!(s.evicted_after(t(5)), "event 4 is gone, its time with it");
+    let s = j.seek_time("c", t(6)).await?;
+    assert_eq!(s.seq, 6);
+    assert!(!s.evicted_after(t(6)), "event 5 is retained and older");
+    let s = j.seek_time("c", t(8) + 1).await?;
+    assert_eq!(s.seq, 9);
+    assert!(!s.evicted_after(t(8) + 1), "event 8 is retained and older");
+
+    let (j, _) = f.open(keep(1000, 200));
+    j.append("old", vec![ev("1")], None).await?;
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    j.append("old", vec![ev("2")], None).await?;
+    let page = j.read("old", 0, 10).await?;
+    let (t1, t2) = (page.events[0].time, page.events[1].time);
+    assert!(t1 < t2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = evict_until(&*j, "old", 3, Duration::from_secs(5)).await?;
+    for (time, may) in [(0, true), (t1, true), (t2, true), (t2 + 1, false)] {
+        let s = j.seek_time("old", time).await?;
+        assert_eq!((s.seq, s.state, s.head_time), (3, st, t2), "time {time}");
+        assert_eq!(s.evicted_after(time), may, "time {time}");
     }
     Ok(())
 }

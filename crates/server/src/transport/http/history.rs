@@ -21,7 +21,7 @@ use gapless_protocol::schema::ChannelName;
 use gapless_protocol::Cursor;
 use std::sync::Arc;
 
-/// `GET /v1/channels/{channel}/events?after=CURSOR&limit=N`.
+/// `GET /v1/channels/{channel}/events?after=CURSOR&since=…&limit=N`.
 #[utoipa::path(
     get,
     path = "/v1/channels/{channel}/events",
@@ -30,12 +30,13 @@ use std::sync::Arc;
     tag = "read",
     params(
         ("channel" = ChannelName, Path, description = "The channel to read."),
-        ("after" = Option<Cursor>, Query, description = "Read the events after this cursor; from the floor (the oldest retained event) when absent or empty."),
+        ("after" = Option<Cursor>, Query, description = "Read the events after this cursor; when absent or empty, where `since` says (the floor, the oldest retained event, by default). Wins over `since`."),
+        ("since" = Option<gapless_protocol::Since>, Query, description = "Without `after`: where the first page starts, as for a stream (checked also with `after`). `earliest` (the default) the floor; `live` the head (an empty page, `done`, whose `next` is the head's cursor); `last:N` the last N retained events; `time:UNIX_MS` the first retained event at or after that time (from the floor, with `gap`, when an event no longer retained may be at or after it). Read on with `after` = `next`."),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
     ),
     responses(
         (status = 200, description = "One page of history.", body = HistoryPage),
-        (status = 400, description = "`invalid_channel`, `invalid_cursor` (`after` fails its check or names no position on this channel), or `invalid_request` (a bad `limit`).", body = ErrorBody),
+        (status = 400, description = "`invalid_channel`, `invalid_cursor` (`after` fails its check or names no position on this channel), or `invalid_request` (a bad `limit` or `since`).", body = ErrorBody),
         Unauthorized,
         SubscribeForbidden,
         (status = 410, description = "`cursor_not_served`: the journal cannot serve `after` (`reason`: `evicted`, `epoch`, `ahead` or `unknown`); `floor` and `floor_cursor` say where reading can restart.", body = ErrorBody),
@@ -68,6 +69,7 @@ pub(crate) async fn page(
         limit: q.get("limit"),
         after: q.get("after"),
         after_seq: q.get("after_seq"),
+        since: q.get("since"),
     };
     let page = history::page(app, channel, query, reading).await?;
     Ok(Json(HistoryPage {
@@ -78,6 +80,7 @@ pub(crate) async fn page(
         events: PageEvents::Journal(page.events),
         next: page.next,
         done: page.done,
+        gap: page.gap.map(|g| g.notice()),
     }))
 }
 

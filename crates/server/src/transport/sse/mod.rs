@@ -50,7 +50,7 @@ use utoipa_axum::routes;
 
 /// The schemas of a stream that no operation names directly.
 #[derive(utoipa::OpenApi)]
-#[openapi(components(schemas(Since, SseFormat, ExpiredNotice, SseEvent)))]
+#[openapi(components(schemas(gapless_protocol::Since, SseFormat, ExpiredNotice, SseEvent)))]
 struct Schemas;
 
 /// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
@@ -60,17 +60,6 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(channel_sse))
         .routes(routes!(multi_sse))
-}
-
-/// `since=`: where a stream without a cursor starts.
-#[derive(ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)]
-pub(crate) enum Since {
-    /// Everything retained, then live.
-    Earliest,
-    /// Events published from now on.
-    Live,
 }
 
 /// `format=`: what a stream's `data:` carries.
@@ -443,7 +432,8 @@ async fn open(
 ///
 /// # Errors
 /// 400 `invalid_cursor` for an unreadable `last_event_id=`; 400
-/// `invalid_request` for a `since=` other than `earliest` or `live`.
+/// `invalid_request` for a `since=` that [`start::since`] refuses (checked
+/// also when a cursor wins).
 pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
     let header = headers
         .get("last-event-id")
@@ -464,15 +454,7 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
         Some(h) => start::read(h).unwrap_or(Resume::Unreadable),
         None => query.unwrap_or(Resume::Nothing),
     };
-    let Some(since) = start::since(q.get("since")) else {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "since={:?} must be earliest or live (to resume, pass last_event_id=CURSOR)",
-                q.get("since").unwrap_or_default()
-            ),
-        ));
-    };
+    let since = start::since(q.get("since"))?;
     Ok(start::starts(channels, &resume, since))
 }
 
