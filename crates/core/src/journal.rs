@@ -40,15 +40,23 @@ impl ChannelState {
     }
 }
 
-/// How long events are kept. Both limits apply; whichever evicts more wins.
+/// How long a channel's events are kept. Every limit applies; whichever
+/// evicts more wins. A journal applies the retention of each channel's
+/// namespace ([`crate::namespace::Namespaces::retention`]), also to the
+/// events a channel already holds when it opens with a lower limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Most events kept per channel; right after a publish a channel serves at
-    /// most this many (its newest). 0 is treated as 1.
+    /// most this many (its newest). 0: no count limit.
     pub max_events: u64,
     /// Age in milliseconds after which events are evicted; 0 keeps them forever.
     /// Eviction by age may lag by at most one second.
     pub max_age_ms: u64,
+    /// Most bytes of event data (the events' `data`, not their type or
+    /// framing) kept per channel; right after a publish a channel serves its
+    /// newest events whose data adds up to at most this many bytes, and
+    /// always its newest event, however large. 0: no byte limit.
+    pub max_bytes: u64,
 }
 
 impl Default for Retention {
@@ -56,15 +64,19 @@ impl Default for Retention {
         Retention {
             max_events: 100_000,
             max_age_ms: 86_400_000,
+            max_bytes: 0,
         }
     }
 }
 
 impl Retention {
-    /// The floor that the count limit imposes on a channel whose head is `head`.
+    /// The floor that the count limit imposes on a channel whose head is
+    /// `head` (1 when there is no count limit).
     pub fn count_floor(&self, head: u64) -> u64 {
-        let keep = self.max_events.max(1);
-        head.saturating_sub(keep) + 1
+        if self.max_events == 0 {
+            return 1;
+        }
+        head.saturating_sub(self.max_events) + 1
     }
 }
 

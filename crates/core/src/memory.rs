@@ -6,6 +6,7 @@
 use crate::journal::{
     Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
 };
+use crate::namespace::Namespaces;
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
 use parking_lot::Mutex;
@@ -16,7 +17,8 @@ use std::sync::Arc;
 /// A journal held in memory.
 pub struct MemoryJournal {
     epoch: Epoch,
-    retention: Retention,
+    /// The retention of each channel (by its namespace).
+    namespaces: Arc<Namespaces>,
     sink: Arc<dyn CommitSink>,
     channels: Mutex<HashMap<Arc<str>, ChannelLog>>,
     /// Set by [`Journal::close`]: appends are refused with
@@ -32,7 +34,11 @@ struct ChannelLog {
     purged: bool,
     head: u64,
     last_time: u64,
+    /// This channel's retention (its namespace's, resolved once).
+    retention: Retention,
     events: VecDeque<Arc<Event>>,
+    /// Bytes of data of `events`.
+    bytes: u64,
     /// idempotency key -> (first_seq, last_seq)
     keys: HashMap<String, (u64, u64)>,
     /// (last_seq, key) in append order, to forget keys as events are evicted
@@ -51,7 +57,9 @@ impl ChannelLog {
     fn evict_to(&mut self, floor: u64) -> bool {
         let mut changed = false;
         while self.events.front().is_some_and(|e| e.seq < floor) {
-            self.events.pop_front();
+            if let Some(e) = self.events.pop_front() {
+                self.bytes -= e.data.len() as u64;
+            }
             changed = true;
         }
         while self.key_order.front().is_some_and(|(s, _)| *s < floor) {
@@ -64,11 +72,18 @@ impl ChannelLog {
 }
 
 impl MemoryJournal {
-    /// A new, empty journal with a random epoch.
+    /// A new, empty journal with a random epoch and one retention for
+    /// every channel.
     pub fn new(retention: Retention, sink: Arc<dyn CommitSink>) -> Self {
+        Self::with_namespaces(Arc::new(Namespaces::uniform(retention)), sink)
+    }
+
+    /// A new, empty journal with a random epoch; each channel has the
+    /// retention of its namespace.
+    pub fn with_namespaces(namespaces: Arc<Namespaces>, sink: Arc<dyn CommitSink>) -> Self {
         MemoryJournal {
             epoch: Epoch(rand::random::<u64>() | 1),
-            retention,
+            namespaces,
             sink,
             channels: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -103,13 +118,16 @@ impl Journal for MemoryJournal {
             Some(l) => l,
             None => {
                 let name: Arc<str> = Arc::from(channel);
+                let retention = self.namespaces.retention(channel);
                 map.entry(name.clone()).or_insert(ChannelLog {
                     name,
                     epoch: self.epoch,
                     purged: false,
                     head: 0,
                     last_time: 0,
+                    retention,
                     events: VecDeque::new(),
+                    bytes: 0,
                     keys: HashMap::new(),
                     key_order: VecDeque::new(),
                 })
@@ -139,6 +157,7 @@ impl Journal for MemoryJournal {
                 ev.data,
                 time,
             ));
+            log.bytes += e.data.len() as u64;
             log.events.push_back(e.clone());
             committed.push(e);
         }
@@ -147,7 +166,20 @@ impl Journal for MemoryJournal {
             log.keys.insert(k.to_owned(), (first_seq, last_seq));
             log.key_order.push_back((last_seq, k.to_owned()));
         }
-        log.evict_to(self.retention.count_floor(log.head));
+        log.evict_to(log.retention.count_floor(log.head));
+        let max_bytes = log.retention.max_bytes;
+        if max_bytes != 0 && log.bytes > max_bytes {
+            // The oldest go until the data fits; the newest event always stays.
+            let (mut bytes, mut floor) = (log.bytes, 0);
+            for e in &log.events {
+                if bytes <= max_bytes || e.seq >= log.head {
+                    break;
+                }
+                bytes -= e.data.len() as u64;
+                floor = e.seq + 1;
+            }
+            log.evict_to(floor);
+        }
         let state = log.state();
         // Still under the lock: the sink sees commits in seq order.
         self.sink.committed(channel, state, &committed);
@@ -220,6 +252,7 @@ impl Journal for MemoryJournal {
         log.epoch = epoch;
         log.head = 0;
         log.events.clear();
+        log.bytes = 0;
         log.keys.clear();
         log.key_order.clear();
         let state = log.state();
@@ -236,12 +269,15 @@ impl Journal for MemoryJournal {
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
-        if self.retention.max_age_ms == 0 {
+        if !self.namespaces.any_age_limit() {
             return Ok(());
         }
-        let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
         let mut map = self.channels.lock();
         for log in map.values_mut() {
+            if log.retention.max_age_ms == 0 {
+                continue;
+            }
+            let cutoff = now_ms.saturating_sub(log.retention.max_age_ms);
             let floor = log
                 .events
                 .iter()

@@ -73,6 +73,7 @@ async fn resume_gaps_name_their_reason() {
         Retention {
             max_events: 3,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );
@@ -117,6 +118,7 @@ async fn last_and_time_starts() {
         Retention {
             max_events: 5,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );
@@ -158,6 +160,7 @@ async fn slow_reader_passed_by_retention_gets_evicted_gap_then_continues() {
         Retention {
             max_events: 5,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );

@@ -96,7 +96,9 @@ pub struct ConfigArgs {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// A TOML file of settings, named as these flags with `_` for `-`
-    /// (`retention_events = 1000`). Flags and GAPLESS_* variables win over it.
+    /// (`retention_events = 1000`), and of namespace tables
+    /// (`[namespaces.chat]`: the rules of channels named `chat:…`; see
+    /// `gapless config --default`). Flags and GAPLESS_* variables win over it.
     #[arg(long, env = "GAPLESS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (printed at start).
@@ -124,12 +126,17 @@ pub struct ServeArgs {
     /// holds the file beside it (docs/deploy.md, "Memory").
     #[arg(long, env = "GAPLESS_JOURNAL_CACHE_BYTES", default_value_t = 67_108_864, value_parser = clap::value_parser!(u64).range(1_048_576..))]
     pub journal_cache_bytes: u64,
-    /// Most events retained per channel.
-    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Most events retained per channel; 0 = no count limit. A namespace
+    /// table's retention_events wins over it for its channels.
+    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000)]
     pub retention_events: u64,
     /// Age in milliseconds after which events are evicted; 0 keeps them forever.
     #[arg(long, env = "GAPLESS_RETENTION_MS", default_value_t = 86_400_000)]
     pub retention_ms: u64,
+    /// Most bytes of event data retained per channel (its newest events
+    /// whose data fits; the newest event is always kept); 0 = no byte limit.
+    #[arg(long, env = "GAPLESS_RETENTION_BYTES", default_value_t = 0)]
+    pub retention_bytes: u64,
     /// Milliseconds between SSE heartbeat comments and WebSocket pings (every N ms, whether or not events flow); 0 sends none.
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,

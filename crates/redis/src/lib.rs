@@ -37,10 +37,8 @@ mod settings;
 pub use sessions::RedisSessions;
 
 use async_trait::async_trait;
-use gapless_core::journal::{
-    Appended, ChannelState, CommitSink, Journal, Page, Retention, TimeSeek,
-};
-use gapless_core::JournalError;
+use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, TimeSeek};
+use gapless_core::{JournalError, Namespaces};
 use gapless_protocol::{Epoch, Event, NewEvent};
 use redis::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,12 +51,14 @@ use tokio_util::sync::CancellationToken;
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
 /// idempotency key (`""`: none; a node sends `<key>` LF `<token>`, or a
-/// space and a token, see `scripts.rs`), max events, max age ms, fresh epoch, bus
+/// space and a token, see `scripts.rs`), max events (0: no count limit),
+/// max age ms, fresh epoch, bus
 /// channel, inline bytes (see [`RedisOptions::inline_bytes`]), what the
 /// calling node delivered of the channel (`""`: nothing; else
 /// `<epoch>:<head>:<commit time of the head event>`), token lifetime ms
 /// (see [`RedisOptions::token_lifetime`]; 0: keep tokens as long as their
-/// events), then one payload (`n<data>`) per event.
+/// events), max bytes of retention (0: no byte limit), then one payload
+/// (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
@@ -88,8 +88,11 @@ pub struct RedisOptions {
     /// Longest wait for Redis per request, connect included, in milliseconds
     /// (default 2000): a publish fails with [`JournalError::Unavailable`] after it.
     pub timeout_ms: u64,
-    /// Retention by count and age, applied by the scripts.
-    pub retention: Retention,
+    /// Each channel's retention (by count, age and bytes: its namespace's),
+    /// applied by the scripts: with each append, and by every script that
+    /// touches a channel (a read, a state, a node's poll), so a lower limit
+    /// applies to the events a channel already holds.
+    pub namespaces: Arc<Namespaces>,
     /// How often, in milliseconds, a node re-reads the heads of the channels
     /// it follows (catching a notification the bus lost when no later one
     /// comes), and applies retention by age to them (default 1000; 0 = never).
@@ -144,7 +147,7 @@ impl Default for RedisOptions {
             url: "redis://127.0.0.1:6379".to_owned(),
             sentinel_master: None,
             timeout_ms: 2000,
-            retention: Retention::default(),
+            namespaces: Arc::default(),
             poll_ms: 1000,
             inline_bytes: DEFAULT_INLINE_BYTES,
             keepalive_ms: DEFAULT_KEEPALIVE_MS,
@@ -165,7 +168,6 @@ pub(crate) struct Inner {
     conn: conn::Connector,
     scripts: scripts::Scripts,
     sink: Arc<dyn CommitSink>,
-    retention: Retention,
     opts: RedisOptions,
     trackers: bus::Trackers,
     closed: AtomicBool,
@@ -220,7 +222,6 @@ impl RedisJournal {
             conn: conn::Connector::new(target, timeout),
             scripts: scripts::Scripts::new(),
             sink,
-            retention: opts.retention,
             opts,
             trackers: bus::Trackers::default(),
             closed: AtomicBool::new(false),
@@ -318,7 +319,7 @@ impl Inner {
         };
         let payloads: Vec<Vec<u8>> = events.iter().map(codec::encode).collect();
         let fresh = RedisJournal::fresh_epoch();
-        let r = &self.retention;
+        let r = self.opts.namespaces.retention(channel);
         let v: Vec<Value> = self
             .conn
             .run(|mut c| {
@@ -332,7 +333,8 @@ impl Inner {
                     .arg(BUS_CHANNEL)
                     .arg(self.opts.inline_bytes)
                     .arg(known)
-                    .arg(self.opts.token_lifetime());
+                    .arg(self.opts.token_lifetime())
+                    .arg(r.max_bytes);
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }
@@ -370,7 +372,7 @@ impl Inner {
     ) -> Result<(Page, u64), JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
-        let max_age = self.retention.max_age_ms;
+        let r = self.opts.namespaces.retention(channel);
         let limit = limit.min(100_000);
         let max_bytes = max_bytes.min(1 << 40);
         let v: Vec<Value> = self
@@ -379,11 +381,13 @@ impl Inner {
                 let mut inv = self.scripts.read.prepare_invoke();
                 inv.key(&key)
                     .arg(&fresh)
-                    .arg(max_age)
+                    .arg(r.max_age_ms)
                     .arg(after)
                     .arg(limit)
                     .arg(max_bytes)
-                    .arg(known);
+                    .arg(known)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -419,12 +423,17 @@ impl Inner {
     async fn state(&self, channel: &str, known: &str) -> Result<ChannelState, JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
-        let max_age = self.retention.max_age_ms;
+        let r = self.opts.namespaces.retention(channel);
         let v: Vec<Value> = self
             .conn
             .run(|mut c| {
                 let mut inv = self.scripts.state.prepare_invoke();
-                inv.key(&key).arg(&fresh).arg(max_age).arg(known);
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(r.max_age_ms)
+                    .arg(known)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -477,12 +486,18 @@ impl Inner {
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
-        let max_age = self.retention.max_age_ms;
+        let r = self.opts.namespaces.retention(channel);
         let v: Vec<Value> = self
             .conn
             .run(|mut c| {
                 let mut inv = self.scripts.seek.prepare_invoke();
-                inv.key(&key).arg(&fresh).arg(max_age).arg("").arg(time_ms);
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(r.max_age_ms)
+                    .arg("")
+                    .arg(time_ms)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;

@@ -7,7 +7,9 @@
 //! is defined here and what a part makes of it lives in the part
 //! (`net::forwarded`, `ops::limits`).
 
+use gapless_core::namespace::Namespaces;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Settings of the HTTP/SSE transport.
 #[derive(Debug, Clone)]
@@ -19,7 +21,10 @@ pub struct ServerConfig {
     /// Reconnection delay, in milliseconds, sent to SSE clients in the `retry:` field.
     /// Default 1000.
     pub retry_ms: u64,
-    /// Largest event `data`, in bytes; a larger publish gets 413. Default 1048576.
+    /// Largest event `data`, in bytes; a larger publish gets 413. Default
+    /// 1048576. The server's setting: what a channel is held to is its
+    /// namespace's ([`ServerConfig::namespaces`]), which is this unless the
+    /// namespace's table sets `max_event_bytes`.
     pub max_event_bytes: usize,
     /// Most events in one batch publish; more gets 413. Default 1000.
     pub max_batch_events: usize,
@@ -130,6 +135,12 @@ pub struct ServerConfig {
     /// their delivery through a lease in the journal
     /// (docs/durable-streams.md, "Subscriptions"). Default false.
     pub cluster: bool,
+    /// The effective rules of each namespace (`[namespaces.NAME]` tables of
+    /// the configuration file over the server's settings): the one lookup
+    /// of a channel's event size limit, ephemeral publishes, start without
+    /// a position, and public reads (`ops::namespaces`). Default: every
+    /// channel has the server's defaults.
+    pub namespaces: Arc<Namespaces>,
 }
 
 impl Default for ServerConfig {
@@ -164,6 +175,7 @@ impl Default for ServerConfig {
             ds_max_subscriptions: 1000,
             ds_signing_key: None,
             cluster: false,
+            namespaces: Arc::default(),
         }
     }
 }

@@ -116,9 +116,17 @@ impl EmbeddedJournal {
         let db = open::open_db(&path, options.cache_bytes)?;
         let epoch = meta::init(&db, options.durability)?;
         log::recover(&db)?;
-        let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
+        let mut cache = cache::Channels::load(&db, &options.namespaces)?;
+        let trimmed = apply::enforce(&db, &mut cache)?;
+        if trimmed > 0 {
+            tracing::info!(
+                channels = trimmed,
+                "retention applied to the events channels held (a limit lower than when they were appended)"
+            );
+        }
         let epochs = Arc::new(purge::Epochs::load(&db)?);
         let db = Arc::new(db);
+        let (durability, min_free_bytes) = (options.durability, options.min_free_bytes);
         let overlay = Arc::new(overlay::Overlay::default());
         let (tx, rx) = mpsc::channel();
         let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache, overlay.clone())
@@ -127,9 +135,9 @@ impl EmbeddedJournal {
             .spawn()
             .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedJournal {
-            durability: options.durability,
+            durability,
             path: path.clone(),
-            disk: disk::DiskGuard::new(dir.to_path_buf(), options.min_free_bytes),
+            disk: disk::DiskGuard::new(dir.to_path_buf(), min_free_bytes),
             epoch,
             db,
             overlay,

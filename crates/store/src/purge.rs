@@ -121,6 +121,9 @@ pub(crate) fn purge(
     ch.row.head = 0;
     ch.row.floor = 1;
     ch.epoch = Some(epoch);
+    if let Some(sizes) = ch.sizes.as_mut() {
+        *sizes = crate::cache::Sizes::default();
+    }
     cache.set_oldest(&name, None);
     epochs.set(name, epoch);
     Ok(Some(ChannelState::empty(epoch)))

@@ -184,6 +184,21 @@ pub(crate) fn decode_event(bytes: &[u8]) -> Result<DecodedEvent, JournalError> {
     Ok((time, event_type, data))
 }
 
+/// The length of an encoded event's data, without decoding it (the byte
+/// limit of retention counts data only).
+pub(crate) fn data_len(bytes: &[u8]) -> Result<usize, JournalError> {
+    let tag = u32::from_le_bytes(fixed(bytes, 8)?);
+    let type_len = match tag {
+        NO_TYPE | NO_TYPE_BINARY => 0,
+        t if t & BINARY != 0 => (t & !BINARY) as usize,
+        t => t as usize,
+    };
+    bytes
+        .len()
+        .checked_sub(HEADER + type_len)
+        .ok_or_else(|| corrupt("event type overruns the row"))
+}
+
 /// The commit time of an encoded event, without decoding the rest.
 pub(crate) fn event_time(bytes: &[u8]) -> Result<u64, JournalError> {
     if bytes.len() < HEADER {
@@ -240,6 +255,7 @@ mod tests {
             let row = encode_event(time, ty, &data);
             let (t, ty2, d) = decode_event(&row)?;
             assert_eq!((t, ty2.as_deref(), &d), (time, ty, &data));
+            assert_eq!(data_len(&row)?, data.len());
             assert_eq!(event_time(&row)?, time);
         }
         Ok(())

@@ -229,8 +229,7 @@ impl Writer {
         self.logged.clear();
         self.keys.pending.clear();
         self.next_log = 0;
-        let track_age = self.options.retention.max_age_ms != 0;
-        self.cache = Some(Channels::load(&self.db, track_age)?);
+        self.cache = Some(Channels::load(&self.db, &self.options.namespaces)?);
         Ok(())
     }
 
@@ -248,7 +247,6 @@ impl Writer {
         };
         let mut cx = Ctx {
             epoch: self.epoch,
-            retention: self.options.retention,
             cache,
         };
         let mut evict_due = false;

@@ -40,16 +40,20 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
     let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
     let db = Database::create(dir.path().join("j.redb")).map_err(crate::tables::storage)?;
     let options = StoreOptions {
-        retention: Retention {
-            max_events: 2,
-            max_age_ms: 60_000,
-        },
+        namespaces: Arc::new(
+            Retention {
+                max_events: 2,
+                max_age_ms: 60_000,
+                max_bytes: 0,
+            }
+            .into(),
+        ),
         durability: Durability::Sync,
         min_free_bytes: 0,
         ..StoreOptions::default()
     };
     let epoch = meta::init(&db, options.durability)?;
-    let cache = Channels::load(&db, true)?;
+    let cache = Channels::load(&db, &options.namespaces)?;
     let db = Arc::new(db);
     let (tx, rx) = mpsc::channel();
     let overlay = Arc::new(Overlay::default());

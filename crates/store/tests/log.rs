@@ -58,7 +58,7 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let keep = 7;
     let opts = options(keep, 0, durability);
-    let mut j = open(dir.path(), opts, checkpoint);
+    let mut j = open(dir.path(), opts.clone(), checkpoint);
     let mut models: HashMap<String, Model> = HashMap::new();
     for step in 0u64..240 {
         let name = format!("c{}", step % 5);
@@ -120,7 +120,7 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
             // A clean reopen applies the log; the state must not change.
             j.close().await?;
             drop(j);
-            j = open(dir.path(), opts, checkpoint);
+            j = open(dir.path(), opts.clone(), checkpoint);
             check(&j, &models, keep).await?;
         }
     }
@@ -151,7 +151,7 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = options(1000, 0, Durability::Sync);
     {
-        let j = open(dir.path(), opts, usize::MAX);
+        let j = open(dir.path(), opts.clone(), usize::MAX);
         for i in 0..10 {
             j.append(
                 "a",
@@ -197,7 +197,7 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
     for checkpoint in [0, usize::MAX] {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = options(2, 0, Durability::Sync);
-        let j = open(dir.path(), opts, checkpoint);
+        let j = open(dir.path(), opts.clone(), checkpoint);
         assert_eq!(
             j.append("a", vec![common::ev("1")], Some("k"))
                 .await?
@@ -212,7 +212,7 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
         assert_eq!((again.first_seq, again.duplicate), (5, false));
         j.close().await?;
         drop(j);
-        let j = open(dir.path(), opts, checkpoint);
+        let j = open(dir.path(), opts.clone(), checkpoint);
         let retry = j.append("a", vec![common::ev("x")], Some("k")).await?;
         assert_eq!(
             (retry.first_seq, retry.duplicate),

@@ -16,11 +16,13 @@ use gapless_core::journal::{
     now_ms, Appended, ChannelState, CommitSink, Journal, JournalError, NoSink, Retention,
 };
 use gapless_core::memory::MemoryJournal;
+use gapless_core::namespace::{Namespaces, Policy, Table};
 use gapless_core::Page;
 use gapless_protocol::{Event, NewEvent, Payload};
 use gapless_redis::{RedisJournal, RedisOptions};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use gapless_testkit::redis::Redis;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,19 +49,21 @@ struct Fixture {
 impl Fixture {
     /// A journal with `retention` and a fresh recording sink.
     fn open(&self, retention: Retention) -> (Arc<dyn Journal>, Arc<Recorder>) {
+        self.open_ns(retention.into())
+    }
+
+    /// A journal where each channel has its namespace's retention, and a
+    /// fresh recording sink.
+    fn open_ns(&self, namespaces: Namespaces) -> (Arc<dyn Journal>, Arc<Recorder>) {
         let rec = Arc::new(Recorder::default());
         let sink: Arc<dyn CommitSink> = rec.clone();
+        let namespaces = Arc::new(namespaces);
         let journal: Arc<dyn Journal> = match self.kind {
-            Kind::Memory => Arc::new(MemoryJournal::new(retention, sink)),
+            Kind::Memory => Arc::new(MemoryJournal::with_namespaces(namespaces, sink)),
             Kind::Embedded => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let opts = StoreOptions {
-                    retention,
-                    durability: Durability::Sync,
-                    min_free_bytes: 0,
-                    ..StoreOptions::default()
-                };
-                let j = EmbeddedJournal::open(dir.path(), opts, sink).expect("open the store");
+                let j = EmbeddedJournal::open(dir.path(), store_options(namespaces), sink)
+                    .expect("open the store");
                 self.dirs.lock().expect("lock").push(dir);
                 Arc::new(j)
             }
@@ -67,13 +71,42 @@ impl Fixture {
                 let redis = self.redis.as_ref().expect("a redis-server");
                 let opts = RedisOptions {
                     url: redis.url(),
-                    retention,
+                    namespaces,
                     ..RedisOptions::default()
                 };
                 Arc::new(RedisJournal::open(opts, sink).expect("open the Redis journal"))
             }
         };
         (journal, rec)
+    }
+
+    /// A journal on the same store as the last one opened (the embedded
+    /// store's directory, the Redis server), with `namespaces`: a restart
+    /// with other settings. The last journal must be dropped first. `None`
+    /// for the memory journal, which keeps nothing across a restart.
+    fn reopen(&self, namespaces: Namespaces) -> Option<(Arc<dyn Journal>, Arc<Recorder>)> {
+        let namespaces = Arc::new(namespaces);
+        match self.kind {
+            Kind::Memory => None,
+            Kind::Embedded => {
+                let rec = Arc::new(Recorder::default());
+                let dirs = self.dirs.lock().expect("lock");
+                let dir = dirs.last().expect("a store opened before");
+                let j = EmbeddedJournal::open(dir.path(), store_options(namespaces), rec.clone())
+                    .expect("reopen the store");
+                Some((Arc::new(j), rec))
+            }
+            Kind::Redis => Some(self.open_ns(Arc::unwrap_or_clone(namespaces))),
+        }
+    }
+}
+
+fn store_options(namespaces: Arc<Namespaces>) -> StoreOptions {
+    StoreOptions {
+        namespaces,
+        durability: Durability::Sync,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
     }
 }
 
@@ -134,6 +167,9 @@ contract!(
     idempotency,
     idempotency_racing,
     count_retention,
+    byte_retention,
+    namespace_retention,
+    retention_lowered_across_restart,
     age_retention,
     age_zero,
     reads,
@@ -221,6 +257,7 @@ fn keep(max_events: u64, max_age_ms: u64) -> Retention {
     Retention {
         max_events,
         max_age_ms,
+        max_bytes: 0,
     }
 }
 
@@ -373,7 +410,7 @@ async fn idempotency_racing(f: Fixture) -> R {
 
 /// Retention by count: right after a publish a channel serves at most
 /// `max_events` (its newest), the sink sees the floor rise, a key whose
-/// events are gone is forgotten, and 0 is treated as 1.
+/// events are gone is forgotten, and 0 is no count limit.
 async fn count_retention(f: Fixture) -> R {
     let (j, rec) = f.open(keep(3, 0));
     let key = j.append("c", vec![ev("1")], Some("k")).await?;
@@ -406,10 +443,219 @@ async fn count_retention(f: Fixture) -> R {
     let re = j.append("c", vec![ev("again")], Some("k")).await?;
     assert!(!re.duplicate, "{re:?}");
     assert_eq!(re.first_seq, 13);
-    // max_events 0 is treated as 1.
+    // max_events 0 keeps every event. (On Redis, a journal with another
+    // retention applies its own to the channels it reads: `j` goes first.)
+    j.close().await?;
+    drop(j);
     let (j0, _) = f.open(keep(0, 0));
-    j0.append("z", vec![ev("a"), ev("b")], None).await?;
-    assert_eq!(seqs(&j0.read("z", 0, 10).await?), [2]);
+    for _ in 0..3 {
+        j0.append("z", vec![ev("a"), ev("b")], None).await?;
+    }
+    assert_eq!(seqs(&j0.read("z", 0, 10).await?), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(j0.state("z").await?.floor, 1);
+    Ok(())
+}
+
+fn keep_bytes(max_bytes: u64) -> Retention {
+    Retention {
+        max_events: 0,
+        max_age_ms: 0,
+        max_bytes,
+    }
+}
+
+/// Retention by bytes: right after a publish a channel serves its newest
+/// events whose data adds up to at most `max_bytes` (only the data counts:
+/// not the type; bytes count as bytes), and always its newest event however
+/// large; the sink sees the floor rise; a key whose events are gone is
+/// forgotten; 0 is no byte limit.
+async fn byte_retention(f: Fixture) -> R {
+    let (j, rec) = f.open(keep_bytes(25));
+    j.append("c", vec![ev("0123456789")], Some("k")).await?;
+    j.append("c", vec![ev("0123456789")], None).await?;
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [1, 2], "20 bytes fit");
+    j.append("c", vec![ev("0123456789")], None).await?;
+    let st = j.state("c").await?;
+    assert_eq!(
+        (st.floor, st.head),
+        (2, 3),
+        "30 bytes do not: the oldest goes"
+    );
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [2, 3]);
+    assert_eq!(
+        rec.last_state("c"),
+        Some(st),
+        "the sink saw the floor rise with the commit"
+    );
+    // The key's event is gone, so the key is forgotten.
+    let re = j.append("c", vec![ev("12345")], Some("k")).await?;
+    assert_eq!((re.first_seq, re.duplicate), (4, false));
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [2, 3, 4], "25 bytes fit");
+    // The type does not count; binary data counts its bytes.
+    let typed = NewEvent {
+        event_type: Some("t".repeat(60)),
+        data: Payload::Binary(vec![0; 10]),
+    };
+    j.append("c", vec![typed], None).await?;
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [3, 4, 5]);
+    // The newest event stays whatever its size.
+    j.append("c", vec![ev(&"x".repeat(100))], None).await?;
+    let page = j.read("c", 0, 10).await?;
+    assert_eq!(seqs(&page), [6]);
+    assert_eq!((page.state.floor, page.state.head), (6, 6));
+    // A batch keeps its newest events that fit.
+    let a = j
+        .append("c", (0..6).map(|_| ev("0123456789")).collect(), None)
+        .await?;
+    assert_eq!((a.first_seq, a.last_seq), (7, 12));
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [11, 12]);
+    // Empty events weigh nothing.
+    for _ in 0..5 {
+        j.append("e", vec![ev("")], None).await?;
+    }
+    assert_eq!(j.read("e", 0, 10).await?.events.len(), 5);
+    // Both limits apply: whichever evicts more.
+    j.close().await?;
+    drop(j);
+    let (both, _) = f.open(Retention {
+        max_events: 2,
+        max_age_ms: 0,
+        max_bytes: 1000,
+    });
+    for _ in 0..4 {
+        both.append("both", vec![ev("0123456789")], None).await?;
+    }
+    assert_eq!(seqs(&both.read("both", 0, 10).await?), [3, 4]);
+    Ok(())
+}
+
+/// Each channel has the retention of its namespace (its name up to the
+/// first `:`; `default` without one): a table's keys, the server's for the
+/// keys it leaves out, the server's for a namespace without a table.
+async fn namespace_retention(f: Fixture) -> R {
+    let server = Policy {
+        retention: keep(4, 0),
+        ..Policy::default()
+    };
+    let mut tables = BTreeMap::new();
+    tables.insert(
+        "small".to_owned(),
+        Table {
+            retention_events: Some(2),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "tiny".to_owned(),
+        Table {
+            retention_bytes: Some(3),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "brief".to_owned(),
+        Table {
+            retention_ms: Some(300),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "default".to_owned(),
+        Table {
+            retention_events: Some(3),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "all".to_owned(),
+        Table {
+            retention_events: Some(0),
+            ..Table::default()
+        },
+    );
+    let (j, _) = f.open_ns(Namespaces::new(server, &tables));
+    for channel in ["small:a", "tiny:a", "plain", "other:x", "all:x", "brief:a"] {
+        for i in 1..=6 {
+            j.append(channel, vec![ev(&i.to_string())], None).await?;
+        }
+    }
+    assert_eq!(seqs(&j.read("small:a", 0, 10).await?), [5, 6]);
+    assert_eq!(
+        seqs(&j.read("tiny:a", 0, 10).await?),
+        [4, 5, 6],
+        "3 bytes, and the server's count limit"
+    );
+    assert_eq!(
+        seqs(&j.read("plain", 0, 10).await?),
+        [4, 5, 6],
+        "[namespaces.default]"
+    );
+    assert_eq!(
+        seqs(&j.read("other:x", 0, 10).await?),
+        [3, 4, 5, 6],
+        "no table"
+    );
+    assert_eq!(seqs(&j.read("all:x", 0, 10).await?).len(), 6, "0: no limit");
+    // Age: only `brief` has a limit.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    j.append("brief:a", vec![ev("new")], None).await?;
+    let st = evict_until(&*j, "brief:a", 7, Duration::from_secs(5)).await?;
+    assert_eq!((st.floor, st.head), (7, 7));
+    assert_eq!(j.state("other:x").await?.floor, 3, "no age limit elsewhere");
+    Ok(())
+}
+
+/// A lower retention applies to the events a channel already holds once
+/// the journal is opened again with it (a restart with new namespace
+/// settings): without waiting for the channel's next append, by count and
+/// by bytes, each channel by its namespace; reads start at the new floor and
+/// seqs continue. A higher one evicts nothing more.
+async fn retention_lowered_across_restart(f: Fixture) -> R {
+    {
+        let (j, _) = f.open(keep(100, 0));
+        for channel in ["c", "b:c", "keep:c"] {
+            for i in 0..10 {
+                j.append(channel, vec![ev(&format!("{i}23456789"))], None)
+                    .await?;
+            }
+        }
+        j.close().await?;
+    }
+    let server = Policy {
+        retention: keep(4, 0),
+        ..Policy::default()
+    };
+    let mut tables = BTreeMap::new();
+    tables.insert(
+        "b".to_owned(),
+        Table {
+            retention_events: Some(100),
+            retention_bytes: Some(30),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "keep".to_owned(),
+        Table {
+            retention_events: Some(1000),
+            ..Table::default()
+        },
+    );
+    let Some((j, _)) = f.reopen(Namespaces::new(server, &tables)) else {
+        return Ok(());
+    };
+    let st = j.state("c").await?;
+    assert_eq!((st.floor, st.head), (7, 10), "count: 4 of 10");
+    assert_eq!(seqs(&j.read("c", 0, 100).await?), [7, 8, 9, 10]);
+    assert_eq!(seqs(&j.read("b:c", 0, 100).await?), [8, 9, 10], "30 bytes");
+    assert_eq!(j.state("b:c").await?.floor, 8);
+    assert_eq!(seqs(&j.read("keep:c", 0, 100).await?).len(), 10);
+    let a = j.append("c", vec![ev("next")], None).await?;
+    assert_eq!(a.first_seq, 11);
+    assert_eq!(seqs(&j.read("c", 0, 100).await?), [8, 9, 10, 11]);
+    let a = j.append("b:c", vec![ev("0123456789")], None).await?;
+    assert_eq!(a.first_seq, 11);
+    assert_eq!(seqs(&j.read("b:c", 0, 100).await?), [9, 10, 11]);
     Ok(())
 }
 

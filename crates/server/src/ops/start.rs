@@ -10,6 +10,7 @@
 //! [`Resume::Unreadable`]: a gap notice of reason `unknown`, then live.
 
 use crate::error::ApiError;
+use gapless_core::namespace::Namespaces;
 use gapless_core::subscription::Start;
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::{Cursor, CursorError, Since};
@@ -60,6 +61,18 @@ pub fn since(value: Option<&str>) -> Result<Start, ApiError> {
             ErrorCode::InvalidRequest,
             format!("since={v:?}: {e} (to resume, pass a cursor instead)"),
         )),
+    }
+}
+
+/// Where `channel` starts when its client gave no start position at all
+/// (`given` false: no cursor, no `since`): its namespace's `latest = true`
+/// starts at the newest retained event (`Start::Last(1)`, as `since=last:1`);
+/// otherwise, and whenever the client gave one, `start` as resolved.
+pub fn or_latest(namespaces: &Namespaces, channel: &str, given: bool, start: Start) -> Start {
+    if !given && namespaces.policy(channel).latest {
+        Start::Last(1)
+    } else {
+        start
     }
 }
 

@@ -10,6 +10,7 @@ use crate::auth::Access;
 use crate::error::ApiError;
 use crate::error::ErrorBody;
 use crate::ops::history::{self, PageQuery, Reading};
+use crate::ops::namespaces;
 use crate::transport::query::Query;
 use crate::App;
 use axum::extract::{Path, RawQuery, State};
@@ -92,7 +93,7 @@ pub(crate) async fn page(
     tag = "read",
     params(("channel" = ChannelName, Path, description = "The channel.")),
     responses(
-        (status = 200, description = "The channel's bounds. A channel never published to answers `floor: 1, head: 0`.", body = ChannelInfo),
+        (status = 200, description = "The channel's bounds, its namespace and the retention that applies to it. A channel never published to answers `floor: 1, head: 0`.", body = ChannelInfo),
         (status = 400, description = "`invalid_channel`.", body = ErrorBody),
         SubscribeForbidden,
         ServerErrors,
@@ -105,7 +106,10 @@ pub async fn channel_info(
 ) -> Result<Json<ChannelInfo>, ApiError> {
     history::may_read(&grant, &channel)?;
     let (st, subscribers) = history::bounds(&app, &channel).await?;
+    let (namespace, retention) = namespaces::retention(&app, &channel);
     Ok(Json(ChannelInfo {
+        namespace: namespace.to_owned(),
+        retention,
         channel,
         epoch: st.epoch,
         floor: st.floor,

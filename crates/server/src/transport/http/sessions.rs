@@ -180,7 +180,7 @@ pub async fn append(
     if q.get("ephemeral").is_some() {
         return Err(sessions::no_ephemeral());
     }
-    let (event, key) = read_event(&app, &q, &headers, body).await?;
+    let (event, key) = read_event(&app, None, &q, &headers, body).await?;
     let ip = peer.map(|Extension(p)| p.0.ip());
     let appended = sessions::append(&app, &grant, ip, &id, event, key.as_deref()).await?;
     let status = if appended.duplicate {

@@ -379,7 +379,16 @@ async fn open(
         }
     };
     let format = StreamFormat { format, untyped };
-    let starts = starts(&channels, q, headers)?;
+    let mut starts = starts(&channels, q, headers)?;
+    // A namespace's `latest`: only for a client that gave no start at all.
+    let given = q.get("since").is_some()
+        || q.get("last_event_id").is_some_and(|s| !s.is_empty())
+        || headers
+            .get("last-event-id")
+            .is_some_and(|v| !v.as_bytes().is_empty());
+    for (start, channel) in starts.iter_mut().zip(&channels) {
+        *start = start::or_latest(&app.config.namespaces, channel, given, *start);
+    }
     let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
         Ok(opened) => opened,
         Err(e) => {

@@ -376,6 +376,7 @@ impl Conn {
             )));
         }
         // Checked whether or not a cursor wins, as on SSE (`ops::start`).
+        let given = since.is_some();
         let since = match start::since(since.as_deref()) {
             Ok(since) => since,
             Err(e) => return Ok(Err(e)),
@@ -394,7 +395,7 @@ impl Conn {
                 Ok(_) => Start::Unknown,
                 Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
             },
-            None => since,
+            None => start::or_latest(&self.app.config.namespaces, &channel, given, since),
         };
         // A subscribe still replaying on this channel gets its reply before it is replaced.
         if let Some(reply) = self.settle(&channel) {
