@@ -7,11 +7,15 @@
 //! channels are streams and a stream created on one node is known on the
 //! others. docs/durable-streams.md, "Metadata", gives the design.
 //!
-//! A record is the whole state of one stream (JSON, [`Record`]): the newest
-//! record of a channel is its state, so the channel can be read from its
-//! floor, and [`follow`] rewrites the records of live streams that grow old
-//! ([`COMPACT_EVENTS`], [`COMPACT_MS`]) so retention never evicts the only
-//! record of a live stream.
+//! A record is the whole state of one stream (JSON, [`Record`]). What a
+//! record can change of a stream only grows (closed, soft-deleted, each
+//! producer's epoch and seq, the last `Stream-Seq`), so the records of one
+//! incarnation merge ([`Record::merge`]) and their order does not matter:
+//! appends of one stream journal their records concurrently. A deletion, or
+//! a record of another incarnation, replaces what came before it. The
+//! channel can be read from its floor, and [`follow`] rewrites the records
+//! of live streams that grow old ([`COMPACT_EVENTS`], [`COMPACT_MS`]) so
+//! retention never evicts the only record of a live stream.
 
 use super::fork::{self, ForkOf, Layout};
 use super::streams::{Meta, Stream};
@@ -104,6 +108,25 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl Record {
+    /// Merges `other`, a record of the same incarnation, into this one:
+    /// closed or soft-deleted in either, the closing producer tuple of
+    /// either, each producer at the greater (epoch, seq), the greater
+    /// `Stream-Seq` (byte-wise).
+    pub fn merge(&mut self, other: &Record) {
+        self.closed |= other.closed;
+        if self.closed_by.is_none() {
+            self.closed_by = other.closed_by.clone();
+        }
+        self.soft |= other.soft;
+        for (id, &p) in &other.producers {
+            let cur = self.producers.entry(id.clone()).or_insert(p);
+            *cur = (*cur).max(p);
+        }
+        if other.sseq > self.sseq {
+            self.sseq = other.sseq.clone();
+        }
+    }
+
     /// The record of `m`'s current state on `channel`.
     pub fn of(channel: &str, m: &Meta) -> Self {
         Record {
@@ -177,6 +200,44 @@ pub async fn save(app: &App, channel: &str, m: &mut Meta) -> Result<(), JournalE
     Ok(())
 }
 
+/// Journals the state of `stream` (on `channel`) as it is now, without
+/// holding its lock across the commit (records merge, so concurrent ones
+/// may land in any order), and marks the stream as at that record.
+///
+/// # Errors
+/// [`JournalError`] when the journal refuses: the change is not durable.
+pub async fn save_current(app: &App, channel: &str, stream: &Stream) -> Result<(), JournalError> {
+    let rec = Record::of(channel, &*stream.lock().await);
+    let seq = append(app, &rec).await?;
+    let mut m = stream.lock().await;
+    if seq > m.rev {
+        m.rev = seq;
+        m.rev_ms = now_ms();
+    }
+    Ok(())
+}
+
+/// Merges `rec`, a record of `m`'s incarnation, into `m` ([`Record::merge`]);
+/// live readers wake up when it closes or soft-deletes the stream.
+fn merge(m: &mut Meta, rec: &Record) {
+    let closes = (rec.closed && !m.closed) || (rec.soft && !m.soft_deleted);
+    m.closed |= rec.closed;
+    if m.closed_by.is_none() {
+        m.closed_by = rec.closed_by.clone();
+    }
+    m.soft_deleted |= rec.soft;
+    for (id, &p) in &rec.producers {
+        let cur = m.producers.entry(id.clone()).or_insert(p);
+        *cur = (*cur).max(p);
+    }
+    if rec.sseq > m.last_stream_seq {
+        m.last_stream_seq = rec.sseq.clone();
+    }
+    if closes {
+        m.closed_tx.send_replace(true);
+    }
+}
+
 /// Journals the deletion of the stream on `channel` (best effort: a failure
 /// is logged; the stream then comes back at a restart, where its expiry, if
 /// any, forgets it again).
@@ -213,7 +274,8 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         ds.loaded.store(true, Ordering::Release);
         return Ok(());
     }
-    // The newest record of each channel, in seq order.
+    // The state of each channel: the records since its newest deletion or
+    // incarnation, merged, at the seq of the newest.
     let mut newest: HashMap<String, (u64, u64, Record)> = HashMap::new();
     let mut after = *applied;
     loop {
@@ -224,9 +286,15 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         after = last.seq;
         for ev in &page.events {
             match serde_json::from_slice::<Record>(ev.data.as_bytes()) {
-                Ok(r) => {
-                    newest.insert(r.ch.clone(), (ev.seq, ev.time, r));
-                }
+                Ok(r) => match newest.get_mut(&r.ch) {
+                    Some((seq, time, held)) if !held.del && !r.del && held.inc == r.inc => {
+                        held.merge(&r);
+                        (*seq, *time) = (ev.seq, ev.time);
+                    }
+                    _ => {
+                        newest.insert(r.ch.clone(), (ev.seq, ev.time, r));
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(seq = ev.seq, error = %e, "skipping a malformed Durable Streams record")
                 }
@@ -260,33 +328,28 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Applies record `rec` (at `seq`, written at `time` Unix ms) to the streams in memory, unless the
-/// stream already reflects it or a newer one. False when it is a fork whose
-/// source is not known (yet).
+/// Applies record `rec` (at `seq`, written at `time` Unix ms) to the
+/// streams in memory: merged into the stream of its incarnation; a deletion
+/// or another incarnation replaces the stream when it is newer (by seq) than
+/// what is held. False when it is a fork whose source is not known (yet).
 async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
     let current = ds.streams.get(&rec.ch);
     if let Some(s) = &current {
         let mut m = s.lock().await;
+        if !rec.del && m.inc == rec.inc {
+            merge(&mut m, rec);
+            if seq > m.rev {
+                m.rev = seq;
+                m.rev_ms = time;
+            }
+            return true;
+        }
         if m.rev >= seq {
             return true;
         }
-        if rec.del || m.inc != rec.inc {
-            ds.streams.remove(&rec.ch, s);
-            m.deleted = true;
-            m.closed_tx.send_replace(true);
-        } else {
-            m.rev = seq;
-            m.rev_ms = time;
-            m.closed_by = rec.closed_by.clone();
-            m.last_stream_seq = rec.sseq.clone();
-            m.producers = rec.producers.iter().map(|(k, v)| (k.clone(), *v)).collect();
-            if (rec.closed && !m.closed) || (rec.soft && !m.soft_deleted) {
-                m.closed_tx.send_replace(true);
-            }
-            m.closed = rec.closed;
-            m.soft_deleted = rec.soft;
-            return true;
-        }
+        ds.streams.remove(&rec.ch, s);
+        m.deleted = true;
+        m.closed_tx.send_replace(true);
     }
     if rec.del {
         return true;
@@ -332,6 +395,7 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
         inc: rec.inc,
         rev: seq,
         rev_ms: time,
+        order: Default::default(),
     };
     // The sliding TTL restarts at the read-back (reads are not journaled).
     m.touch(now_ms());

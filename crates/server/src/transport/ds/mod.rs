@@ -20,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod fork;
+pub mod live;
 pub mod meta;
 pub mod names;
 pub mod read;
@@ -30,6 +31,8 @@ pub mod write;
 
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
+use crate::net::conn::DirectStream;
+use crate::net::liveness::Flushes;
 use crate::App;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
@@ -59,6 +62,27 @@ pub type DsState = (Arc<App>, Arc<Ds>);
 /// The state of the layer [`intercept`] for `app`.
 pub fn state(app: Arc<App>) -> DsState {
     (app, Arc::new(Ds::default()))
+}
+
+/// Whether a request target is a live SSE read of this room
+/// (`live=sse` under `prefix`, `--ds-prefix`, outside the reserved
+/// `__ds/` APIs): the fan-out writer serves it when it is a connection's
+/// first request (`net/conn.rs`), so it is written as gapless's own SSE
+/// streams are. Any other read keeps its connection for more requests.
+pub fn is_live_sse(prefix: &str, path: &str, query: Option<&str>) -> bool {
+    if prefix.is_empty() {
+        return false;
+    }
+    let prefix = prefix.trim_end_matches('/');
+    let Some(rest) = path.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) else {
+        return false;
+    };
+    if rest.is_empty() || subscriptions::split(rest).is_some() {
+        return false;
+    }
+    query.is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "live" && v == "sse")
+    })
 }
 
 /// The router layer: a request whose path is under `--ds-prefix` (the
@@ -127,6 +151,8 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         return e.into_response();
     }
     let peer = parts.extensions.get::<crate::Peer>().map(|p| p.0.ip());
+    let direct = parts.extensions.get::<DirectStream>().cloned();
+    let flushes = parts.extensions.get::<Flushes>().cloned();
     let ctx = Ctx {
         app: app.clone(),
         ds: ds.clone(),
@@ -136,6 +162,8 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         query: parts.uri.query().map(str::to_owned),
         grant,
         peer,
+        direct,
+        flushes,
     };
     match parts.method {
         Method::PUT => write::create(ctx, body).await,
@@ -193,6 +221,12 @@ pub struct Ctx {
     pub grant: Arc<crate::auth::Grant>,
     /// The client's address (the key of per-IP limits).
     pub peer: Option<std::net::IpAddr>,
+    /// Set when the fan-out writer serves this request (a connection's
+    /// first request, a live SSE read: [`is_live_sse`]): a live feed is
+    /// handed over to it.
+    pub direct: Option<DirectStream>,
+    /// The connection's flush count, when hyper serves it (`conn::body`).
+    pub flushes: Option<Flushes>,
 }
 
 impl Ctx {
