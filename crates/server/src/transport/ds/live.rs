@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// How one response lasts at least before the server ends it, so the
+/// How long one response lasts at least before the server ends it, so the
 /// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2):
 /// the response ends at the first tick of its timer (`--heartbeat-ms`, or a
 /// quarter of `--tcp-user-timeout-ms` with heartbeats off) after this.
@@ -133,9 +133,13 @@ impl Feed {
         }
     }
 
-    /// The period of the stream's timer.
+    /// The period of the stream's timer ([`stream::tick_ms`]; without one,
+    /// [`SSE_LIFETIME`], so the response still ends).
     fn tick_ms(&self) -> u64 {
-        stream::tick_ms(&self.app.config)
+        match stream::tick_ms(&self.app.config) {
+            0 => u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX),
+            ms => ms,
+        }
     }
 
     /// Waits for what is next and appends its frames to `out`. Cancel-safe:
@@ -176,7 +180,7 @@ impl Feed {
                     continue;
                 }
                 item = self.sub.next() => item,
-                _ = std::future::poll_fn(|cx| beat.poll_tick(cx)), if tick_ms > 0 => {
+                _ = std::future::poll_fn(|cx| beat.poll_tick(cx)) => {
                     if std::time::Instant::now() >= self.deadline {
                         return Flow::End;
                     }
@@ -276,8 +280,8 @@ impl Frames for Feed {
             self.ended = true;
             return Poll::Ready(Waited::Ended);
         }
-        let tick_ms = self.tick_ms();
-        if ticks && tick_ms > 0 {
+        if ticks {
+            let tick_ms = self.tick_ms();
             let beat = stream::timer(&mut self.beat, tick_ms);
             if beat.poll_tick(cx).is_ready() {
                 return Poll::Ready(Waited::Tick);
@@ -290,15 +294,17 @@ impl Frames for Feed {
 }
 
 /// One SSE `data` event holding `events` in `shape` (see [`Shape`]). Text
-/// goes one `data:` line per line, a line ending at CRLF, CR or LF (as SSE
+/// goes one `data: ` line per line, a line ending at CRLF, CR or LF (as SSE
 /// reads them, also across two messages), so no text can end the event or
-/// start another (a lone CR comes back as LF). A text stream's messages are
+/// start another (a lone CR comes back as LF). Each line's `data:` is
+/// followed by one space, which SSE readers drop, so a line that begins
+/// with a space keeps it. A text stream's messages are
 /// UTF-8 (appends are checked; one published as bytes over gapless's own API
 /// is read lossily).
 pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
     let size: usize = events.iter().map(|e| e.data.len() + 1).sum();
     let mut out = Vec::with_capacity(24 + size + size / 3);
-    out.extend_from_slice(b"event: data\ndata:");
+    out.extend_from_slice(b"event: data\ndata: ");
     match shape {
         Shape::Binary => {
             let mut body = Vec::with_capacity(size);
@@ -336,8 +342,8 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
     out
 }
 
-/// Writes text into `data:` lines: a line break (CRLF, CR or LF) becomes
-/// `\ndata:`.
+/// Writes text into `data: ` lines: a line break (CRLF, CR or LF) becomes
+/// `\ndata: `.
 struct TextLines<'a> {
     out: &'a mut Vec<u8>,
     /// The last byte written was a CR (an LF right after it is the same break).
@@ -355,7 +361,7 @@ impl TextLines<'_> {
         }
         while let Some(i) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
             self.out.extend_from_slice(&rest[..i]);
-            self.out.extend_from_slice(b"\ndata:");
+            self.out.extend_from_slice(b"\ndata: ");
             let cr = rest[i] == b'\r';
             rest = &rest[i + 1..];
             if cr {
@@ -375,7 +381,7 @@ impl TextLines<'_> {
 /// cursors are digits, hex and `_` only, so they need no JSON escaping.
 pub fn control_event(next: &str, cursor: Option<&str>, up: bool, closed: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
+    out.extend_from_slice(b"event: control\ndata: {\"streamNextOffset\":\"");
     out.extend_from_slice(next.as_bytes());
     out.push(b'"');
     if let Some(c) = cursor {
@@ -391,4 +397,79 @@ pub fn control_event(next: &str, cursor: Option<&str>, up: bool, closed: bool) -
     }
     out.extend_from_slice(b"}\n\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gapless_protocol::Payload;
+
+    fn ev(seq: u64, data: Payload) -> Arc<Event> {
+        Arc::new(Event::new(
+            Arc::from("c"),
+            gapless_protocol::Epoch(1),
+            seq,
+            None,
+            data,
+            0,
+        ))
+    }
+
+    fn text(data: &[&str]) -> Vec<Arc<Event>> {
+        data.iter()
+            .enumerate()
+            .map(|(i, d)| ev(i as u64 + 1, Payload::Text((*d).to_owned())))
+            .collect()
+    }
+
+    #[test]
+    fn a_data_event_holds_every_message_in_the_streams_shape() {
+        let json = data_event(Shape::Json, &text(&["1", "{\"a\":\n 2}"]));
+        assert_eq!(
+            String::from_utf8(json).expect("UTF-8"),
+            "event: data\ndata: [1,{\"a\":\ndata:  2}]\n\n"
+        );
+        let lines = data_event(Shape::Text, &text(&["a\r", "\nb\r\r", "c\n"]));
+        assert_eq!(
+            String::from_utf8(lines).expect("UTF-8"),
+            "event: data\ndata: a\ndata: b\ndata: \ndata: c\ndata: \n\n",
+            "CRLF across two messages is one break; a lone CR is a break"
+        );
+        let bin = data_event(
+            Shape::Binary,
+            &[
+                ev(1, Payload::Binary(vec![0, 255])),
+                ev(2, Payload::Binary(vec![7])),
+            ],
+        );
+        assert_eq!(
+            String::from_utf8(bin).expect("UTF-8"),
+            "event: data\ndata: AP8H\n\n"
+        );
+    }
+
+    #[test]
+    fn a_control_event_is_json_with_what_applies() {
+        let c = control_event("0a_00000000000000000003", Some("42"), true, false);
+        let c = String::from_utf8(c).expect("UTF-8");
+        let data = c
+            .strip_prefix("event: control\ndata: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .expect("one control event");
+        let v: serde_json::Value = serde_json::from_str(data).expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({"streamNextOffset": "0a_00000000000000000003",
+                "streamCursor": "42", "upToDate": true})
+        );
+        let c = control_event("x", None, true, true);
+        let v: serde_json::Value = serde_json::from_str(
+            std::str::from_utf8(&c).expect("UTF-8")["event: control\ndata: ".len()..].trim(),
+        )
+        .expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({"streamNextOffset": "x", "upToDate": true, "streamClosed": true})
+        );
+    }
 }

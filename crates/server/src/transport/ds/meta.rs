@@ -458,3 +458,42 @@ pub async fn follow(app: Arc<App>, ds: Arc<Ds>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_one_incarnation_merge_in_any_order() {
+        let rec = |closed: bool, producers: &[(&str, (u64, u64))], sseq: Option<&str>| {
+            let mut r = Record::deleted("c");
+            r.del = false;
+            r.inc = 7;
+            r.closed = closed;
+            r.producers = producers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect();
+            r.sseq = sseq.map(str::to_owned);
+            r
+        };
+        let a = rec(false, &[("p", (0, 5)), ("q", (1, 0))], Some("09"));
+        let b = rec(true, &[("p", (0, 7)), ("q", (0, 9))], Some("10"));
+        let mut ab = Record::deleted("c");
+        ab.del = false;
+        ab.inc = 7;
+        ab.merge(&a);
+        ab.merge(&b);
+        let mut ba = Record::deleted("c");
+        ba.del = false;
+        ba.inc = 7;
+        ba.merge(&b);
+        ba.merge(&a);
+        for m in [&ab, &ba] {
+            assert!(m.closed);
+            assert_eq!(m.producers.get("p"), Some(&(0, 7)));
+            assert_eq!(m.producers.get("q"), Some(&(1, 0)), "a newer epoch wins");
+            assert_eq!(m.sseq.as_deref(), Some("10"));
+        }
+    }
+}

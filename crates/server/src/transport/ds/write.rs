@@ -628,19 +628,13 @@ fn deleted(ctx: &Ctx) -> Response {
 /// The answer to an append to a closed stream: a retry of the append that
 /// closed it (or a repeated close-only, `close_only`) succeeds; anything
 /// else is `409 stream_closed`. Both name the final tail.
-async fn to_closed(
-    ctx: &Ctx,
-    meta: &Meta,
-    prod: Option<&Producer>,
-    close_only: bool,
-) -> Response {
+async fn to_closed(ctx: &Ctx, meta: &Meta, prod: Option<&Producer>, close_only: bool) -> Response {
     let tail = match head(ctx, &meta.layout).await {
         Ok(h) => h,
         Err(r) => return r,
     };
-    let retry = prod.is_some_and(|p| {
-        meta.closed_by.as_ref() == Some(&(p.id.clone(), p.epoch, p.seq))
-    });
+    let retry =
+        prod.is_some_and(|p| meta.closed_by.as_ref() == Some(&(p.id.clone(), p.epoch, p.seq)));
     if retry || close_only {
         let mut r = empty(StatusCode::NO_CONTENT);
         set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
@@ -963,6 +957,136 @@ pub async fn delete(ctx: Ctx) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn p(id: &str, epoch: u64, seq: u64) -> Producer {
+        Producer {
+            id: id.to_owned(),
+            epoch,
+            seq,
+        }
+    }
+
+    fn claim(producer: Option<&str>, stream_seq: Option<&str>) -> Claim {
+        Claim {
+            producer: producer.map(str::to_owned),
+            stream_seq: stream_seq.map(str::to_owned),
+        }
+    }
+
+    fn status(v: &Verdict) -> Option<u16> {
+        match v {
+            Verdict::Refuse(r) => Some(r.status().as_u16()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_producers_checks_wait_for_its_append_in_flight_and_no_other() {
+        let committed: std::collections::HashMap<String, (u64, u64)> =
+            [("a".to_owned(), (0, 4))].into_iter().collect();
+        let inflight = [claim(Some("a"), None)];
+        // Whatever `a` sends now depends on how its append in flight ends.
+        for q in [p("a", 0, 5), p("a", 0, 6), p("a", 0, 4), p("a", 1, 0)] {
+            let v = verdict(&committed, None, &inflight, Some(&q), None);
+            assert!(matches!(v, Verdict::Wait), "{q:?}: {v:?}");
+        }
+        // Another producer goes on.
+        let v = verdict(&committed, None, &inflight, Some(&p("b", 0, 0)), None);
+        assert!(matches!(v, Verdict::Go), "{v:?}");
+        // Nothing in flight: the committed state decides, exactly.
+        let none: [Claim; 0] = [];
+        let v = |q: Producer| verdict(&committed, None, &none, Some(&q), None);
+        assert!(matches!(v(p("a", 0, 5)), Verdict::Go));
+        assert!(matches!(v(p("a", 0, 3)), Verdict::Duplicate(4)));
+        assert_eq!(status(&v(p("a", 0, 7))), Some(409), "a gap");
+        assert_eq!(
+            status(&v(p("a", 1, 2))),
+            Some(400),
+            "a new epoch starts at 0"
+        );
+        assert!(matches!(v(p("a", 1, 0)), Verdict::Go));
+        let newer: std::collections::HashMap<String, (u64, u64)> =
+            [("a".to_owned(), (2, 0))].into_iter().collect();
+        let stale = verdict(&newer, None, &none, Some(&p("a", 1, 9)), None);
+        assert_eq!(status(&stale), Some(403));
+        assert_eq!(
+            status(&verdict(
+                &committed,
+                None,
+                &none,
+                Some(&p("new", 0, 1)),
+                None
+            )),
+            Some(409),
+            "a new producer starts at 0"
+        );
+    }
+
+    #[test]
+    fn a_stream_seq_waits_only_when_an_append_in_flight_could_change_its_answer() {
+        let none = std::collections::HashMap::new();
+        let inflight = [claim(None, Some("05"))];
+        // At or below the committed one: refused whatever is in flight.
+        let v = verdict(&none, Some("03"), &inflight, None, Some("03"));
+        assert_eq!(status(&v), Some(409));
+        // Above the committed one but not above one in flight: waits.
+        for s in ["04", "05"] {
+            let v = verdict(&none, Some("03"), &inflight, None, Some(s));
+            assert!(matches!(v, Verdict::Wait), "{s}: {v:?}");
+        }
+        // Above everything: goes on.
+        let v = verdict(&none, Some("03"), &inflight, None, Some("06"));
+        assert!(matches!(v, Verdict::Go), "{v:?}");
+        // Byte-wise, not numeric.
+        let v = verdict(&none, Some("9"), &[], None, Some("10"));
+        assert_eq!(status(&v), Some(409));
+    }
+
+    #[test]
+    fn a_settled_append_releases_its_claim_and_records_only_when_stored() {
+        let (closed_tx, _) = tokio::sync::watch::channel(false);
+        let mut m = Meta {
+            content_type: "application/json".into(),
+            ttl_s: None,
+            expires_at: None,
+            deadline_ms: None,
+            epoch: gapless_protocol::Epoch(1),
+            layout: Arc::new(Layout::plain("c", gapless_protocol::Epoch(1), 0)),
+            fork_of: None,
+            parent: None,
+            children: Vec::new(),
+            soft_deleted: false,
+            closed: false,
+            closed_by: None,
+            deleted: false,
+            last_stream_seq: Some("2".into()),
+            producers: Default::default(),
+            closed_tx,
+            inc: 1,
+            rev: 0,
+            rev_ms: 0,
+            order: Default::default(),
+        };
+        let a = claim(Some("a"), Some("5"));
+        let b = claim(None, Some("7"));
+        m.order.inflight = vec![a.clone(), b.clone()];
+        settle(&mut m, &b, None, false);
+        assert_eq!(m.order.inflight, vec![a.clone()]);
+        assert_eq!(
+            m.last_stream_seq.as_deref(),
+            Some("2"),
+            "not stored: not recorded"
+        );
+        settle(&mut m, &a, Some(&p("a", 0, 0)), true);
+        assert!(m.order.inflight.is_empty());
+        assert_eq!(m.last_stream_seq.as_deref(), Some("5"));
+        assert_eq!(m.producers.get("a"), Some(&(0, 0)));
+        // A newer state (another node's record) is never moved back.
+        m.producers.insert("a".into(), (0, 9));
+        record(&mut m, Some(&p("a", 0, 3)), Some("4"));
+        assert_eq!(m.producers.get("a"), Some(&(0, 9)));
+        assert_eq!(m.last_stream_seq.as_deref(), Some("5"));
+    }
 
     #[test]
     fn append_keys_name_the_incarnation_and_stay_short_visible_ascii() {
