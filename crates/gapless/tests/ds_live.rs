@@ -474,3 +474,44 @@ async fn concurrent_appends_keep_producers_exact_and_nothing_passes_a_close() {
         assert!(stored.contains(a), "{a} acknowledged but not stored");
     }
 }
+
+/// A stream closed before a restart is closed for a live read after it: the
+/// read gets its messages, then a control event with `streamClosed` at the
+/// final offset, then the end of the body (the stream's watch is restored
+/// from its record, not only its metadata).
+#[tokio::test]
+async fn a_live_read_of_a_stream_closed_before_a_restart_ends_at_its_tail() {
+    let mut s = Server::start(&[]).await;
+    let r = s.request("PUT", "/ds/done", &[JSON], "").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = s
+        .request(
+            "POST",
+            "/ds/done",
+            &[JSON, ("stream-closed", "true")],
+            "[1,2]",
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let last = r.header("stream-next-offset").expect("offset").to_owned();
+    s.kill9().await;
+    s.restart().await;
+    for client in [fresh_connections(), after_a_head(&s, "/ds/done").await] {
+        let mut live = Live::open(&client, &s, "/ds/done?offset=-1&live=sse").await;
+        let (data, control) = live.batch().await.expect("the messages");
+        assert_eq!(
+            serde_json::from_str::<Value>(&data).expect("JSON"),
+            json!([1, 2])
+        );
+        assert_eq!(control["streamClosed"], true, "{control}");
+        assert_eq!(control["streamNextOffset"], last.as_str());
+        assert!(
+            live.frame().await.is_none(),
+            "the body ends at the closed tail"
+        );
+        let mut live = Live::open(&client, &s, &format!("/ds/done?offset={last}&live=sse")).await;
+        let end = live.control().await;
+        assert_eq!(end["streamClosed"], true, "{end}");
+        assert!(live.frame().await.is_none());
+    }
+}

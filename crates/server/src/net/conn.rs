@@ -606,17 +606,14 @@ async fn stream<F: Frames>(
     let tcp = conn.tcp();
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
     let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
-    // Slot 0 of each write: the response head on the first, empty after.
-    let mut out: Vec<Bytes> = Vec::with_capacity(8);
-    out.push(Bytes::from(head));
+    // The response head, written with the first frames.
+    let mut head = Some(Bytes::from(head));
+    // Empty while the stream waits, so it holds no allocation then (an idle
+    // stream keeps no buffer); the feed fills it, the write empties it.
+    let mut out: Vec<Bytes> = Vec::new();
     // Bytes of the client's read and dropped while watching for its close.
     let mut discarded = 0usize;
     loop {
-        if out.is_empty() {
-            out.push(Bytes::new());
-        }
-        // Slot 1: the chunk-size line.
-        out.push(Bytes::new());
         let flow = tokio::select! {
             biased;
             flow = feed.next(&mut out) => flow,
@@ -631,14 +628,17 @@ async fn stream<F: Frames>(
             abort(tcp);
             return;
         }
-        let body: usize = out[2..].iter().map(Bytes::len).sum();
-        if body == 0 && out[0].is_empty() && matches!(flow, Flow::Tick) {
+        let body: usize = out.iter().map(Bytes::len).sum();
+        if body == 0 && head.is_none() && matches!(flow, Flow::Tick) {
             // A liveness tick with heartbeats off: nothing to write.
-            out.clear();
+            out = Vec::new();
             continue;
         }
+        // Before the frames: the response head (first write only), then the
+        // chunk-size line.
+        let chunk = (chunked && body > 0).then(|| chunk_line(body));
+        out.splice(0..0, head.take().into_iter().chain(chunk));
         if chunked && body > 0 {
-            out[1] = chunk_line(body);
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {
@@ -651,9 +651,7 @@ async fn stream<F: Frames>(
         );
         let ticks = bound.is_some();
         let written = write_frames(tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
-        if out.capacity() > 64 {
-            out = Vec::with_capacity(8);
-        }
+        out = Vec::new();
         match (flow, written) {
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");

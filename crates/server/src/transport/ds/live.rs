@@ -10,13 +10,13 @@
 //! a text stream's bytes one after another (each line its own `data:`
 //! line), a binary stream's bytes one after another in base64; then one
 //! `event: control` with the offset after them. The feed reads nothing of
-//! the stream's metadata on the way: its closure and deletion come through
-//! the stream's watch (`Meta::closed_tx`), read once per change.
+//! the stream's metadata on the way and takes no lock: its closure and
+//! deletion come through the stream's watch (`Meta::closed_tx`).
 
 use super::fork::{self, Layout};
-use super::names::{live_cursor, offset};
+use super::names::{next_cursor, offset};
 use super::read::{READ_BYTES, READ_EVENTS};
-use super::streams::Stream;
+use super::streams::Life;
 use crate::net::conn::{Flow, Frames, Gone, Waited};
 use crate::ops::stream::{self, EndSignal};
 use crate::App;
@@ -49,9 +49,7 @@ pub enum Shape {
 
 /// Where a live read starts: what the handler knew under the stream's lock.
 pub struct Start {
-    /// The stream.
-    pub stream: Stream,
-    /// Its layout (where its messages are).
+    /// The stream's layout (where its messages are).
     pub layout: Arc<Layout>,
     /// The epoch of its offsets.
     pub epoch: Epoch,
@@ -61,20 +59,18 @@ pub struct Start {
     pub from: u64,
     /// The stream's tail at the request.
     pub head: u64,
-    /// Whether the stream was closed at the request.
-    pub closed: bool,
-    /// The closure watch, subscribed under the same lock (so no change
-    /// after `closed` was read is missed).
-    pub closed_rx: watch::Receiver<bool>,
-    /// The client's `cursor=`.
-    pub cursor: Option<String>,
+    /// The stream's watch ([`Meta::closed_tx`](super::streams::Meta::closed_tx)),
+    /// subscribed under the same lock, so it says whether the stream was
+    /// closed then and nothing after is missed.
+    pub closed_rx: watch::Receiver<Life>,
+    /// The client's `cursor=` (one that is not a number counts as none).
+    pub cursor: Option<u64>,
 }
 
 /// One live SSE read: the subscription to the stream's own channel, and
 /// where the follower is. See the module doc.
 pub struct Feed {
     app: Arc<App>,
-    stream: Stream,
     sub: Subscription,
     layout: Arc<Layout>,
     epoch: Epoch,
@@ -91,9 +87,9 @@ pub struct Feed {
     closed: bool,
     /// The stream was deleted: the response ends.
     deleted: bool,
-    closed_rx: watch::Receiver<bool>,
+    closed_rx: watch::Receiver<Life>,
     /// The last cursor sent (or the client's).
-    cursor: Option<String>,
+    cursor: Option<u64>,
     /// When the response ends ([`SSE_LIFETIME`]).
     deadline: std::time::Instant,
     /// Resolves at shutdown.
@@ -111,10 +107,10 @@ impl Feed {
     /// point, before anything inherited is read, so nothing is missed).
     pub fn new(app: Arc<App>, start: Start, sub: Subscription) -> Self {
         let own_from = start.from.max(start.layout.origin);
+        let life = *start.closed_rx.borrow();
         Feed {
             end: stream::shutdown_signal(&app),
             app,
-            stream: start.stream,
             sub,
             epoch: start.epoch,
             shape: start.shape,
@@ -123,8 +119,8 @@ impl Feed {
             own_from,
             layout: start.layout,
             announced: false,
-            closed: start.closed,
-            deleted: false,
+            closed: life >= Life::Closed,
+            deleted: life == Life::Gone,
             closed_rx: start.closed_rx,
             cursor: start.cursor,
             deadline: std::time::Instant::now() + SSE_LIFETIME,
@@ -174,9 +170,9 @@ impl Feed {
                     if changed.is_err() {
                         return Flow::End;
                     }
-                    let m = self.stream.lock().await;
-                    self.closed = m.closed;
-                    self.deleted = m.deleted || m.soft_deleted;
+                    let life = *self.closed_rx.borrow_and_update();
+                    self.closed = life >= Life::Closed;
+                    self.deleted = life == Life::Gone;
                     continue;
                 }
                 item = self.sub.next() => item,
@@ -248,10 +244,10 @@ impl Feed {
     /// Appends one `control` event at the current position: `upToDate` when
     /// `up`, `streamClosed` (and no cursor) when `closed`.
     fn control(&mut self, out: &mut Vec<Bytes>, up: bool, closed: bool) {
-        let cursor = (!closed).then(|| live_cursor(now_ms(), self.cursor.as_deref()));
+        let cursor = (!closed).then(|| next_cursor(now_ms(), self.cursor));
         out.push(Bytes::from(control_event(
             &offset(self.epoch, self.pos),
-            cursor.as_deref(),
+            cursor,
             up,
             closed,
         )));
@@ -377,17 +373,17 @@ impl TextLines<'_> {
 }
 
 /// One SSE `control` event: `streamNextOffset` `next`, `streamCursor` when
-/// given, `upToDate` when `up`, `streamClosed` when `closed`. Offsets and
-/// cursors are digits, hex and `_` only, so they need no JSON escaping.
-pub fn control_event(next: &str, cursor: Option<&str>, up: bool, closed: bool) -> Vec<u8> {
+/// given (a string of its digits), `upToDate` when `up`, `streamClosed` when
+/// `closed`. Offsets are hex digits, `_` and digits only, so they need no
+/// JSON escaping.
+pub fn control_event(next: &str, cursor: Option<u64>, up: bool, closed: bool) -> Vec<u8> {
+    use std::io::Write;
     let mut out = Vec::with_capacity(128);
     out.extend_from_slice(b"event: control\ndata: {\"streamNextOffset\":\"");
     out.extend_from_slice(next.as_bytes());
     out.push(b'"');
     if let Some(c) = cursor {
-        out.extend_from_slice(b",\"streamCursor\":\"");
-        out.extend_from_slice(c.as_bytes());
-        out.push(b'"');
+        let _ = write!(out, ",\"streamCursor\":\"{c}\"");
     }
     if up {
         out.extend_from_slice(b",\"upToDate\":true");
@@ -450,7 +446,7 @@ mod tests {
 
     #[test]
     fn a_control_event_is_json_with_what_applies() {
-        let c = control_event("0a_00000000000000000003", Some("42"), true, false);
+        let c = control_event("0a_00000000000000000003", Some(42), true, false);
         let c = String::from_utf8(c).expect("UTF-8");
         let data = c
             .strip_prefix("event: control\ndata: ")

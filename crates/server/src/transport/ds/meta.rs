@@ -18,7 +18,7 @@
 //! retention never evicts the only record of a live stream.
 
 use super::fork::{self, ForkOf, Layout};
-use super::streams::{Meta, Stream};
+use super::streams::{Life, Meta, Stream};
 use super::Ds;
 use crate::App;
 use gapless_core::journal::{now_ms, JournalError};
@@ -220,7 +220,8 @@ pub async fn save_current(app: &App, channel: &str, stream: &Stream) -> Result<(
 /// Merges `rec`, a record of `m`'s incarnation, into `m` ([`Record::merge`]);
 /// live readers wake up when it closes or soft-deletes the stream.
 fn merge(m: &mut Meta, rec: &Record) {
-    let closes = (rec.closed && !m.closed) || (rec.soft && !m.soft_deleted);
+    let closes = rec.closed && !m.closed;
+    let soft = rec.soft && !m.soft_deleted;
     m.closed |= rec.closed;
     if m.closed_by.is_none() {
         m.closed_by = rec.closed_by.clone();
@@ -233,8 +234,10 @@ fn merge(m: &mut Meta, rec: &Record) {
     if rec.sseq > m.last_stream_seq {
         m.last_stream_seq = rec.sseq.clone();
     }
-    if closes {
-        m.closed_tx.send_replace(true);
+    if soft {
+        m.announce(Life::Gone);
+    } else if closes {
+        m.announce(Life::Closed);
     }
 }
 
@@ -349,7 +352,7 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
         }
         ds.streams.remove(&rec.ch, s);
         m.deleted = true;
-        m.closed_tx.send_replace(true);
+        m.announce(Life::Gone);
     }
     if rec.del {
         return true;
@@ -364,7 +367,6 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
             }
         },
     };
-    let (closed_tx, _) = tokio::sync::watch::channel(false);
     let mut m = Meta {
         content_type: rec.ct.clone(),
         ttl_s: rec.ttl,
@@ -391,12 +393,17 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
         last_stream_seq: rec.sseq.clone(),
         producers: rec.producers.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         deleted: false,
-        closed_tx,
+        closed_tx: super::streams::life(),
         inc: rec.inc,
         rev: seq,
         rev_ms: time,
         order: Default::default(),
     };
+    if m.soft_deleted {
+        m.announce(Life::Gone);
+    } else if m.closed {
+        m.announce(Life::Closed);
+    }
     // The sliding TTL restarts at the read-back (reads are not journaled).
     m.touch(now_ms());
     let stream: Stream = Arc::new(tokio::sync::Mutex::new(m));

@@ -184,15 +184,13 @@ pub async fn get(ctx: Ctx) -> Response {
             Shape::Binary
         };
         let start = live::Start {
-            stream: stream.clone(),
             layout: meta.layout.clone(),
             epoch: meta.epoch,
             shape,
             from,
             head: tail,
-            closed: meta.closed,
             closed_rx: meta.closed_tx.subscribe(),
-            cursor: client_cursor,
+            cursor: client_cursor.and_then(|c| c.parse().ok()),
         };
         drop(meta);
         return sse(ctx, start).await;
@@ -344,7 +342,7 @@ async fn wait(
     ctx: &Ctx,
     layout: &fork::Layout,
     from: u64,
-    closed_rx: &mut tokio::sync::watch::Receiver<bool>,
+    closed_rx: &mut tokio::sync::watch::Receiver<super::streams::Life>,
 ) -> Result<Option<Vec<Arc<Event>>>, Response> {
     let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;

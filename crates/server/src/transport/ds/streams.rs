@@ -57,8 +57,9 @@ pub struct Meta {
     /// Whether the stream was forgotten (deleted, expired): live readers
     /// holding it end.
     pub deleted: bool,
-    /// Bumped on closure and deletion, so live readers waiting at the tail wake up.
-    pub closed_tx: watch::Sender<bool>,
+    /// Bumped on closure and deletion ([`Meta::announce`]), so live readers
+    /// waiting at the tail wake up and know which without the lock.
+    pub closed_tx: watch::Sender<Life>,
     /// The stream's incarnation: random at creation, part of its appends'
     /// idempotency keys ([`super::meta::Record::inc`]).
     pub inc: u64,
@@ -97,7 +98,31 @@ pub struct Claim {
     pub stream_seq: Option<String>,
 }
 
+/// What a stream's watch ([`Meta::closed_tx`]) tells its live readers; it
+/// only moves forward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Life {
+    /// Open.
+    #[default]
+    Open,
+    /// Closed: its tail is final.
+    Closed,
+    /// Deleted, expired or soft-deleted: its live readers end.
+    Gone,
+}
+
+/// A new stream's watch ([`Meta::closed_tx`]).
+pub fn life() -> watch::Sender<Life> {
+    watch::Sender::new(Life::Open)
+}
+
 impl Meta {
+    /// Tells the stream's live readers that it is now `life` (or further
+    /// along), waking every one of them.
+    pub fn announce(&self, life: Life) {
+        self.closed_tx.send_modify(|l| *l = (*l).max(life));
+    }
+
     /// The bare media type: lower case, without parameters.
     pub fn media_type(&self) -> String {
         media_type(&self.content_type)

@@ -3,7 +3,7 @@
 
 use super::fork::{self, Layout};
 use super::names::offset;
-use super::streams::{self, media_type, Claim, Meta, Stream};
+use super::streams::{self, media_type, Claim, Life, Meta, Stream};
 use super::{api_error, empty, error, set, Ctx};
 use axum::body::Body;
 use axum::http::StatusCode;
@@ -69,7 +69,7 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
         if fork::has_live_forks(&m, now) {
             if !m.soft_deleted {
                 m.soft_deleted = true;
-                m.closed_tx.send_replace(true);
+                m.announce(Life::Gone);
                 if let Err(e) = save(ctx, &mut m).await {
                     return Err(api_error(e.into()));
                 }
@@ -256,7 +256,6 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         Ok(s) => s,
         Err(e) => return api_error(e.into()),
     };
-    let (closed_tx, _) = tokio::sync::watch::channel(false);
     let mut meta = Meta {
         content_type: ct_given
             .clone()
@@ -275,7 +274,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         deleted: false,
         last_stream_seq: None,
         producers: Default::default(),
-        closed_tx,
+        closed_tx: streams::life(),
         inc: rand::random(),
         rev: 0,
         rev_ms: 0,
@@ -334,7 +333,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                     if fork::has_live_forks(&old, now) {
                         if !old.soft_deleted {
                             old.soft_deleted = true;
-                            old.closed_tx.send_replace(true);
+                            old.announce(Life::Gone);
                             if let Err(e) = save(&ctx, &mut old).await {
                                 return api_error(e.into());
                             }
@@ -410,11 +409,11 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
     if let Err(e) = save(&ctx, &mut guard).await {
         ctx.ds.streams.remove(&ctx.channel, &stream);
         guard.deleted = true;
-        guard.closed_tx.send_replace(true);
+        guard.announce(Life::Gone);
         return api_error(e.into());
     }
     if closed {
-        guard.closed_tx.send_replace(true);
+        guard.announce(Life::Closed);
     }
     let mut r = empty(StatusCode::CREATED);
     let host = ctx.header("host").unwrap_or("localhost");
@@ -905,7 +904,7 @@ async fn closing(
     if let Err(e) = save(ctx, &mut meta).await {
         return api_error(e.into());
     }
-    meta.closed_tx.send_replace(true);
+    meta.announce(Life::Closed);
     meta.touch(now_ms());
     let status = if prod.is_some() && !body.is_empty() && !duplicate {
         StatusCode::OK
@@ -947,7 +946,7 @@ pub async fn delete(ctx: Ctx) -> Response {
             return api_error(e.into());
         }
         // Live readers of the stream's URL end.
-        meta.closed_tx.send_replace(true);
+        meta.announce(Life::Gone);
         return empty(StatusCode::NO_CONTENT);
     }
     fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &stream, meta).await;
@@ -1044,7 +1043,6 @@ mod tests {
 
     #[test]
     fn a_settled_append_releases_its_claim_and_records_only_when_stored() {
-        let (closed_tx, _) = tokio::sync::watch::channel(false);
         let mut m = Meta {
             content_type: "application/json".into(),
             ttl_s: None,
@@ -1061,7 +1059,7 @@ mod tests {
             deleted: false,
             last_stream_seq: Some("2".into()),
             producers: Default::default(),
-            closed_tx,
+            closed_tx: streams::life(),
             inc: 1,
             rev: 0,
             rev_ms: 0,
