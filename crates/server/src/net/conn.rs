@@ -606,11 +606,12 @@ async fn stream<F: Frames>(
     let tcp = conn.tcp();
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
     let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
-    // The response head, written with the first frames.
-    let mut head = Some(Bytes::from(head));
-    // Empty while the stream waits, so it holds no allocation then (an idle
-    // stream keeps no buffer); the feed fills it, the write empties it.
-    let mut out: Vec<Bytes> = Vec::new();
+    // What the next write carries: at first the response head, then empty
+    // while the stream waits, so an idle stream holds no buffer; the feed
+    // fills it, the write empties it.
+    let mut out: Vec<Bytes> = vec![Bytes::from(head)];
+    // Whether the response head is still to be written (it is `out[0]`).
+    let mut first = true;
     // Bytes of the client's read and dropped while watching for its close.
     let mut discarded = 0usize;
     loop {
@@ -628,17 +629,17 @@ async fn stream<F: Frames>(
             abort(tcp);
             return;
         }
-        let body: usize = out.iter().map(Bytes::len).sum();
-        if body == 0 && head.is_none() && matches!(flow, Flow::Tick) {
+        let skip = usize::from(first);
+        let body: usize = out[skip..].iter().map(Bytes::len).sum();
+        if body == 0 && !first && matches!(flow, Flow::Tick) {
             // A liveness tick with heartbeats off: nothing to write.
             out = Vec::new();
             continue;
         }
-        // Before the frames: the response head (first write only), then the
-        // chunk-size line.
-        let chunk = (chunked && body > 0).then(|| chunk_line(body));
-        out.splice(0..0, head.take().into_iter().chain(chunk));
+        first = false;
         if chunked && body > 0 {
+            // The chunk-size line, after the response head (first write only).
+            out.insert(skip, chunk_line(body));
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {

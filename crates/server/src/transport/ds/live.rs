@@ -32,9 +32,19 @@ use tokio::sync::watch;
 
 /// How long one response lasts at least before the server ends it, so the
 /// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2):
-/// the response ends at the first tick of its timer (`--heartbeat-ms`, or a
-/// quarter of `--tcp-user-timeout-ms` with heartbeats off) after this.
+/// the response ends at the tick of its timer ([`period_ms`]) that reaches
+/// this (later when ticks come late).
 pub const SSE_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The period of a live read's timer, in milliseconds: gapless's stream
+/// timer ([`stream::tick_ms`]: the heartbeat, or a liveness check with
+/// heartbeats off); without one, [`SSE_LIFETIME`], so the response still ends.
+fn period_ms(config: &crate::ServerConfig) -> u64 {
+    match stream::tick_ms(config) {
+        0 => u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX),
+        ms => ms,
+    }
+}
 
 /// How a stream's messages go into a `data` event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,8 +89,6 @@ pub struct Feed {
     pos: u64,
     /// The newest position known: the tail at the request, then as signalled.
     head: u64,
-    /// Where the own channel is followed from (the fork point or later).
-    own_from: u64,
     /// Whether the position was announced up to date since the last data.
     announced: bool,
     /// The stream's closure as last read.
@@ -88,10 +96,10 @@ pub struct Feed {
     /// The stream was deleted: the response ends.
     deleted: bool,
     closed_rx: watch::Receiver<Life>,
-    /// The last cursor sent (or the client's).
-    cursor: Option<u64>,
-    /// When the response ends ([`SSE_LIFETIME`]).
-    deadline: std::time::Instant,
+    /// The last cursor sent (or the client's); 0: none.
+    cursor: u64,
+    /// Timer ticks left before the response ends ([`SSE_LIFETIME`]).
+    ticks_left: u32,
     /// Resolves at shutdown.
     end: EndSignal,
     /// `end` has completed (it is not polled again).
@@ -106,8 +114,9 @@ impl Feed {
     /// channel with `sub` (opened at the later of `start.from` and the fork
     /// point, before anything inherited is read, so nothing is missed).
     pub fn new(app: Arc<App>, start: Start, sub: Subscription) -> Self {
-        let own_from = start.from.max(start.layout.origin);
         let life = *start.closed_rx.borrow();
+        let lifetime = u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX);
+        let ticks = lifetime.div_ceil(period_ms(&app.config));
         Feed {
             end: stream::shutdown_signal(&app),
             app,
@@ -116,26 +125,21 @@ impl Feed {
             shape: start.shape,
             pos: start.from,
             head: start.head,
-            own_from,
             layout: start.layout,
             announced: false,
             closed: life >= Life::Closed,
             deleted: life == Life::Gone,
             closed_rx: start.closed_rx,
-            cursor: start.cursor,
-            deadline: std::time::Instant::now() + SSE_LIFETIME,
+            cursor: start.cursor.unwrap_or(0),
+            ticks_left: u32::try_from(ticks).unwrap_or(u32::MAX),
             ended: false,
             beat: None,
         }
     }
 
-    /// The period of the stream's timer ([`stream::tick_ms`]; without one,
-    /// [`SSE_LIFETIME`], so the response still ends).
+    /// The period of the stream's timer ([`period_ms`]).
     fn tick_ms(&self) -> u64 {
-        match stream::tick_ms(&self.app.config) {
-            0 => u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX),
-            ms => ms,
-        }
+        period_ms(&self.app.config)
     }
 
     /// Waits for what is next and appends its frames to `out`. Cancel-safe:
@@ -148,7 +152,6 @@ impl Feed {
                 // and its read must not grow every stream's task).
                 return Box::pin(self.inherited(out)).await;
             }
-            self.pos = self.pos.max(self.own_from);
             if self.deleted {
                 return Flow::End;
             }
@@ -177,7 +180,8 @@ impl Feed {
                 }
                 item = self.sub.next() => item,
                 _ = std::future::poll_fn(|cx| beat.poll_tick(cx)) => {
-                    if std::time::Instant::now() >= self.deadline {
+                    self.ticks_left = self.ticks_left.saturating_sub(1);
+                    if self.ticks_left == 0 {
                         return Flow::End;
                     }
                     if self.app.config.heartbeat_ms > 0 {
@@ -244,15 +248,15 @@ impl Feed {
     /// Appends one `control` event at the current position: `upToDate` when
     /// `up`, `streamClosed` (and no cursor) when `closed`.
     fn control(&mut self, out: &mut Vec<Bytes>, up: bool, closed: bool) {
-        let cursor = (!closed).then(|| next_cursor(now_ms(), self.cursor));
+        let cursor = (!closed).then(|| next_cursor(now_ms(), Some(self.cursor).filter(|&c| c > 0)));
         out.push(Bytes::from(control_event(
             &offset(self.epoch, self.pos),
             cursor,
             up,
             closed,
         )));
-        if cursor.is_some() {
-            self.cursor = cursor;
+        if let Some(c) = cursor {
+            self.cursor = c;
         }
         self.announced = up;
     }
