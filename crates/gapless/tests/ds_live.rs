@@ -515,3 +515,37 @@ async fn a_live_read_of_a_stream_closed_before_a_restart_ends_at_its_tail() {
         assert!(live.frame().await.is_none());
     }
 }
+
+/// A connection past `--max-connections` gets the busy answer on the
+/// Durable Streams paths too (503 `limit_reached`, with the room's CORS
+/// headers), never a stream or a write: the limit holds for every route.
+#[tokio::test]
+async fn a_refused_connection_gets_the_busy_answer_on_durable_streams_paths() {
+    let s = Server::memory(&["--max-connections", "2"]).await;
+    let (_a, _) = s.subscribe("c", "").await;
+    let (_b, _) = s.subscribe("c", "").await;
+    let client = fresh_connections();
+    for (method, path) in [
+        ("PUT", "/ds/refused"),
+        ("GET", "/ds/refused?offset=now&live=sse"),
+        ("GET", "/ds/refused?offset=-1"),
+    ] {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let r = client
+            .request(m, s.url(path))
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(r.status().as_u16(), 503, "{method} {path}");
+        assert!(r.headers().get("retry-after").is_some(), "{method} {path}");
+        assert_eq!(
+            r.headers()
+                .get("access-control-allow-origin")
+                .and_then(|v| v.to_str().ok()),
+            Some("*")
+        );
+        let body: Value = r.json().await.expect("JSON");
+        assert_eq!(body["error"], "limit_reached", "{body}");
+    }
+}

@@ -32,6 +32,7 @@ pub mod write;
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
 use crate::net::conn::DirectStream;
+use crate::net::listener::Refused;
 use crate::net::liveness::Flushes;
 use crate::App;
 use axum::body::Body;
@@ -101,6 +102,14 @@ pub async fn intercept(State((app, ds)): State<DsState>, req: Request, next: Nex
     let Some(rest) = rest else {
         return next.run(req).await;
     };
+    if req.extensions().get::<Refused>().is_some() {
+        // A request of a refused connection (past --max-connections or
+        // --max-connections-per-ip): the busy rule answers it, as on every
+        // other route (`transport/sse/busy.rs`: 503 `limit_reached`).
+        let mut resp = next.run(req).await;
+        common_headers(resp.headers_mut());
+        return resp;
+    }
     let mut resp = handle(&app, &ds, req, &rest).await;
     common_headers(resp.headers_mut());
     resp
