@@ -294,23 +294,25 @@ impl Frames for Feed {
 }
 
 /// One SSE `data` event holding `events` in `shape` (see [`Shape`]). Text
-/// goes one `data: ` line per line, a line ending at CRLF, CR or LF (as SSE
+/// goes one `data:` line per line, a line ending at CRLF, CR or LF (as SSE
 /// reads them, also across two messages), so no text can end the event or
-/// start another (a lone CR comes back as LF). Each line's `data:` is
-/// followed by one space, which SSE readers drop, so a line that begins
-/// with a space keeps it. A text stream's messages are
-/// UTF-8 (appends are checked; one published as bytes over gapless's own API
-/// is read lossily).
+/// start another (a lone CR comes back as LF). `data:` is followed directly
+/// by the line (as the protocol's reference server and conformance suite
+/// have it), except before a line that begins with a space: there one space
+/// more, which SSE readers drop, so the line keeps its own. A text stream's
+/// messages are UTF-8 (appends are checked; one published as bytes over
+/// gapless's own API is read lossily).
 pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
     let size: usize = events.iter().map(|e| e.data.len() + 1).sum();
     let mut out = Vec::with_capacity(24 + size + size / 3);
-    out.extend_from_slice(b"event: data\ndata: ");
+    out.extend_from_slice(b"event: data\n");
     match shape {
         Shape::Binary => {
             let mut body = Vec::with_capacity(size);
             for e in events {
                 body.extend_from_slice(e.data.as_bytes());
             }
+            out.extend_from_slice(b"data:");
             let text = base64::engine::general_purpose::STANDARD.encode(&body);
             out.extend_from_slice(text.as_bytes());
         }
@@ -318,6 +320,7 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
             let mut lines = TextLines {
                 out: &mut out,
                 after_cr: false,
+                line_open: false,
             };
             let json = shape == Shape::Json;
             if json {
@@ -336,21 +339,37 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
             if json {
                 lines.push(b"]");
             }
+            lines.open(None);
         }
     }
     out.extend_from_slice(b"\n\n");
     out
 }
 
-/// Writes text into `data: ` lines: a line break (CRLF, CR or LF) becomes
-/// `\ndata: `.
+/// Writes text into `data:` lines: each line break (CRLF, CR or LF) ends
+/// one; a line's `data:` is written once its first byte is known (one space
+/// more before a leading space).
 struct TextLines<'a> {
     out: &'a mut Vec<u8>,
     /// The last byte written was a CR (an LF right after it is the same break).
     after_cr: bool,
+    /// The current line's `data:` is written.
+    line_open: bool,
 }
 
 impl TextLines<'_> {
+    /// Writes the current line's `data:` unless written, given its first
+    /// byte (`None`: an empty line, or the end).
+    fn open(&mut self, first: Option<u8>) {
+        if !self.line_open {
+            self.out.extend_from_slice(b"data:");
+            if first == Some(b' ') {
+                self.out.push(b' ');
+            }
+            self.line_open = true;
+        }
+    }
+
     fn push(&mut self, text: &[u8]) {
         let mut rest = text;
         if self.after_cr {
@@ -360,8 +379,10 @@ impl TextLines<'_> {
             self.after_cr = false;
         }
         while let Some(i) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            self.open(rest.first().copied().filter(|_| i > 0));
             self.out.extend_from_slice(&rest[..i]);
-            self.out.extend_from_slice(b"\ndata: ");
+            self.out.push(b'\n');
+            self.line_open = false;
             let cr = rest[i] == b'\r';
             rest = &rest[i + 1..];
             if cr {
@@ -372,7 +393,10 @@ impl TextLines<'_> {
                 }
             }
         }
-        self.out.extend_from_slice(rest);
+        if let Some(&first) = rest.first() {
+            self.open(Some(first));
+            self.out.extend_from_slice(rest);
+        }
     }
 }
 
@@ -383,7 +407,7 @@ impl TextLines<'_> {
 pub fn control_event(next: &str, cursor: Option<u64>, up: bool, closed: bool) -> Vec<u8> {
     use std::io::Write;
     let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(b"event: control\ndata: {\"streamNextOffset\":\"");
+    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
     out.extend_from_slice(next.as_bytes());
     out.push(b'"');
     if let Some(c) = cursor {
@@ -427,13 +451,19 @@ mod tests {
         let json = data_event(Shape::Json, &text(&["1", "{\"a\":\n 2}"]));
         assert_eq!(
             String::from_utf8(json).expect("UTF-8"),
-            "event: data\ndata: [1,{\"a\":\ndata:  2}]\n\n"
+            "event: data\ndata:[1,{\"a\":\ndata:  2}]\n\n"
         );
         let lines = data_event(Shape::Text, &text(&["a\r", "\nb\r\r", "c\n"]));
         assert_eq!(
             String::from_utf8(lines).expect("UTF-8"),
-            "event: data\ndata: a\ndata: b\ndata: \ndata: c\ndata: \n\n",
+            "event: data\ndata:a\ndata:b\ndata:\ndata:c\ndata:\n\n",
             "CRLF across two messages is one break; a lone CR is a break"
+        );
+        let spaced = data_event(Shape::Text, &text(&[" a\n", "  b", "c d"]));
+        assert_eq!(
+            String::from_utf8(spaced).expect("UTF-8"),
+            "event: data\ndata:  a\ndata:   bc d\n\n",
+            "a line that begins with a space gets one more, which readers drop"
         );
         let bin = data_event(
             Shape::Binary,
@@ -444,7 +474,7 @@ mod tests {
         );
         assert_eq!(
             String::from_utf8(bin).expect("UTF-8"),
-            "event: data\ndata: AP8H\n\n"
+            "event: data\ndata:AP8H\n\n"
         );
     }
 
@@ -453,7 +483,7 @@ mod tests {
         let c = control_event("0a_00000000000000000003", Some(42), true, false);
         let c = String::from_utf8(c).expect("UTF-8");
         let data = c
-            .strip_prefix("event: control\ndata: ")
+            .strip_prefix("event: control\ndata:")
             .and_then(|d| d.strip_suffix("\n\n"))
             .expect("one control event");
         let v: serde_json::Value = serde_json::from_str(data).expect("JSON");
@@ -464,7 +494,7 @@ mod tests {
         );
         let c = control_event("x", None, true, true);
         let v: serde_json::Value = serde_json::from_str(
-            std::str::from_utf8(&c).expect("UTF-8")["event: control\ndata: ".len()..].trim(),
+            std::str::from_utf8(&c).expect("UTF-8")["event: control\ndata:".len()..].trim(),
         )
         .expect("JSON");
         assert_eq!(
