@@ -10,7 +10,7 @@
 //! A record is the whole state of one stream (JSON, [`Record`]). What a
 //! record can change of a stream only grows (closed, soft-deleted, each
 //! producer's epoch and seq, the last `Stream-Seq`), so the records of one
-//! incarnation merge ([`Record::merge`]) and their order does not matter:
+//! incarnation merge ([`Record::merge_from`]) and their order does not matter:
 //! appends of one stream journal their records concurrently. A deletion, or
 //! a record of another incarnation, replaces what came before it. The
 //! channel can be read from its floor, and [`follow`] rewrites the records
@@ -112,7 +112,7 @@ impl Record {
     /// closed or soft-deleted in either, the closing producer tuple of
     /// either, each producer at the greater (epoch, seq), the greater
     /// `Stream-Seq` (byte-wise).
-    pub fn merge(&mut self, other: &Record) {
+    pub fn merge_from(&mut self, other: &Record) {
         self.closed |= other.closed;
         if self.closed_by.is_none() {
             self.closed_by = other.closed_by.clone();
@@ -217,7 +217,7 @@ pub async fn save_current(app: &App, channel: &str, stream: &Stream) -> Result<(
     Ok(())
 }
 
-/// Merges `rec`, a record of `m`'s incarnation, into `m` ([`Record::merge`]);
+/// Merges `rec`, a record of `m`'s incarnation, into `m` ([`Record::merge_from`]);
 /// live readers wake up when it closes or soft-deletes the stream.
 fn merge(m: &mut Meta, rec: &Record) {
     let closes = rec.closed && !m.closed;
@@ -291,7 +291,7 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
             match serde_json::from_slice::<Record>(ev.data.as_bytes()) {
                 Ok(r) => match newest.get_mut(&r.ch) {
                     Some((seq, time, held)) if !held.del && !r.del && held.inc == r.inc => {
-                        held.merge(&r);
+                        held.merge_from(&r);
                         (*seq, *time) = (ev.seq, ev.time);
                     }
                     _ => {
@@ -489,13 +489,13 @@ mod tests {
         let mut ab = Record::deleted("c");
         ab.del = false;
         ab.inc = 7;
-        ab.merge(&a);
-        ab.merge(&b);
+        ab.merge_from(&a);
+        ab.merge_from(&b);
         let mut ba = Record::deleted("c");
         ba.del = false;
         ba.inc = 7;
-        ba.merge(&b);
-        ba.merge(&a);
+        ba.merge_from(&b);
+        ba.merge_from(&a);
         for m in [&ab, &ba] {
             assert!(m.closed);
             assert_eq!(m.producers.get("p"), Some(&(0, 7)));
