@@ -10,6 +10,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_protocol::{NewEvent, Payload};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// The largest JavaScript-safe integer, the bound of producer epochs and seqs.
@@ -706,8 +708,8 @@ fn prod_headers(r: &mut Response, p: &Producer, seq: u64) {
 /// once and share its commits; a close waits for those in flight and holds
 /// later ones back; producer and `Stream-Seq` checks that depend on an
 /// append in flight wait for it ([`verdict`]). The journal append, the
-/// record and the release of the stream's order run in a task of their
-/// own, so a client that goes away cannot leave them half done.
+/// record and the release of the stream's order run to their end even if
+/// the client goes away ([`Detach`]).
 pub async fn append(ctx: Ctx, body: Body) -> Response {
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
@@ -789,7 +791,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         meta.touch(now_ms());
         break (msgs, key, meta.layout.clone(), meta.epoch);
     };
-    let task = tokio::spawn({
+    let finish = Detach::new({
         let stream = stream.clone();
         let prod = prod.clone();
         async move {
@@ -817,15 +819,9 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             Ok::<_, Response>((tail, duplicate))
         }
     });
-    let (tail, duplicate) = match task.await {
-        Ok(Ok(done)) => done,
-        Ok(Err(r)) => return r,
-        Err(e) => {
-            return api_error(crate::error::ApiError::new(
-                gapless_protocol::codes::ErrorCode::JournalFailed,
-                format!("the append failed ({e}); it may have been stored: retry it"),
-            ))
-        }
+    let (tail, duplicate) = match finish.await {
+        Ok(done) => done,
+        Err(r) => return r,
     };
     let status = if prod.is_some() && !duplicate {
         StatusCode::OK
@@ -838,6 +834,46 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         prod_headers(&mut r, p, p.seq);
     }
     r
+}
+
+/// A future that runs to its end even when its caller is dropped: awaited
+/// in place (no task of its own, no extra wake-up per append), and handed
+/// to a task of its own if the request goes away before it ends, so a
+/// client that closes mid-append cannot leave a claim behind, or let a
+/// close pass an append still committing (the order gate is held to the
+/// end).
+struct Detach<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
+
+impl<T: Send + 'static> Detach<T> {
+    fn new(f: impl Future<Output = T> + Send + 'static) -> Self {
+        Detach(Some(Box::pin(f)))
+    }
+}
+
+impl<T: Send + 'static> Future for Detach<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let Some(f) = self.0.as_mut() else {
+            // Polled after it ended (a future is not): it never ends again.
+            return std::task::Poll::Pending;
+        };
+        let out = f.as_mut().poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Detach<T> {
+    /// Not ended: its own task finishes it (on the runtime dropping it; with
+    /// no runtime, at shutdown's end, it is dropped).
+    fn drop(&mut self) {
+        if let (Some(f), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            drop(rt.spawn(f));
+        }
+    }
 }
 
 /// An append with `Stream-Closed: true` (with or without a body), alone on
@@ -1039,6 +1075,28 @@ mod tests {
         // Byte-wise, not numeric.
         let v = verdict(&none, Some("9"), &[], None, Some("10"));
         assert_eq!(status(&v), Some(409));
+    }
+
+    #[tokio::test]
+    async fn a_detached_future_dropped_before_its_end_still_ends() {
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done) = tokio::sync::oneshot::channel::<&str>();
+        let mut f = Detach::new(async move {
+            let _ = wait.await;
+            let _ = done_tx.send("ended");
+        });
+        // Polled once (it waits), then dropped, as a request whose client left.
+        let polled = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(Pin::new(&mut f).poll(cx).is_pending())
+        })
+        .await;
+        assert!(polled);
+        drop(f);
+        let _ = go.send(());
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), done).await;
+        assert_eq!(ended.ok().and_then(Result::ok), Some("ended"));
+        // Awaited whole, it gives its output.
+        assert_eq!(Detach::new(async { 7 }).await, 7);
     }
 
     #[test]
