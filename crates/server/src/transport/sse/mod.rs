@@ -285,7 +285,7 @@ pub(crate) async fn channel_sse(
     Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -321,7 +321,7 @@ pub(crate) async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -347,7 +347,7 @@ async fn open(
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
@@ -701,50 +701,11 @@ impl Feed {
     }
 
     /// The feed as a hyper response body (chunked), for a stream opened on a
-    /// connection that already carried another request. Every flow writes
-    /// what it appended first; [`Flow::End`] then ends the body (its last
-    /// chunk), [`Flow::Fail`] fails it, which makes hyper close the
-    /// connection without the last chunk, after waiting (with `flushes`,
-    /// the connection's, and until shutdown) for hyper to hand every byte
-    /// it holds to the socket: hyper drops what it still buffers when a
-    /// body fails. The close is a FIN after those bytes.
-    pub fn into_body(mut self, flushes: Option<Flushes>) -> Body {
-        Body::from_stream(async_stream::stream! {
-            let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
-            let mut out = Vec::new();
-            loop {
-                let flow = self.next(&mut out).await;
-                // Whatever the flow, what it queued goes out first: the
-                // expiry frame comes with `Flow::End`.
-                if !out.is_empty() {
-                    crate::admin::metrics::written(
-                        crate::admin::metrics::Transport::Sse,
-                        out.iter().map(Bytes::len).sum(),
-                    );
-                    for frame in out.drain(..) {
-                        yield Ok(frame);
-                    }
-                }
-                match flow {
-                    Flow::More | Flow::Tick => {}
-                    Flow::End => break,
-                    Flow::Fail(e) => {
-                        tracing::warn!(error = %e, "breaking off a stream: journal read failed");
-                        // Read once hyper took the last frame: the next flush
-                        // empties its buffer into the socket.
-                        if let Some(f) = &flushes {
-                            let seen = f.count();
-                            tokio::select! {
-                                () = f.after(seen) => {}
-                                () = self.app.shutdown.cancelled() => {}
-                            }
-                        }
-                        yield Err(std::io::Error::other(e));
-                        break;
-                    }
-                }
-            }
-        })
+    /// connection that already carried another request (`conn::body`, with
+    /// `flushes`, the connection's).
+    pub fn into_body(self, flushes: Option<Flushes>) -> Body {
+        let shutdown = self.app.shutdown.clone();
+        crate::net::conn::body(self, flushes, shutdown)
     }
 }
 
