@@ -576,3 +576,39 @@ async fn a_cluster_shares_subscriptions_and_delivers_each_wake_once() {
         200
     );
 }
+
+/// A cluster started without `--ds-signing-key` still has one signing key:
+/// the first node makes it and keeps its seed in Redis, every other node
+/// reads it there, and a node started again later publishes the same JWK
+/// Set (a receiver that fetched the set from one node verifies webhooks
+/// signed by any node).
+#[tokio::test]
+async fn a_cluster_without_a_key_file_shares_one_signing_key_through_redis() {
+    let Some(redis) = Redis::start_or_skip("ds shared signing key").await else {
+        return;
+    };
+    let node = || async {
+        Server::with(Opts {
+            args: vec!["--redis".to_owned(), redis.url()],
+            ..Opts::default()
+        })
+        .await
+    };
+    let a = node().await;
+    let b = node().await;
+    let jwks = a.request("GET", "/ds/k/__ds/jwks.json", &[], "").await.json;
+    assert_eq!(jwks["keys"].as_array().map(Vec::len), Some(1), "{jwks}");
+    assert_eq!(
+        b.request("GET", "/ds/k/__ds/jwks.json", &[], "").await.json,
+        jwks,
+        "both nodes sign with one key"
+    );
+    drop(a);
+    drop(b);
+    let c = node().await;
+    assert_eq!(
+        c.request("GET", "/ds/k/__ds/jwks.json", &[], "").await.json,
+        jwks,
+        "a node started later has the same key"
+    );
+}
