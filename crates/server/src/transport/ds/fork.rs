@@ -257,6 +257,18 @@ pub async fn tail(app: &App, layout: &Layout) -> Result<u64, JournalError> {
     Ok(layout.virt(st.head.max(layout.base)))
 }
 
+/// The stream's tail (as [`tail`]), after following a new epoch of its
+/// own channel ([`Meta::follow_epoch`](super::streams::Meta::follow_epoch)):
+/// the one channel state read serves both.
+///
+/// # Errors
+/// A journal failure.
+pub async fn synced_tail(app: &App, meta: &mut super::streams::Meta) -> Result<u64, JournalError> {
+    let st = app.hub.state(&meta.layout.channel).await?;
+    meta.follow_epoch(st.epoch);
+    Ok(meta.layout.virt(st.head.max(meta.layout.base)))
+}
+
 /// What a fork was created from, kept to answer a repeated `PUT` (200 when
 /// it names the same fork, 409 otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,7 +405,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     };
     let source = ctx.ds.streams.get(&source_ch).ok_or_else(not_found)?;
     let (parent, epoch, ct, ttl_s, expires_at, json) = {
-        let m = source.lock().await;
+        let mut m = source.lock().await;
         if m.deleted {
             return Err(not_found());
         }
@@ -410,6 +422,10 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
         if m.expired(gapless_core::journal::now_ms()) {
             return Err(not_found());
         }
+        // A source whose channel was purged is forked from its new epoch.
+        synced_tail(&ctx.app, &mut m)
+            .await
+            .map_err(|e| super::api_error(e.into()))?;
         (
             m.layout.clone(),
             m.epoch,
