@@ -9,7 +9,7 @@ import type { BackoffOptions } from "./backoff.js";
 import { request, requestJson } from "./core.js";
 import type { Core, EventSourceConstructor } from "./core.js";
 import { GaplessError } from "./errors.js";
-import { Auth, segment, sinceParam } from "./internal.js";
+import { Auth, payloadOf, segment, sinceParam } from "./internal.js";
 import { Join } from "./join.js";
 import type { JoinOptions } from "./join.js";
 import { SessionConsumer } from "./session.js";
@@ -103,7 +103,7 @@ interface RawPage {
   epoch: string;
   floor: number;
   head: number;
-  events: Omit<HistoryEvent, "channel">[];
+  events: (Omit<HistoryEvent, "channel" | "data"> & { data: string; encoding?: string })[];
   next: string;
   done: boolean;
   gap?: HistoryPage["gap"];
@@ -238,7 +238,8 @@ export class Client {
       query,
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
-    return { ...body, events: body.events.map((e) => ({ ...e, channel: body.channel })) };
+    const events = body.events.map(({ encoding, ...e }) => ({ ...e, channel: body.channel, data: payloadOf(e.data, encoding) }));
+    return { ...body, events };
   }
 
   /**

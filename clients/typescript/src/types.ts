@@ -56,8 +56,12 @@ export interface EventUpdate {
   cursor: string;
   /** The event's type, or `null` when it has none. */
   type: string | null;
-  /** The event's data (UTF-8 text, as published). */
-  data: string;
+  /**
+   * The event's data: the text as published, or for a binary event (published as bytes:
+   * `application/octet-stream`, or `"encoding": "base64"`) its bytes, decoded from the wire's
+   * base64. Tell them apart with `typeof data === "string"`.
+   */
+  data: string | Uint8Array;
   /** Commit time, Unix milliseconds. */
   time: number;
 }
@@ -74,8 +78,8 @@ export interface EphemeralUpdate {
   cursor: string | null;
   /** The event's type, or `null`. */
   type: string | null;
-  /** The event's data. */
-  data: string;
+  /** The event's data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+  data: string | Uint8Array;
   /** Time the server handled it, Unix milliseconds. */
   time: number;
 }
@@ -119,8 +123,8 @@ export interface HistoryEvent {
   cursor: string;
   /** Type, or `null`. */
   type: string | null;
-  /** Data. */
-  data: string;
+  /** Data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+  data: string | Uint8Array;
   /** Commit time, Unix milliseconds. */
   time: number;
 }
@@ -242,8 +246,8 @@ export type SessionUpdate =
       seq: number;
       /** Type, or `null`. */
       type: string | null;
-      /** Data. */
-      data: string;
+      /** Data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+      data: string | Uint8Array;
       /** Commit time, Unix milliseconds. */
       time: number;
     }
