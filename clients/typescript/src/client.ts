@@ -273,7 +273,16 @@ export class Client {
    * @throws {GaplessError} 400 `invalid_channel`, 401/403, `network`.
    */
   async channel(channel: string): Promise<ChannelInfo> {
-    return (await requestJson<ChannelInfo>(this.#core, { method: "GET", path: `/v1/channels/${segment(channel)}` })).body;
+    const { body } = await requestJson<Partial<ChannelInfo> & Omit<ChannelInfo, "namespace" | "retention">>(this.#core, {
+      method: "GET",
+      path: `/v1/channels/${segment(channel)}`,
+    });
+    const r = body.retention;
+    return {
+      ...body,
+      namespace: body.namespace ?? "",
+      retention: { events: r?.events ?? 0, ms: r?.ms ?? 0, bytes: r?.bytes ?? 0 },
+    };
   }
 
   /**
@@ -290,8 +299,8 @@ export class Client {
    * then live, each event once and in order; see {@link Join}.
    */
   join(channel: string, opts: JoinOptions = {}): Join {
-    return new Join(this.#core, channel, opts, (ch, after, limit, signal) =>
-      this.history(ch, { ...(after !== undefined ? { after } : {}), limit, signal }),
+    return new Join(this.#core, channel, opts, (ch, after, limit, signal, since) =>
+      this.history(ch, { ...(after !== undefined ? { after } : since !== undefined ? { since } : {}), limit, signal }),
     );
   }
 

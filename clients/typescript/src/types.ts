@@ -209,6 +209,26 @@ export interface ChannelInfo {
   head: number;
   /** Current subscribers. */
   subscribers: number;
+  /**
+   * The channel's namespace: its name up to the first `:`, `"default"` for a name without one
+   * (the server's docs/api.md, "Namespaces"); `""` from a server before namespaces.
+   */
+  namespace: string;
+  /** The retention that applies to the channel (its namespace's); see {@link RetentionLimits}. */
+  retention: RetentionLimits;
+}
+
+/**
+ * A channel's retention: every limit applies, whichever evicts more wins; 0 is no limit of that
+ * kind (all 0 from a server before namespaces).
+ */
+export interface RetentionLimits {
+  /** Most events kept (`retention_events`). */
+  events: number;
+  /** Age in milliseconds after which events are evicted (`retention_ms`). */
+  ms: number;
+  /** Most bytes of event data kept (`retention_bytes`); the newest event is always kept. */
+  bytes: number;
 }
 
 /** A session's state. */
