@@ -482,6 +482,80 @@ async fn durable_streams_live_readers_across_a_purge_neither_skip_nor_repeat() {
     assert_eq!(got, (200, "c".to_owned()));
 }
 
+/// On the embedded journal, across a restart: a purged stream keeps its
+/// metadata and reads only what came after the purge (its record, journaled
+/// with the old epoch, follows the new one again on first use); a fork of
+/// it made before the purge loses the inherited messages but reads its own
+/// from `-1` (never stuck at 410), and an offset in the lost part is 410.
+#[tokio::test]
+async fn a_purged_durable_stream_and_its_fork_across_a_restart() {
+    let mut s = Server::start(&[]).await;
+    let ct = [("Content-Type", "text/plain")];
+    let created = s.request("PUT", "/ds/p/src", &ct, "").await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let src_start = created
+        .header("Stream-Next-Offset")
+        .expect("offset")
+        .to_owned();
+    let s1 = s.request("POST", "/ds/p/src", &ct, "s1").await;
+    assert!(s1.status < 300, "{} {}", s1.status, s1.text);
+    let fork = [
+        ("Content-Type", "text/plain"),
+        ("Stream-Forked-From", "/ds/p/src"),
+    ];
+    let made = s.request("PUT", "/ds/p/fork", &fork, "").await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let f1 = s.request("POST", "/ds/p/fork", &ct, "f1").await;
+    assert!(f1.status < 300, "{} {}", f1.status, f1.text);
+    let whole = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!((whole.status, whole.text.as_str()), (200, "s1f1"));
+
+    purge_ok(&s, "p~src").await;
+    let own = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!(
+        (own.status, own.text.as_str()),
+        (200, "f1"),
+        "the fork reads its own messages; the inherited ones are gone"
+    );
+    let s2 = s.request("POST", "/ds/p/src", &ct, "s2").await;
+    assert!(s2.status < 300, "{} {}", s2.status, s2.text);
+    let _ = s.sigterm().await;
+    s.restart().await;
+
+    let head = s.request("HEAD", "/ds/p/src", &[], "").await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("Content-Type"), Some("text/plain"));
+    let src = s.request("GET", "/ds/p/src?offset=-1", &[], "").await;
+    assert_eq!((src.status, src.text.as_str()), (200, "s2"));
+    let old = s1.header("Stream-Next-Offset").expect("offset").to_owned();
+    let gone = s
+        .request("GET", &format!("/ds/p/src?offset={old}"), &[], "")
+        .await;
+    assert_eq!(gone.status, 410, "{}", gone.text);
+    let own = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!((own.status, own.text.as_str()), (200, "f1"));
+    let fork_start = made
+        .header("Stream-Next-Offset")
+        .expect("offset")
+        .to_owned();
+    let inherited = s
+        .request("GET", &format!("/ds/p/fork?offset={fork_start}"), &[], "")
+        .await;
+    assert_eq!(
+        (inherited.status, inherited.text.as_str()),
+        (200, "f1"),
+        "from the fork point: its own messages"
+    );
+    let lost = s
+        .request("GET", &format!("/ds/p/fork?offset={src_start}"), &[], "")
+        .await;
+    assert_eq!(
+        lost.status, 410,
+        "inside the lost inherited part: {}",
+        lost.text
+    );
+}
+
 async fn next(sub: &mut gapless_client::Subscription) -> gapless_client::Update {
     tokio::time::timeout(Duration::from_secs(10), sub.next())
         .await

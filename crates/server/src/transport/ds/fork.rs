@@ -223,7 +223,8 @@ pub async fn read(
 }
 
 /// The stream's first readable position: its start, or past what retention
-/// has evicted.
+/// has evicted, or past an inherited segment whose channel was purged (its
+/// epoch is another now).
 ///
 /// # Errors
 /// A journal failure.
@@ -235,6 +236,13 @@ pub async fn first_position(app: &App, layout: &Layout) -> Result<u64, JournalEr
             continue;
         }
         let st = app.hub.state(&seg.channel).await?;
+        if st.epoch != seg.epoch && seg.end != u64::MAX {
+            // An inherited segment whose channel lost its history (a purge
+            // of the source): none of it is readable; the stream reads on
+            // from the next segment.
+            pos = seg.end;
+            continue;
+        }
         let kept_from = st.floor.saturating_sub(1);
         if kept_from <= seg.seq(pos) {
             return Ok(pos);
