@@ -9,7 +9,7 @@ import type { BackoffOptions } from "./backoff.js";
 import { request, requestJson } from "./core.js";
 import type { Core, EventSourceConstructor } from "./core.js";
 import { GaplessError } from "./errors.js";
-import { Auth, segment, sinceParam } from "./internal.js";
+import { Auth, payloadOf, segment, sinceParam } from "./internal.js";
 import { Join } from "./join.js";
 import type { JoinOptions } from "./join.js";
 import { SessionConsumer } from "./session.js";
@@ -103,7 +103,7 @@ interface RawPage {
   epoch: string;
   floor: number;
   head: number;
-  events: Omit<HistoryEvent, "channel">[];
+  events: (Omit<HistoryEvent, "channel" | "data"> & { data: string; encoding?: string })[];
   next: string;
   done: boolean;
   gap?: HistoryPage["gap"];
@@ -238,7 +238,8 @@ export class Client {
       query,
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
-    return { ...body, events: body.events.map((e) => ({ ...e, channel: body.channel })) };
+    const events = body.events.map(({ encoding, ...e }) => ({ ...e, channel: body.channel, data: payloadOf(e.data, encoding) }));
+    return { ...body, events };
   }
 
   /**
@@ -272,7 +273,16 @@ export class Client {
    * @throws {GaplessError} 400 `invalid_channel`, 401/403, `network`.
    */
   async channel(channel: string): Promise<ChannelInfo> {
-    return (await requestJson<ChannelInfo>(this.#core, { method: "GET", path: `/v1/channels/${segment(channel)}` })).body;
+    const { body } = await requestJson<Partial<ChannelInfo> & Omit<ChannelInfo, "namespace" | "retention">>(this.#core, {
+      method: "GET",
+      path: `/v1/channels/${segment(channel)}`,
+    });
+    const r = body.retention;
+    return {
+      ...body,
+      namespace: body.namespace ?? "",
+      retention: { events: r?.events ?? 0, ms: r?.ms ?? 0, bytes: r?.bytes ?? 0 },
+    };
   }
 
   /**
@@ -289,8 +299,8 @@ export class Client {
    * then live, each event once and in order; see {@link Join}.
    */
   join(channel: string, opts: JoinOptions = {}): Join {
-    return new Join(this.#core, channel, opts, (ch, after, limit, signal) =>
-      this.history(ch, { ...(after !== undefined ? { after } : {}), limit, signal }),
+    return new Join(this.#core, channel, opts, (ch, after, limit, signal, since) =>
+      this.history(ch, { ...(after !== undefined ? { after } : since !== undefined ? { since } : {}), limit, signal }),
     );
   }
 

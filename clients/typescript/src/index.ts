@@ -43,6 +43,7 @@ export type {
   HistoryEvent,
   HistoryPage,
   Published,
+  RetentionLimits,
   SessionAppended,
   SessionInfo,
   SessionUpdate,

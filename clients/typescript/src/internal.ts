@@ -5,6 +5,7 @@
  * @internal
  */
 
+import { GaplessError } from "./errors.js";
 import type { Since } from "./types.js";
 
 export type { Since };
@@ -19,6 +20,26 @@ export function sinceParam(since: Since): string {
   if ("last" in since) return `last:${since.last}`;
   const ms = since.time instanceof Date ? since.time.getTime() : since.time;
   return `time:${Math.floor(ms)}`;
+}
+
+/**
+ * An event's data as the user gets it: with `"encoding": "base64"` (a binary event, docs/api.md
+ * "Binary data") the bytes its standard padded base64 names, as a `Uint8Array`; otherwise the
+ * text as it came (a missing `data` is the empty string).
+ * @throws {GaplessError} `protocol` when the base64 does not decode.
+ * @internal
+ */
+export function payloadOf(data: unknown, encoding: unknown): string | Uint8Array {
+  const text = typeof data === "string" ? data : String(data ?? "");
+  if (encoding !== "base64") return text;
+  const clean = text.replace(/[\r\n]/g, "");
+  if (clean.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(clean)) {
+    throw new GaplessError({ code: "protocol", message: `a binary event's data is not base64: ${clean.slice(0, 60)}` });
+  }
+  const bin = atob(clean);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
 }
 
 /**

@@ -34,7 +34,7 @@ import { SseConnection } from "./live.js";
 import type { Frame } from "./live.js";
 import { UpdateStream } from "./stream.js";
 import { retryAfterFailure } from "./subscribe.js";
-import type { CursorStore, HistoryPage, Update } from "./types.js";
+import type { CursorStore, HistoryPage, Since, Update } from "./types.js";
 
 /**
  * A boundary between two phases of a join, for tests that force publishes into each window.
@@ -51,6 +51,15 @@ export type JoinPhase =
 export interface JoinOptions {
   /** Start after this cursor (a channel cursor, e.g. a previous join's {@link Join.cursor}); default: from the oldest retained event. Wins over the store. */
   cursor?: string;
+  /**
+   * Where the join starts when it has no cursor (none given, none in the store): as a
+   * subscription's {@link Since} (default `"earliest"`): the history walk's first page asks
+   * for it (`"last:N"`, `"time:UNIX_MS"`, or `"live"` for only what comes next), then goes on
+   * to the tip and live, each event once. A time before the floor gives a gap (`evicted`)
+   * first. After a reconnection the join resumes from its cursor. A value the server refuses
+   * (`last:0`) ends the join with a terminal `invalid_request` {@link GaplessError}.
+   */
+  since?: Since;
   /** Events per history page, 1 to 1000 (default 1000). */
   pageSize?: number;
   /**
@@ -69,7 +78,7 @@ export interface JoinOptions {
 }
 
 /** Reads one history page. @internal */
-export type PageReader = (channel: string, after: string | undefined, limit: number, signal: AbortSignal) => Promise<HistoryPage>;
+export type PageReader = (channel: string, after: string | undefined, limit: number, signal: AbortSignal, since?: Since) => Promise<HistoryPage>;
 
 /** A running join: an async iterable of {@link Update}s (history, then live). */
 export class Join extends UpdateStream<Update> {
@@ -200,7 +209,9 @@ export class Join extends UpdateStream<Update> {
           for (;;) {
             let page: HistoryPage;
             try {
-              page = await pump(this.#readPage(channel, from, pageSize, signal));
+              // The start applies while the join has no cursor yet.
+              const since = from === undefined ? opts.since : undefined;
+              page = await pump(this.#readPage(channel, from, pageSize, signal, since));
             } catch (e) {
               const err = e instanceof GaplessError ? e : undefined;
               const floor = err?.body?.["floor_cursor"];
@@ -225,6 +236,21 @@ export class Join extends UpdateStream<Update> {
               continue cycle;
             }
             n++;
+            if (page.gap) {
+              // A time before the floor: what is gone, then the floor.
+              const g = page.gap;
+              yield {
+                kind: "gap",
+                channel,
+                cursor: g.next,
+                type: "gap",
+                data: JSON.stringify({ channel, after: g.after, next: g.next, reason: g.reason }),
+                after: g.after,
+                next: g.next,
+                reason: g.reason,
+              };
+              if (signal.aborted) return;
+            }
             for (const e of page.events) {
               await apply(e.cursor);
               yield { kind: "event", channel: e.channel ?? channel, seq: e.seq, cursor: e.cursor, type: e.type, data: e.data, time: e.time };

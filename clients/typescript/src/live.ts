@@ -12,7 +12,7 @@ import { SseParser } from "./sse.js";
 import type { SseItem } from "./sse.js";
 import type { EphemeralUpdate, EventUpdate, GapUpdate } from "./types.js";
 import { segment, withQuery } from "./internal.js";
-import { sinceParam } from "./internal.js";
+import { payloadOf, sinceParam } from "./internal.js";
 import type { Since } from "./internal.js";
 
 /** A gap notice before the `id:` frame that follows it gives its position. @internal */
@@ -102,15 +102,16 @@ export function frameOf(item: SseItem): Frame | undefined {
   }
   const type = typeof v["type"] === "string" ? v["type"] : null;
   const time = typeof v["time"] === "number" ? v["time"] : 0;
+  const data = payloadOf(v["data"], v["encoding"]);
   if (typeof v["seq"] !== "number") {
-    return { t: "ephemeral", u: { kind: "ephemeral", channel: v["channel"], type, data: v["data"], time } };
+    return { t: "ephemeral", u: { kind: "ephemeral", channel: v["channel"], type, data, time } };
   }
   if (item.lastEventId === "") {
     throw new GaplessError({ code: "protocol", message: "a journaled event arrived with no id" });
   }
   return {
     t: "event",
-    u: { kind: "event", channel: v["channel"], seq: v["seq"], cursor: item.lastEventId, type, data: v["data"], time },
+    u: { kind: "event", channel: v["channel"], seq: v["seq"], cursor: item.lastEventId, type, data, time },
   };
 }
 

@@ -25,7 +25,7 @@
 import { Backoff, Retrier } from "./backoff.js";
 import type { Core } from "./core.js";
 import { GaplessError, isAbort } from "./errors.js";
-import { segment, sleep } from "./internal.js";
+import { payloadOf, segment, sleep } from "./internal.js";
 import { UpdateStream } from "./stream.js";
 import { retryAfterFailure } from "./subscribe.js";
 import type { SessionInfo, SessionUpdate } from "./types.js";
@@ -114,7 +114,7 @@ export class SessionConsumer extends UpdateStream<SessionUpdate> {
                 session: String(m["session"] ?? this.id),
                 seq,
                 type: typeof m["type"] === "string" ? m["type"] : null,
-                data: String(m["data"] ?? ""),
+                data: payloadOf(m["data"], m["encoding"]),
                 time: Number(m["time"] ?? 0),
               };
               break;

@@ -22,7 +22,7 @@
 import { Backoff, Retrier } from "./backoff.js";
 import type { Core } from "./core.js";
 import { GaplessError, errorFromResponse, isAbort, networkError } from "./errors.js";
-import { sinceParam, sleep } from "./internal.js";
+import { payloadOf, sinceParam, sleep } from "./internal.js";
 import type { Since } from "./internal.js";
 import { SseConnection, frameOf, sseUrl } from "./live.js";
 import type { Frame } from "./live.js";
@@ -436,7 +436,7 @@ export class Subscription extends UpdateStream<Update> {
               seq: Number(m["seq"]),
               cursor: String(m["cursor"]),
               type: typeof m["type"] === "string" ? m["type"] : null,
-              data: String(m["data"] ?? ""),
+              data: payloadOf(m["data"], m["encoding"]),
               time: Number(m["time"] ?? 0),
             };
             await setCursor(ch, u.cursor);
@@ -461,7 +461,7 @@ export class Subscription extends UpdateStream<Update> {
               channel: ch,
               cursor: this.#wsCursors.get(ch) ?? null,
               type: typeof m["type"] === "string" ? m["type"] : null,
-              data: String(m["data"] ?? ""),
+              data: payloadOf(m["data"], m["encoding"]),
               time: Number(m["time"] ?? 0),
             };
           } else continue;

@@ -56,8 +56,12 @@ export interface EventUpdate {
   cursor: string;
   /** The event's type, or `null` when it has none. */
   type: string | null;
-  /** The event's data (UTF-8 text, as published). */
-  data: string;
+  /**
+   * The event's data: the text as published, or for a binary event (published as bytes:
+   * `application/octet-stream`, or `"encoding": "base64"`) its bytes, decoded from the wire's
+   * base64. Tell them apart with `typeof data === "string"`.
+   */
+  data: string | Uint8Array;
   /** Commit time, Unix milliseconds. */
   time: number;
 }
@@ -74,8 +78,8 @@ export interface EphemeralUpdate {
   cursor: string | null;
   /** The event's type, or `null`. */
   type: string | null;
-  /** The event's data. */
-  data: string;
+  /** The event's data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+  data: string | Uint8Array;
   /** Time the server handled it, Unix milliseconds. */
   time: number;
 }
@@ -119,8 +123,8 @@ export interface HistoryEvent {
   cursor: string;
   /** Type, or `null`. */
   type: string | null;
-  /** Data. */
-  data: string;
+  /** Data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+  data: string | Uint8Array;
   /** Commit time, Unix milliseconds. */
   time: number;
 }
@@ -205,6 +209,26 @@ export interface ChannelInfo {
   head: number;
   /** Current subscribers. */
   subscribers: number;
+  /**
+   * The channel's namespace: its name up to the first `:`, `"default"` for a name without one
+   * (the server's docs/api.md, "Namespaces"); `""` from a server before namespaces.
+   */
+  namespace: string;
+  /** The retention that applies to the channel (its namespace's); see {@link RetentionLimits}. */
+  retention: RetentionLimits;
+}
+
+/**
+ * A channel's retention: every limit applies, whichever evicts more wins; 0 is no limit of that
+ * kind (all 0 from a server before namespaces).
+ */
+export interface RetentionLimits {
+  /** Most events kept (`retention_events`). */
+  events: number;
+  /** Age in milliseconds after which events are evicted (`retention_ms`). */
+  ms: number;
+  /** Most bytes of event data kept (`retention_bytes`); the newest event is always kept. */
+  bytes: number;
 }
 
 /** A session's state. */
@@ -242,8 +266,8 @@ export type SessionUpdate =
       seq: number;
       /** Type, or `null`. */
       type: string | null;
-      /** Data. */
-      data: string;
+      /** Data: text, or the bytes of a binary event (as {@link EventUpdate.data}). */
+      data: string | Uint8Array;
       /** Commit time, Unix milliseconds. */
       time: number;
     }

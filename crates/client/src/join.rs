@@ -108,6 +108,9 @@ pub struct JoinBuilder {
     client: Client,
     channel: String,
     after: Option<Cursor>,
+    /// `since=` of the first history page when there is no cursor (`None`:
+    /// from the oldest retained event).
+    since: Option<String>,
     page_size: u32,
     max_buffered: usize,
     opts: StreamOptions,
@@ -119,6 +122,7 @@ impl fmt::Debug for JoinBuilder {
         f.debug_struct("JoinBuilder")
             .field("channel", &self.channel)
             .field("after", &self.after)
+            .field("since", &self.since)
             .field("page_size", &self.page_size)
             .finish_non_exhaustive()
     }
@@ -130,6 +134,7 @@ impl JoinBuilder {
             client,
             channel,
             after: None,
+            since: None,
             page_size: 1000,
             max_buffered: 100_000,
             opts: StreamOptions::new(false),
@@ -140,12 +145,45 @@ impl JoinBuilder {
     /// Start after this cursor (default: from the oldest retained event).
     pub fn after(mut self, cursor: Cursor) -> Self {
         self.after = Some(cursor);
+        self.since = None;
         self
+    }
+
+    /// Where the join starts, as a subscription's [`Start`] (default
+    /// [`Start::Earliest`]): the history walk's first page asks for it
+    /// (`since=` of `GET /v1/channels/{channel}/events`: the oldest retained
+    /// event, the last N, from a time, or only what comes next for
+    /// [`Start::Live`]), or [`Start::After`] a cursor; the walk goes on from
+    /// there, then live, exactly once. A time before the floor gives a
+    /// [`Gap`] (reason `Evicted`) first. Applied while the join has no
+    /// cursor of its own: after a reconnection it resumes from its cursor.
+    /// A value the server refuses (`Last(0)`, `Last(1001)`) ends the join
+    /// with [`Error::Api`] 400 `invalid_request`.
+    pub fn start(mut self, start: Start) -> Self {
+        match start {
+            Start::After(c) => return self.after(c),
+            Start::Earliest => self.since = None,
+            other => self.since = other.since(),
+        }
+        self.after = None;
+        self
+    }
+
+    /// The last `n` retained events (1 to 1000), then live ([`Start::Last`]).
+    pub fn since_last(self, n: u64) -> Self {
+        self.start(Start::Last(n))
+    }
+
+    /// From the first retained event at or after `t`, then live
+    /// ([`Start::Time`]).
+    pub fn since_time(self, t: std::time::SystemTime) -> Self {
+        self.start(Start::time(t))
     }
 
     /// Start after this cursor, or from the oldest retained event when `None`.
     pub fn after_opt(mut self, cursor: Option<Cursor>) -> Self {
         self.after = cursor;
+        self.since = None;
         self
     }
 
@@ -517,7 +555,7 @@ fn run(
     shared: Arc<Mutex<Option<Cursor>>>,
 ) -> impl Stream<Item = Result<Update, Error>> + Send {
     async_stream::stream! {
-        let JoinBuilder { client, channel, after, page_size, max_buffered, opts, hook } = b;
+        let JoinBuilder { client, channel, after, since, page_size, max_buffered, opts, hook } = b;
         let phase = |p: JoinPhase| {
             let fut = hook.as_ref().map(|h| h(p));
             async move {
@@ -545,10 +583,16 @@ fn run(
                         let mut from = applied.cursor.clone();
                         let mut n = 0;
                         let tip = loop {
-                            let read = read_page(&client, &channel, from.as_ref(), None, Some(page_size));
+                            // The start applies while the join has no cursor yet.
+                            let first = since.as_deref().filter(|_| from.is_none());
+                            let read = read_page(&client, &channel, from.as_ref(), first, Some(page_size));
                             match pump(read, &mut conn, &mut buffer, &mut live_end, max_buffered).await {
                                 Ok(page) => {
                                     n += 1;
+                                    if let Some(gap) = page.gap {
+                                        // A time before the floor: what is gone, then the floor.
+                                        yield Ok(Update::Gap(gap));
+                                    }
                                     for e in page.events {
                                         applied.set(e.cursor.clone());
                                         yield Ok(Update::Event(e));

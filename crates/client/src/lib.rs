@@ -107,7 +107,11 @@
 //! event at or after `t`; a [`Gap`] of reason `Evicted` first when an
 //! event no longer retained may be at or after it), each then live. The
 //! same starts read history pages ([`HistoryRequest::start`]; a page that
-//! starts at the floor for a time has [`HistoryPage::gap`]).
+//! starts at the floor for a time has [`HistoryPage::gap`]), and start a
+//! join ([`JoinBuilder::start`], `since_last(n)`, `since_time(t)`; default:
+//! everything retained). [`Client::channel_info`] gives a channel's bounds,
+//! its namespace and the retention that applies to it
+//! ([`ChannelInfo::namespace`], [`ChannelInfo::retention`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), gapless_client::Error> {
@@ -120,6 +124,9 @@
 //! let _since = client.subscribe_ws(["orders"]).since_time(hour_ago).connect().await?;
 //! let page = client.history("orders").start(Start::Last(100)).page().await?;
 //! println!("{} of the last 100", page.events.len());
+//! let _join = client.join("orders").since_last(10).open();
+//! let info = client.channel_info("chat:room-1").await?;
+//! println!("{}: {} events kept", info.namespace, info.retention.events);
 //! # Ok(()) }
 //! ```
 //!
@@ -275,7 +282,7 @@ pub use session::{AppendRequest, AttachBuilder, SessionStream};
 pub use subscribe::{Reconnect, SubscribeBuilder, Subscription};
 pub use types::{
     BatchItem, BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralDelivered, Event, Gap,
-    HistoryPage, Published, SessionAppended, SessionEvent, SessionInfo, SessionStatus,
-    SessionUpdate, Start, Update,
+    HistoryPage, Published, RetentionLimits, SessionAppended, SessionEvent, SessionInfo,
+    SessionStatus, SessionUpdate, Start, Update,
 };
 pub use ws_subscribe::{WsSubscribeBuilder, WsSubscription};

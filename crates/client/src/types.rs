@@ -12,7 +12,7 @@
 //! retry).
 
 use gapless_protocol::answers;
-pub use gapless_protocol::answers::{SessionInfo, SessionStatus};
+pub use gapless_protocol::answers::{RetentionLimits, SessionInfo, SessionStatus};
 use gapless_protocol::codes::GapReason;
 use gapless_protocol::Since;
 use serde::{Deserialize, Serialize};
@@ -323,6 +323,14 @@ pub struct ChannelInfo {
     pub head: u64,
     /// Current subscribers.
     pub subscribers: u64,
+    /// The channel's namespace: its name up to the first `:`, `default` for
+    /// a name without one (docs/api.md, "Namespaces"); empty from a server
+    /// before namespaces.
+    pub namespace: String,
+    /// The retention that applies to the channel (its namespace's): most
+    /// events, age in milliseconds, most bytes; 0 is no limit of that kind
+    /// (all 0 from a server before namespaces).
+    pub retention: RetentionLimits,
 }
 
 impl From<answers::ChannelInfo> for ChannelInfo {
@@ -333,6 +341,8 @@ impl From<answers::ChannelInfo> for ChannelInfo {
             floor: a.floor,
             head: a.head,
             subscribers: u64::try_from(a.subscribers).unwrap_or(u64::MAX),
+            namespace: a.namespace,
+            retention: a.retention,
         }
     }
 }

@@ -348,3 +348,81 @@ async fn cli_tail_and_history_since_last_and_time() {
         }
     }
 }
+
+/// The join takes a start position as subscriptions do: the last N, from a
+/// time (a gap first when it is before the floor), live only, or a cursor;
+/// then it follows live, each event once.
+#[tokio::test]
+async fn join_since_last_time_live_and_cursor() {
+    let server = clients::memory(&["--retention-events", "4"]).await;
+    let client = server.client();
+    let t = publish_apart(&client, "j", "j", 3).await;
+
+    let mut last = client.join("j").since_last(2).open();
+    assert_eq!(data(next(&mut last).await), "j2");
+    assert_eq!(data(next(&mut last).await), "j3");
+    let mut time = client.join("j").since_time(at(t[0] + 1)).open();
+    assert_eq!(data(next(&mut time).await), "j2");
+    let mut live = client.join("j").start(Start::Live).open();
+    let mut from_cursor = {
+        let page = client.history("j").page().await.expect("history");
+        client
+            .join("j")
+            .start(Start::After(page.events[1].cursor.clone()))
+            .open()
+    };
+    assert_eq!(data(next(&mut from_cursor).await), "j3");
+    // The live join has nothing before this publish; the others go on live.
+    let publisher = client.clone();
+    let publish = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        publisher.publish("j", "j4").send().await.expect("publish");
+    });
+    assert_eq!(data(next(&mut live).await), "j4");
+    assert_eq!(data(next(&mut last).await), "j4");
+    assert_eq!(data(next(&mut from_cursor).await), "j4");
+    assert_eq!(data(next(&mut time).await), "j3");
+    assert_eq!(data(next(&mut time).await), "j4");
+    publish.await.expect("publish task");
+
+    // A time before the floor: the evicted gap, then the floor.
+    publish_apart(&client, "j", "k", 4).await;
+    let mut old = client.join("j").since_time(at(t[0])).open();
+    match next(&mut old).await {
+        Update::Gap(g) => assert_eq!(g.reason, GapReason::Evicted),
+        other => panic!("expected the evicted gap, got {other:?}"),
+    }
+    assert_eq!(data(next(&mut old).await), "k1");
+
+    // A value the server refuses ends the join with 400 invalid_request.
+    let mut bad = client.join("j").since_last(1001).open();
+    let err = timeout(Duration::from_secs(10), bad.next())
+        .await
+        .expect("an answer in time")
+        .expect("an item")
+        .expect_err("refused");
+    match err {
+        Error::Api(a) => assert_eq!((a.status, a.code.as_str()), (400, "invalid_request")),
+        other => panic!("expected 400 invalid_request, got {other:?}"),
+    }
+}
+
+/// Channel info carries the namespace and the retention that applies, as
+/// `GET /v1/channels/{channel}` gives them.
+#[tokio::test]
+async fn channel_info_has_the_namespace_and_its_retention() {
+    let server = clients::memory(&["--retention-events", "7"]).await;
+    let client = server.client();
+    client
+        .publish("chat:r1", "x")
+        .send()
+        .await
+        .expect("publish");
+    let info = client.channel_info("chat:r1").await.expect("info");
+    assert_eq!(info.namespace, "chat");
+    assert_eq!(info.retention.events, 7);
+    assert_eq!(info.head, 1);
+    let plain = client.channel_info("plain").await.expect("info");
+    assert_eq!(plain.namespace, "default");
+    assert_eq!(plain.retention, info.retention, "the server's settings");
+}

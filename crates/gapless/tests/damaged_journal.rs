@@ -231,3 +231,24 @@ async fn journal_check_counts_in_words() {
         "{out}"
     );
 }
+
+/// A data directory with a purged channel (the store's `purged` table) is
+/// whole, and the check counts the purged channel.
+#[tokio::test]
+async fn journal_check_knows_purged_channels() {
+    let mut s = Server::start(&[]).await;
+    s.publish("p", "before-1").await;
+    s.publish("p", "before-2").await;
+    s.publish("q", "x").await;
+    let r = s.request("DELETE", "/v1/channels/p", &[], "").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    s.publish("p", "after").await;
+    let _ = s.sigterm().await;
+    let (whole, out) = check(&s.data_dir());
+    assert!(whole, "{out}");
+    assert!(
+        out.contains("is whole: 2 channels, 2 events retained"),
+        "{out}"
+    );
+    assert!(out.contains(", 1 purged channel"), "{out}");
+}

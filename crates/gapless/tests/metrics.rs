@@ -331,3 +331,26 @@ async fn every_metric_has_a_help_line() {
         assert!(help.len() > 20, "{name}: a description: {help:?}");
     }
 }
+
+/// `gapless_channel_purges_total` counts the purges answered 204 (also of
+/// a channel never published to), not a refused one.
+#[tokio::test]
+async fn purges_are_counted() {
+    let s = Server::memory(&[]).await;
+    s.publish("pm", "x").await;
+    for (path, status) in [
+        ("/v1/channels/pm", 204),
+        ("/v1/channels/pm-never", 204),
+        ("/v1/channels/bad%20name", 400),
+    ] {
+        let r = s.request("DELETE", path, &[], "").await;
+        assert_eq!(r.status, status, "{path}: {}", r.text);
+    }
+    let m = metrics(&s).await;
+    assert_eq!(m.get("gapless_channel_purges_total"), Some(&2.0), "{m:?}");
+    let text = s.get("/metrics").await.text;
+    assert!(
+        text.contains("# HELP gapless_channel_purges_total "),
+        "described: {text}"
+    );
+}

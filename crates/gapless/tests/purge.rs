@@ -318,7 +318,6 @@ async fn cluster_a_purge_through_one_node_reaches_every_node() {
 /// reading from the start again (`-1`) serves what was appended after the
 /// purge, with offsets of the new epoch.
 #[tokio::test]
-#[ignore = "not done: the stream keeps its creation epoch and start, so an old offset answers 400 invalid_offset (docs/durable-streams.md, Purge)"]
 async fn a_durable_streams_reader_of_a_purged_channel_gets_410_then_reads_anew() {
     let s = Server::memory(&[]).await;
     let ct = [("Content-Type", "text/plain")];
@@ -351,6 +350,210 @@ async fn a_durable_streams_reader_of_a_purged_channel_gets_410_then_reads_anew()
         .header("Stream-Next-Offset")
         .expect("Stream-Next-Offset");
     assert_ne!(next[..16], old_next[..16], "offsets of the new epoch");
+}
+
+/// A Durable Streams stream across a purge of its channel keeps its
+/// metadata (it exists, same content type; `HEAD` names the new epoch's
+/// start), and its live readers neither skip nor repeat: a long-poll
+/// waiting at an old-epoch offset answers `410 offset_gone` (it is woken by
+/// the purge, or sees the old epoch at once), an SSE live read ends without
+/// sending anything of the new epoch under an old offset, and its
+/// reconnection from its last offset is `410`; from `-1` both read the new
+/// epoch's messages, with new-epoch offsets.
+#[tokio::test]
+async fn durable_streams_live_readers_across_a_purge_neither_skip_nor_repeat() {
+    let s = Server::memory(&[]).await;
+    let ct = [("Content-Type", "text/plain")];
+    assert_eq!(s.request("PUT", "/ds/p/live", &ct, "").await.status, 201);
+    let a = s.request("POST", "/ds/p/live", &ct, "a").await;
+    assert!(a.status < 300, "{} {}", a.status, a.text);
+    let tail = a
+        .header("Stream-Next-Offset")
+        .expect("Stream-Next-Offset")
+        .to_owned();
+    let client = reqwest::Client::new();
+
+    // A long-poll waiting at the tail, and an SSE live read from the start.
+    let poll = tokio::spawn({
+        let (client, url) = (
+            client.clone(),
+            s.url(&format!("/ds/p/live?offset={tail}&live=long-poll")),
+        );
+        async move {
+            let r = client.get(url).send().await.expect("long-poll");
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+    });
+    let mut sse = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.get(s.url("/ds/p/live?offset=-1&live=sse")).send(),
+    )
+    .await
+    .expect("the live read answers in time")
+    .expect("the live read");
+    assert_eq!(sse.status(), 200);
+    let mut seen = String::new();
+    while !seen.contains("upToDate") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), sse.chunk())
+            .await
+            .expect("the first batch in time")
+            .expect("reading")
+            .expect("not ended yet");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("data:a"), "{seen}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    purge_ok(&s, "p~live").await;
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect("the waiting long-poll answers after the purge")
+        .expect("the long-poll task");
+    assert_eq!(
+        status, 410,
+        "the long-poll's offset is of the old epoch: {text}"
+    );
+    assert!(text.contains("offset_gone"), "{text}");
+    let b = s.request("POST", "/ds/p/live", &ct, "b").await;
+    assert!(b.status < 300, "{} {}", b.status, b.text);
+    let new_tail = b
+        .header("Stream-Next-Offset")
+        .expect("Stream-Next-Offset")
+        .to_owned();
+    assert_ne!(
+        new_tail[..16],
+        tail[..16],
+        "the append's offset is of the new epoch"
+    );
+
+    // The SSE live read ends; nothing of the new epoch came under an old offset.
+    let mut after = String::new();
+    while let Ok(Some(c)) = tokio::time::timeout(Duration::from_secs(10), sse.chunk())
+        .await
+        .expect("the live read ends after the purge")
+    {
+        after.push_str(&String::from_utf8_lossy(&c));
+    }
+    assert!(
+        !after.contains("data:b") && !after.contains("data:a"),
+        "no message after the purge on the old read: {after}"
+    );
+    let again = s
+        .request(
+            "GET",
+            &format!("/ds/p/live?offset={tail}&live=sse"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(
+        again.status, 410,
+        "reconnecting at the old offset: {}",
+        again.text
+    );
+
+    // The stream's metadata: it exists, same type, its tail the new one.
+    let head = s.request("HEAD", "/ds/p/live", &[], "").await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("Content-Type"), Some("text/plain"));
+    assert_eq!(head.header("Stream-Next-Offset"), Some(new_tail.as_str()));
+    let all = s.request("GET", "/ds/p/live?offset=-1", &[], "").await;
+    assert_eq!((all.status, all.text.as_str()), (200, "b"));
+    // A long-poll at the new tail gets the next append, once.
+    let poll = tokio::spawn({
+        let (client, url) = (
+            client.clone(),
+            s.url(&format!("/ds/p/live?offset={new_tail}&live=long-poll")),
+        );
+        async move {
+            let r = client.get(url).send().await.expect("long-poll");
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = s.request("POST", "/ds/p/live", &ct, "c").await;
+    assert!(c.status < 300, "{} {}", c.status, c.text);
+    let got = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect("the long-poll answers")
+        .expect("the long-poll task");
+    assert_eq!(got, (200, "c".to_owned()));
+}
+
+/// On the embedded journal, across a restart: a purged stream keeps its
+/// metadata and reads only what came after the purge (its record, journaled
+/// with the old epoch, follows the new one again on first use); a fork of
+/// it made before the purge loses the inherited messages but reads its own
+/// from `-1` (never stuck at 410), and an offset in the lost part is 410.
+#[tokio::test]
+async fn a_purged_durable_stream_and_its_fork_across_a_restart() {
+    let mut s = Server::start(&[]).await;
+    let ct = [("Content-Type", "text/plain")];
+    let created = s.request("PUT", "/ds/p/src", &ct, "").await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let src_start = created
+        .header("Stream-Next-Offset")
+        .expect("offset")
+        .to_owned();
+    let s1 = s.request("POST", "/ds/p/src", &ct, "s1").await;
+    assert!(s1.status < 300, "{} {}", s1.status, s1.text);
+    let fork = [
+        ("Content-Type", "text/plain"),
+        ("Stream-Forked-From", "/ds/p/src"),
+    ];
+    let made = s.request("PUT", "/ds/p/fork", &fork, "").await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let f1 = s.request("POST", "/ds/p/fork", &ct, "f1").await;
+    assert!(f1.status < 300, "{} {}", f1.status, f1.text);
+    let whole = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!((whole.status, whole.text.as_str()), (200, "s1f1"));
+
+    purge_ok(&s, "p~src").await;
+    let own = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!(
+        (own.status, own.text.as_str()),
+        (200, "f1"),
+        "the fork reads its own messages; the inherited ones are gone"
+    );
+    let s2 = s.request("POST", "/ds/p/src", &ct, "s2").await;
+    assert!(s2.status < 300, "{} {}", s2.status, s2.text);
+    let _ = s.sigterm().await;
+    s.restart().await;
+
+    let head = s.request("HEAD", "/ds/p/src", &[], "").await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("Content-Type"), Some("text/plain"));
+    let src = s.request("GET", "/ds/p/src?offset=-1", &[], "").await;
+    assert_eq!((src.status, src.text.as_str()), (200, "s2"));
+    let old = s1.header("Stream-Next-Offset").expect("offset").to_owned();
+    let gone = s
+        .request("GET", &format!("/ds/p/src?offset={old}"), &[], "")
+        .await;
+    assert_eq!(gone.status, 410, "{}", gone.text);
+    let own = s.request("GET", "/ds/p/fork?offset=-1", &[], "").await;
+    assert_eq!((own.status, own.text.as_str()), (200, "f1"));
+    let fork_start = made
+        .header("Stream-Next-Offset")
+        .expect("offset")
+        .to_owned();
+    let inherited = s
+        .request("GET", &format!("/ds/p/fork?offset={fork_start}"), &[], "")
+        .await;
+    assert_eq!(
+        (inherited.status, inherited.text.as_str()),
+        (200, "f1"),
+        "from the fork point: its own messages"
+    );
+    let lost = s
+        .request("GET", &format!("/ds/p/fork?offset={src_start}"), &[], "")
+        .await;
+    assert_eq!(
+        lost.status, 410,
+        "inside the lost inherited part: {}",
+        lost.text
+    );
 }
 
 async fn next(sub: &mut gapless_client::Subscription) -> gapless_client::Update {

@@ -8,9 +8,10 @@
 //! [`JournalError::Storage`] naming the file, saying what is wrong in plain
 //! words and what to do; the engine's own words (a caught panic's text
 //! among them) are logged at debug level only. [`check`] does the same and
-//! also decodes every row: the `gapless journal check` command.
+//! also decodes every row and checks the `purged` table: the `gapless journal
+//! check` command.
 
-use crate::tables::{decode_event, CHANNELS, EVENTS, LOG};
+use crate::tables::{decode_event, CHANNELS, EVENTS, LOG, META, META_EPOCH, PURGED};
 use gapless_core::JournalError;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -66,11 +67,17 @@ pub struct CheckReport {
     pub events: u64,
     /// Commits logged but not yet applied to the tables (applied at the next open).
     pub logged_commits: u64,
+    /// Channels purged at least once (rows of the `purged` table: each such
+    /// channel has an epoch of its own).
+    pub purged: u64,
 }
 
 /// Checks the journal in `dir` without serving it: the file opens, every
-/// page's checksum verifies, every event row decodes, and every channel
-/// holds exactly the rows from its floor to its head (its log aside).
+/// page's checksum verifies, every event row decodes, every channel holds
+/// exactly the rows from its floor to its head (its log aside), and every
+/// row of the `purged` table (channel -> the epoch its last purge began,
+/// `purge.rs`) names a channel of the `channels` table with an epoch of its
+/// own: not 0, not the store's (a purge always draws another).
 ///
 /// # Errors
 /// [`JournalError::Storage`] saying what is damaged and where.
@@ -104,10 +111,12 @@ fn rows(db: &Database) -> Result<CheckReport, Found> {
         Err(redb::TableError::TableDoesNotExist(_)) => 0,
         Err(e) => return Err(engine(e)),
     };
+    let purged = purged_rows(&txn, &channels)?;
     let mut report = CheckReport {
         channels: 0,
         events: 0,
         logged_commits,
+        purged,
     };
     for row in channels.iter().map_err(engine)? {
         let (name, value) = row.map_err(engine)?;
@@ -140,6 +149,48 @@ fn rows(db: &Database) -> Result<CheckReport, Found> {
         }
     }
     Ok(report)
+}
+
+/// Checks the `purged` table (absent: a store never purged) against the
+/// `channels` table and the store's epoch; returns its number of rows.
+fn purged_rows(
+    txn: &redb::ReadTransaction,
+    channels: &redb::ReadOnlyTable<&str, (u64, u64, u64, u64)>,
+) -> Result<u64, Found> {
+    let table = match txn.open_table(PURGED) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(engine(e)),
+    };
+    let store_epoch = match txn.open_table(META) {
+        Ok(meta) => meta.get(META_EPOCH).map_err(engine)?.map(|v| v.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(engine(e)),
+    };
+    let mut n = 0;
+    for row in table.iter().map_err(engine)? {
+        let (name, epoch) = row.map_err(engine)?;
+        let (name, epoch) = (name.value().to_owned(), epoch.value());
+        if channels.get(name.as_str()).map_err(engine)?.is_none() {
+            return Err(Found::Content(format!(
+                "the purged table names channel {name:?}, which the channels table does not \
+                 have (a purge keeps the channel's row, reset to head 0)"
+            )));
+        }
+        if epoch == 0 || Some(epoch) == store_epoch {
+            return Err(Found::Content(format!(
+                "the purge epoch of channel {name:?} is {epoch:016x}, {}: a purge draws an \
+                 epoch of the channel's own",
+                if epoch == 0 {
+                    "which is no epoch"
+                } else {
+                    "the store's own"
+                }
+            )));
+        }
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// What was found wrong with a journal file.
@@ -226,4 +277,58 @@ fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, Strin
             .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "the storage engine failed on a damaged page".to_owned())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STORE_EPOCH: u64 = 0x1111;
+
+    /// A journal file with channels `a` (purged at epoch 0x2222) and `b`,
+    /// no events, plus the `purged` rows `extra`.
+    fn journal(dir: &Path, extra: &[(&str, u64)]) {
+        let db = Database::create(dir.join(crate::FILE_NAME)).expect("create");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut meta = txn.open_table(META).expect("meta");
+            meta.insert(crate::tables::META_FORMAT, crate::tables::FORMAT_VERSION)
+                .expect("format");
+            meta.insert(META_EPOCH, STORE_EPOCH).expect("epoch");
+            let mut channels = txn.open_table(CHANNELS).expect("channels");
+            channels.insert("a", (1, 0, 1, 5)).expect("a");
+            channels.insert("b", (2, 0, 1, 5)).expect("b");
+            txn.open_table(EVENTS).expect("events");
+            let mut purged = txn.open_table(PURGED).expect("purged");
+            purged.insert("a", 0x2222).expect("purged a");
+            for (name, epoch) in extra {
+                purged.insert(*name, *epoch).expect("purged row");
+            }
+        }
+        txn.commit().expect("commit");
+    }
+
+    fn checked(extra: &[(&str, u64)]) -> Result<CheckReport, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        journal(dir.path(), extra);
+        check(dir.path()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn check_counts_purged_channels_and_refuses_bad_purged_rows() {
+        let ok = checked(&[]).expect("whole");
+        assert_eq!((ok.channels, ok.purged), (2, 1), "{ok:?}");
+        let orphan = checked(&[("gone", 0x3333)]).expect_err("a row without its channel");
+        assert!(
+            orphan.contains("purged table names channel \"gone\""),
+            "{orphan}"
+        );
+        let same = checked(&[("b", STORE_EPOCH)]).expect_err("the store's epoch");
+        assert!(
+            same.contains("\"b\"") && same.contains("the store's own"),
+            "{same}"
+        );
+        let zero = checked(&[("b", 0)]).expect_err("epoch 0");
+        assert!(zero.contains("no epoch"), "{zero}");
+    }
 }

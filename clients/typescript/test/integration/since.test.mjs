@@ -107,3 +107,37 @@ test('history: since last:N, time, live, and the gap of a time before the floor'
   assert.equal(p.gap?.channel, 'h');
   await assert.rejects(c.history('h', { since: 'last:0' }), (e) => e.code === 'invalid_request' && e.status === 400);
 });
+
+test('join: since last:N, time, live, a gap before the floor, and a refused value', async () => {
+  const srv = await server();
+  const c = client(srv);
+  const t = await publishApart(c, 'j', 'j', 3);
+  const open = (since) => c.join('j', { since, store: null });
+  const last = open('last:2');
+  const lastIt = last[Symbol.asyncIterator]();
+  assert.deepEqual(datas(await take(lastIt, 2)), ['j2', 'j3']);
+  const time = open({ time: t[0] + 1 });
+  const timeIt = time[Symbol.asyncIterator]();
+  assert.deepEqual(datas(await take(timeIt, 2)), ['j2', 'j3']);
+  const live = open('live');
+  const liveIt = live[Symbol.asyncIterator]();
+  const first = liveIt.next();
+  await sleep(300);
+  await c.publish('j', 'j4');
+  assert.deepEqual(datas([(await first).value]), ['j4'], 'live only');
+  assert.deepEqual(datas(await take(lastIt, 1)), ['j4']);
+  assert.deepEqual(datas(await take(timeIt, 1)), ['j4']);
+  for (const j of [last, time, live]) j.close();
+
+  // A time before the floor (4 events retained): the evicted gap, then the floor.
+  await publishApart(c, 'j', 'k', 4);
+  const old = open({ time: t[0] });
+  const [gap, k1] = await take(old[Symbol.asyncIterator](), 2);
+  assert.equal(gap.kind, 'gap');
+  assert.equal(gap.reason, 'evicted');
+  assert.equal(k1.data, 'k1');
+  old.close();
+
+  const bad = open('last:0');
+  await assert.rejects(take(bad[Symbol.asyncIterator](), 1, 10_000), (e) => e instanceof GaplessError && e.code === 'invalid_request');
+});

@@ -29,6 +29,11 @@ export async function readme(): Promise<void> {
   const batch = await client.publishBatch("orders", ["a", { data: "b", type: "t" }]);
   render([seq, dup, eph, batch.firstSeq, batch.lastSeq, batch.events[0]?.cursor]);
 
+  const info = await client.channel("chat:room-1");
+  const ns: string = info.namespace;
+  const kept: number[] = [info.retention.events, info.retention.ms, info.retention.bytes];
+  render([ns, kept, info.head]);
+
   const page = await client.history("orders", { after: p.cursor, limit: 100 });
   render(page.done ? page.next : page.events.map((e) => e.seq));
   for await (const pg of client.historyAll("orders")) render(pg.events);

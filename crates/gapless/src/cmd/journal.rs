@@ -1,6 +1,6 @@
 //! `gapless journal check --data-dir DIR`: tells whether an embedded journal
 //! is whole (every page's checksum, every event row, every channel's rows
-//! from floor to head), without serving it. Exit status 0 when whole, 1 when
+//! from floor to head, every purged channel's own epoch), without serving it. Exit status 0 when whole, 1 when
 //! damaged or unreadable (the line says what and where, and what to do).
 
 use super::fail;
@@ -34,11 +34,12 @@ pub fn run(cmd: JournalCommand) -> ExitCode {
         JournalCommand::Check { data_dir } => match gapless_store::check(&data_dir) {
             Ok(r) => {
                 println!(
-                    "the journal in {} is whole: {}, {} retained, {} to apply",
+                    "the journal in {} is whole: {}, {} retained, {} to apply, {}",
                     data_dir.display(),
                     count(r.channels, "channel"),
                     count(r.events, "event"),
                     count(r.logged_commits, "logged commit"),
+                    count(r.purged, "purged channel"),
                 );
                 ExitCode::SUCCESS
             }

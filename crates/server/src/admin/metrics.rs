@@ -40,6 +40,8 @@ pub(crate) const REPLAYS: &str = "gapless_replays_total";
 pub(crate) const EVENTS_REPLAYED: &str = "gapless_events_replayed_total";
 /// Gap notices sent, by `reason` (`evicted`, `epoch`, `ahead`, `unknown`).
 pub(crate) const GAPS: &str = "gapless_gaps_total";
+/// Channel purges (`DELETE /v1/channels/{channel}`) this node answered 204.
+pub(crate) const CHANNEL_PURGES: &str = "gapless_channel_purges_total";
 /// Error answers, by `code`: counted where an answer is made (`error.rs`,
 /// which names it, as it imports no part).
 pub(crate) use crate::error::REFUSALS;
@@ -162,6 +164,13 @@ fn describe() {
         Unit::Count,
         "Gap notices sent, by reason (evicted, epoch, ahead, unknown): each is a range a client \
          was told it missed."
+    );
+    describe_counter!(
+        CHANNEL_PURGES,
+        Unit::Count,
+        "Channel purges (DELETE /v1/channels/{channel}) this node answered 204: each removed \
+         every event of a channel and started a new epoch (a channel never published to counts \
+         too, though nothing changed)."
     );
     describe_counter!(
         REFUSALS,
@@ -304,6 +313,11 @@ pub(crate) fn delivered(transport: Transport, events: usize, newest_time_ms: u64
 /// `per_ip`; see [`CONNECTIONS_REFUSED`]).
 pub(crate) fn connection_refused(limit: &'static str) {
     metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(1);
+}
+
+/// Counts one channel purge answered 204 (see [`CHANNEL_PURGES`]).
+pub(crate) fn channel_purged() {
+    metrics::counter!(CHANNEL_PURGES).increment(1);
 }
 
 /// Records `bytes` written to a subscriber's socket in one step.

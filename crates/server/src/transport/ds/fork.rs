@@ -223,7 +223,8 @@ pub async fn read(
 }
 
 /// The stream's first readable position: its start, or past what retention
-/// has evicted.
+/// has evicted, or past an inherited segment whose channel was purged (its
+/// epoch is another now).
 ///
 /// # Errors
 /// A journal failure.
@@ -235,6 +236,13 @@ pub async fn first_position(app: &App, layout: &Layout) -> Result<u64, JournalEr
             continue;
         }
         let st = app.hub.state(&seg.channel).await?;
+        if st.epoch != seg.epoch && seg.end != u64::MAX {
+            // An inherited segment whose channel lost its history (a purge
+            // of the source): none of it is readable; the stream reads on
+            // from the next segment.
+            pos = seg.end;
+            continue;
+        }
         let kept_from = st.floor.saturating_sub(1);
         if kept_from <= seg.seq(pos) {
             return Ok(pos);
@@ -255,6 +263,18 @@ pub async fn first_position(app: &App, layout: &Layout) -> Result<u64, JournalEr
 pub async fn tail(app: &App, layout: &Layout) -> Result<u64, JournalError> {
     let st = app.hub.state(&layout.channel).await?;
     Ok(layout.virt(st.head.max(layout.base)))
+}
+
+/// The stream's tail (as [`tail`]), after following a new epoch of its
+/// own channel ([`Meta::follow_epoch`](super::streams::Meta::follow_epoch)):
+/// the one channel state read serves both.
+///
+/// # Errors
+/// A journal failure.
+pub async fn synced_tail(app: &App, meta: &mut super::streams::Meta) -> Result<u64, JournalError> {
+    let st = app.hub.state(&meta.layout.channel).await?;
+    meta.follow_epoch(st.epoch);
+    Ok(meta.layout.virt(st.head.max(meta.layout.base)))
 }
 
 /// What a fork was created from, kept to answer a repeated `PUT` (200 when
@@ -393,7 +413,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     };
     let source = ctx.ds.streams.get(&source_ch).ok_or_else(not_found)?;
     let (parent, epoch, ct, ttl_s, expires_at, json) = {
-        let m = source.lock().await;
+        let mut m = source.lock().await;
         if m.deleted {
             return Err(not_found());
         }
@@ -410,6 +430,10 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
         if m.expired(gapless_core::journal::now_ms()) {
             return Err(not_found());
         }
+        // A source whose channel was purged is forked from its new epoch.
+        synced_tail(&ctx.app, &mut m)
+            .await
+            .map_err(|e| super::api_error(e.into()))?;
         (
             m.layout.clone(),
             m.epoch,

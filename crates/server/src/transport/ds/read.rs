@@ -29,8 +29,8 @@ pub async fn head(ctx: Ctx) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let meta = stream.lock().await;
-    let tail = match fork::tail(&ctx.app, &meta.layout).await {
+    let mut meta = stream.lock().await;
+    let tail = match fork::synced_tail(&ctx.app, &mut meta).await {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
@@ -166,7 +166,7 @@ pub async fn get(ctx: Ctx) -> Response {
     };
     let mut meta = stream.clone().lock_owned().await;
     meta.touch(now_ms());
-    let tail = match fork::tail(&ctx.app, &meta.layout).await {
+    let tail = match fork::synced_tail(&ctx.app, &mut meta).await {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };

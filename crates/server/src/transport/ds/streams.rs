@@ -31,7 +31,8 @@ pub struct Meta {
     /// (refreshed by reads and writes) and `expires_at`.
     pub deadline_ms: Option<u64>,
     /// The epoch of the stream's offsets: its channel's journal epoch at
-    /// creation (a fork's is its source's).
+    /// creation (a fork's is its source's), or after a purge the channel's
+    /// new one ([`Meta::follow_epoch`]).
     pub epoch: Epoch,
     /// Where the stream's messages are: its channel's events after the head
     /// at creation (a re-created stream does not show its predecessor's
@@ -156,6 +157,27 @@ impl Meta {
     /// Whether the stream has expired at `now_ms`.
     pub fn expired(&self, now_ms: u64) -> bool {
         self.deadline_ms.is_some_and(|d| now_ms >= d)
+    }
+
+    /// Follows a new journal epoch of the stream's own channel: `epoch` is
+    /// the channel's epoch now. When it is not the one the stream's layout
+    /// was made in, the channel's history was lost (a purge, `DELETE
+    /// /v1/channels/{channel}`, or a journal that lost it): the stream
+    /// becomes a plain stream of the whole new epoch (position 0 its start,
+    /// offsets in the new epoch, a fork's inherited messages gone too), so
+    /// an offset from before answers `410 offset_gone` and `-1` reads what
+    /// came after. Its other metadata (content type, TTL, closure,
+    /// producers, `Stream-Seq`) stays. Deterministic, so not journaled: a
+    /// record read back with the old layout is rebased the same way on its
+    /// next use (docs/durable-streams.md, "Purge"). Returns whether the
+    /// layout changed.
+    pub fn follow_epoch(&mut self, epoch: Epoch) -> bool {
+        if self.layout.epoch == epoch {
+            return false;
+        }
+        self.layout = Arc::new(fork::Layout::plain(&self.layout.channel, epoch, 0));
+        self.epoch = epoch;
+        true
     }
 }
 

@@ -595,11 +595,11 @@ fn parse_config(app: &App, root: &str, v: &Value) -> Result<Config, Response> {
 async fn offsets(app: &App, ds: &Ds, root: &str, rel: &str) -> Option<(String, String)> {
     let channel = names::channel_of(&full(root, rel)).ok()?;
     let stream: Stream = ds.streams.get(&channel)?;
-    let m = stream.lock().await;
+    let mut m = stream.lock().await;
     if m.deleted || m.soft_deleted {
         return None;
     }
-    let tail = fork::tail(app, &m.layout).await.ok()?;
+    let tail = fork::synced_tail(app, &mut m).await.ok()?;
     Some((
         names::offset(m.epoch, m.layout.start()),
         names::offset(m.epoch, tail),

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
-use gapless_protocol::{NewEvent, Payload};
+use gapless_protocol::{Epoch, NewEvent, Payload};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -166,13 +166,14 @@ fn append_key(inc: u64, prod: Option<&Producer>, stream_seq: Option<&str>) -> Op
 }
 
 /// Appends `msgs` to the channel as one batch (the publish limits apply),
-/// with idempotency key `key`; returns the new tail seq and whether the
-/// journal had the key already (nothing appended).
+/// with idempotency key `key`; returns the new tail seq, whether the
+/// journal had the key already (nothing appended), and the channel's epoch
+/// the seq is of.
 async fn publish_keyed(
     ctx: &Ctx,
     msgs: Vec<Payload>,
     key: Option<&str>,
-) -> Result<(u64, bool), Response> {
+) -> Result<(u64, bool, Epoch), Response> {
     let events = msgs
         .into_iter()
         .map(|data| NewEvent {
@@ -182,21 +183,30 @@ async fn publish_keyed(
         .collect();
     crate::ops::publish::batch(&ctx.app, &ctx.grant, ctx.peer, &ctx.channel, events, key)
         .await
-        .map(|a| (a.last_seq, a.duplicate))
+        .map(|a| (a.last_seq, a.duplicate, a.epoch))
         .map_err(api_error)
 }
 
 /// Appends `msgs` to the channel as one batch (the publish limits apply);
 /// returns the new tail seq.
 async fn publish(ctx: &Ctx, msgs: Vec<Payload>) -> Result<u64, Response> {
-    publish_keyed(ctx, msgs, None).await.map(|(t, _)| t)
+    publish_keyed(ctx, msgs, None).await.map(|(t, _, _)| t)
 }
 
-/// The stream's tail position now.
-async fn head(ctx: &Ctx, layout: &Layout) -> Result<u64, Response> {
-    fork::tail(&ctx.app, layout)
+/// The stream's tail position now, after following a purge of its channel
+/// ([`Meta::follow_epoch`]).
+async fn head(ctx: &Ctx, meta: &mut Meta) -> Result<u64, Response> {
+    fork::synced_tail(&ctx.app, meta)
         .await
         .map_err(|e| api_error(e.into()))
+}
+
+/// The position of seq `last` of epoch `epoch` that an append stored, and
+/// the epoch of the stream's offsets: when the channel was purged since the
+/// stream last looked, the stream follows its new epoch first.
+fn appended_at(meta: &mut Meta, epoch: Epoch, last: u64) -> (u64, Epoch) {
+    meta.follow_epoch(epoch);
+    (meta.layout.virt(last), meta.epoch)
 }
 
 /// `PUT {stream}`: creates the stream (a fork with `Stream-Forked-From`,
@@ -376,7 +386,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                         ),
                     );
                 }
-                let tail = match head(&ctx, &old.layout).await {
+                let tail = match head(&ctx, &mut old).await {
                     Ok(h) => h,
                     Err(r) => return r,
                 };
@@ -629,8 +639,13 @@ fn deleted(ctx: &Ctx) -> Response {
 /// The answer to an append to a closed stream: a retry of the append that
 /// closed it (or a repeated close-only, `close_only`) succeeds; anything
 /// else is `409 stream_closed`. Both name the final tail.
-async fn to_closed(ctx: &Ctx, meta: &Meta, prod: Option<&Producer>, close_only: bool) -> Response {
-    let tail = match head(ctx, &meta.layout).await {
+async fn to_closed(
+    ctx: &Ctx,
+    meta: &mut Meta,
+    prod: Option<&Producer>,
+    close_only: bool,
+) -> Response {
+    let tail = match head(ctx, meta).await {
         Ok(h) => h,
         Err(r) => return r,
     };
@@ -749,7 +764,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             return deleted(&ctx);
         }
         if meta.closed {
-            return to_closed(&ctx, &meta, prod.as_ref(), false).await;
+            return to_closed(&ctx, &mut meta, prod.as_ref(), false).await;
         }
         if let Err(r) = content_type(&ctx, &meta, &body) {
             return r;
@@ -758,7 +773,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             Verdict::Go => {}
             Verdict::Refuse(r) => return r,
             Verdict::Duplicate(last) => {
-                let tail = match head(&ctx, &meta.layout).await {
+                let tail = match head(&ctx, &mut meta).await {
                     Ok(h) => h,
                     Err(r) => return r,
                 };
@@ -804,9 +819,17 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             // A duplicate: the retry of an append stored before a crash
             // whose record was not journaled; the tail is the stream's, not
             // the original append's.
-            let (tail, duplicate) = match published? {
-                (_, true) => (head(&ctx, &layout).await?, true),
-                (last, false) => (layout.virt(last), false),
+            let (tail, duplicate, epoch) = match published? {
+                (_, true, _) => {
+                    let mut meta = stream.lock().await;
+                    (head(&ctx, &mut meta).await?, true, meta.epoch)
+                }
+                (last, false, e) if e == layout.epoch => (layout.virt(last), false, epoch),
+                // Stored in a new epoch: the channel was purged meanwhile.
+                (last, false, e) => {
+                    let (tail, epoch) = appended_at(&mut *stream.lock().await, e, last);
+                    (tail, false, epoch)
+                }
             };
             // Producer state and Stream-Seq are journaled after the append
             // they guard and before the answer (docs/durable-streams.md,
@@ -816,10 +839,10 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
                     .await
                     .map_err(|e| api_error(e.into()))?;
             }
-            Ok::<_, Response>((tail, duplicate))
+            Ok::<_, Response>((tail, duplicate, epoch))
         }
     });
-    let (tail, duplicate) = match finish.await {
+    let (tail, duplicate, epoch) = match finish.await {
         Ok(done) => done,
         Err(r) => return r,
     };
@@ -894,13 +917,13 @@ async fn closing(
     // 1. A closed stream takes nothing more (a retry of the closing append
     //    and a repeated close-only succeed).
     if meta.closed {
-        return to_closed(ctx, &meta, prod.as_ref(), body.is_empty()).await;
+        return to_closed(ctx, &mut meta, prod.as_ref(), body.is_empty()).await;
     }
     // 2. The content type, when there is a body.
     if let Err(r) = content_type(ctx, &meta, body) {
         return r;
     }
-    let mut tail = match head(ctx, &meta.layout).await {
+    let mut tail = match head(ctx, &mut meta).await {
         Ok(h) => h,
         Err(r) => return r,
     };
@@ -927,8 +950,8 @@ async fn closing(
         let key = append_key(meta.inc, prod.as_ref(), stream_seq.as_deref());
         match publish_keyed(ctx, msgs, key.as_deref()).await {
             // A duplicate: see `append`.
-            Ok((_, true)) => duplicate = true,
-            Ok((t, false)) => tail = meta.layout.virt(t),
+            Ok((_, true, _)) => duplicate = true,
+            Ok((t, false, epoch)) => tail = appended_at(&mut meta, epoch, t).0,
             Err(r) => return r,
         }
     }
