@@ -596,3 +596,42 @@ async fn rust_sdk_purge_and_its_subscriber() {
         .expect_err("a bad name is refused");
     assert_eq!(bad.api().map(|a| a.status), Some(400), "{bad}");
 }
+
+/// Deleting a Durable Streams stream removes its messages (its channel is
+/// purged), on the embedded journal and in memory: the channel's history is
+/// empty and its epoch new; a stream created again at the path starts
+/// empty, and an offset of the deleted stream answers `410`.
+#[tokio::test]
+async fn deleting_a_durable_stream_purges_its_channel() {
+    for s in [Server::memory(&[]).await, Server::start(&[]).await] {
+        let ct = [("Content-Type", "text/plain")];
+        assert_eq!(s.request("PUT", "/ds/p/del", &ct, "").await.status, 201);
+        for m in ["a", "b"] {
+            let r = s.request("POST", "/ds/p/del", &ct, m).await;
+            assert!(r.status < 300, "{} {}", r.status, r.text);
+        }
+        let before = s.info("p~del").await;
+        let old = s.request("GET", "/ds/p/del?offset=-1", &[], "").await;
+        assert_eq!(old.text, "ab");
+        let old_next = old
+            .header("Stream-Next-Offset")
+            .expect("Stream-Next-Offset")
+            .to_owned();
+        let del = s.request("DELETE", "/ds/p/del", &[], "").await;
+        assert_eq!(del.status, 204, "{}", del.text);
+        assert!(
+            s.all_data("p~del").await.is_empty(),
+            "the deleted stream's messages are gone from its channel"
+        );
+        let after = s.info("p~del").await;
+        assert_ne!(after["epoch"], before["epoch"], "a new epoch: {after}");
+
+        assert_eq!(s.request("PUT", "/ds/p/del", &ct, "").await.status, 201);
+        let anew = s.request("GET", "/ds/p/del?offset=-1", &[], "").await;
+        assert_eq!((anew.status, anew.text.as_str()), (200, ""));
+        let gone = s
+            .request("GET", &format!("/ds/p/del?offset={old_next}"), &[], "")
+            .await;
+        assert_eq!(gone.status, 410, "{}", gone.text);
+    }
+}

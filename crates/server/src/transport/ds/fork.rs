@@ -601,6 +601,10 @@ pub async fn forget(
     stream: &Stream,
     mut guard: tokio::sync::MutexGuard<'_, Meta>,
 ) {
+    // The stream's messages go with it: purged while the stream still holds
+    // its path (and its lock), so a stream created again at the path never
+    // has an append of its own purged.
+    purge_events(app, channel).await;
     ds.streams.remove(channel, stream);
     guard.deleted = true;
     guard.announce(super::streams::Life::Gone);
@@ -614,11 +618,22 @@ pub async fn forget(
         if g.deleted || !g.soft_deleted || has_live_forks(&g, now) {
             break;
         }
+        purge_events(app, &ch).await;
         ds.streams.remove(&ch, &s);
         g.deleted = true;
         up = g.parent.clone();
         drop(g);
         super::meta::save_deleted(app, &ch).await;
+    }
+}
+
+/// Removes the events of a deleted stream's channel (a journal purge: a new
+/// epoch, docs/durable-streams.md "Deletion"). A purge that fails is logged;
+/// the stream is gone either way, and its events then stay until retention
+/// evicts them (a new stream at the path starts after them).
+async fn purge_events(app: &App, channel: &str) {
+    if let Err(e) = app.hub.purge(channel).await {
+        tracing::warn!(channel, error = %e, "a deleted Durable Streams stream's events were not purged; retention will evict them");
     }
 }
 
