@@ -146,14 +146,14 @@ async fn an_open_server_keeps_the_publish_rate_per_ip() {
         .expect_error(429, "rate_limited");
 }
 
-#[tokio::test]
-async fn a_trickled_body_is_cut_off_with_408() {
-    let s = Server::memory(&["--min-body-rate", "1000", "--header-timeout-ms", "500"]).await;
+/// Sends `POST path` with a 5000-byte body at 100 bytes/s and returns the
+/// answer's head and how long it took.
+async fn trickle(s: &Server, path: &str, content_type: &str) -> (String, Duration) {
     let mut tcp = tokio::net::TcpStream::connect(s.addr)
         .await
         .expect("connect");
     let head = format!(
-        "POST /v1/channels/c/events HTTP/1.1\r\nHost: {}\r\nContent-Length: 5000\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: 5000\r\n\r\n",
         s.addr
     );
     tcp.write_all(head.as_bytes()).await.expect("write");
@@ -187,13 +187,33 @@ async fn a_trickled_body_is_cut_off_with_408() {
         () = read => {}
         () = writer => {}
     }
-    let took = t0.elapsed();
-    let text = String::from_utf8_lossy(&answer);
+    (String::from_utf8_lossy(&answer).into_owned(), t0.elapsed())
+}
+
+#[tokio::test]
+async fn a_trickled_body_is_cut_off_with_408() {
+    let s = Server::memory(&["--min-body-rate", "1000", "--header-timeout-ms", "500"]).await;
+    let (text, took) = trickle(&s, "/v1/channels/c/events", "text/plain").await;
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(took < Duration::from_secs(5), "cut off after {took:?}");
     // Nothing was appended; an ordinary publish still works.
     assert_eq!(s.info("c").await["head"], 0);
     s.publish("c", "fine").await;
+}
+
+/// The same pace holds on Durable Streams appends (and creates).
+#[tokio::test]
+async fn a_trickled_durable_streams_body_is_cut_off_with_408() {
+    let s = Server::memory(&["--min-body-rate", "1000", "--header-timeout-ms", "500"]).await;
+    let ct = [("Content-Type", "text/plain")];
+    assert_eq!(s.request("PUT", "/ds/slow", &ct, "").await.status, 201);
+    let (text, took) = trickle(&s, "/ds/slow", "text/plain").await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(took < Duration::from_secs(5), "cut off after {took:?}");
+    let r = s.request("GET", "/ds/slow?offset=-1", &[], "").await;
+    assert_eq!((r.status, r.text.as_str()), (200, ""), "nothing appended");
+    let ok = s.request("POST", "/ds/slow", &ct, "fine").await;
+    assert!(ok.status < 300, "{} {}", ok.status, ok.text);
 }
 
 #[tokio::test]

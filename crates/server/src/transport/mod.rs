@@ -7,10 +7,11 @@
 //! predicate that recognises its paths ([`sse::is_sse_path`]).
 //!
 //! A room uses `ops`, `auth`, `net`, `admin` and the protocol crate, never
-//! another room; what the rooms share ([`query`], the query-string reader)
-//! imports no room. A new wire protocol is a new room; a new rule of the
+//! another room; what the rooms share ([`query`], the query-string reader,
+//! and [`body`], the paced body reader) imports no room. A new wire protocol is a new room; a new rule of the
 //! product goes to `ops` or the hub, never here.
 
+pub(crate) mod body;
 pub(crate) mod ds;
 pub(crate) mod http;
 pub mod query;

@@ -87,18 +87,20 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
 
 /// Reads the request body, at most `--max-batch-bytes`: a larger one is
 /// `413 too_large` with `limit` (the connection then closes, lingering so the
-/// client still sending reads the answer: `net/conn.rs`).
+/// client still sending reads the answer: `net/conn.rs`); one that arrives
+/// slower than `--min-body-rate` (after `--header-timeout-ms` of grace) is
+/// `408 request_timeout`, as on every route that takes a body.
 async fn body_bytes(ctx: &Ctx, body: Body) -> Result<bytes::Bytes, Response> {
-    let max = ctx.app.config.max_batch_bytes;
-    axum::body::to_bytes(body, max).await.map_err(|_| {
-        api_error(
-            crate::error::ApiError::new(
-                gapless_protocol::codes::ErrorCode::TooLarge,
-                format!("the body is larger than {max} bytes (--max-batch-bytes)"),
-            )
-            .with("limit", max),
-        )
-    })
+    crate::transport::body::read_body(
+        crate::ops::limits::BodyPace::of(&ctx.app.config),
+        &ctx.headers,
+        body,
+        ctx.app.config.max_batch_bytes,
+        "the body",
+        "--max-batch-bytes",
+    )
+    .await
+    .map_err(api_error)
 }
 
 /// The messages of a body for a stream of `meta`'s type: JSON mode splits

@@ -9,9 +9,10 @@ use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
 use crate::ops::publish::{self as op, KeyName};
 use crate::ops::{names, namespaces};
+use crate::transport::body::read_body;
 use crate::transport::query::{Flag, Query};
 use crate::{App, Peer};
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -293,64 +294,4 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let s = v.to_str().map_err(|_| op::bad_key(KeyName::Header))?;
     op::check_key(s, KeyName::Header)?;
     Ok(Some(s.to_owned()))
-}
-
-/// Reads a body of at most `limit` bytes, at the pace `pace` allows; 413
-/// names the limit and its flag, 408 a body that arrived too slowly.
-pub(crate) async fn read_body(
-    pace: BodyPace,
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-    what: &str,
-    flag: &str,
-) -> Result<Bytes, ApiError> {
-    use http_body_util::BodyExt;
-    let too_large = |len: Option<u64>| {
-        let size = len.map_or_else(
-            || "more than the limit".to_owned(),
-            |l| format!("{l} bytes"),
-        );
-        ApiError::new(
-            ErrorCode::TooLarge,
-            format!("{what} is {size}; at most {limit} bytes are allowed ({flag})"),
-        )
-        .with("limit", limit)
-    };
-    if let Some(len) = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            return Err(too_large(Some(len)));
-        }
-    }
-    let start = tokio::time::Instant::now();
-    let mut body = body;
-    let mut out = bytes::BytesMut::new();
-    loop {
-        let next = body.frame();
-        let frame = match pace.deadline(start, out.len()) {
-            None => next.await,
-            Some(at) => match tokio::time::timeout_at(at, next).await {
-                Ok(f) => f,
-                Err(_) => return Err(pace.refusal(out.len())),
-            },
-        };
-        let Some(frame) = frame else { break };
-        let frame = frame.map_err(|e| {
-            ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("could not read the request body: {e}"),
-            )
-        })?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > limit {
-                return Err(too_large(None));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out.freeze())
 }
