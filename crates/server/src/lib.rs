@@ -184,6 +184,14 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let fanout_handle = runtime.handle().clone();
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
+    // The publish of one event skips hyper and the router (`net/quick.rs`),
+    // with the router's CORS layer around it.
+    let quick = transport::http::publish::QuickPublish::new(app.clone());
+    let quick: Arc<dyn net::quick::Quick> = match cors(&app.config.cors_origins) {
+        Some(layer) => Arc::new(QuickCors { inner: quick, layer }),
+        None => Arc::new(quick),
+    };
+    let quick = Some(quick);
     let shared = Arc::new(net::conn::Shared {
         config: app.config.clone(),
         shutdown: app.shutdown.clone(),
@@ -191,6 +199,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         fanout: fanout_handle,
         tracker: connections.clone(),
         direct: transport::sse::is_sse_path,
+        quick,
     });
     loop {
         let (io, addr) = tokio::select! {
@@ -214,6 +223,45 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     sockets.close();
     sockets.wait().await;
     Ok(())
+}
+
+/// A quick handler's answers with the router's CORS headers: the same
+/// layer, around the handler instead of the router.
+struct QuickCors<Q> {
+    inner: Q,
+    layer: tower_http::cors::CorsLayer,
+}
+
+impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
+    fn takes(&self, method: &axum::http::Method, target: &str) -> bool {
+        self.inner.takes(method, target)
+    }
+
+    fn max_body(&self) -> usize {
+        self.inner.max_body()
+    }
+
+    fn answer(
+        &self,
+        req: axum::http::Request<bytes::Bytes>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = axum::http::Response<axum::body::Body>> + Send>,
+    > {
+        use tower::{Layer, ServiceExt};
+        let inner = self.inner.clone();
+        let service = self.layer.layer(tower::service_fn(
+            move |req: axum::http::Request<bytes::Bytes>| {
+                let answer = inner.answer(req);
+                async move { Ok::<_, std::convert::Infallible>(answer.await) }
+            },
+        ));
+        Box::pin(async move {
+            match service.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
+        })
+    }
 }
 
 /// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the

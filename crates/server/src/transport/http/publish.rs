@@ -4,7 +4,9 @@
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
 use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
+use crate::auth::origin::http_access;
 use crate::auth::Access;
+use crate::net::quick::Quick;
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
 use crate::ops::names;
@@ -13,7 +15,7 @@ use crate::transport::query::{Flag, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_protocol::answers::{
@@ -23,6 +25,8 @@ use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use gapless_protocol::schema::{ChannelName, EventType};
 use gapless_protocol::{Cursor, NewEvent, Payload};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
@@ -115,6 +119,80 @@ pub async fn publish(
         }),
     )
         .into_response())
+}
+
+/// The publish of one event as a quick request (`crate::net::quick`):
+/// `POST /v1/channels/{channel}/events` with a plain channel name (no `%`
+/// escape) outside the Durable Streams prefix, answered by [`publish`]
+/// itself, without the router and its middleware (`lib.rs` puts the CORS
+/// layer around it): the same handler, the same refusals, the same answers.
+#[derive(Clone)]
+pub(crate) struct QuickPublish {
+    app: Arc<App>,
+}
+
+impl QuickPublish {
+    /// The quick publish of `app`.
+    pub(crate) fn new(app: Arc<App>) -> Self {
+        QuickPublish { app }
+    }
+
+    /// The channel of a quick publish path, if `path` is one.
+    fn channel<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let prefix = self.app.config.ds_prefix.trim_end_matches('/');
+        if !self.app.config.ds_prefix.is_empty()
+            && path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'))
+        {
+            return None;
+        }
+        let channel = path
+            .strip_prefix("/v1/channels/")?
+            .strip_suffix("/events")?;
+        (!channel.is_empty() && !channel.contains(['/', '%'])).then_some(channel)
+    }
+}
+
+impl Quick for QuickPublish {
+    fn takes(&self, method: &Method, target: &str) -> bool {
+        let path = target.split_once('?').map_or(target, |(p, _)| p);
+        *method == Method::POST && self.channel(path).is_some()
+    }
+
+    fn max_body(&self) -> usize {
+        self.app.config.max_event_bytes
+    }
+
+    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Response> + Send>> {
+        let app = self.app.clone();
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let Some(channel) = QuickPublish { app: app.clone() }
+                .channel(parts.uri.path())
+                .map(str::to_owned)
+            else {
+                return ApiError::new(ErrorCode::NotFound, "no such path").into_response();
+            };
+            let grant = match http_access(&app, &parts.method, &parts.headers, parts.uri.query()) {
+                Ok(grant) => grant,
+                Err(e) => return e.into_response(),
+            };
+            let peer = parts.extensions.get::<Peer>().copied().map(Extension);
+            let query = parts.uri.query().map(str::to_owned);
+            let answer = publish(
+                State(app),
+                Access(grant),
+                peer,
+                Path(channel),
+                RawQuery(query),
+                parts.headers,
+                Body::from(body),
+            )
+            .await;
+            answer.unwrap_or_else(IntoResponse::into_response)
+        })
+    }
 }
 
 /// Whether a publish body is bytes: its `Content-Type` is
