@@ -1,8 +1,9 @@
 //! The write operations: an append is decided in memory (idempotency check,
-//! seq assignment, count retention) and logged as a record (`log.rs`); a
-//! record is applied to the tables at a checkpoint; age eviction runs on the
-//! tables, at a checkpoint. Appends and evictions return what the sink must be
-//! told once the transaction commits.
+//! seq assignment, count retention) and logged as a record (`log.rs`) in a
+//! WAL frame (`wal.rs`); a record is applied to the tables at a checkpoint
+//! (`checkpoint.rs`); age eviction runs on the tables once everything is
+//! applied. Appends and evictions return what the sink must be told once
+//! they are durable.
 
 use crate::cache::Channels;
 use crate::log::{self, Record};
@@ -222,15 +223,21 @@ pub(crate) fn eviction_due(cx: &Ctx<'_>, now_ms: u64) -> bool {
             .any_maybe_expired(now_ms.saturating_sub(cx.retention.max_age_ms))
 }
 
-/// Idempotency keys as the writer sees them: those logged since the last
-/// checkpoint, then the `idempotency_keys` table.
+/// Idempotency keys as the writer sees them: those not yet applied to the
+/// tables, then the `idempotency_keys` table.
 #[derive(Default)]
 pub(crate) struct Keys {
-    /// `(channel id, key)` -> `(first_seq, last_seq)`, logged since the last checkpoint.
-    pub pending: HashMap<(u64, String), (u64, u64)>,
+    /// `(channel id, key)` -> `(first_seq, last_seq, lsn)`: keys of WAL
+    /// frames (lsn) the tables do not hold yet.
+    pub pending: HashMap<(u64, String), (u64, u64, u64)>,
 }
 
 impl Keys {
+    /// Forgets the keys the tables hold (their frames up to `applied`).
+    pub(crate) fn purge(&mut self, applied: u64) {
+        self.pending.retain(|_, &mut (_, _, lsn)| lsn > applied);
+    }
+
     /// The seqs of `key` on channel `id`, if it is known and its events are
     /// still retained (`last_seq >= floor`). `snapshot` reads the tables as
     /// of the last commit (opened on first use).
@@ -243,7 +250,7 @@ impl Keys {
         floor: u64,
     ) -> Result<Option<(u64, u64)>, JournalError> {
         let found = match self.pending.get(&(id, key.to_owned())) {
-            Some(&seqs) => Some(seqs),
+            Some(&(first, last, _)) => Some((first, last)),
             None => {
                 let txn = match snapshot {
                     Some(txn) => txn,
@@ -270,6 +277,8 @@ pub(crate) struct AppendCx<'a> {
     pub keys: &'a mut Keys,
     /// Where the append's record is written.
     pub record: &'a mut Vec<u8>,
+    /// The WAL frame the record goes to.
+    pub lsn: u64,
 }
 
 /// Decides an append to `channel` (see `Journal::append`): checks the
@@ -323,7 +332,7 @@ pub(crate) fn append(
     if let Some(key) = idempotency_key {
         ax.keys
             .pending
-            .insert((id, key.to_owned()), (first_seq, head));
+            .insert((id, key.to_owned()), (first_seq, head, ax.lsn));
     }
     ch.row.head = head;
     ch.row.floor = floor;

@@ -3,12 +3,15 @@
 //! [`EmbeddedJournal`] implements [`gapless_core::Journal`] over one
 //! [redb](https://www.redb.org) file, `DIR/journal.redb`:
 //!
-//! - writes go through one writer thread that group-commits everything
-//!   pending in one transaction (`writer.rs`; batches in `request.rs`, the
-//!   operations in `apply.rs`, the writer's channel cache in `cache.rs`), so
-//!   concurrent publishers share each fsync;
-//!   appends are committed as records in a log table and applied to the
-//!   indexed tables every so often (`log.rs`);
+//! - appends go through one writer thread that decides everything pending
+//!   and writes it as one frame of a write-ahead log beside the file
+//!   (`writer.rs`, `wal.rs`; batches in `request.rs`, the operations in
+//!   `apply.rs`, the records in `log.rs`, the writer's channel cache in
+//!   `cache.rs`); a syncer thread makes the frames durable, one `fdatasync`
+//!   for every frame written meanwhile, and only then tells the sink and
+//!   replies (`sync.rs`), so concurrent publishers share each fsync;
+//! - a checkpointer thread applies the records to the indexed tables of the
+//!   redb file every so often, off the replies' path (`checkpoint.rs`);
 //! - reads run in their own read transactions, concurrently with the writer,
 //!   and see what is not yet applied through an overlay (`reader.rs`,
 //!   `overlay.rs`);
@@ -17,12 +20,14 @@
 //!
 //! The store has one epoch, drawn at random when the file is created and kept
 //! in it, so reopening the directory (or a copy of it) resumes the same
-//! history. redb commits are atomic and checksummed: after a crash the file
-//! reopens at its last durable commit, which under [`Durability::Sync`]
-//! includes every acknowledged append.
+//! history. redb commits are atomic and checksummed, and so are WAL frames:
+//! after a crash the file reopens at its last durable checkpoint and the WAL
+//! frames after it are applied, which under [`Durability::Sync`] includes
+//! every acknowledged append.
 
 mod apply;
 mod cache;
+mod checkpoint;
 mod disk;
 mod log;
 mod meta;
@@ -31,7 +36,9 @@ mod options;
 mod overlay;
 mod reader;
 mod request;
+mod sync;
 mod tables;
+mod wal;
 mod writer;
 
 pub use open::{check, CheckReport};
@@ -41,10 +48,9 @@ use async_trait::async_trait;
 use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
 use gapless_protocol::{Epoch, NewEvent};
 use redb::Database;
-use request::{Reply, Request};
+use request::{Inbox, Reply, Request};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
@@ -57,7 +63,8 @@ pub const DIRECT_READ_LIMIT: usize = 64;
 /// Name of the database file inside the data directory.
 pub const FILE_NAME: &str = "journal.redb";
 
-/// The durable journal: a redb file written by one group-commit thread.
+/// The durable journal: a write-ahead log written by one group-commit
+/// thread, applied to a redb file by another.
 ///
 /// Dropping it without [`Journal::close`] also stops the writer after a final
 /// durable commit; the drop waits for that (one fsync at most).
@@ -72,8 +79,8 @@ pub struct EmbeddedJournal {
     db: Arc<Database>,
     /// Appends not yet in the tables, for readers.
     overlay: Arc<overlay::Overlay>,
-    /// `None` only while dropping.
-    tx: Option<mpsc::Sender<Request>>,
+    /// Where requests wait for the writer.
+    inbox: Arc<Inbox>,
     closed: AtomicBool,
     writer: Option<JoinHandle<()>>,
 }
@@ -112,15 +119,32 @@ impl EmbeddedJournal {
         let path = dir.join(FILE_NAME);
         let db = open::open_db(&path, options.cache_bytes)?;
         let epoch = meta::init(&db, options.durability)?;
+        // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
+        let (applied, generation) = checkpoint::recover(&db, dir)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
+        let wal = wal::Wal::open(dir, generation, applied + 1)?;
         let db = Arc::new(db);
         let overlay = Arc::new(overlay::Overlay::default());
-        let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache, overlay.clone())
-            .checkpoint_every(checkpoint_bytes)
-            .spawn()
-            .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
+        let inbox = Arc::new(Inbox::default());
+        let thread_error =
+            |e: std::io::Error| JournalError::Storage(format!("cannot start the writer thread: {e}"));
+        let writer = Writer::start(
+            db.clone(),
+            writer::Start {
+                inbox: inbox.clone(),
+                sink,
+                epoch,
+                options,
+                cache,
+                overlay: overlay.clone(),
+                wal,
+                applied,
+                checkpoint_bytes,
+            },
+        )
+        .and_then(Writer::spawn)
+        .map_err(thread_error)?;
         Ok(EmbeddedJournal {
             durability: options.durability,
             path: path.clone(),
@@ -128,7 +152,7 @@ impl EmbeddedJournal {
             epoch,
             db,
             overlay,
-            tx: Some(tx),
+            inbox,
             closed: AtomicBool::new(false),
             writer: Some(writer),
         })
@@ -142,8 +166,9 @@ impl EmbeddedJournal {
     /// Sends `request` to the writer and waits for its reply.
     async fn call<T>(&self, request: impl FnOnce(Reply<T>) -> Request) -> Result<T, JournalError> {
         let (reply, result) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or(JournalError::Closed)?;
-        tx.send(request(reply)).map_err(|_| JournalError::Closed)?;
+        self.inbox
+            .send(request(reply))
+            .map_err(|_| JournalError::Closed)?;
         // A dropped reply means the writer stopped before serving it.
         result.await.map_err(|_| JournalError::Closed)?
     }
@@ -246,8 +271,8 @@ impl Journal for EmbeddedJournal {
 
 impl Drop for EmbeddedJournal {
     fn drop(&mut self) {
-        // Disconnecting the channel makes the writer commit durably and stop.
-        self.tx = None;
+        // Closing the inbox makes the writer checkpoint durably and stop.
+        self.inbox.close();
         if let Some(writer) = self.writer.take() {
             if writer.thread().id() != std::thread::current().id() && writer.join().is_err() {
                 tracing::error!("journal writer thread panicked");

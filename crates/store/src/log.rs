@@ -243,12 +243,6 @@ pub(crate) fn apply_logged(txn: &WriteTransaction) -> Result<usize, JournalError
     Ok(rows)
 }
 
-/// Empties `log` in `txn` (its records were applied to the tables).
-pub(crate) fn clear(txn: &WriteTransaction) -> Result<(), JournalError> {
-    let mut log = txn.open_table(LOG).map_err(storage)?;
-    log.retain(|_, _| false).map_err(storage)
-}
-
 /// Applies whatever `log` holds (what a crash or a failed checkpoint left)
 /// and commits that durably. Does nothing when it is empty.
 pub(crate) fn recover(db: &Database) -> Result<(), JournalError> {

@@ -6,11 +6,11 @@
 use crate::options::Durability;
 use crate::tables::{
     storage, CHANNELS, EVENTS, FORMAT_COMPATIBLE, FORMAT_VERSION, KEYS, KEY_ORDER, LOG, META,
-    META_ASYNC_OPEN, META_EPOCH, META_FORMAT,
+    META_ASYNC_OPEN, META_EPOCH, META_FORMAT, META_WAL_APPLIED,
 };
 use gapless_core::JournalError;
 use gapless_protocol::Epoch;
-use redb::{Database, ReadableTable, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
 /// Creates the tables if missing, checks the layout version, and returns the
 /// store's epoch: the stored one, or a new random one when the database is new
@@ -28,7 +28,8 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, Journ
             Ok(meta.get(key).map_err(storage)?.map(|g| g.value()))
         };
         match get(META_FORMAT)? {
-            None | Some(FORMAT_VERSION | FORMAT_COMPATIBLE) => {}
+            None | Some(FORMAT_VERSION) => {}
+            Some(v) if FORMAT_COMPATIBLE.contains(&v) => {}
             Some(v) => {
                 return Err(JournalError::Storage(format!(
                     "journal format {v} is not supported (this build reads format {FORMAT_VERSION})"
@@ -63,6 +64,24 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, Journ
 pub(crate) fn mark_clean(txn: &WriteTransaction) -> Result<(), JournalError> {
     let mut meta = txn.open_table(META).map_err(storage)?;
     meta.insert(META_ASYNC_OPEN, 0).map_err(storage)?;
+    Ok(())
+}
+
+/// The last WAL frame the tables hold (`wal.rs`; 0 before any).
+pub(crate) fn wal_applied(db: &Database) -> Result<u64, JournalError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    let applied = meta
+        .get(META_WAL_APPLIED)
+        .map_err(storage)?
+        .map_or(0, |g| g.value());
+    Ok(applied)
+}
+
+/// Records, in `txn`, that the tables hold every WAL frame up to `lsn`.
+pub(crate) fn set_wal_applied(txn: &WriteTransaction, lsn: u64) -> Result<(), JournalError> {
+    let mut meta = txn.open_table(META).map_err(storage)?;
+    meta.insert(META_WAL_APPLIED, lsn).map_err(storage)?;
     Ok(())
 }
 

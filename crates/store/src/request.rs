@@ -1,8 +1,10 @@
 //! What the journal sends its writer thread, and how the writer gathers
-//! pending requests into one batch (one transaction).
+//! pending requests into one batch (one group commit: one WAL frame).
 
 use gapless_core::{Appended, JournalError};
 use gapless_protocol::NewEvent;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use tokio::sync::oneshot;
 
 /// Most requests applied in one transaction.
@@ -111,5 +113,72 @@ impl Batch {
     /// True when no more requests should join this batch.
     pub(crate) fn is_full(&self) -> bool {
         self.ops.len() >= MAX_BATCH_REQUESTS || self.bytes >= MAX_BATCH_BYTES
+    }
+}
+
+/// Where requests wait for the writer thread: a queue the publishers push
+/// to, which wakes the writer only when it sleeps for want of requests.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    state: Mutex<InboxState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    requests: VecDeque<Request>,
+    /// The writer sleeps until a request arrives.
+    waiting: bool,
+    /// No more requests will come (the journal is gone).
+    closed: bool,
+}
+
+impl Inbox {
+    /// Queues `request`; gives it back once the inbox is closed.
+    pub(crate) fn send(&self, request: Request) -> Result<(), Request> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(request);
+        }
+        st.requests.push_back(request);
+        let wake = std::mem::take(&mut st.waiting);
+        drop(st);
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// No more requests: the writer stops once it has served the queue.
+    pub(crate) fn close(&self) {
+        self.state.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Waits until a request is queued; `false` once the inbox is closed
+    /// and empty.
+    pub(crate) fn wait(&self) -> bool {
+        let mut st = self.state.lock();
+        while st.requests.is_empty() {
+            if st.closed {
+                return false;
+            }
+            st.waiting = true;
+            self.ready.wait(&mut st);
+        }
+        true
+    }
+
+    /// Moves queued requests into `batch`, within its bounds; a
+    /// [`Request::Close`] ends the batch and is returned (its reply).
+    pub(crate) fn take(&self, batch: &mut Batch) -> Option<Reply<()>> {
+        let mut st = self.state.lock();
+        while !batch.is_full() {
+            let request = st.requests.pop_front()?;
+            if let Some(close) = batch.push(request) {
+                return Some(close);
+            }
+        }
+        None
     }
 }

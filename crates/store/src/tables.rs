@@ -28,10 +28,14 @@ use gapless_protocol::Payload;
 use redb::TableDefinition;
 use std::fmt::Display;
 
-/// Version of this layout, stored under `meta["format"]`.
-pub(crate) const FORMAT_VERSION: u64 = 2;
-/// Older layout versions this build opens (format 1 is format 2 with an empty `log`).
-pub(crate) const FORMAT_COMPATIBLE: u64 = 1;
+/// Version of this layout, stored under `meta["format"]`: 3 is format 2
+/// with the write-ahead log beside the file (`wal.rs`) and
+/// `meta["wal_applied"]`; an older build refuses it rather than miss the
+/// commits only the WAL holds.
+pub(crate) const FORMAT_VERSION: u64 = 3;
+/// Older layout versions this build opens (format 1 is format 2 with an
+/// empty `log`; format 2 is format 3 with no WAL).
+pub(crate) const FORMAT_COMPATIBLE: [u64; 2] = [1, 2];
 
 /// `meta` key of the layout version.
 pub(crate) const META_FORMAT: &str = "format";
@@ -40,6 +44,8 @@ pub(crate) const META_EPOCH: &str = "epoch";
 /// `meta` key set to 1 while a process runs the store with `Durability::Async`
 /// and back to 0 by its final durable commit.
 pub(crate) const META_ASYNC_OPEN: &str = "async_open";
+/// `meta` key of the last write-ahead log frame applied to the tables (`wal.rs`).
+pub(crate) const META_WAL_APPLIED: &str = "wal_applied";
 
 /// Store-wide values.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

@@ -1,111 +1,116 @@
-//! The group-commit writer: one thread owns every write transaction.
+//! The group-commit writer: one thread decides every append.
 //!
-//! Appends (and evictions) arrive over a channel. The writer takes everything
-//! pending (up to a bound, see `request.rs`), applies it in one transaction,
-//! commits once (one fsync for the whole batch under `Durability::Sync`), then
-//! tells the sink about every operation in order, then replies to each. While a commit is in progress
-//! the next batch queues up, so concurrent publishers share fsyncs.
+//! Appends (and evictions) wait in the [`Inbox`]. The writer takes
+//! everything pending (up to a bound, see `request.rs`), decides each
+//! append in memory (idempotency, seqs, time, count retention: `apply.rs`),
+//! writes the batch's records as one frame of the write-ahead log
+//! (`wal.rs`, one `pwrite`) and hands the batch to the syncer (`sync.rs`),
+//! which makes it durable with one `fdatasync` shared by every batch written
+//! meanwhile, then tells the sink and replies. While the syncer's
+//! `fdatasync` runs the writer lets requests gather, so the next batch
+//! holds everything that arrived during it. The checkpointer
+//! (`checkpoint.rs`) applies the records to the indexed tables later, off
+//! the replies' path.
 //!
-//! A commit writes its appends as one row of the `log` table; every
-//! [`CHECKPOINT_BYTES`] of logged records, a commit instead applies them (and
-//! its own appends) to the indexed tables and empties the log (see `log.rs`).
-//! A batch with an age eviction due is always a checkpoint.
+//! Age evictions run here, on the tables: the writer first waits for every
+//! batch to complete and for the checkpointer to apply them all.
 //!
-//! If anything in a batch fails, the transaction is rolled back, every request
-//! of the batch gets [`JournalError::Storage`], and before the next batch the
-//! log is applied from disk and the channel cache reloaded, so no seq is
-//! skipped or reused.
+//! If a batch fails (a WAL write or `fdatasync` fails), its requests and
+//! every later one not yet completed get [`JournalError::Storage`] (or
+//! `Full`); before the next batch the writer waits for the syncer, has the
+//! checkpointer apply everything acknowledged, starts a new WAL chain after
+//! it (the failed frames never join one) and reloads its channel cache from
+//! the tables, so no seq is skipped or reused.
 
 use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
-use crate::log::{self, CHECKPOINT_BYTES};
-use crate::meta;
+use crate::checkpoint::Checkpointer;
 use crate::options::{Durability, StoreOptions};
-use crate::overlay::{self, Overlay};
-use crate::request::{Batch, Op, Pending, Request};
-use crate::tables::{storage, LOG};
+use crate::overlay::Overlay;
+use crate::request::{Batch, Inbox, Op, Pending};
+use crate::sync::{self, Syncer, Written};
+use crate::tables::storage;
+use crate::wal::Wal;
 use gapless_core::{Appended, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-/// Capacity the writer's record buffers keep after a checkpoint (they grow
-/// with a batch, up to `MAX_BATCH_BYTES` and one request).
-const KEPT_BUFFER_BYTES: usize = 1 << 20;
-
-/// Under `Durability::Async`, the longest a commit stays non-durable.
-const ASYNC_FLUSH: Duration = Duration::from_secs(1);
 
 /// The writer thread's state.
 pub(crate) struct Writer {
     db: Arc<Database>,
-    rx: Receiver<Request>,
+    inbox: Arc<Inbox>,
     sink: Arc<dyn CommitSink>,
     epoch: Epoch,
     options: StoreOptions,
-    /// `None` after a failed batch, until recovered from disk.
+    /// `None` after a failed batch, until recovered from the tables.
     cache: Option<Channels>,
     /// What readers see beyond the tables (shared with them).
     overlay: Arc<Overlay>,
-    /// Records committed to `log` but not yet applied to the tables.
-    logged: Vec<u8>,
-    /// Idempotency keys of `logged`.
+    /// Idempotency keys not yet in the tables.
     keys: Keys,
-    /// Key of the next `log` row.
-    next_log: u64,
-    /// The current batch's records (reused).
-    record: Vec<u8>,
-    /// Logged bytes after which the next commit is a checkpoint.
-    checkpoint_bytes: usize,
-    /// When the oldest commit not yet durable was made (`Async` only).
-    unsynced_since: Option<Instant>,
-    /// Test hook: fail the next commit after applying its batch.
+    /// The checkpointer's applied lsn when `keys` was last purged.
+    purged: u64,
+    wal: Wal,
+    syncer: Arc<Syncer>,
+    checkpointer: Arc<Checkpointer>,
+    /// The syncer's and the checkpointer's threads.
+    helpers: Vec<JoinHandle<()>>,
+    /// Test hook: fail the next WAL write after deciding its batch.
     #[cfg(test)]
-    fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What [`Writer::start`] needs beyond the database.
+pub(crate) struct Start {
+    pub inbox: Arc<Inbox>,
+    pub sink: Arc<dyn CommitSink>,
+    pub epoch: Epoch,
+    pub options: StoreOptions,
+    pub cache: Channels,
+    pub overlay: Arc<Overlay>,
+    /// The WAL, its new chain started after `applied`.
+    pub wal: Wal,
+    /// The last WAL frame the tables hold.
+    pub applied: u64,
+    /// Pending record bytes that start a checkpoint.
+    pub checkpoint_bytes: usize,
 }
 
 impl Writer {
-    /// A writer over `db`, fed by `rx`, starting from `cache`.
-    pub(crate) fn new(
-        db: Arc<Database>,
-        rx: Receiver<Request>,
-        sink: Arc<dyn CommitSink>,
-        epoch: Epoch,
-        options: StoreOptions,
-        cache: Channels,
-        overlay: Arc<Overlay>,
-    ) -> Self {
-        Writer {
+    /// The writer over `db`, with its syncer and checkpointer threads running.
+    pub(crate) fn start(db: Arc<Database>, s: Start) -> std::io::Result<Self> {
+        let (checkpointer, ck_thread) =
+            crate::checkpoint::spawn(db.clone(), s.overlay.clone(), s.applied, s.checkpoint_bytes)?;
+        let (syncer, sync_thread) = sync::spawn(sync::Parts {
+            files: s.wal.files.clone(),
+            durability: s.options.durability,
+            overlay: s.overlay.clone(),
+            sink: s.sink.clone(),
+            checkpointer: checkpointer.clone(),
+        })?;
+        Ok(Writer {
             db,
-            rx,
-            sink,
-            epoch,
-            options,
-            cache: Some(cache),
-            overlay,
-            logged: Vec::new(),
+            inbox: s.inbox,
+            sink: s.sink,
+            epoch: s.epoch,
+            options: s.options,
+            cache: Some(s.cache),
+            overlay: s.overlay,
             keys: Keys::default(),
-            next_log: 0,
-            record: Vec::new(),
-            checkpoint_bytes: CHECKPOINT_BYTES,
-            unsynced_since: None,
+            purged: s.applied,
+            wal: s.wal,
+            syncer,
+            checkpointer,
+            helpers: vec![sync_thread, ck_thread],
             #[cfg(test)]
             fail_next_commit: Arc::default(),
-        }
+        })
     }
 
-    /// Sets the logged bytes after which a commit is a checkpoint.
-    pub(crate) fn checkpoint_every(mut self, bytes: usize) -> Self {
-        self.checkpoint_bytes = bytes;
-        self
-    }
-
-    /// Starts the writer thread. It stops on [`Request::Close`] or when every
-    /// sender is gone, after a final durable commit either way.
+    /// Starts the writer thread. It stops on [`crate::request::Request::Close`]
+    /// or when the inbox closes, after a final checkpoint either way.
     pub(crate) fn spawn(self) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("gapless-store-writer".into())
@@ -113,15 +118,12 @@ impl Writer {
     }
 
     fn run(mut self) {
-        while let Some(first) = self.next_request() {
+        while self.inbox.wait() {
+            // Requests arriving during an `fdatasync` join this batch: they
+            // could not be in that one anyway.
+            self.syncer.wait_not_syncing();
             let mut batch = Batch::default();
-            let mut close = batch.push(first);
-            while close.is_none() && !batch.is_full() {
-                match self.rx.try_recv() {
-                    Ok(request) => close = batch.push(request),
-                    Err(_) => break,
-                }
-            }
+            let close = self.inbox.take(&mut batch);
             if !batch.ops.is_empty() {
                 self.process(batch);
             }
@@ -130,100 +132,223 @@ impl Writer {
                 return;
             }
         }
-        // Every sender is gone (the journal was dropped without close()).
+        // The journal was dropped without close().
         if let Err(e) = self.shutdown() {
             tracing::error!("journal final commit failed: {e}");
         }
     }
 
-    /// The next request, making pending `Async` commits durable when one is
-    /// due while idle. `None` when every sender is gone.
-    fn next_request(&mut self) -> Option<Request> {
-        loop {
-            let Some(since) = self.unsynced_since else {
-                return self.rx.recv().ok();
-            };
-            let wait = (since + ASYNC_FLUSH).saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(wait) {
-                Ok(request) => return Some(request),
-                Err(RecvTimeoutError::Timeout) => {
-                    if let Err(e) = self.flush() {
-                        tracing::error!("journal durable commit failed (retrying in 1 s): {e}");
-                        self.unsynced_since = Some(Instant::now());
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
-
-    /// Applies a batch, then notifies the sink and replies.
+    /// Commits a batch's appends, and runs its evictions in their place.
     fn process(&mut self, batch: Batch) {
         let Batch { ops, pending, .. } = batch;
-        match self.commit(ops) {
-            Ok((results, notices)) => {
-                for notice in notices {
-                    self.notify(notice);
-                }
-                for (pending, result) in pending.into_iter().zip(results) {
-                    match (pending, result) {
-                        (Pending::Append(reply), Some(appended)) => {
-                            let _ = reply.send(Ok(appended));
-                        }
-                        (Pending::Append(reply), None) => {
-                            let msg = "journal writer lost an append result".to_owned();
-                            let _ = reply.send(Err(JournalError::Storage(msg)));
-                        }
-                        (Pending::Evict(reply), _) => {
-                            let _ = reply.send(Ok(()));
-                        }
+        let mut appends = Vec::new();
+        for (op, pending) in ops.into_iter().zip(pending) {
+            match op {
+                Op::Evict { now_ms } => {
+                    if !appends.is_empty() {
+                        self.commit(std::mem::take(&mut appends));
                     }
+                    let result = self.evict(now_ms);
+                    sync::reply_unit(pending, result);
                 }
+                append @ Op::Append { .. } => appends.push((append, pending)),
             }
-            Err(e) => {
-                tracing::error!("journal commit failed: {e}");
-                // Heads in the cache may have advanced past what is on disk.
-                self.cache = None;
-                for pending in pending {
-                    let err = match &e {
-                        JournalError::Full(msg) => JournalError::Full(msg.clone()),
-                        JournalError::Storage(msg) => JournalError::Storage(msg.clone()),
-                        other => JournalError::Storage(other.to_string()),
-                    };
-                    let _ = match pending {
-                        Pending::Append(reply) => reply.send(Err(err)).is_ok(),
-                        Pending::Evict(reply) => reply.send(Err(err)).is_ok(),
-                    };
-                }
-            }
+        }
+        if !appends.is_empty() {
+            self.commit(appends);
         }
     }
 
-    /// Applies whatever `log` holds on disk to the tables and reloads the
-    /// cache: the state after opening, or after a failed batch.
-    fn recover(&mut self) -> Result<(), JournalError> {
-        {
-            let mut tails = self.overlay.write();
-            log::recover(&self.db)?;
-            tails.clear();
+    /// Recovers from an earlier failure if need be, and waits while the
+    /// checkpointer is far behind.
+    fn ready(&mut self) -> Result<(), JournalError> {
+        if self.cache.is_none() || self.syncer.failure().is_some() {
+            self.recover()?;
         }
-        self.logged.clear();
-        self.keys.pending.clear();
-        self.next_log = 0;
-        let track_age = self.options.retention.max_age_ms != 0;
-        self.cache = Some(Channels::load(&self.db, track_age)?);
+        self.checkpointer.wait_backlog()?;
+        let applied = self.checkpointer.applied();
+        if applied != self.purged {
+            self.keys.purge(applied);
+            self.purged = applied;
+        }
         Ok(())
     }
 
-    /// Applies `ops` in one transaction and commits it. Returns each op's
-    /// result (`Some` for appends) and the sink notices, in order.
-    fn commit(
+    /// Decides `appends`, writes their frame and hands them to the syncer.
+    fn commit(&mut self, appends: Vec<(Op, Pending)>) {
+        let mut replies: Vec<(Pending, Option<Appended>)> = Vec::with_capacity(appends.len());
+        let result = self.decide(appends, &mut replies);
+        let (records, notices) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!("journal commit failed: {e}");
+                // Heads in the cache may have advanced past what is durable.
+                self.cache = None;
+                for (pending, _) in replies {
+                    sync::reply(pending, Err(sync::copy(&e)));
+                }
+                return;
+            }
+        };
+        if notices.is_empty() {
+            // Only duplicates: nothing to write, but the replies wait for
+            // the batches before (the originals may be among them).
+            self.syncer.push(Written {
+                lsn: 0,
+                file: None,
+                records: Vec::new(),
+                notices,
+                replies,
+            });
+            return;
+        }
+        match self.write(&records) {
+            Ok((lsn, file)) => self.syncer.push(Written {
+                lsn,
+                file: Some(file),
+                records,
+                notices,
+                replies,
+            }),
+            Err(e) => {
+                tracing::error!("journal commit failed: {e}");
+                self.cache = None;
+                for (pending, _) in replies {
+                    sync::reply(pending, Err(sync::copy(&e)));
+                }
+            }
+        }
+    }
+
+    /// Decides each append (see `apply::append`) into records and notices;
+    /// `replies` gets each request's reply and result.
+    fn decide(
         &mut self,
-        ops: Vec<Op>,
-    ) -> Result<(Vec<Option<Appended>>, Vec<Notice>), JournalError> {
-        if self.cache.is_none() {
+        appends: Vec<(Op, Pending)>,
+        replies: &mut Vec<(Pending, Option<Appended>)>,
+    ) -> Result<(Vec<u8>, Vec<Notice>), JournalError> {
+        let ready = self.ready();
+        let mut notices = Vec::with_capacity(appends.len());
+        let mut records = Vec::new();
+        let mut failure = ready.err();
+        let lsn = self.wal.next_lsn();
+        let mut snapshot = None;
+        for (op, pending) in appends {
+            let Op::Append {
+                channel,
+                events,
+                key,
+            } = op
+            else {
+                replies.push((pending, None));
+                continue;
+            };
+            if failure.is_none() {
+                let Some(cache) = self.cache.as_mut() else {
+                    failure = Some(JournalError::Storage("journal cache not loaded".into()));
+                    replies.push((pending, None));
+                    continue;
+                };
+                let mut cx = Ctx {
+                    epoch: self.epoch,
+                    retention: self.options.retention,
+                    cache,
+                };
+                let mut ax = AppendCx {
+                    db: &self.db,
+                    snapshot: &mut snapshot,
+                    keys: &mut self.keys,
+                    record: &mut records,
+                    lsn,
+                };
+                match apply::append(&mut cx, &mut ax, &channel, events, key.as_deref()) {
+                    Ok((appended, notice)) => {
+                        replies.push((pending, Some(appended)));
+                        notices.extend(notice);
+                        continue;
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+            replies.push((pending, None));
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((records, notices)),
+        }
+    }
+
+    /// Writes `records` as the next WAL frame.
+    fn write(&mut self, records: &[u8]) -> Result<(u64, usize), JournalError> {
+        #[cfg(test)]
+        if self
+            .fail_next_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(JournalError::Storage("injected commit failure".into()));
+        }
+        self.wal.append(records, self.checkpointer.applied())
+    }
+
+    /// After a failure: waits for the syncer, has everything acknowledged
+    /// applied to the tables, starts a new WAL chain after it, and reloads
+    /// the cache.
+    fn recover(&mut self) -> Result<(), JournalError> {
+        self.syncer.wait_idle();
+        let applied = self.checkpointer.apply_all(false)?;
+        self.wal.rewind(applied + 1);
+        self.wal.restart_here()?;
+        self.keys.pending.clear();
+        self.purged = applied;
+        // Every acknowledged event is in the tables now.
+        self.overlay.write().clear();
+        let track_age = self.options.retention.max_age_ms != 0;
+        self.cache = Some(Channels::load(&self.db, track_age)?);
+        self.syncer.recovered();
+        Ok(())
+    }
+
+    /// Evicts events older than the retention age, on the tables, once
+    /// every batch so far is applied to them.
+    fn evict(&mut self, now_ms: u64) -> Result<(), JournalError> {
+        if self.cache.is_none() || self.syncer.failure().is_some() {
             self.recover()?;
         }
+        let due = {
+            let Some(cache) = self.cache.as_mut() else {
+                return Err(JournalError::Storage("journal cache not loaded".into()));
+            };
+            let cx = Ctx {
+                epoch: self.epoch,
+                retention: self.options.retention,
+                cache,
+            };
+            eviction_due(&cx, now_ms)
+        };
+        if !due {
+            return Ok(());
+        }
+        self.syncer.wait_idle();
+        self.checkpointer.apply_all(false)?;
+        let result = self.evict_now(now_ms);
+        match result {
+            Ok(notices) => {
+                for notice in &notices {
+                    sync::notify(&*self.sink, notice);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("journal eviction failed: {e}");
+                // Floors in the cache may have advanced past the tables.
+                self.cache = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The eviction transaction (the overlay is empty: everything is applied).
+    fn evict_now(&mut self, now_ms: u64) -> Result<Vec<Notice>, JournalError> {
         let Some(cache) = self.cache.as_mut() else {
             return Err(JournalError::Storage("journal cache not loaded".into()));
         };
@@ -232,193 +357,39 @@ impl Writer {
             retention: self.options.retention,
             cache,
         };
-        let mut evict_due = false;
-        let mut appends = false;
-        for op in &ops {
-            match op {
-                Op::Append { .. } => appends = true,
-                Op::Evict { now_ms } => evict_due |= eviction_due(&cx, *now_ms),
-            }
-        }
-        if !appends && !evict_due {
-            return Ok((ops.iter().map(|_| None).collect(), Vec::new()));
-        }
-        let checkpoint = evict_due || self.logged.len() >= self.checkpoint_bytes;
-        let durable = match self.options.durability {
-            Durability::Sync => true,
-            Durability::Async => self
-                .unsynced_since
-                .is_some_and(|since| since.elapsed() >= ASYNC_FLUSH),
-        };
-        let mut txn = self.db.begin_write().map_err(storage)?;
-        txn.set_durability(if durable {
-            redb::Durability::Immediate
-        } else {
-            redb::Durability::None
-        })
-        .map_err(storage)?;
-        let mut results = Vec::with_capacity(ops.len());
-        let mut notices = Vec::new();
-        let mut record = std::mem::take(&mut self.record);
-        record.clear();
-        let mut snapshot = None;
-        {
-            let mut tables = if checkpoint {
-                let mut tables = Tables::open(&txn)?;
-                log::apply_all(&mut tables, &self.logged)?;
-                Some(tables)
-            } else {
-                None
-            };
-            let mut ax = AppendCx {
-                db: &self.db,
-                snapshot: &mut snapshot,
-                keys: &mut self.keys,
-                record: &mut record,
-            };
-            for op in ops {
-                match op {
-                    Op::Append {
-                        channel,
-                        events,
-                        key,
-                    } => {
-                        let start = ax.record.len();
-                        let (appended, notice) =
-                            apply::append(&mut cx, &mut ax, &channel, events, key.as_deref())?;
-                        if let Some(tables) = tables.as_mut() {
-                            log::apply_all(tables, &ax.record[start..])?;
-                        }
-                        results.push(Some(appended));
-                        notices.extend(notice);
-                    }
-                    Op::Evict { now_ms } => {
-                        if let Some(tables) = tables.as_mut() {
-                            notices.extend(tables.evict_expired(&mut cx, now_ms)?);
-                        }
-                        results.push(None);
-                    }
-                }
-            }
-            if let Some(tables) = tables.as_mut() {
-                tables.finish()?;
-            }
-        }
-        drop(snapshot);
-        if notices.is_empty() {
-            // Only duplicates, or nothing expired after all: nothing to commit.
-            self.record = record;
-            txn.abort().map_err(storage)?;
-            return Ok((results, notices));
-        }
-        if checkpoint {
-            log::clear(&txn)?;
-        } else {
-            let mut log = txn.open_table(LOG).map_err(storage)?;
-            log.insert(self.next_log, record.as_slice())
-                .map_err(storage)?;
-        }
-        #[cfg(test)]
-        if self
-            .fail_next_commit
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(JournalError::Storage("injected commit failure".into()));
-        }
-        let started = std::time::Instant::now();
-        if checkpoint {
-            // Readers pair the overlay with a snapshot: both change together.
-            let mut tails = self.overlay.write();
-            txn.commit().map_err(storage)?;
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
-            tails.clear();
-            drop(tails);
-            self.logged.clear();
-            // A batch of large events grew these; an idle writer keeps no
-            // more than a checkpoint's worth.
-            self.logged
-                .shrink_to(self.checkpoint_bytes.max(KEPT_BUFFER_BYTES));
-            record.clear();
-            record.shrink_to(KEPT_BUFFER_BYTES);
-            self.keys.pending.clear();
-            self.next_log = 0;
-        } else {
-            txn.commit().map_err(storage)?;
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
-            {
-                let mut tails = self.overlay.write();
-                for notice in &notices {
-                    if let Notice::Committed {
-                        channel,
-                        id,
-                        state,
-                        events,
-                    } = notice
-                    {
-                        overlay::add(&mut tails, channel, *id, *state, events);
-                    }
-                }
-            }
-            self.logged.extend_from_slice(&record);
-            self.next_log += 1;
-        }
-        self.record = record;
-        if durable {
-            self.unsynced_since = None;
-        } else {
-            self.unsynced_since.get_or_insert_with(Instant::now);
-        }
-        Ok((results, notices))
-    }
-
-    /// Tells the sink about one committed operation. A panicking sink is
-    /// logged, not allowed to stop the writer.
-    fn notify(&self, notice: Notice) {
-        let sink = &self.sink;
-        let outcome = catch_unwind(AssertUnwindSafe(|| match &notice {
-            Notice::Committed {
-                channel,
-                state,
-                events,
-                ..
-            } => sink.committed(channel, *state, events),
-            Notice::Evicted { channel, state } => sink.evicted(channel, *state),
-        }));
-        if outcome.is_err() {
-            tracing::error!("journal commit sink panicked");
-        }
-    }
-
-    /// Makes every commit so far durable, if some is not.
-    fn flush(&mut self) -> Result<(), JournalError> {
-        if self.unsynced_since.is_none() {
-            return Ok(());
-        }
-        let txn = self.db.begin_write().map_err(storage)?;
-        txn.commit().map_err(storage)?;
-        self.unsynced_since = None;
-        Ok(())
-    }
-
-    /// The final durable commit: applies the log to the tables, and records
-    /// a clean shutdown of an `Async` run.
-    fn shutdown(&mut self) -> Result<(), JournalError> {
-        if self.options.durability == Durability::Sync && self.logged.is_empty() {
-            return self.flush();
-        }
         // Readers pair the overlay with a snapshot: both change together.
         let mut tails = self.overlay.write();
         let txn = self.db.begin_write().map_err(storage)?;
-        log::apply_logged(&txn)?;
-        if self.options.durability == Durability::Async {
-            meta::mark_clean(&txn)?;
+        let notices = {
+            let mut tables = Tables::open(&txn)?;
+            let notices = tables.evict_expired(&mut cx, now_ms)?;
+            tables.finish()?;
+            notices
+        };
+        if notices.is_empty() {
+            txn.abort().map_err(storage)?;
+            return Ok(notices);
         }
         txn.commit().map_err(storage)?;
         tails.clear();
-        self.logged.clear();
-        self.keys.pending.clear();
-        self.unsynced_since = None;
-        Ok(())
+        Ok(notices)
+    }
+
+    /// The final checkpoint: everything completed goes to the tables (and a
+    /// clean shutdown of an `Async` run is recorded); then the helper
+    /// threads stop.
+    fn shutdown(&mut self) -> Result<(), JournalError> {
+        self.syncer.wait_idle();
+        let clean = self.options.durability == Durability::Async;
+        let result = self.checkpointer.apply_all(clean).map(|_| ());
+        self.syncer.stop();
+        self.checkpointer.stop();
+        for thread in self.helpers.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a journal thread panicked");
+            }
+        }
+        result
     }
 }
 

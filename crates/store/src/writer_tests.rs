@@ -1,25 +1,21 @@
 //! Writer tests that need its internals: a failed commit loses nothing and
 //! skips no seq.
 
-use super::Writer;
+use super::{Start, Writer};
 use crate::cache::Channels;
 use crate::options::{Durability, StoreOptions};
 use crate::overlay::Overlay;
-use crate::request::{Reply, Request};
-use crate::{meta, reader};
+use crate::request::{Inbox, Reply, Request};
+use crate::{meta, reader, wal};
 use gapless_core::journal::NoSink;
 use gapless_core::{Appended, JournalError, Retention};
 use gapless_protocol::NewEvent;
 use redb::Database;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
-fn append(
-    tx: &mpsc::Sender<Request>,
-    channel: &str,
-    key: Option<&str>,
-) -> Result<Appended, JournalError> {
+fn append(inbox: &Inbox, channel: &str, key: Option<&str>) -> Result<Appended, JournalError> {
     let (reply, rx): (Reply<Appended>, _) = oneshot::channel();
     let events = vec![NewEvent {
         event_type: None,
@@ -31,7 +27,7 @@ fn append(
         key: key.map(str::to_owned),
         reply,
     };
-    tx.send(request).map_err(|_| JournalError::Closed)?;
+    inbox.send(request).map_err(|_| JournalError::Closed)?;
     rx.blocking_recv().map_err(|_| JournalError::Closed)?
 }
 
@@ -51,40 +47,47 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
     let epoch = meta::init(&db, options.durability)?;
     let cache = Channels::load(&db, true)?;
     let db = Arc::new(db);
-    let (tx, rx) = mpsc::channel();
+    let inbox = Arc::new(Inbox::default());
     let overlay = Arc::new(Overlay::default());
-    let writer = Writer::new(
+    let writer = Writer::start(
         db.clone(),
-        rx,
-        Arc::new(NoSink),
-        epoch,
-        options,
-        cache,
-        overlay.clone(),
-    );
+        Start {
+            inbox: inbox.clone(),
+            sink: Arc::new(NoSink),
+            epoch,
+            options,
+            cache,
+            overlay: overlay.clone(),
+            wal: wal::Wal::open(dir.path(), 0, 1)?,
+            applied: 0,
+            checkpoint_bytes: 1 << 20,
+        },
+    )
+    .map_err(crate::tables::storage)?;
     let fail = writer.fail_next_commit.clone();
     let handle = writer.spawn().map_err(crate::tables::storage)?;
+    let tx = &*inbox;
 
-    assert_eq!(append(&tx, "a", None)?.first_seq, 1);
-    assert_eq!(append(&tx, "a", Some("k"))?.first_seq, 2);
+    assert_eq!(append(tx, "a", None)?.first_seq, 1);
+    assert_eq!(append(tx, "a", Some("k"))?.first_seq, 2);
     fail.store(true, Ordering::SeqCst);
     // Fails after applying: seq 3, a new channel id for "b", count eviction, a key.
     assert!(matches!(
-        append(&tx, "b", Some("k2")),
+        append(tx, "b", Some("k2")),
         Err(JournalError::Storage(_))
     ));
     fail.store(true, Ordering::SeqCst);
     assert!(matches!(
-        append(&tx, "a", Some("k3")),
+        append(tx, "a", Some("k3")),
         Err(JournalError::Storage(_))
     ));
     let state = reader::state(&db, &overlay, epoch, "a")?;
     assert_eq!((state.floor, state.head), (1, 2));
     // Nothing was skipped, and the failed appends' keys were not kept.
-    let again = append(&tx, "a", Some("k3"))?;
+    let again = append(tx, "a", Some("k3"))?;
     assert_eq!((again.first_seq, again.duplicate), (3, false));
-    assert!(append(&tx, "a", Some("k"))?.duplicate);
-    assert_eq!(append(&tx, "b", Some("k2"))?.first_seq, 1);
+    assert!(append(tx, "a", Some("k"))?.duplicate);
+    assert_eq!(append(tx, "b", Some("k2"))?.first_seq, 1);
     let page = reader::page(
         &db,
         &overlay,
@@ -115,7 +118,7 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
         1
     );
 
-    drop(tx);
+    inbox.close();
     handle
         .join()
         .map_err(|_| JournalError::Storage("writer panicked".into()))?;

@@ -163,13 +163,13 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
         // Forget the journal: no close, no drop, the log stays as it is.
         std::mem::forget(j);
     }
-    // The writer thread still holds the file; wait for nothing and copy it.
+    // The writer thread still holds the files; wait for nothing and copy
+    // the directory (the journal file and its write-ahead log).
     let copy = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(
-        dir.path().join(gapless_store::FILE_NAME),
-        copy.path().join(gapless_store::FILE_NAME),
-    )
-    .expect("copy journal");
+    for entry in std::fs::read_dir(dir.path()).expect("list") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy journal");
+    }
     let j = open(copy.path(), opts, usize::MAX);
     let page = j.read("a", 0, 100).await?;
     let data: Vec<&str> = page

@@ -1,0 +1,311 @@
+//! The checkpointer thread: applies completed commits to the indexed tables,
+//! off the path of the replies.
+//!
+//! The syncer hands it each durable commit's records (`sync.rs`). Once
+//! [`Checkpointer::threshold`] bytes of them are pending (256 KiB by
+//! default, `log::CHECKPOINT_BYTES`), one redb transaction applies them all
+//! to `channels`, `events` and the idempotency tables, records the last
+//! frame applied (`meta["wal_applied"]`), and commits durably; then the
+//! readers' overlay drops what the tables now hold. Each leaf page is
+//! rewritten once for many events, and publishers never wait for it: the
+//! writer goes on writing frames meanwhile (redb allows one write
+//! transaction at a time, and only this thread writes the tables while the
+//! store runs, but for the writer's age evictions, which first wait for it).
+//!
+//! The WAL frames of applied commits may be overwritten (`wal.rs`); until
+//! then, opening the store applies whatever was not ([`recover`]).
+//!
+//! A failed checkpoint loses nothing (the frames are durable and the
+//! records stay pending); it is retried a second later. If checkpoints keep
+//! failing, the writer refuses appends once [`MAX_BACKLOG`] bytes are
+//! pending ([`Checkpointer::wait_backlog`]).
+
+use crate::apply::Tables;
+use crate::log::Records;
+use crate::meta;
+use crate::overlay::{self, Overlay};
+use crate::tables::storage;
+use crate::wal;
+use gapless_core::JournalError;
+use redb::Database;
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Pending record bytes past which the writer waits for checkpoints, and
+/// refuses appends while they fail (64 MiB).
+pub(crate) const MAX_BACKLOG: usize = 64 << 20;
+/// How long after a failed checkpoint the next is tried.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// A caller waiting for everything pending to be applied.
+struct Waiter {
+    /// Also record a clean shutdown of an `Async` run in the same transaction.
+    clean: bool,
+    reply: mpsc::SyncSender<Result<u64, JournalError>>,
+}
+
+struct State {
+    /// Durable commits not yet applied: `(lsn, records)`, in lsn order.
+    chunks: VecDeque<(u64, Vec<u8>)>,
+    /// Their record bytes.
+    bytes: usize,
+    waiters: Vec<Waiter>,
+    /// After a failure: no threshold checkpoint before this.
+    retry_at: Option<Instant>,
+    /// The last failure, while checkpoints fail.
+    failing: Option<String>,
+    stop: bool,
+}
+
+/// The checkpointer's shared half (the thread runs [`run`]).
+pub(crate) struct Checkpointer {
+    state: Mutex<State>,
+    /// Work arrived (or stop).
+    work: Condvar,
+    /// A checkpoint ended.
+    done: Condvar,
+    /// The last lsn the tables hold (durably).
+    applied: AtomicU64,
+    /// Pending bytes that start a checkpoint (0: every hand-over).
+    threshold: usize,
+    db: Arc<Database>,
+    overlay: Arc<Overlay>,
+}
+
+impl Checkpointer {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The last lsn the tables hold.
+    pub(crate) fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Hands over durable commits' records, in lsn order.
+    pub(crate) fn push(&self, chunks: Vec<(u64, Vec<u8>)>) {
+        if chunks.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        for (lsn, records) in chunks {
+            st.bytes += records.len();
+            st.chunks.push_back((lsn, records));
+        }
+        let due = st.bytes >= self.threshold;
+        drop(st);
+        if due {
+            self.work.notify_one();
+        }
+    }
+
+    /// Applies everything handed over so far (and, with `clean`, records a
+    /// clean shutdown) and waits for it. Returns the last lsn applied.
+    ///
+    /// # Errors
+    /// The checkpoint's storage error.
+    pub(crate) fn apply_all(&self, clean: bool) -> Result<u64, JournalError> {
+        let (reply, result) = mpsc::sync_channel(1);
+        self.lock().waiters.push(Waiter { clean, reply });
+        self.work.notify_one();
+        result
+            .recv()
+            .map_err(|_| JournalError::Storage("the journal's checkpointer stopped".into()))?
+    }
+
+    /// Waits while more than [`MAX_BACKLOG`] bytes are pending.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] while checkpoints fail with that much pending.
+    pub(crate) fn wait_backlog(&self) -> Result<(), JournalError> {
+        let mut st = self.lock();
+        while st.bytes > MAX_BACKLOG {
+            if let Some(why) = &st.failing {
+                return Err(JournalError::Storage(format!(
+                    "the journal cannot apply its log to its tables ({why}); appends are \
+                     refused until it can"
+                )));
+            }
+            st = self
+                .done
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(())
+    }
+
+    /// Stops the thread once everything waiting is served (what is pending
+    /// and not asked for stays in the WAL, applied at the next open).
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.work.notify_one();
+    }
+}
+
+/// Starts the checkpointer over `db`, whose tables hold every frame up to
+/// `applied`.
+pub(crate) fn spawn(
+    db: Arc<Database>,
+    overlay: Arc<Overlay>,
+    applied: u64,
+    threshold: usize,
+) -> std::io::Result<(Arc<Checkpointer>, JoinHandle<()>)> {
+    let ck = Arc::new(Checkpointer {
+        state: Mutex::new(State {
+            chunks: VecDeque::new(),
+            bytes: 0,
+            waiters: Vec::new(),
+            retry_at: None,
+            failing: None,
+            stop: false,
+        }),
+        work: Condvar::new(),
+        done: Condvar::new(),
+        applied: AtomicU64::new(applied),
+        threshold,
+        db,
+        overlay,
+    });
+    let shared = ck.clone();
+    let handle = std::thread::Builder::new()
+        .name("gapless-store-checkpoint".into())
+        .spawn(move || run(&shared))?;
+    Ok((ck, handle))
+}
+
+fn run(ck: &Checkpointer) {
+    let mut st = ck.lock();
+    loop {
+        let now = Instant::now();
+        let due = !st.chunks.is_empty()
+            && st.bytes >= ck.threshold
+            && st.retry_at.is_none_or(|at| now >= at);
+        if !due && st.waiters.is_empty() {
+            if st.stop {
+                return;
+            }
+            st = match st.retry_at {
+                Some(at) if !st.chunks.is_empty() && at > now => {
+                    ck.work
+                        .wait_timeout(st, at - now)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0
+                }
+                _ => ck
+                    .work
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            };
+            continue;
+        }
+        let chunks: Vec<(u64, Vec<u8>)> = st.chunks.drain(..).collect();
+        let bytes = std::mem::take(&mut st.bytes);
+        let waiters = std::mem::take(&mut st.waiters);
+        let clean = waiters.iter().any(|w| w.clean);
+        drop(st);
+        let outcome = apply(ck, &chunks, clean);
+        st = ck.lock();
+        match &outcome {
+            Ok(last) => {
+                ck.applied.store(*last, Ordering::Release);
+                st.retry_at = None;
+                st.failing = None;
+            }
+            Err(e) => {
+                tracing::error!("journal checkpoint failed (retrying in 1 s): {e}");
+                // Back at the front, before anything handed over meanwhile.
+                for chunk in chunks.into_iter().rev() {
+                    st.chunks.push_front(chunk);
+                }
+                st.bytes += bytes;
+                st.retry_at = Some(Instant::now() + RETRY);
+                st.failing = Some(e.to_string());
+            }
+        }
+        ck.done.notify_all();
+        for w in waiters {
+            let _ = w.reply.send(match &outcome {
+                Ok(last) => Ok(*last),
+                Err(e) => Err(crate::sync::copy(e)),
+            });
+        }
+    }
+}
+
+/// One checkpoint: applies `chunks` (and, with `clean`, marks a clean
+/// shutdown) in one durable transaction, then trims the overlay. Returns
+/// the last lsn the tables hold.
+fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u64, JournalError> {
+    let applied = ck.applied();
+    if chunks.is_empty() && !clean {
+        return Ok(applied);
+    }
+    let started = Instant::now();
+    let txn = ck.db.begin_write().map_err(storage)?;
+    let mut heads: HashMap<String, u64> = HashMap::new();
+    {
+        let mut tables = Tables::open(&txn)?;
+        for (_, records) in chunks {
+            for record in Records::new(records) {
+                let record = record?;
+                tables.apply(&record)?;
+                match heads.get_mut(record.name) {
+                    Some(head) => *head = record.head,
+                    None => {
+                        heads.insert(record.name.to_owned(), record.head);
+                    }
+                }
+            }
+        }
+        tables.finish()?;
+    }
+    let last = chunks.last().map_or(applied, |(lsn, _)| *lsn);
+    if last != applied {
+        meta::set_wal_applied(&txn, last)?;
+    }
+    if clean {
+        meta::mark_clean(&txn)?;
+    }
+    txn.commit().map_err(storage)?;
+    metrics::histogram!("gapless_journal_checkpoint_seconds").record(started.elapsed());
+    let mut tails = ck.overlay.write();
+    overlay::trim(&mut tails, &heads);
+    Ok(last)
+}
+
+/// Applies what the WAL in `dir` holds after the tables' last applied frame
+/// (what a crash left), durably. Returns the last lsn the tables then hold
+/// and the highest WAL generation found.
+///
+/// # Errors
+/// [`JournalError::Storage`] when the WAL cannot be read, misses commits,
+/// holds records that do not decode, or the tables cannot be written.
+pub(crate) fn recover(db: &Database, dir: &Path) -> Result<(u64, u64), JournalError> {
+    let applied = meta::wal_applied(db)?;
+    let log = wal::read(dir)?;
+    let frames = log.after(applied, dir)?;
+    let Some(last) = frames.last().map(|f| f.lsn) else {
+        return Ok((applied, log.generation));
+    };
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut tables = Tables::open(&txn)?;
+        for frame in frames {
+            crate::log::apply_all(&mut tables, &frame.records)?;
+        }
+        tables.finish()?;
+    }
+    meta::set_wal_applied(&txn, last)?;
+    txn.commit().map_err(storage)?;
+    tracing::info!(
+        commits = frames.len(),
+        "applied the journal's write-ahead log to its tables"
+    );
+    Ok((last, log.generation))
+}
