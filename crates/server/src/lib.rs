@@ -188,7 +188,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     // with the router's CORS layer around it.
     let quick = transport::http::publish::QuickPublish::new(app.clone());
     let quick: Arc<dyn net::quick::Quick> = match cors(&app.config.cors_origins) {
-        Some(layer) => Arc::new(QuickCors { inner: quick, layer }),
+        Some(layer) => Arc::new(QuickCors::new(quick, layer).await),
         None => Arc::new(quick),
     };
     let quick = Some(quick);
@@ -226,10 +226,43 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
 }
 
 /// A quick handler's answers with the router's CORS headers: the same
-/// layer, around the handler instead of the router.
+/// layer, around the handler instead of the router. For a request without an
+/// `Origin` header (a server publishing) the layer adds the same headers
+/// every time: they are found once, by asking the layer, and added to each
+/// JSON answer as they are; any other request goes through the layer.
 struct QuickCors<Q> {
     inner: Q,
     layer: tower_http::cors::CorsLayer,
+    /// What the layer adds to the answer of a request without `Origin`.
+    no_origin: bytes::Bytes,
+}
+
+impl<Q: net::quick::Quick + Clone> QuickCors<Q> {
+    async fn new(inner: Q, layer: tower_http::cors::CorsLayer) -> Self {
+        use tower::{Layer, ServiceExt};
+        let probe = layer.layer(tower::service_fn(|_: axum::http::Request<bytes::Bytes>| async {
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
+        }));
+        let req = axum::http::Request::post("/v1/channels/probe/events").body(bytes::Bytes::new());
+        let mut lines = Vec::new();
+        if let Ok(req) = req {
+            let resp = match probe.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            for (name, value) in resp.headers() {
+                lines.extend_from_slice(name.as_str().as_bytes());
+                lines.extend_from_slice(b": ");
+                lines.extend_from_slice(value.as_bytes());
+                lines.extend_from_slice(b"\r\n");
+            }
+        }
+        QuickCors {
+            inner,
+            layer,
+            no_origin: lines.into(),
+        }
+    }
 }
 
 impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
@@ -244,24 +277,57 @@ impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
     fn answer(
         &self,
         req: axum::http::Request<bytes::Bytes>,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = axum::http::Response<axum::body::Body>> + Send>,
-    > {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = net::quick::Answer> + Send>> {
+        use net::quick::Answer;
         use tower::{Layer, ServiceExt};
+        if !req.headers().contains_key(axum::http::header::ORIGIN) {
+            let answer = self.inner.answer(req);
+            let no_origin = self.no_origin.clone();
+            return Box::pin(async move {
+                match answer.await {
+                    Answer::Json { status, body, .. } => Answer::Json {
+                        status,
+                        extra: no_origin,
+                        body,
+                    },
+                    other => Answer::Response(cors_headers(other.into_response(), &no_origin)),
+                }
+            });
+        }
         let inner = self.inner.clone();
         let service = self.layer.layer(tower::service_fn(
             move |req: axum::http::Request<bytes::Bytes>| {
                 let answer = inner.answer(req);
-                async move { Ok::<_, std::convert::Infallible>(answer.await) }
+                async move { Ok::<_, std::convert::Infallible>(answer.await.into_response()) }
             },
         ));
         Box::pin(async move {
             match service.oneshot(req).await {
-                Ok(resp) => resp,
+                Ok(resp) => Answer::Response(resp),
                 Err(never) => match never {},
             }
         })
     }
+}
+
+/// `resp` with the header lines of `lines` appended (the CORS layer appends
+/// to what the answer has).
+fn cors_headers(
+    mut resp: axum::http::Response<axum::body::Body>,
+    lines: &[u8],
+) -> axum::http::Response<axum::body::Body> {
+    let extra = net::quick::Answer::Json {
+        status: axum::http::StatusCode::OK,
+        extra: bytes::Bytes::copy_from_slice(lines),
+        body: Vec::new(),
+    }
+    .into_response();
+    for (name, value) in extra.headers() {
+        if name != axum::http::header::CONTENT_TYPE {
+            resp.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    resp
 }
 
 /// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the

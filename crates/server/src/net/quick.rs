@@ -53,7 +53,56 @@ pub(crate) trait Quick: Send + Sync + 'static {
 
     /// The answer to `req`, whose body has arrived whole. The request
     /// carries [`Peer`] in its extensions.
-    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>>;
+}
+
+/// A quick handler's answer.
+pub(crate) enum Answer {
+    /// A JSON answer, its head made here: the status line, `date`,
+    /// `content-type: application/json`, the lines of `extra` (each
+    /// `name: value\r\n`), `content-length`.
+    Json {
+        status: http::StatusCode,
+        extra: Bytes,
+        body: Vec<u8>,
+    },
+    /// Any other answer, as it is.
+    Response(Response<Body>),
+}
+
+impl Answer {
+    /// The answer as a response (for layers that work on responses).
+    pub(crate) fn into_response(self) -> Response<Body> {
+        match self {
+            Answer::Response(resp) => resp,
+            Answer::Json {
+                status,
+                extra,
+                body,
+            } => {
+                let mut resp = Response::new(Body::from(body));
+                *resp.status_mut() = status;
+                let h = resp.headers_mut();
+                h.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                for line in extra.split(|&b| b == b'\n') {
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    let Some(colon) = line.iter().position(|&b| b == b':') else {
+                        continue;
+                    };
+                    if let (Ok(name), Ok(value)) = (
+                        HeaderName::from_bytes(&line[..colon]),
+                        HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+                    ) {
+                        h.append(name, value);
+                    }
+                }
+                resp
+            }
+        }
+    }
 }
 
 /// How the quick loop left a connection.
@@ -97,6 +146,9 @@ pub(crate) async fn serve(
     let max_head = shared.config.max_header_bytes;
     let timeout_ms = shared.config.header_timeout_ms.max(1);
     let mut answered = false;
+    // One timer for the connection: moving `deadline` on does not touch it;
+    // when it fires early it is set to the deadline then (`read_more`).
+    let mut timer = Box::pin(tokio::time::sleep_until(deadline));
     loop {
         let (head_len, body_len, mut req, close) = match parse(buf, max_head, quick) {
             Head::Decline => return Left::Hyper { answered },
@@ -107,7 +159,7 @@ pub(crate) async fn serve(
                 close,
             } => (head_len, body_len, req, close),
             Head::Partial => {
-                match read_more(conn, buf, deadline, &shared.shutdown).await {
+                match read_more(conn, buf, &mut timer, deadline, &shared.shutdown).await {
                     Read::More => {}
                     Read::Closed => return Left::Closed,
                     Read::TimedOut if buf.is_empty() => {
@@ -127,7 +179,7 @@ pub(crate) async fn serve(
         // The body: what has not arrived with the head must follow within
         // the head's time; a slower one is hyper's (and the handler's pace).
         while buf.len() < head_len + body_len {
-            match read_more(conn, buf, deadline, &shared.shutdown).await {
+            match read_more(conn, buf, &mut timer, deadline, &shared.shutdown).await {
                 Read::More => {}
                 Read::Closed => return Left::Closed,
                 Read::TimedOut => return Left::Hyper { answered },
@@ -147,9 +199,16 @@ pub(crate) async fn serve(
         req.extensions_mut().insert(Peer(client));
         let mut body = buf.split_to(head_len + body_len);
         let body = body.split_off(head_len).freeze();
-        let resp = quick.answer(req.map(|()| body)).await;
+        let answer = quick.answer(req.map(|()| body)).await;
         let close = close || shared.shutdown.is_cancelled();
-        let out = encode(resp, close).await;
+        let out = match answer {
+            Answer::Json {
+                status,
+                extra,
+                body,
+            } => encode_json(status, &extra, &body, close),
+            Answer::Response(resp) => encode(resp, close).await,
+        };
         if conn.write_all(&out).await.is_err() {
             return Left::Closed;
         }
@@ -177,21 +236,30 @@ enum Read {
 async fn read_more(
     conn: &mut Watched,
     buf: &mut BytesMut,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
     deadline: Instant,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Read {
     buf.reserve(1024);
     let idle = buf.is_empty();
-    tokio::select! {
-        r = conn.read_buf(buf) => match r {
-            Ok(n) if n > 0 => Read::More,
-            _ => Read::Closed,
-        },
-        () = tokio::time::sleep_until(deadline) => Read::TimedOut,
-        // Between requests a shutdown closes the connection (hyper's
-        // graceful shutdown does the same); part way through a head, the
-        // head's timer bounds the wait.
-        () = stop.cancelled(), if idle => Read::Closed,
+    loop {
+        tokio::select! {
+            biased;
+            r = conn.read_buf(buf) => return match r {
+                Ok(n) if n > 0 => Read::More,
+                _ => Read::Closed,
+            },
+            // Between requests a shutdown closes the connection (hyper's
+            // graceful shutdown does the same); part way through a head,
+            // the head's timer bounds the wait.
+            () = stop.cancelled(), if idle => return Read::Closed,
+            () = timer.as_mut() => {
+                if Instant::now() >= deadline {
+                    return Read::TimedOut;
+                }
+                timer.as_mut().reset(deadline);
+            }
+        }
     }
 }
 
@@ -325,6 +393,27 @@ async fn encode(resp: Response<Body>, close: bool) -> Vec<u8> {
     out
 }
 
+/// A JSON answer (see [`Answer::Json`]) as the bytes to write.
+fn encode_json(status: http::StatusCode, extra: &[u8], body: &[u8], close: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(160 + extra.len() + body.len());
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\ndate: {}\r\ncontent-type: application/json\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or(""),
+        date()
+    );
+    out.extend_from_slice(extra);
+    let _ = write!(out, "content-length: {}\r\n", body.len());
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
 /// The `date` header's value (RFC 9110 section 6.6.1), made at most once a
 /// second per thread.
 fn date() -> String {
@@ -359,11 +448,8 @@ mod tests {
         fn max_body(&self) -> usize {
             10
         }
-        fn answer(
-            &self,
-            _: Request<Bytes>,
-        ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> {
-            Box::pin(async { Response::new(Body::empty()) })
+        fn answer(&self, _: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
+            Box::pin(async { Answer::Response(Response::new(Body::empty())) })
         }
     }
 
@@ -428,5 +514,30 @@ mod tests {
         let resp = Response::builder().status(204).body(Body::empty()).expect("response");
         let out = String::from_utf8(encode(resp, true).await).expect("text");
         assert!(out.ends_with("GMT\r\nconnection: close\r\n\r\n"), "{out}");
+        // A JSON answer made here is the same as through a response.
+        let json = || Answer::Json {
+            status: http::StatusCode::CREATED,
+            extra: Bytes::from_static(b"vary: origin\r\nx-a: 1\r\n"),
+            body: b"{}".to_vec(),
+        };
+        let Answer::Json {
+            status,
+            extra,
+            body,
+        } = json()
+        else {
+            unreachable!()
+        };
+        let undated = |b: Vec<u8>| -> String {
+            let text = String::from_utf8(b).expect("text");
+            text.lines()
+                .filter(|l| !l.starts_with("date: "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let direct = undated(encode_json(status, &extra, &body, false));
+        let via = undated(encode(json().into_response(), false).await);
+        assert_eq!(direct, via);
+        assert!(direct.ends_with("x-a: 1\ncontent-length: 2\n\n{}"), "{direct:?}");
     }
 }

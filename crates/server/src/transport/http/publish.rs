@@ -6,7 +6,7 @@
 use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::origin::http_access;
 use crate::auth::Access;
-use crate::net::quick::Quick;
+use crate::net::quick::{Answer, Quick};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
 use crate::ops::names;
@@ -75,14 +75,70 @@ pub async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    op::check_channel(&grant, &channel)?;
-    let q = Query::parse(raw.as_deref());
-    let ephemeral = q.flag("ephemeral")?;
-    let (event, key) = read_event(&app, &q, &headers, body).await?;
     let peer = peer.map(|Extension(p)| p.0.ip());
+    let q = Query::parse(raw.as_deref());
+    one(&app, &grant, peer, channel, &q, &headers, Source::Stream(body))
+        .await
+        .map(IntoResponse::into_response)
+}
+
+/// A publish body: still to be read, or read whole (the quick path).
+enum Source {
+    Stream(Body),
+    Whole(Bytes),
+}
+
+/// What a publish of one event did, as its answer.
+enum OneAnswer {
+    /// Journaled: 201, or 200 for an idempotent retry.
+    Journaled(StatusCode, Published),
+    /// Ephemeral: 202.
+    Ephemeral(EphemeralDelivered),
+}
+
+impl OneAnswer {
+    fn status(&self) -> StatusCode {
+        match self {
+            OneAnswer::Journaled(status, _) => *status,
+            OneAnswer::Ephemeral(_) => StatusCode::ACCEPTED,
+        }
+    }
+
+    /// The JSON body.
+    fn json(&self) -> Vec<u8> {
+        match self {
+            OneAnswer::Journaled(_, p) => serde_json::to_vec(p),
+            OneAnswer::Ephemeral(e) => serde_json::to_vec(e),
+        }
+        .unwrap_or_default()
+    }
+}
+
+impl IntoResponse for OneAnswer {
+    fn into_response(self) -> Response {
+        match self {
+            OneAnswer::Journaled(status, p) => (status, Json(p)).into_response(),
+            OneAnswer::Ephemeral(e) => (StatusCode::ACCEPTED, Json(e)).into_response(),
+        }
+    }
+}
+
+/// The publish of one event (see [`publish`]), whichever path carried it.
+async fn one(
+    app: &App,
+    grant: &crate::auth::Grant,
+    peer: Option<std::net::IpAddr>,
+    channel: String,
+    q: &Query,
+    headers: &HeaderMap,
+    body: Source,
+) -> Result<OneAnswer, ApiError> {
+    op::check_channel(grant, &channel)?;
+    let ephemeral = q.flag("ephemeral")?;
+    let (event, key) = event_from(app, q, headers, body).await?;
     let published = op::one(
-        &app,
-        &grant,
+        app,
+        grant,
         peer,
         &channel,
         event,
@@ -93,14 +149,10 @@ pub async fn publish(
     .await?;
     let appended = match published {
         op::Published::Ephemeral { subscribers } => {
-            return Ok((
-                StatusCode::ACCEPTED,
-                Json(EphemeralDelivered {
-                    channel,
-                    subscribers,
-                }),
-            )
-                .into_response())
+            return Ok(OneAnswer::Ephemeral(EphemeralDelivered {
+                channel,
+                subscribers,
+            }))
         }
         op::Published::Journaled(appended) => appended,
     };
@@ -110,15 +162,14 @@ pub async fn publish(
         StatusCode::CREATED
     };
     let cursor = Cursor::single(&channel, appended.epoch, appended.last_seq).encode();
-    Ok((
+    Ok(OneAnswer::Journaled(
         status,
-        Json(Published {
+        Published {
             channel,
             seq: appended.last_seq,
             cursor,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
 
 /// The publish of one event as a quick request (`crate::net::quick`):
@@ -164,7 +215,7 @@ impl Quick for QuickPublish {
         self.app.config.max_event_bytes
     }
 
-    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Response> + Send>> {
+    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
         let app = self.app.clone();
         Box::pin(async move {
             let (parts, body) = req.into_parts();
@@ -172,25 +223,25 @@ impl Quick for QuickPublish {
                 .channel(parts.uri.path())
                 .map(str::to_owned)
             else {
-                return ApiError::new(ErrorCode::NotFound, "no such path").into_response();
+                let e = ApiError::new(ErrorCode::NotFound, "no such path");
+                return Answer::Response(e.into_response());
             };
-            let grant = match http_access(&app, &parts.method, &parts.headers, parts.uri.query()) {
-                Ok(grant) => grant,
-                Err(e) => return e.into_response(),
+            let answer = async {
+                let query = parts.uri.query();
+                let grant = http_access(&app, &parts.method, &parts.headers, query)?;
+                let peer = parts.extensions.get::<Peer>().map(|p| p.0.ip());
+                let q = Query::parse(query);
+                let body = Source::Whole(body);
+                one(&app, &grant, peer, channel, &q, &parts.headers, body).await
             };
-            let peer = parts.extensions.get::<Peer>().copied().map(Extension);
-            let query = parts.uri.query().map(str::to_owned);
-            let answer = publish(
-                State(app),
-                Access(grant),
-                peer,
-                Path(channel),
-                RawQuery(query),
-                parts.headers,
-                Body::from(body),
-            )
-            .await;
-            answer.unwrap_or_else(IntoResponse::into_response)
+            match answer.await {
+                Ok(a) => Answer::Json {
+                    status: a.status(),
+                    extra: Bytes::new(),
+                    body: a.json(),
+                },
+                Err(e) => Answer::Response(e.into_response()),
+            }
         })
     }
 }
@@ -218,18 +269,34 @@ pub(crate) async fn read_event(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(NewEvent, Option<String>), ApiError> {
+    event_from(app, q, headers, Source::Stream(body)).await
+}
+
+/// [`read_event`] from a body still to be read or already whole.
+async fn event_from(
+    app: &App,
+    q: &Query,
+    headers: &HeaderMap,
+    body: Source,
+) -> Result<(NewEvent, Option<String>), ApiError> {
     let event_type = names::event_type(q.get("type"))?;
     let key = idempotency_key(headers)?;
     let limit = app.config.max_event_bytes;
-    let bytes = read_body(
-        BodyPace::of(&app.config),
-        headers,
-        body,
-        limit,
-        "event data",
-        "--max-event-bytes",
-    )
-    .await?;
+    let bytes = match body {
+        Source::Stream(body) => {
+            read_body(
+                BodyPace::of(&app.config),
+                headers,
+                body,
+                limit,
+                "event data",
+                "--max-event-bytes",
+            )
+            .await?
+        }
+        // Within the limit: the quick path takes no longer body.
+        Source::Whole(bytes) => bytes,
+    };
     let binary = is_octet_stream(headers);
     let data = Payload::from_bytes(bytes.to_vec(), binary).map_err(|at| {
         ApiError::new(
