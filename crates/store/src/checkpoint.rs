@@ -2,7 +2,7 @@
 //! off the path of the replies.
 //!
 //! The syncer hands it each durable commit's records (`sync.rs`). Once
-//! [`Checkpointer::threshold`] bytes of them are pending (256 KiB by
+//! [`Checkpointer::threshold`] bytes of them are pending (1 MiB by
 //! default, `log::CHECKPOINT_BYTES`), one redb transaction applies them all
 //! to `channels`, `events` and the idempotency tables, records the last
 //! frame applied (`meta["wal_applied"]`), and commits durably; then the
@@ -252,7 +252,7 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
     {
         let mut tables = Tables::open(&txn)?;
         for (_, records) in chunks {
-            for record in Records::new(records) {
+            for record in Records::written_here(records) {
                 let record = record?;
                 tables.apply(&record)?;
                 match heads.get_mut(record.name) {

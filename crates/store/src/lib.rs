@@ -114,6 +114,23 @@ impl EmbeddedJournal {
         sink: Arc<dyn CommitSink>,
         checkpoint_bytes: usize,
     ) -> Result<Self, JournalError> {
+        Self::open_tuned(dir, options, sink, checkpoint_bytes, wal::FILE_BYTES)
+    }
+
+    /// [`EmbeddedJournal::open_with_checkpoint`] with write-ahead log files
+    /// of `wal_file_bytes` (the writer moves to the other file past it).
+    /// For tests of the log; the default suits every load.
+    ///
+    /// # Errors
+    /// As [`EmbeddedJournal::open`].
+    #[doc(hidden)]
+    pub fn open_tuned(
+        dir: &Path,
+        options: StoreOptions,
+        sink: Arc<dyn CommitSink>,
+        checkpoint_bytes: usize,
+        wal_file_bytes: u64,
+    ) -> Result<Self, JournalError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
@@ -123,7 +140,7 @@ impl EmbeddedJournal {
         log::recover(&db)?;
         let (applied, generation) = checkpoint::recover(&db, dir)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
-        let wal = wal::Wal::open(dir, generation, applied + 1)?;
+        let wal = wal::Wal::open_sized(dir, generation, applied + 1, wal_file_bytes)?;
         let db = Arc::new(db);
         let overlay = Arc::new(overlay::Overlay::default());
         let inbox = Arc::new(Inbox::default());

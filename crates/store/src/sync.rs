@@ -135,6 +135,9 @@ pub(crate) struct Parts {
     pub overlay: Arc<Overlay>,
     pub sink: Arc<dyn CommitSink>,
     pub checkpointer: Arc<Checkpointer>,
+    /// Test hook: fail the next `fdatasync`.
+    #[cfg(test)]
+    pub fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Starts the syncer thread.
@@ -216,6 +219,16 @@ fn run(syncer: &Syncer, parts: &Parts) {
             Some(e) => Err(e),
             None if parts.durability == Durability::Sync => {
                 let started = Instant::now();
+                #[cfg(test)]
+                let r = if parts
+                    .fail_next_sync
+                    .swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    Err(JournalError::Storage("injected fdatasync failure".into()))
+                } else {
+                    sync(&parts.files, files)
+                };
+                #[cfg(not(test))]
                 let r = sync(&parts.files, files);
                 if files.contains(&true) {
                     metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());

@@ -244,6 +244,8 @@ pub(crate) struct Wal {
     last_in: [u64; 2],
     /// Frame bytes (reused).
     buf: Vec<u8>,
+    /// Bytes after which the writer moves to the other file ([`FILE_BYTES`]).
+    file_bytes: u64,
     /// Test hook: fail the next write.
     #[cfg(test)]
     pub fail_next: bool,
@@ -263,6 +265,16 @@ impl Wal {
         after_generation: u64,
         next_lsn: u64,
     ) -> Result<Self, JournalError> {
+        Self::open_sized(dir, after_generation, next_lsn, FILE_BYTES)
+    }
+
+    /// [`Wal::open`] with files of `file_bytes` (tests of the move between files).
+    pub(crate) fn open_sized(
+        dir: &Path,
+        after_generation: u64,
+        next_lsn: u64,
+        file_bytes: u64,
+    ) -> Result<Self, JournalError> {
         let paths = FILE_NAMES.map(|n| dir.join(n));
         let mut created = false;
         let mut open = |path: &Path| -> Result<Arc<File>, JournalError> {
@@ -277,8 +289,8 @@ impl Wal {
                 .metadata()
                 .map_err(|e| io_error("cannot read", path, e))?
                 .len();
-            if len < FILE_BYTES {
-                zero_fill(&file, len, FILE_BYTES).map_err(|e| io_error("cannot fill", path, e))?;
+            if len < file_bytes {
+                zero_fill(&file, len, file_bytes).map_err(|e| io_error("cannot fill", path, e))?;
                 created = true;
             }
             Ok(Arc::new(file))
@@ -300,6 +312,7 @@ impl Wal {
             next_lsn,
             last_in: [0, 0],
             buf: Vec::with_capacity(64 << 10),
+            file_bytes,
             #[cfg(test)]
             fail_next: false,
         };
@@ -354,7 +367,7 @@ impl Wal {
     ) -> Result<(u64, usize), JournalError> {
         self.buf.clear();
         let other = 1 - self.active;
-        if self.pos >= FILE_BYTES && self.last_in[other] <= applied {
+        if self.pos >= self.file_bytes && self.last_in[other] <= applied {
             // The other file's frames are all in the tables: a new chain
             // there, whose header goes with its first frame.
             self.generation += 1;

@@ -60,6 +60,9 @@ pub(crate) struct Writer {
     /// Test hook: fail the next WAL write after deciding its batch.
     #[cfg(test)]
     pub(crate) fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
+    /// Test hook: fail the syncer's next `fdatasync`.
+    #[cfg(test)]
+    pub(crate) fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What [`Writer::start`] needs beyond the database.
@@ -83,12 +86,16 @@ impl Writer {
     pub(crate) fn start(db: Arc<Database>, s: Start) -> std::io::Result<Self> {
         let (checkpointer, ck_thread) =
             crate::checkpoint::spawn(db.clone(), s.overlay.clone(), s.applied, s.checkpoint_bytes)?;
+        #[cfg(test)]
+        let fail_next_sync: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let (syncer, sync_thread) = sync::spawn(sync::Parts {
             files: s.wal.files.clone(),
             durability: s.options.durability,
             overlay: s.overlay.clone(),
             sink: s.sink.clone(),
             checkpointer: checkpointer.clone(),
+            #[cfg(test)]
+            fail_next_sync: fail_next_sync.clone(),
         })?;
         Ok(Writer {
             db,
@@ -106,6 +113,8 @@ impl Writer {
             helpers: vec![sync_thread, ck_thread],
             #[cfg(test)]
             fail_next_commit: Arc::default(),
+            #[cfg(test)]
+            fail_next_sync,
         })
     }
 

@@ -124,3 +124,67 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
         .map_err(|_| JournalError::Storage("writer panicked".into()))?;
     Ok(())
 }
+
+#[test]
+fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let db = Database::create(dir.path().join("j.redb")).map_err(crate::tables::storage)?;
+    let options = StoreOptions {
+        durability: Durability::Sync,
+        ..StoreOptions::default()
+    };
+    let epoch = meta::init(&db, options.durability)?;
+    let cache = Channels::load(&db, false)?;
+    let db = Arc::new(db);
+    let inbox = Arc::new(Inbox::default());
+    let overlay = Arc::new(Overlay::default());
+    let writer = Writer::start(
+        db.clone(),
+        Start {
+            inbox: inbox.clone(),
+            sink: Arc::new(NoSink),
+            epoch,
+            options,
+            cache,
+            overlay: overlay.clone(),
+            wal: wal::Wal::open(dir.path(), 0, 1)?,
+            applied: 0,
+            checkpoint_bytes: 1 << 20,
+        },
+    )
+    .map_err(crate::tables::storage)?;
+    let fail = writer.fail_next_sync.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    let tx = &*inbox;
+
+    assert_eq!(append(tx, "a", None)?.first_seq, 1);
+    fail.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        append(tx, "a", Some("k")),
+        Err(JournalError::Storage(_))
+    ));
+    // Recovered before the next batch: the failed append's seq and key are free.
+    let again = append(tx, "a", Some("k"))?;
+    assert_eq!((again.first_seq, again.duplicate), (2, false));
+    assert!(append(tx, "a", Some("k"))?.duplicate);
+    assert_eq!(append(tx, "b", None)?.first_seq, 1);
+    let bound = reader::Bound {
+        limit: 10,
+        max_bytes: usize::MAX,
+    };
+    let page = reader::page(&db, &overlay, epoch, "a", 0, bound)?;
+    let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!((seqs, page.state.head), (vec![1, 2], 2));
+    inbox.close();
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    // The tables hold exactly what was acknowledged, and the WAL adds nothing.
+    let (applied, _) = crate::checkpoint::recover(&db, dir.path())?;
+    assert_eq!(applied, meta::wal_applied(&db)?);
+    let empty = Arc::new(Overlay::default());
+    let page = reader::page(&db, &empty, epoch, "a", 0, bound)?;
+    let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2]);
+    Ok(())
+}
