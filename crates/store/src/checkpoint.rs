@@ -31,7 +31,8 @@ use redb::Database;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -78,9 +79,7 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// The last lsn the tables hold.
@@ -132,10 +131,7 @@ impl Checkpointer {
                      refused until it can"
                 )));
             }
-            st = self
-                .done
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.done.wait(&mut st);
         }
         Ok(())
     }
@@ -190,18 +186,12 @@ fn run(ck: &Checkpointer) {
             if st.stop {
                 return;
             }
-            st = match st.retry_at {
+            match st.retry_at {
                 Some(at) if !st.chunks.is_empty() && at > now => {
-                    ck.work
-                        .wait_timeout(st, at - now)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0
+                    ck.work.wait_for(&mut st, at - now);
                 }
-                _ => ck
-                    .work
-                    .wait(st)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            };
+                _ => ck.work.wait(&mut st),
+            }
             continue;
         }
         let chunks: Vec<(u64, Vec<u8>)> = st.chunks.drain(..).collect();

@@ -30,7 +30,8 @@ use gapless_core::{Appended, CommitSink, JournalError};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -76,9 +77,7 @@ pub(crate) struct Syncer {
 
 impl Syncer {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Hands a written commit over.
@@ -98,10 +97,7 @@ impl Syncer {
     pub(crate) fn wait_idle(&self) {
         let mut st = self.lock();
         while !st.queue.is_empty() || st.busy {
-            st = self
-                .idle
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.idle.wait(&mut st);
         }
     }
 
@@ -109,10 +105,7 @@ impl Syncer {
     pub(crate) fn wait_not_syncing(&self) {
         let mut st = self.lock();
         while st.syncing {
-            st = self
-                .synced
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.synced.wait(&mut st);
         }
     }
 
@@ -186,20 +179,13 @@ fn run(syncer: &Syncer, parts: &Parts) {
                     st = syncer.lock();
                     continue;
                 }
-                st = syncer
-                    .work
-                    .wait_timeout(st, due - now)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .0;
+                syncer.work.wait_for(&mut st, due - now);
                 continue;
             }
             if st.stop {
                 return;
             }
-            st = syncer
-                .work
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            syncer.work.wait(&mut st);
             continue;
         }
         let batch: Vec<Written> = st.queue.drain(..).collect();

@@ -260,6 +260,7 @@ impl Wal {
     /// # Errors
     /// [`JournalError::Storage`] when a file cannot be created, filled,
     /// written or synced.
+    #[cfg(test)]
     pub(crate) fn open(
         dir: &Path,
         after_generation: u64,
