@@ -274,30 +274,23 @@ impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
         self.inner.max_body()
     }
 
-    fn answer(
+    fn answer_with(
         &self,
         req: axum::http::Request<bytes::Bytes>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = net::quick::Answer> + Send>> {
+        peer: std::net::SocketAddr,
+        extra: bytes::Bytes,
+    ) -> net::quick::Pending {
         use net::quick::Answer;
         use tower::{Layer, ServiceExt};
         if !req.headers().contains_key(axum::http::header::ORIGIN) {
-            let answer = self.inner.answer(req);
-            let no_origin = self.no_origin.clone();
-            return Box::pin(async move {
-                match answer.await {
-                    Answer::Json { status, body, .. } => Answer::Json {
-                        status,
-                        extra: no_origin,
-                        body,
-                    },
-                    other => Answer::Response(cors_headers(other.into_response(), &no_origin)),
-                }
-            });
+            let mut lines = extra.to_vec();
+            lines.extend_from_slice(&self.no_origin);
+            return self.inner.answer_with(req, peer, lines.into());
         }
         let inner = self.inner.clone();
         let service = self.layer.layer(tower::service_fn(
             move |req: axum::http::Request<bytes::Bytes>| {
-                let answer = inner.answer(req);
+                let answer = inner.answer_with(req, peer, extra.clone());
                 async move { Ok::<_, std::convert::Infallible>(answer.await.into_response()) }
             },
         ));
@@ -308,26 +301,14 @@ impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
             }
         })
     }
-}
 
-/// `resp` with the header lines of `lines` appended (the CORS layer appends
-/// to what the answer has).
-fn cors_headers(
-    mut resp: axum::http::Response<axum::body::Body>,
-    lines: &[u8],
-) -> axum::http::Response<axum::body::Body> {
-    let extra = net::quick::Answer::Json {
-        status: axum::http::StatusCode::OK,
-        extra: bytes::Bytes::copy_from_slice(lines),
-        body: Vec::new(),
+    fn answer(
+        &self,
+        req: axum::http::Request<bytes::Bytes>,
+        peer: std::net::SocketAddr,
+    ) -> net::quick::Pending {
+        self.answer_with(req, peer, bytes::Bytes::new())
     }
-    .into_response();
-    for (name, value) in extra.headers() {
-        if name != axum::http::header::CONTENT_TYPE {
-            resp.headers_mut().append(name.clone(), value.clone());
-        }
-    }
-    resp
 }
 
 /// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the

@@ -59,7 +59,8 @@ struct State {
     failed: Option<JournalError>,
     /// The thread is completing commits taken from the queue.
     busy: bool,
-    /// The thread is in `fdatasync`.
+    /// The thread is in an `fdatasync` or completing the commits it made
+    /// durable (the writer waits meanwhile, gathering requests).
     syncing: bool,
     stop: bool,
 }
@@ -71,7 +72,7 @@ pub(crate) struct Syncer {
     work: Condvar,
     /// The queue emptied and nothing is being completed.
     idle: Condvar,
-    /// An `fdatasync` ended.
+    /// A round (an `fdatasync` and its completions) ended.
     synced: Condvar,
 }
 
@@ -101,8 +102,8 @@ impl Syncer {
         }
     }
 
-    /// Waits while an `fdatasync` runs.
-    pub(crate) fn wait_not_syncing(&self) {
+    /// Waits while an `fdatasync` runs and its commits are completed.
+    pub(crate) fn wait_round(&self) {
         let mut st = self.lock();
         while st.syncing {
             self.synced.wait(&mut st);
@@ -218,8 +219,6 @@ fn run(syncer: &Syncer, parts: &Parts) {
                 let r = sync(&parts.files, files);
                 if files.contains(&true) {
                     metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
-                    syncer.lock().syncing = false;
-                    syncer.synced.notify_all();
                 }
                 r
             }
@@ -243,6 +242,9 @@ fn run(syncer: &Syncer, parts: &Parts) {
         }
         st = syncer.lock();
         st.busy = false;
+        if std::mem::take(&mut st.syncing) {
+            syncer.synced.notify_all();
+        }
         if st.queue.is_empty() {
             syncer.idle.notify_all();
         }

@@ -7,8 +7,8 @@
 //! (`wal.rs`, one `pwrite`) and hands the batch to the syncer (`sync.rs`),
 //! which makes it durable with one `fdatasync` shared by every batch written
 //! meanwhile, then tells the sink and replies. While the syncer's
-//! `fdatasync` runs the writer lets requests gather, so the next batch
-//! holds everything that arrived during it. The checkpointer
+//! `fdatasync` runs (and its replies go out) the writer lets requests
+//! gather, so the next batch holds everything that arrived meanwhile. The checkpointer
 //! (`checkpoint.rs`) applies the records to the indexed tables later, off
 //! the replies' path.
 //!
@@ -128,9 +128,10 @@ impl Writer {
 
     fn run(mut self) {
         while self.inbox.wait() {
-            // Requests arriving during an `fdatasync` join this batch: they
-            // could not be in that one anyway.
-            self.syncer.wait_not_syncing();
+            // Requests arriving during an `fdatasync` (and the replies to
+            // its commits) join this batch: they could not be in that one
+            // anyway, and one frame is cheaper than several.
+            self.syncer.wait_round();
             let mut batch = Batch::default();
             let close = self.inbox.take(&mut batch);
             if !batch.ops.is_empty() {

@@ -31,7 +31,6 @@
 
 use crate::net::conn::{head_timeout, linger, send_whole, whole, Shared, HEADERS_MAX};
 use crate::net::liveness::Watched;
-use crate::Peer;
 use axum::body::Body;
 use axum::http::{self, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use bytes::{Bytes, BytesMut};
@@ -51,10 +50,19 @@ pub(crate) trait Quick: Send + Sync + 'static {
     /// the handler answers `413` as usual).
     fn max_body(&self) -> usize;
 
-    /// The answer to `req`, whose body has arrived whole. The request
-    /// carries [`Peer`] in its extensions.
-    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>>;
+    /// The answer to `req` from `peer` (the client: see [`Peer`]), whose
+    /// body has arrived whole; a JSON answer carries the header lines of
+    /// `extra` (each `name: value\r\n`; see [`Answer::Json`]).
+    fn answer_with(&self, req: Request<Bytes>, peer: SocketAddr, extra: Bytes) -> Pending;
+
+    /// [`Quick::answer_with`] with no extra header lines.
+    fn answer(&self, req: Request<Bytes>, peer: SocketAddr) -> Pending {
+        self.answer_with(req, peer, Bytes::new())
+    }
 }
+
+/// A quick answer on its way.
+pub(crate) type Pending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// A quick handler's answer.
 pub(crate) enum Answer {
@@ -150,7 +158,7 @@ pub(crate) async fn serve(
     // when it fires early it is set to the deadline then (`read_more`).
     let mut timer = Box::pin(tokio::time::sleep_until(deadline));
     loop {
-        let (head_len, body_len, mut req, close) = match parse(buf, max_head, quick) {
+        let (head_len, body_len, req, close) = match parse(buf, max_head, quick) {
             Head::Decline => return Left::Hyper { answered },
             Head::Take {
                 head_len,
@@ -196,10 +204,9 @@ pub(crate) async fn serve(
                 Err(_) => return Left::Hyper { answered },
             }
         }
-        req.extensions_mut().insert(Peer(client));
         let mut body = buf.split_to(head_len + body_len);
         let body = body.split_off(head_len).freeze();
-        let answer = quick.answer(req.map(|()| body)).await;
+        let answer = quick.answer(req.map(|()| body), client).await;
         let close = close || shared.shutdown.is_cancelled();
         let out = match answer {
             Answer::Json {
@@ -393,6 +400,26 @@ async fn encode(resp: Response<Body>, close: bool) -> Vec<u8> {
     out
 }
 
+/// `resp` with the header lines of `lines` (each `name: value\r\n`)
+/// appended to its headers.
+pub(crate) fn with_lines(mut resp: Response<Body>, lines: &[u8]) -> Response<Body> {
+    if lines.is_empty() {
+        return resp;
+    }
+    let extra = Answer::Json {
+        status: http::StatusCode::OK,
+        extra: Bytes::copy_from_slice(lines),
+        body: Vec::new(),
+    }
+    .into_response();
+    for (name, value) in extra.headers() {
+        if name != http::header::CONTENT_TYPE {
+            resp.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    resp
+}
+
 /// A JSON answer (see [`Answer::Json`]) as the bytes to write.
 fn encode_json(status: http::StatusCode, extra: &[u8], body: &[u8], close: bool) -> Vec<u8> {
     use std::io::Write;
@@ -448,7 +475,7 @@ mod tests {
         fn max_body(&self) -> usize {
             10
         }
-        fn answer(&self, _: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
+        fn answer_with(&self, _: Request<Bytes>, _: SocketAddr, _: Bytes) -> Pending {
             Box::pin(async { Answer::Response(Response::new(Body::empty())) })
         }
     }

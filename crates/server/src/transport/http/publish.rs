@@ -6,7 +6,7 @@
 use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::origin::http_access;
 use crate::auth::Access;
-use crate::net::quick::{Answer, Quick};
+use crate::net::quick::{with_lines, Answer, Pending, Quick};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
 use crate::ops::names;
@@ -25,8 +25,7 @@ use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use gapless_protocol::schema::{ChannelName, EventType};
 use gapless_protocol::{Cursor, NewEvent, Payload};
-use std::future::Future;
-use std::pin::Pin;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
@@ -215,7 +214,7 @@ impl Quick for QuickPublish {
         self.app.config.max_event_bytes
     }
 
-    fn answer(&self, req: Request<Bytes>) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
+    fn answer_with(&self, req: Request<Bytes>, peer: SocketAddr, extra: Bytes) -> Pending {
         let app = self.app.clone();
         Box::pin(async move {
             let (parts, body) = req.into_parts();
@@ -224,23 +223,22 @@ impl Quick for QuickPublish {
                 .map(str::to_owned)
             else {
                 let e = ApiError::new(ErrorCode::NotFound, "no such path");
-                return Answer::Response(e.into_response());
+                return Answer::Response(with_lines(e.into_response(), &extra));
             };
             let answer = async {
                 let query = parts.uri.query();
                 let grant = http_access(&app, &parts.method, &parts.headers, query)?;
-                let peer = parts.extensions.get::<Peer>().map(|p| p.0.ip());
                 let q = Query::parse(query);
                 let body = Source::Whole(body);
-                one(&app, &grant, peer, channel, &q, &parts.headers, body).await
+                one(&app, &grant, Some(peer.ip()), channel, &q, &parts.headers, body).await
             };
             match answer.await {
                 Ok(a) => Answer::Json {
                     status: a.status(),
-                    extra: Bytes::new(),
+                    extra,
                     body: a.json(),
                 },
-                Err(e) => Answer::Response(e.into_response()),
+                Err(e) => Answer::Response(with_lines(e.into_response(), &extra)),
             }
         })
     }
