@@ -8,7 +8,8 @@
 use crate::cache::Channels;
 use crate::log::{self, Record};
 use crate::tables::{
-    encode_event_into, event_time, storage, ChannelRow, CHANNELS, EVENTS, KEYS, KEY_ORDER,
+    event_time, first_row, row_events, row_last, storage, ChannelRow, ChunkBuilder, CHANNELS,
+    EVENTS, KEYS, KEY_ORDER,
 };
 use gapless_core::journal::now_ms;
 use gapless_core::{Appended, ChannelState, JournalError, Retention};
@@ -45,8 +46,9 @@ pub(crate) struct Tables<'t> {
     events: Table<'t, (u64, u64), &'static [u8]>,
     keys: Table<'t, (u64, &'static str), (u64, u64)>,
     key_order: Table<'t, (u64, u64, &'static str), ()>,
-    /// Reused for encoding event rows.
-    buf: Vec<u8>,
+    /// The chunk row being built for each channel (by id), written when
+    /// full or at [`Tables::finish`].
+    chunks: HashMap<u64, ChunkBuilder>,
     /// Channel rows of the records applied since the last [`Tables::finish`],
     /// by id: `(name, row, floor before the first of those records)`.
     rows: HashMap<u64, (String, ChannelRow, u64)>,
@@ -70,7 +72,7 @@ impl<'t> Tables<'t> {
             events: txn.open_table(EVENTS).map_err(storage)?,
             keys: txn.open_table(KEYS).map_err(storage)?,
             key_order: txn.open_table(KEY_ORDER).map_err(storage)?,
-            buf: Vec::new(),
+            chunks: HashMap::new(),
             rows: HashMap::new(),
         })
     }
@@ -79,8 +81,11 @@ impl<'t> Tables<'t> {
     /// idempotency keys whose last event is below `to`.
     fn drop_below(&mut self, id: u64, from: u64, to: u64) -> Result<(), JournalError> {
         if from < to {
+            // Rows wholly below the new floor (a chunk reaching past it stays:
+            // readers skip its events below the floor). A row below `from`
+            // can only be such a chunk, left by an earlier floor.
             self.events
-                .retain_in((id, from)..(id, to), |_, _| false)
+                .retain_in((id, 0)..(id, to), |key, row| row_last(key.1, row) >= to)
                 .map_err(storage)?;
         }
         let below = (id, 0, "")..(id, to, "");
@@ -122,11 +127,17 @@ impl<'t> Tables<'t> {
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Result<(), JournalError> {
         let id = rec.id;
         let first_seq = rec.first_seq();
+        let chunk = self.chunks.entry(id).or_default();
         for (seq, (event_type, data, binary)) in (first_seq..).zip(&rec.events) {
-            encode_event_into(&mut self.buf, rec.time, *event_type, data, *binary);
-            self.events
-                .insert((id, seq), self.buf.as_slice())
-                .map_err(storage)?;
+            if !chunk.takes(seq) {
+                if chunk.n > 0 {
+                    self.events
+                        .insert((id, chunk.first), chunk.row.as_slice())
+                        .map_err(storage)?;
+                }
+                chunk.start(seq);
+            }
+            chunk.push(rec.time, *event_type, data, *binary);
         }
         if let Some(key) = rec.key {
             self.keys
@@ -152,9 +163,17 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Writes the channel rows of the records applied so far, and deletes
-    /// the events and keys that fell below their floors.
+    /// Writes the chunk rows and the channel rows of the records applied so
+    /// far, and deletes the events and keys that fell below their floors.
     pub(crate) fn finish(&mut self) -> Result<(), JournalError> {
+        for (id, chunk) in &mut self.chunks {
+            if chunk.n > 0 {
+                self.events
+                    .insert((*id, chunk.first), chunk.row.as_slice())
+                    .map_err(storage)?;
+                chunk.n = 0;
+            }
+        }
         for (id, (name, row, old_floor)) in std::mem::take(&mut self.rows) {
             self.channels
                 .insert(name.as_str(), row.to_tuple())
@@ -185,17 +204,20 @@ impl<'t> Tables<'t> {
             let (id, floor, head) = (ch.row.id, ch.row.floor, ch.row.head);
             let mut new_floor = head + 1;
             let mut oldest = None;
-            for item in self
-                .events
-                .range((id, floor)..=(id, head))
-                .map_err(storage)?
-            {
+            let from = first_row(&self.events, id, floor)?;
+            'rows: for item in self.events.range((id, from)..=(id, head)).map_err(storage)? {
                 let (key, row) = item.map_err(storage)?;
-                let time = event_time(row.value())?;
-                if time > cutoff {
-                    new_floor = key.value().1;
-                    oldest = Some(time);
-                    break;
+                for event in row_events(key.value().1, row.value()) {
+                    let (seq, event) = event?;
+                    if seq < floor {
+                        continue;
+                    }
+                    let time = event_time(event)?;
+                    if time > cutoff {
+                        new_floor = seq;
+                        oldest = Some(time);
+                        break 'rows;
+                    }
                 }
             }
             if new_floor > floor {

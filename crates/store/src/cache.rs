@@ -7,7 +7,7 @@
 //! store opens, and again after a failed commit, so it never runs ahead of
 //! what is on disk.
 
-use crate::tables::{event_time, storage, ChannelRow, CHANNELS, EVENTS};
+use crate::tables::{event_at, event_time, storage, ChannelRow, CHANNELS, EVENTS};
 use gapless_core::{ChannelState, JournalError};
 use gapless_protocol::Epoch;
 use redb::{Database, ReadableDatabase, ReadableTable};
@@ -64,9 +64,9 @@ impl Channels {
             let name: Arc<str> = Arc::from(name.value());
             out.next_id = out.next_id.max(row.id + 1);
             let oldest = if track_age && row.floor <= row.head {
-                let first = events.get((row.id, row.floor)).map_err(storage)?;
+                let first = event_at(&events, row.id, row.floor)?;
                 // A missing row only makes the bound 0: eviction then rescans.
-                Some(first.map_or(Ok(0), |g| event_time(g.value()))?)
+                Some(first.map_or(Ok(0), |e| event_time(&e))?)
             } else {
                 None
             };

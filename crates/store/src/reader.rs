@@ -4,7 +4,7 @@
 //! state and events always come from the same commit.
 
 use crate::overlay::Overlay;
-use crate::tables::{decode_event, storage, ChannelRow, CHANNELS, EVENTS};
+use crate::tables::{decode_event, first_row, row_events, storage, ChannelRow, CHANNELS, EVENTS};
 use gapless_core::{ChannelState, JournalError, Page};
 use gapless_protocol::{Epoch, Event};
 use redb::{Database, ReadTransaction, ReadableDatabase};
@@ -135,25 +135,34 @@ fn read_events(
         return Ok(events);
     }
     let table = txn.open_table(EVENTS).map_err(storage)?;
-    let range = table.range((id, start)..=(id, end)).map_err(storage)?;
+    let from = first_row(&table, id, start)?;
+    let range = table.range((id, from)..=(id, end)).map_err(storage)?;
     let available = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
     events.reserve(limit.min(available));
-    for item in range.take(limit) {
-        let (key, value) = item.map_err(storage)?;
-        let (time, event_type, data) = decode_event(value.value())?;
-        bytes = bytes.saturating_add(data.len());
-        if !events.is_empty() && bytes > bound.max_bytes {
-            break;
+    'rows: for item in range {
+        let (key, row) = item.map_err(storage)?;
+        for event in row_events(key.value().1, row.value()) {
+            let (seq, event) = event?;
+            if seq < start {
+                continue;
+            }
+            if seq > end || events.len() >= limit {
+                break 'rows;
+            }
+            let (time, event_type, data) = decode_event(event)?;
+            bytes = bytes.saturating_add(data.len());
+            if !events.is_empty() && bytes > bound.max_bytes {
+                break 'rows;
+            }
+            events.push(Arc::new(Event::new(
+                name.clone(),
+                epoch,
+                seq,
+                event_type,
+                data,
+                time,
+            )));
         }
-        let seq = key.value().1;
-        events.push(Arc::new(Event::new(
-            name.clone(),
-            epoch,
-            seq,
-            event_type,
-            data,
-            time,
-        )));
     }
     Ok(events)
 }
