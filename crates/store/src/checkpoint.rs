@@ -1,7 +1,7 @@
 //! The checkpointer thread: applies completed commits to the indexed tables,
 //! off the path of the replies.
 //!
-//! The syncer hands it each durable commit's records (`sync.rs`). Once
+//! The writer hands it each durable commit's records (`sync.rs`). Once
 //! [`Checkpointer::threshold`] bytes of them are pending (1 MiB by
 //! default, `log::CHECKPOINT_BYTES`), one redb transaction applies them all
 //! to `channels`, `events` and the idempotency tables, records the last

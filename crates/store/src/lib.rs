@@ -3,13 +3,12 @@
 //! [`EmbeddedJournal`] implements [`gapless_core::Journal`] over one
 //! [redb](https://www.redb.org) file, `DIR/journal.redb`:
 //!
-//! - appends go through one writer thread that decides everything pending
-//!   and writes it as one frame of a write-ahead log beside the file
-//!   (`writer.rs`, `wal.rs`; batches in `request.rs`, the operations in
-//!   `apply.rs`, the records in `log.rs`, the writer's channel cache in
-//!   `cache.rs`); a syncer thread makes the frames durable, one `fdatasync`
-//!   for every frame written meanwhile, and only then tells the sink and
-//!   replies (`sync.rs`), so concurrent publishers share each fsync;
+//! - appends go through one writer thread that decides everything pending,
+//!   writes it as one frame of a write-ahead log beside the file, makes it
+//!   durable with one `fdatasync` and only then tells the sink and replies
+//!   (`writer.rs`, `wal.rs`, `sync.rs`; batches in `request.rs`, the
+//!   operations in `apply.rs`, the records in `log.rs`, the writer's channel
+//!   cache in `cache.rs`), so concurrent publishers share each fsync;
 //! - a checkpointer thread applies the records to the indexed tables of the
 //!   redb file every so often, off the replies' path (`checkpoint.rs`);
 //! - reads run in their own read transactions, concurrently with the writer,

@@ -116,6 +116,17 @@ impl Batch {
     }
 }
 
+/// What [`Inbox::wait`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Requests are queued.
+    Ready,
+    /// The deadline passed first.
+    TimedOut,
+    /// The inbox is closed and empty.
+    Closed,
+}
+
 /// Where requests wait for the writer thread: a queue the publishers push
 /// to, which wakes the writer only when it sleeps for want of requests.
 #[derive(Default)]
@@ -155,18 +166,26 @@ impl Inbox {
         self.ready.notify_one();
     }
 
-    /// Waits until a request is queued; `false` once the inbox is closed
-    /// and empty.
-    pub(crate) fn wait(&self) -> bool {
+    /// Waits until a request is queued, the inbox is closed and empty, or
+    /// `deadline` passes.
+    pub(crate) fn wait(&self, deadline: Option<std::time::Instant>) -> Wait {
         let mut st = self.state.lock();
         while st.requests.is_empty() {
             if st.closed {
-                return false;
+                return Wait::Closed;
             }
             st.waiting = true;
-            self.ready.wait(&mut st);
+            match deadline {
+                Some(at) => {
+                    if self.ready.wait_until(&mut st, at).timed_out() && st.requests.is_empty() {
+                        st.waiting = false;
+                        return Wait::TimedOut;
+                    }
+                }
+                None => self.ready.wait(&mut st),
+            }
         }
-        true
+        Wait::Ready
     }
 
     /// Moves queued requests into `batch`, within its bounds; a

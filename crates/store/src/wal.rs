@@ -226,8 +226,7 @@ fn io_error(what: &str, path: &Path, e: io::Error) -> JournalError {
 }
 
 /// Where frames are written: both files, open, and the position in the
-/// current one. Owned by the writer thread; the files are shared with the
-/// syncer, which `fdatasync`s them.
+/// current one. Owned by the writer thread.
 pub(crate) struct Wal {
     /// The two files (see [`FILE_NAMES`]).
     pub files: [Arc<File>; 2],

@@ -1,34 +1,32 @@
-//! The group-commit writer: one thread decides every append.
+//! The group-commit writer: one thread decides and commits every append.
 //!
 //! Appends (and evictions) wait in the [`Inbox`]. The writer takes
 //! everything pending (up to a bound, see `request.rs`), decides each
 //! append in memory (idempotency, seqs, time, count retention: `apply.rs`),
-//! writes the batch's records as one frame of the write-ahead log
-//! (`wal.rs`, one `pwrite`) and hands the batch to the syncer (`sync.rs`),
-//! which makes it durable with one `fdatasync` shared by every batch written
-//! meanwhile, then tells the sink and replies. While the syncer's
-//! `fdatasync` runs (and its replies go out) the writer lets requests
-//! gather, so the next batch holds everything that arrived meanwhile. The checkpointer
-//! (`checkpoint.rs`) applies the records to the indexed tables later, off
-//! the replies' path.
+//! writes the batch's records as one frame of the write-ahead log (`wal.rs`,
+//! one `pwrite`), then makes it durable with one `fdatasync` and completes
+//! it: overlay, sink, replies (`sync.rs`). While it waits for the disk, new
+//! requests gather in the inbox, so the next batch holds everything that
+//! arrived meanwhile: concurrent publishers share each `fdatasync`. The
+//! checkpointer thread (`checkpoint.rs`) applies the records to the indexed
+//! tables later, off the replies' path.
 //!
-//! Age evictions run here, on the tables: the writer first waits for every
-//! batch to complete and for the checkpointer to apply them all.
+//! Age evictions run here, on the tables, once the checkpointer has applied
+//! every commit.
 //!
-//! If a batch fails (a WAL write or `fdatasync` fails), its requests and
-//! every later one not yet completed get [`JournalError::Storage`] (or
-//! `Full`); before the next batch the writer waits for the syncer, has the
-//! checkpointer apply everything acknowledged, starts a new WAL chain after
-//! it (the failed frames never join one) and reloads its channel cache from
-//! the tables, so no seq is skipped or reused.
+//! If a batch fails (a WAL write or `fdatasync` fails), its requests get
+//! [`JournalError::Storage`] (or `Full`); before the next batch the writer
+//! has the checkpointer apply everything acknowledged, starts a new WAL
+//! chain after it (the failed frames never join one) and reloads its channel
+//! cache from the tables, so no seq is skipped or reused.
 
 use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
 use crate::checkpoint::Checkpointer;
 use crate::options::{Durability, StoreOptions};
 use crate::overlay::Overlay;
-use crate::request::{Batch, Inbox, Op, Pending};
-use crate::sync::{self, Syncer, Written};
+use crate::request::{Batch, Inbox, Op, Pending, Wait};
+use crate::sync::{self, Round, Written};
 use crate::tables::storage;
 use crate::wal::Wal;
 use gapless_core::{Appended, CommitSink, JournalError};
@@ -53,14 +51,15 @@ pub(crate) struct Writer {
     /// The checkpointer's applied lsn when `keys` was last purged.
     purged: u64,
     wal: Wal,
-    syncer: Arc<Syncer>,
+    /// The commits written and not yet durable, and how they are completed.
+    round: Round,
     checkpointer: Arc<Checkpointer>,
-    /// The syncer's and the checkpointer's threads.
+    /// The checkpointer's thread.
     helpers: Vec<JoinHandle<()>>,
     /// Test hook: fail the next WAL write after deciding its batch.
     #[cfg(test)]
     pub(crate) fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
-    /// Test hook: fail the syncer's next `fdatasync`.
+    /// Test hook: fail the next `fdatasync`.
     #[cfg(test)]
     pub(crate) fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -82,21 +81,19 @@ pub(crate) struct Start {
 }
 
 impl Writer {
-    /// The writer over `db`, with its syncer and checkpointer threads running.
+    /// The writer over `db`, with its checkpointer thread running.
     pub(crate) fn start(db: Arc<Database>, s: Start) -> std::io::Result<Self> {
         let (checkpointer, ck_thread) =
             crate::checkpoint::spawn(db.clone(), s.overlay.clone(), s.applied, s.checkpoint_bytes)?;
+        let round = Round::new(
+            s.wal.files.clone(),
+            s.options.durability,
+            s.overlay.clone(),
+            s.sink.clone(),
+            checkpointer.clone(),
+        );
         #[cfg(test)]
-        let fail_next_sync: Arc<std::sync::atomic::AtomicBool> = Arc::default();
-        let (syncer, sync_thread) = sync::spawn(sync::Parts {
-            files: s.wal.files.clone(),
-            durability: s.options.durability,
-            overlay: s.overlay.clone(),
-            sink: s.sink.clone(),
-            checkpointer: checkpointer.clone(),
-            #[cfg(test)]
-            fail_next_sync: fail_next_sync.clone(),
-        })?;
+        let fail_next_sync = round.fail_next_sync.clone();
         Ok(Writer {
             db,
             inbox: s.inbox,
@@ -108,9 +105,9 @@ impl Writer {
             keys: Keys::default(),
             purged: s.applied,
             wal: s.wal,
-            syncer,
+            round,
             checkpointer,
-            helpers: vec![sync_thread, ck_thread],
+            helpers: vec![ck_thread],
             #[cfg(test)]
             fail_next_commit: Arc::default(),
             #[cfg(test)]
@@ -127,16 +124,21 @@ impl Writer {
     }
 
     fn run(mut self) {
-        while self.inbox.wait() {
-            // Requests arriving during an `fdatasync` (and the replies to
-            // its commits) join this batch: they could not be in that one
-            // anyway, and one frame is cheaper than several.
-            self.syncer.wait_round();
+        loop {
+            match self.inbox.wait(self.round.flush_due()) {
+                Wait::Ready => {}
+                Wait::TimedOut => {
+                    self.round.flush();
+                    continue;
+                }
+                Wait::Closed => break,
+            }
             let mut batch = Batch::default();
             let close = self.inbox.take(&mut batch);
             if !batch.ops.is_empty() {
                 self.process(batch);
             }
+            self.finish_round();
             if let Some(reply) = close {
                 let _ = reply.send(self.shutdown());
                 return;
@@ -145,6 +147,14 @@ impl Writer {
         // The journal was dropped without close().
         if let Err(e) = self.shutdown() {
             tracing::error!("journal final commit failed: {e}");
+        }
+    }
+
+    /// Makes what was written durable and completes it; after a failed
+    /// `fdatasync` the next batch first recovers.
+    fn finish_round(&mut self) {
+        if self.round.finish().is_err() {
+            self.cache = None;
         }
     }
 
@@ -172,7 +182,7 @@ impl Writer {
     /// Recovers from an earlier failure if need be, and waits while the
     /// checkpointer is far behind.
     fn ready(&mut self) -> Result<(), JournalError> {
-        if self.cache.is_none() || self.syncer.failure().is_some() {
+        if self.cache.is_none() {
             self.recover()?;
         }
         self.checkpointer.wait_backlog()?;
@@ -184,7 +194,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Decides `appends`, writes their frame and hands them to the syncer.
+    /// Decides `appends` and writes their frame (completed by the round).
     fn commit(&mut self, appends: Vec<(Op, Pending)>) {
         let mut replies: Vec<(Pending, Option<Appended>)> = Vec::with_capacity(appends.len());
         let result = self.decide(appends, &mut replies);
@@ -203,7 +213,7 @@ impl Writer {
         if notices.is_empty() {
             // Only duplicates: nothing to write, but the replies wait for
             // the batches before (the originals may be among them).
-            self.syncer.push(Written {
+            self.round.written.push(Written {
                 lsn: 0,
                 file: None,
                 records: Vec::new(),
@@ -213,7 +223,7 @@ impl Writer {
             return;
         }
         match self.write(&records) {
-            Ok((lsn, file)) => self.syncer.push(Written {
+            Ok((lsn, file)) => self.round.written.push(Written {
                 lsn,
                 file: Some(file),
                 records,
@@ -300,11 +310,13 @@ impl Writer {
         self.wal.append(records, self.checkpointer.applied())
     }
 
-    /// After a failure: waits for the syncer, has everything acknowledged
-    /// applied to the tables, starts a new WAL chain after it, and reloads
-    /// the cache.
+    /// After a failure: completes (or fails) what was written, has
+    /// everything acknowledged applied to the tables, starts a new WAL chain
+    /// after it, and reloads the cache.
     fn recover(&mut self) -> Result<(), JournalError> {
-        self.syncer.wait_idle();
+        // Written before the failure, in the chain about to be left:
+        // acknowledged (durable) now, or failed.
+        let _ = self.round.finish();
         let applied = self.checkpointer.apply_all(false)?;
         self.wal.rewind(applied + 1);
         self.wal.restart_here()?;
@@ -314,14 +326,14 @@ impl Writer {
         self.overlay.write().clear();
         let track_age = self.options.retention.max_age_ms != 0;
         self.cache = Some(Channels::load(&self.db, track_age)?);
-        self.syncer.recovered();
         Ok(())
     }
 
     /// Evicts events older than the retention age, on the tables, once
     /// every batch so far is applied to them.
     fn evict(&mut self, now_ms: u64) -> Result<(), JournalError> {
-        if self.cache.is_none() || self.syncer.failure().is_some() {
+        self.finish_round();
+        if self.cache.is_none() {
             self.recover()?;
         }
         let due = {
@@ -338,7 +350,6 @@ impl Writer {
         if !due {
             return Ok(());
         }
-        self.syncer.wait_idle();
         self.checkpointer.apply_all(false)?;
         let result = self.evict_now(now_ms);
         match result {
@@ -386,13 +397,13 @@ impl Writer {
     }
 
     /// The final checkpoint: everything completed goes to the tables (and a
-    /// clean shutdown of an `Async` run is recorded); then the helper
-    /// threads stop.
+    /// clean shutdown of an `Async` run is recorded); then the checkpointer
+    /// stops.
     fn shutdown(&mut self) -> Result<(), JournalError> {
-        self.syncer.wait_idle();
+        self.finish_round();
         let clean = self.options.durability == Durability::Async;
         let result = self.checkpointer.apply_all(clean).map(|_| ());
-        self.syncer.stop();
+        self.round.flush();
         self.checkpointer.stop();
         for thread in self.helpers.drain(..) {
             if thread.join().is_err() {
