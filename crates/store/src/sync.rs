@@ -57,6 +57,8 @@ pub(crate) struct Round {
     pub checkpointer: Arc<Checkpointer>,
     /// Commits written since the last round.
     pub written: Vec<Written>,
+    /// When the round's first frame was written (its commit time starts).
+    pub started: Option<Instant>,
     /// Async: files written since their last sync, and since when.
     dirty: [bool; 2],
     unsynced_since: Option<Instant>,
@@ -81,6 +83,7 @@ impl Round {
             sink,
             checkpointer,
             written: Vec::new(),
+            started: None,
             dirty: [false, false],
             unsynced_since: None,
             #[cfg(test)]
@@ -102,19 +105,23 @@ impl Round {
                 files[f] = true;
             }
         }
+        let started = self.started.take();
         if self.durability == Durability::Sync && files.contains(&true) {
-            let started = Instant::now();
             if let Err(e) = self.sync(files) {
                 tracing::error!("journal commit failed: {e}");
                 fail(batch, &e);
                 return Err(e);
             }
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
         } else if files.contains(&true) {
             for (d, f) in self.dirty.iter_mut().zip(files) {
                 *d |= f;
             }
             self.unsynced_since.get_or_insert_with(Instant::now);
+        }
+        if let Some(started) = started {
+            // From the frame's write to its durability (`Sync`) or its
+            // write alone (`Async`).
+            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
         }
         self.complete(batch);
         Ok(())
