@@ -240,9 +240,13 @@ struct QuickCors<Q> {
 impl<Q: net::quick::Quick + Clone> QuickCors<Q> {
     async fn new(inner: Q, layer: tower_http::cors::CorsLayer) -> Self {
         use tower::{Layer, ServiceExt};
-        let probe = layer.layer(tower::service_fn(|_: axum::http::Request<bytes::Bytes>| async {
-            Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
-        }));
+        let probe = layer.layer(tower::service_fn(
+            |_: axum::http::Request<bytes::Bytes>| async {
+                Ok::<_, std::convert::Infallible>(axum::http::Response::new(
+                    axum::body::Body::empty(),
+                ))
+            },
+        ));
         let req = axum::http::Request::post("/v1/channels/probe/events").body(bytes::Bytes::new());
         let mut lines = Vec::new();
         if let Ok(req) = req {

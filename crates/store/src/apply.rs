@@ -205,7 +205,11 @@ impl<'t> Tables<'t> {
             let mut new_floor = head + 1;
             let mut oldest = None;
             let from = first_row(&self.events, id, floor)?;
-            'rows: for item in self.events.range((id, from)..=(id, head)).map_err(storage)? {
+            'rows: for item in self
+                .events
+                .range((id, from)..=(id, head))
+                .map_err(storage)?
+            {
                 let (key, row) = item.map_err(storage)?;
                 for event in row_events(key.value().1, row.value()) {
                     let (seq, event) = event?;

@@ -143,8 +143,9 @@ impl EmbeddedJournal {
         let db = Arc::new(db);
         let overlay = Arc::new(overlay::Overlay::default());
         let inbox = Arc::new(Inbox::default());
-        let thread_error =
-            |e: std::io::Error| JournalError::Storage(format!("cannot start the writer thread: {e}"));
+        let thread_error = |e: std::io::Error| {
+            JournalError::Storage(format!("cannot start the writer thread: {e}"))
+        };
         let writer = Writer::start(
             db.clone(),
             writer::Start {

@@ -447,7 +447,12 @@ mod tests {
         c.start(5);
         for (i, data) in ["a", "", "ccc"].iter().enumerate() {
             assert!(i == 0 || c.takes(5 + i as u64));
-            c.push(10 + i as u64, (i == 1).then_some("t"), data.as_bytes(), false);
+            c.push(
+                10 + i as u64,
+                (i == 1).then_some("t"),
+                data.as_bytes(),
+                false,
+            );
         }
         assert!(!c.takes(9), "not the next seq");
         assert_eq!(row_last(5, &c.row), 7);

@@ -456,14 +456,26 @@ mod tests {
         let third = HEADER_LEN + 2 * FRAME_HEAD + 3;
         let mut flipped = b.clone();
         flipped[third + FRAME_HEAD + 4] ^= 1;
-        assert_eq!(frames_of(&flipped), Some(2), "a bit flipped in frame 3's records");
-        assert_eq!(frames_of(&b[..third + FRAME_HEAD + 2]), Some(2), "frame 3 torn");
+        assert_eq!(
+            frames_of(&flipped),
+            Some(2),
+            "a bit flipped in frame 3's records"
+        );
+        assert_eq!(
+            frames_of(&b[..third + FRAME_HEAD + 2]),
+            Some(2),
+            "frame 3 torn"
+        );
         let mut flipped = b.clone();
         flipped[third + 8] ^= 1;
         assert_eq!(frames_of(&flipped), Some(2), "frame 3's lsn");
         let mut flipped = b.clone();
         flipped[HEADER_LEN + FRAME_HEAD] ^= 1;
-        assert_eq!(frames_of(&flipped), Some(0), "a bit flipped in frame 1's records");
+        assert_eq!(
+            frames_of(&flipped),
+            Some(0),
+            "a bit flipped in frame 1's records"
+        );
         let mut flipped = b;
         flipped[20] ^= 1;
         assert_eq!(frames_of(&flipped), None, "the header's salt");
@@ -482,10 +494,19 @@ mod tests {
         wal.restart(1)?;
         wal.append(b"new13", 0)?;
         let log = read(dir.path())?;
-        let got: Vec<(u64, Vec<u8>)> = log.frames.iter().map(|f| (f.lsn, f.records.clone())).collect();
+        let got: Vec<(u64, Vec<u8>)> = log
+            .frames
+            .iter()
+            .map(|f| (f.lsn, f.records.clone()))
+            .collect();
         assert_eq!(
             got,
-            [(10, vec![0]), (11, vec![1]), (12, vec![2]), (13, b"new13".to_vec())]
+            [
+                (10, vec![0]),
+                (11, vec![1]),
+                (12, vec![2]),
+                (13, b"new13".to_vec())
+            ]
         );
         assert_eq!(log.generation, 2);
         // Frames from 12 on only: commit 11 is missing.

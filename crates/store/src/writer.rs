@@ -300,7 +300,9 @@ impl Writer {
 
     /// Writes `records` as the next WAL frame.
     fn write(&mut self, records: &[u8]) -> Result<(u64, usize), JournalError> {
-        self.round.started.get_or_insert_with(std::time::Instant::now);
+        self.round
+            .started
+            .get_or_insert_with(std::time::Instant::now);
         #[cfg(test)]
         if self
             .fail_next_commit

@@ -6,8 +6,8 @@
 use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::origin::http_access;
 use crate::auth::Access;
-use crate::net::quick::{with_lines, Answer, Pending, Quick};
 use crate::error::{ApiError, ErrorBody};
+use crate::net::quick::{with_lines, Answer, Pending, Quick};
 use crate::ops::limits::BodyPace;
 use crate::ops::names;
 use crate::ops::publish::{self as op, KeyName};
@@ -76,9 +76,17 @@ pub async fn publish(
 ) -> Result<Response, ApiError> {
     let peer = peer.map(|Extension(p)| p.0.ip());
     let q = Query::parse(raw.as_deref());
-    one(&app, &grant, peer, channel, &q, &headers, Source::Stream(body))
-        .await
-        .map(IntoResponse::into_response)
+    one(
+        &app,
+        &grant,
+        peer,
+        channel,
+        &q,
+        &headers,
+        Source::Stream(body),
+    )
+    .await
+    .map(IntoResponse::into_response)
 }
 
 /// A publish body: still to be read, or read whole (the quick path).
@@ -230,7 +238,16 @@ impl Quick for QuickPublish {
                 let grant = http_access(&app, &parts.method, &parts.headers, query)?;
                 let q = Query::parse(query);
                 let body = Source::Whole(body);
-                one(&app, &grant, Some(peer.ip()), channel, &q, &parts.headers, body).await
+                one(
+                    &app,
+                    &grant,
+                    Some(peer.ip()),
+                    channel,
+                    &q,
+                    &parts.headers,
+                    body,
+                )
+                .await
             };
             match answer.await {
                 Ok(a) => Answer::Json {
