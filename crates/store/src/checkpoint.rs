@@ -75,6 +75,8 @@ pub(crate) struct Checkpointer {
     threshold: usize,
     db: Arc<Database>,
     overlay: Arc<Overlay>,
+    /// `gapless_journal_checkpoint_seconds`, looked up once.
+    seconds: metrics::Histogram,
 }
 
 impl Checkpointer {
@@ -167,6 +169,7 @@ pub(crate) fn spawn(
         threshold,
         db,
         overlay,
+        seconds: metrics::histogram!("gapless_journal_checkpoint_seconds"),
     });
     let shared = ck.clone();
     let handle = std::thread::Builder::new()
@@ -263,7 +266,7 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
         meta::mark_clean(&txn)?;
     }
     txn.commit().map_err(storage)?;
-    metrics::histogram!("gapless_journal_checkpoint_seconds").record(started.elapsed());
+    ck.seconds.record(started.elapsed());
     let mut tails = ck.overlay.write();
     overlay::trim(&mut tails, &heads);
     Ok(last)
@@ -279,6 +282,16 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
 pub(crate) fn recover(db: &Database, dir: &Path) -> Result<(u64, u64), JournalError> {
     let applied = meta::wal_applied(db)?;
     let log = wal::read(dir)?;
+    if log.generation == 0 && meta::wal_live(db)? {
+        return Err(JournalError::Storage(format!(
+            "the journal in {} was not closed cleanly and its write-ahead log ({} and {}) is \
+             missing: the commits after its last checkpoint would be lost; restore the whole \
+             data directory from a backup (a copy of journal.redb alone is not one)",
+            dir.display(),
+            wal::FILE_NAMES[0],
+            wal::FILE_NAMES[1]
+        )));
+    }
     let frames = log.after(applied, dir)?;
     let Some(last) = frames.last().map(|f| f.lsn) else {
         return Ok((applied, log.generation));

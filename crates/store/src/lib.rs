@@ -140,6 +140,8 @@ impl EmbeddedJournal {
         let (applied, generation) = checkpoint::recover(&db, dir)?;
         let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
         let wal = wal::Wal::open_sized(dir, generation, applied + 1, wal_file_bytes)?;
+        // From now on the tables may lack commits only the log holds.
+        meta::set_wal_live(&db)?;
         let db = Arc::new(db);
         let overlay = Arc::new(overlay::Overlay::default());
         let inbox = Arc::new(Inbox::default());

@@ -6,7 +6,7 @@
 use crate::options::Durability;
 use crate::tables::{
     storage, CHANNELS, EVENTS, FORMAT_COMPATIBLE, FORMAT_VERSION, KEYS, KEY_ORDER, LOG, META,
-    META_ASYNC_OPEN, META_EPOCH, META_FORMAT, META_WAL_APPLIED,
+    META_ASYNC_OPEN, META_EPOCH, META_FORMAT, META_WAL_APPLIED, META_WAL_LIVE,
 };
 use gapless_core::JournalError;
 use gapless_protocol::Epoch;
@@ -60,11 +60,32 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, Journ
     Ok(epoch)
 }
 
-/// Records, in `txn`, that this run shut down cleanly (to be committed durably).
+/// Records, in `txn`, that this run shut down cleanly (to be committed
+/// durably): its `Async` acknowledgements and its write-ahead log are all in
+/// the tables.
 pub(crate) fn mark_clean(txn: &WriteTransaction) -> Result<(), JournalError> {
     let mut meta = txn.open_table(META).map_err(storage)?;
     meta.insert(META_ASYNC_OPEN, 0).map_err(storage)?;
+    meta.insert(META_WAL_LIVE, 0).map_err(storage)?;
     Ok(())
+}
+
+/// Whether a process had the write-ahead log open and did not stop cleanly.
+pub(crate) fn wal_live(db: &Database) -> Result<bool, JournalError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    let live = meta.get(META_WAL_LIVE).map_err(storage)?.map(|g| g.value());
+    Ok(live == Some(1))
+}
+
+/// Records, durably, that this process has its write-ahead log open.
+pub(crate) fn set_wal_live(db: &Database) -> Result<(), JournalError> {
+    let txn = db.begin_write().map_err(storage)?;
+    txn.open_table(META)
+        .map_err(storage)?
+        .insert(META_WAL_LIVE, 1)
+        .map_err(storage)?;
+    txn.commit().map_err(storage)
 }
 
 /// The last WAL frame the tables hold (`wal.rs`; 0 before any).

@@ -64,13 +64,15 @@ pub struct CheckReport {
     pub channels: u64,
     /// Retained events, all decoded.
     pub events: u64,
-    /// Commits logged but not yet applied to the tables (applied at the next open).
+    /// Commits logged but not yet applied to the tables (applied at the next
+    /// open): rows of a format-2 `log` table, and frames of the write-ahead log.
     pub logged_commits: u64,
 }
 
 /// Checks the journal in `dir` without serving it: the file opens, every
-/// page's checksum verifies, every event row decodes, and every channel
-/// holds exactly the rows from its floor to its head (its log aside).
+/// page's checksum verifies, every event row decodes, every channel holds
+/// exactly the events from its floor to its head (its log aside), and the
+/// write-ahead log holds every commit after the tables' last.
 ///
 /// # Errors
 /// [`JournalError::Storage`] saying what is damaged and where.
@@ -84,9 +86,14 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
     }
     // Reading every row once gains nothing from a large cache.
     let db = open_db(&path, crate::options::DEFAULT_CACHE_BYTES)?;
-    let report = quietly(AssertUnwindSafe(|| rows(&db)))
+    let mut report = quietly(AssertUnwindSafe(|| rows(&db)))
         .map_err(|panic| damaged(&path, Found::Panic(panic)))?
         .map_err(|found| damaged(&path, found))?;
+    // The write-ahead log's commits after the tables' last: they must
+    // follow it without a gap.
+    let applied = crate::meta::wal_applied(&db)?;
+    let log = crate::wal::read(dir)?;
+    report.logged_commits += log.after(applied, dir)?.len() as u64;
     Ok(report)
 }
 

@@ -59,6 +59,8 @@ pub(crate) struct Round {
     pub written: Vec<Written>,
     /// When the round's first frame was written (its commit time starts).
     pub started: Option<Instant>,
+    /// `gapless_journal_commit_seconds`, looked up once.
+    commit_seconds: metrics::Histogram,
     /// Async: files written since their last sync, and since when.
     dirty: [bool; 2],
     unsynced_since: Option<Instant>,
@@ -84,6 +86,7 @@ impl Round {
             checkpointer,
             written: Vec::new(),
             started: None,
+            commit_seconds: metrics::histogram!("gapless_journal_commit_seconds"),
             dirty: [false, false],
             unsynced_since: None,
             #[cfg(test)]
@@ -121,7 +124,7 @@ impl Round {
         if let Some(started) = started {
             // From the frame's write to its durability (`Sync`) or its
             // write alone (`Async`).
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
+            self.commit_seconds.record(started.elapsed());
         }
         self.complete(batch);
         Ok(())

@@ -47,6 +47,10 @@ pub(crate) const META_EPOCH: &str = "epoch";
 pub(crate) const META_ASYNC_OPEN: &str = "async_open";
 /// `meta` key of the last write-ahead log frame applied to the tables (`wal.rs`).
 pub(crate) const META_WAL_APPLIED: &str = "wal_applied";
+/// `meta` key set to 1 once a process has its write-ahead log open, and back
+/// to 0 by its final checkpoint: at 1, the tables may lack commits only the
+/// log holds.
+pub(crate) const META_WAL_LIVE: &str = "wal_live";
 
 /// Store-wide values.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

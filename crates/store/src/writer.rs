@@ -23,7 +23,7 @@
 use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
 use crate::checkpoint::Checkpointer;
-use crate::options::{Durability, StoreOptions};
+use crate::options::StoreOptions;
 use crate::overlay::Overlay;
 use crate::request::{Batch, Inbox, Op, Pending, Wait};
 use crate::sync::{self, Round, Written};
@@ -249,7 +249,8 @@ impl Writer {
     ) -> Result<(Vec<u8>, Vec<Notice>), JournalError> {
         let ready = self.ready();
         let mut notices = Vec::with_capacity(appends.len());
-        let mut records = Vec::new();
+        // A record is its header (about 60 bytes and the names) and its events.
+        let mut records = Vec::with_capacity(records_size(&appends));
         let mut failure = ready.err();
         let lsn = self.wal.next_lsn();
         let mut snapshot = None;
@@ -399,13 +400,12 @@ impl Writer {
         Ok(notices)
     }
 
-    /// The final checkpoint: everything completed goes to the tables (and a
-    /// clean shutdown of an `Async` run is recorded); then the checkpointer
-    /// stops.
+    /// The final checkpoint: everything completed goes to the tables, and a
+    /// clean shutdown is recorded (the log holds nothing the tables lack);
+    /// then the checkpointer stops.
     fn shutdown(&mut self) -> Result<(), JournalError> {
         self.finish_round();
-        let clean = self.options.durability == Durability::Async;
-        let result = self.checkpointer.apply_all(clean).map(|_| ());
+        let result = self.checkpointer.apply_all(true).map(|_| ());
         self.round.flush();
         self.checkpointer.stop();
         for thread in self.helpers.drain(..) {
@@ -415,6 +415,28 @@ impl Writer {
         }
         result
     }
+}
+
+/// About the bytes the records of `appends` take.
+fn records_size(appends: &[(Op, Pending)]) -> usize {
+    appends
+        .iter()
+        .map(|(op, _)| match op {
+            Op::Append {
+                channel,
+                events,
+                key,
+            } => {
+                64 + channel.len()
+                    + key.as_ref().map_or(0, String::len)
+                    + events
+                        .iter()
+                        .map(|e| 8 + e.data.len() + e.event_type.as_ref().map_or(0, String::len))
+                        .sum::<usize>()
+            }
+            Op::Evict { .. } => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]
