@@ -184,14 +184,6 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     let fanout_handle = runtime.handle().clone();
     let fanout = FanoutRuntime(Some(runtime));
     let connections = TaskTracker::new();
-    // The publish of one event skips hyper and the router (`net/quick.rs`),
-    // with the router's CORS layer around it.
-    let quick = transport::http::publish::QuickPublish::new(app.clone());
-    let quick: Arc<dyn net::quick::Quick> = match cors(&app.config.cors_origins) {
-        Some(layer) => Arc::new(QuickCors::new(quick, layer).await),
-        None => Arc::new(quick),
-    };
-    let quick = Some(quick);
     let shared = Arc::new(net::conn::Shared {
         config: app.config.clone(),
         shutdown: app.shutdown.clone(),
@@ -199,7 +191,6 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         fanout: fanout_handle,
         tracker: connections.clone(),
         direct: transport::sse::is_sse_path,
-        quick,
     });
     loop {
         let (io, addr) = tokio::select! {
@@ -223,96 +214,6 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     sockets.close();
     sockets.wait().await;
     Ok(())
-}
-
-/// A quick handler's answers with the router's CORS headers: the same
-/// layer, around the handler instead of the router. For a request without an
-/// `Origin` header (a server publishing) the layer adds the same headers
-/// every time: they are found once, by asking the layer, and added to each
-/// JSON answer as they are; any other request goes through the layer.
-struct QuickCors<Q> {
-    inner: Q,
-    layer: tower_http::cors::CorsLayer,
-    /// What the layer adds to the answer of a request without `Origin`.
-    no_origin: bytes::Bytes,
-}
-
-impl<Q: net::quick::Quick + Clone> QuickCors<Q> {
-    async fn new(inner: Q, layer: tower_http::cors::CorsLayer) -> Self {
-        use tower::{Layer, ServiceExt};
-        let probe = layer.layer(tower::service_fn(
-            |_: axum::http::Request<bytes::Bytes>| async {
-                Ok::<_, std::convert::Infallible>(axum::http::Response::new(
-                    axum::body::Body::empty(),
-                ))
-            },
-        ));
-        let req = axum::http::Request::post("/v1/channels/probe/events").body(bytes::Bytes::new());
-        let mut lines = Vec::new();
-        if let Ok(req) = req {
-            let resp = match probe.oneshot(req).await {
-                Ok(resp) => resp,
-                Err(never) => match never {},
-            };
-            for (name, value) in resp.headers() {
-                lines.extend_from_slice(name.as_str().as_bytes());
-                lines.extend_from_slice(b": ");
-                lines.extend_from_slice(value.as_bytes());
-                lines.extend_from_slice(b"\r\n");
-            }
-        }
-        QuickCors {
-            inner,
-            layer,
-            no_origin: lines.into(),
-        }
-    }
-}
-
-impl<Q: net::quick::Quick + Clone> net::quick::Quick for QuickCors<Q> {
-    fn takes(&self, method: &axum::http::Method, target: &str) -> bool {
-        self.inner.takes(method, target)
-    }
-
-    fn max_body(&self) -> usize {
-        self.inner.max_body()
-    }
-
-    fn answer_with(
-        &self,
-        req: axum::http::Request<bytes::Bytes>,
-        peer: std::net::SocketAddr,
-        extra: bytes::Bytes,
-    ) -> net::quick::Pending {
-        use net::quick::Answer;
-        use tower::{Layer, ServiceExt};
-        if !req.headers().contains_key(axum::http::header::ORIGIN) {
-            let mut lines = extra.to_vec();
-            lines.extend_from_slice(&self.no_origin);
-            return self.inner.answer_with(req, peer, lines.into());
-        }
-        let inner = self.inner.clone();
-        let service = self.layer.layer(tower::service_fn(
-            move |req: axum::http::Request<bytes::Bytes>| {
-                let answer = inner.answer_with(req, peer, extra.clone());
-                async move { Ok::<_, std::convert::Infallible>(answer.await.into_response()) }
-            },
-        ));
-        Box::pin(async move {
-            match service.oneshot(req).await {
-                Ok(resp) => Answer::Response(resp),
-                Err(never) => match never {},
-            }
-        })
-    }
-
-    fn answer(
-        &self,
-        req: axum::http::Request<bytes::Bytes>,
-        peer: std::net::SocketAddr,
-    ) -> net::quick::Pending {
-        self.answer_with(req, peer, bytes::Bytes::new())
-    }
 }
 
 /// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the

@@ -28,7 +28,6 @@
 //! rather than a reset.
 
 use crate::net::listener::{Conn, Refused};
-use crate::net::quick::Left;
 use crate::{Peer, ServerConfig};
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
@@ -150,9 +149,6 @@ pub(crate) struct Shared {
     /// connection's first request this module serves itself (the SSE
     /// transport's predicate).
     pub direct: fn(&str) -> bool,
-    /// Requests answered without hyper or the router (`quick.rs`): the HTTP
-    /// transport's publish of one event; `None` sends every request to hyper.
-    pub quick: Option<Arc<dyn crate::net::quick::Quick>>,
 }
 
 /// Serves one connection until it closes or the server shuts down; a stream
@@ -246,27 +242,10 @@ pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: 
             send_whole(&conn, out, &shared.shutdown).await;
         }
         Ok(Ok(First::Other)) => {
+            conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
-            let mut left = timeout.saturating_sub(started.elapsed());
+            let left = timeout.saturating_sub(started.elapsed());
             let _open = crate::admin::metrics::Open::<crate::admin::metrics::HttpConn>::new();
-            let mut conn =
-                crate::net::liveness::Watched::new(conn, shared.config.tcp_user_timeout_ms);
-            if let (Some(quick), None) = (shared.quick.clone(), &refused) {
-                // Plain requests the quick handler takes are answered here
-                // (`quick.rs`); the first other one goes to hyper.
-                let deadline = tokio::time::Instant::now() + left;
-                let served =
-                    crate::net::quick::serve(&shared, &*quick, &mut conn, &mut buf, peer, deadline);
-                match Box::pin(served).await {
-                    Left::Closed => return,
-                    Left::Hyper { answered: false } => {}
-                    // Later heads: hyper's one setting, in full.
-                    Left::Hyper { answered: true } => {
-                        left = Duration::from_millis(shared.config.header_timeout_ms);
-                    }
-                }
-            }
-            conn.conn_mut().unread(buf.freeze());
             boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
@@ -274,7 +253,7 @@ pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: 
 
 /// `408 request_timeout` for a connection that sent `received` bytes of a
 /// request head but not the whole head in time (`limit_ms`: the setting).
-pub(crate) fn head_timeout(limit_ms: u64, received: usize) -> Response<Body> {
+fn head_timeout(limit_ms: u64, received: usize) -> Response<Body> {
     let error = crate::error::ApiError::new(
         gapless_protocol::codes::ErrorCode::RequestTimeout,
         format!(
@@ -468,7 +447,7 @@ async fn route_stream<F: Frames>(router: Router, mut req: Request<Body>) -> Rout
 }
 
 /// A whole (non-stream) answer as bytes to write: head, then body.
-pub(crate) async fn whole(resp: Response<Body>) -> Vec<Bytes> {
+async fn whole(resp: Response<Body>) -> Vec<Bytes> {
     let (parts, body) = resp.into_parts();
     let body = axum::body::to_bytes(body, 1 << 20)
         .await
@@ -781,7 +760,7 @@ async fn write_frames(
 
 /// Writes a whole answer, then closes the sending side: no other request is
 /// read on this connection; then a [lingering close](linger).
-pub(crate) async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
+async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
     let wrote = tokio::select! {
         r = write_frames(conn.tcp(), &mut out, |_| std::task::Poll::Pending, None) => r.is_ok(),
         () = stop.cancelled() => false,
@@ -806,7 +785,7 @@ pub(crate) async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &Cancella
 /// keeps its place under `--max-connections` and `--max-connections-per-ip`
 /// while it lingers (the [`Conn`] holds it), and a slow or silent client
 /// holds it at most [`LINGER`].
-pub(crate) async fn linger(conn: &Conn, stop: &CancellationToken) {
+async fn linger(conn: &Conn, stop: &CancellationToken) {
     let tcp = conn.tcp();
     shut_write(tcp);
     let drain = async {
@@ -862,14 +841,15 @@ fn shut_write(tcp: &TcpStream) {
 /// heartbeat reads it).
 async fn serve_http(
     shared: Arc<Shared>,
-    conn: crate::net::liveness::Watched,
+    conn: Conn,
     first_head_timeout: Duration,
     peer: SocketAddr,
     refused: Option<Refused>,
 ) {
     let bound_ms = shared.config.tcp_user_timeout_ms;
-    let tcp = crate::net::tcp_info::Peer::of(conn.conn().tcp(), bound_ms);
-    let proxied = conn.conn().proxied().cloned();
+    let tcp = crate::net::tcp_info::Peer::of(conn.tcp(), bound_ms);
+    let proxied = conn.proxied().cloned();
+    let conn = crate::net::liveness::Watched::new(conn, bound_ms);
     let flushes = conn.flushes();
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;

@@ -128,11 +128,6 @@ impl Watched {
         &self.conn
     }
 
-    /// The connection it watches, to put bytes back ([`Conn::unread`]).
-    pub fn conn_mut(&mut self) -> &mut Conn {
-        &mut self.conn
-    }
-
     /// The connection's flush count, for its requests.
     pub fn flushes(&self) -> Flushes {
         self.flushes.clone()

@@ -7,9 +7,7 @@
 //! - [`conn`]: a connection from its first request head (read here, its
 //!   errors described by [`head_error`]) to its close, hyper for everything
 //!   but a direct stream, which it writes straight to the socket from any
-//!   [`conn::Frames`] source (the SSE transport's feed), and [`quick`]
-//!   for plain requests a [`quick::Quick`] handler answers (the HTTP
-//!   transport's publish) without hyper.
+//!   [`conn::Frames`] source (the SSE transport's feed).
 //!
 //! May use: `admin` (metrics), `config`, `error`, and `Peer` from the top.
 
@@ -18,5 +16,4 @@ pub mod forwarded;
 pub(crate) mod head_error;
 pub(crate) mod listener;
 pub(crate) mod liveness;
-pub(crate) mod quick;
 pub(crate) mod tcp_info;

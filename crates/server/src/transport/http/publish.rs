@@ -4,10 +4,8 @@
 //! Shapes and rules are in `docs/api.md`; limits come from [`crate::ServerConfig`].
 
 use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
-use crate::auth::origin::http_access;
 use crate::auth::Access;
 use crate::error::{ApiError, ErrorBody};
-use crate::net::quick::{with_lines, Answer, Pending, Quick};
 use crate::ops::limits::BodyPace;
 use crate::ops::names;
 use crate::ops::publish::{self as op, KeyName};
@@ -15,7 +13,7 @@ use crate::transport::query::{Flag, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{HeaderMap, Method, Request, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gapless_protocol::answers::{
@@ -25,7 +23,6 @@ use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use gapless_protocol::schema::{ChannelName, EventType};
 use gapless_protocol::{Cursor, NewEvent, Payload};
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// `POST /v1/channels/{channel}/events`: publishes one event (the body is its
@@ -74,78 +71,14 @@ pub async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let peer = peer.map(|Extension(p)| p.0.ip());
+    op::check_channel(&grant, &channel)?;
     let q = Query::parse(raw.as_deref());
-    one(
+    let ephemeral = q.flag("ephemeral")?;
+    let (event, key) = read_event(&app, &q, &headers, body).await?;
+    let peer = peer.map(|Extension(p)| p.0.ip());
+    let published = op::one(
         &app,
         &grant,
-        peer,
-        channel,
-        &q,
-        &headers,
-        Source::Stream(body),
-    )
-    .await
-    .map(IntoResponse::into_response)
-}
-
-/// A publish body: still to be read, or read whole (the quick path).
-enum Source {
-    Stream(Body),
-    Whole(Bytes),
-}
-
-/// What a publish of one event did, as its answer.
-enum OneAnswer {
-    /// Journaled: 201, or 200 for an idempotent retry.
-    Journaled(StatusCode, Published),
-    /// Ephemeral: 202.
-    Ephemeral(EphemeralDelivered),
-}
-
-impl OneAnswer {
-    fn status(&self) -> StatusCode {
-        match self {
-            OneAnswer::Journaled(status, _) => *status,
-            OneAnswer::Ephemeral(_) => StatusCode::ACCEPTED,
-        }
-    }
-
-    /// The JSON body.
-    fn json(&self) -> Vec<u8> {
-        match self {
-            OneAnswer::Journaled(_, p) => serde_json::to_vec(p),
-            OneAnswer::Ephemeral(e) => serde_json::to_vec(e),
-        }
-        .unwrap_or_default()
-    }
-}
-
-impl IntoResponse for OneAnswer {
-    fn into_response(self) -> Response {
-        match self {
-            OneAnswer::Journaled(status, p) => (status, Json(p)).into_response(),
-            OneAnswer::Ephemeral(e) => (StatusCode::ACCEPTED, Json(e)).into_response(),
-        }
-    }
-}
-
-/// The publish of one event (see [`publish`]), whichever path carried it.
-async fn one(
-    app: &App,
-    grant: &crate::auth::Grant,
-    peer: Option<std::net::IpAddr>,
-    channel: String,
-    q: &Query,
-    headers: &HeaderMap,
-    body: Source,
-) -> Result<OneAnswer, ApiError> {
-    op::check_channel(grant, &channel)?;
-    let ephemeral = q.flag("ephemeral")?;
-    let (event, key) = event_from(app, q, headers, body).await?;
-    let published = op::one(
-        app,
-        grant,
         peer,
         &channel,
         event,
@@ -156,10 +89,14 @@ async fn one(
     .await?;
     let appended = match published {
         op::Published::Ephemeral { subscribers } => {
-            return Ok(OneAnswer::Ephemeral(EphemeralDelivered {
-                channel,
-                subscribers,
-            }))
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(EphemeralDelivered {
+                    channel,
+                    subscribers,
+                }),
+            )
+                .into_response())
         }
         op::Published::Journaled(appended) => appended,
     };
@@ -169,96 +106,15 @@ async fn one(
         StatusCode::CREATED
     };
     let cursor = Cursor::single(&channel, appended.epoch, appended.last_seq).encode();
-    Ok(OneAnswer::Journaled(
+    Ok((
         status,
-        Published {
+        Json(Published {
             channel,
             seq: appended.last_seq,
             cursor,
-        },
-    ))
-}
-
-/// The publish of one event as a quick request (`crate::net::quick`):
-/// `POST /v1/channels/{channel}/events` with a plain channel name (no `%`
-/// escape) outside the Durable Streams prefix, answered by [`publish`]
-/// itself, without the router and its middleware (`lib.rs` puts the CORS
-/// layer around it): the same handler, the same refusals, the same answers.
-#[derive(Clone)]
-pub(crate) struct QuickPublish {
-    app: Arc<App>,
-}
-
-impl QuickPublish {
-    /// The quick publish of `app`.
-    pub(crate) fn new(app: Arc<App>) -> Self {
-        QuickPublish { app }
-    }
-
-    /// The channel of a quick publish path, if `path` is one.
-    fn channel<'p>(&self, path: &'p str) -> Option<&'p str> {
-        let prefix = self.app.config.ds_prefix.trim_end_matches('/');
-        if !self.app.config.ds_prefix.is_empty()
-            && path
-                .strip_prefix(prefix)
-                .is_some_and(|rest| rest.starts_with('/'))
-        {
-            return None;
-        }
-        let channel = path
-            .strip_prefix("/v1/channels/")?
-            .strip_suffix("/events")?;
-        (!channel.is_empty() && !channel.contains(['/', '%'])).then_some(channel)
-    }
-}
-
-impl Quick for QuickPublish {
-    fn takes(&self, method: &Method, target: &str) -> bool {
-        let path = target.split_once('?').map_or(target, |(p, _)| p);
-        *method == Method::POST && self.channel(path).is_some()
-    }
-
-    fn max_body(&self) -> usize {
-        self.app.config.max_event_bytes
-    }
-
-    fn answer_with(&self, req: Request<Bytes>, peer: SocketAddr, extra: Bytes) -> Pending {
-        let app = self.app.clone();
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let Some(channel) = QuickPublish { app: app.clone() }
-                .channel(parts.uri.path())
-                .map(str::to_owned)
-            else {
-                let e = ApiError::new(ErrorCode::NotFound, "no such path");
-                return Answer::Response(with_lines(e.into_response(), &extra));
-            };
-            let answer = async {
-                let query = parts.uri.query();
-                let grant = http_access(&app, &parts.method, &parts.headers, query)?;
-                let q = Query::parse(query);
-                let body = Source::Whole(body);
-                one(
-                    &app,
-                    &grant,
-                    Some(peer.ip()),
-                    channel,
-                    &q,
-                    &parts.headers,
-                    body,
-                )
-                .await
-            };
-            match answer.await {
-                Ok(a) => Answer::Json {
-                    status: a.status(),
-                    extra,
-                    body: a.json(),
-                },
-                Err(e) => Answer::Response(with_lines(e.into_response(), &extra)),
-            }
-        })
-    }
+        }),
+    )
+        .into_response())
 }
 
 /// Whether a publish body is bytes: its `Content-Type` is
@@ -284,34 +140,18 @@ pub(crate) async fn read_event(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(NewEvent, Option<String>), ApiError> {
-    event_from(app, q, headers, Source::Stream(body)).await
-}
-
-/// [`read_event`] from a body still to be read or already whole.
-async fn event_from(
-    app: &App,
-    q: &Query,
-    headers: &HeaderMap,
-    body: Source,
-) -> Result<(NewEvent, Option<String>), ApiError> {
     let event_type = names::event_type(q.get("type"))?;
     let key = idempotency_key(headers)?;
     let limit = app.config.max_event_bytes;
-    let bytes = match body {
-        Source::Stream(body) => {
-            read_body(
-                BodyPace::of(&app.config),
-                headers,
-                body,
-                limit,
-                "event data",
-                "--max-event-bytes",
-            )
-            .await?
-        }
-        // Within the limit: the quick path takes no longer body.
-        Source::Whole(bytes) => bytes,
-    };
+    let bytes = read_body(
+        BodyPace::of(&app.config),
+        headers,
+        body,
+        limit,
+        "event data",
+        "--max-event-bytes",
+    )
+    .await?;
     let binary = is_octet_stream(headers);
     let data = Payload::from_bytes(bytes.to_vec(), binary).map_err(|at| {
         ApiError::new(
