@@ -100,7 +100,7 @@ redis_ceiling() { # $1 = appendfsync
   local payload; payload="n$(head -c 100 /dev/zero | tr '\0' x)"
   echo "== redis-benchmark, append script, appendfsync $1"
   redis-benchmark -p "$REDIS_PORT" -c 64 -n "$PUB_EVENTS" -r 1000 -q \
-    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus 4096 '' 60000 "$payload" |
+    EVALSHA "$sha" 1 'gapless:{rb__rand_int__}' rb '' 100000 86400000 12345 gapless:bus 4096 '' 60000 0 "$payload" |
     tee -a "$OUT/redis-ceiling-$1.txt"
   stop_all
 }

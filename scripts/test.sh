@@ -6,7 +6,9 @@
 # harness at tiny sizes, schemathesis over the OpenAPI document (scripts/schemathesis.sh; installs
 # schemathesis into a venv under the target dir), the real-browser tests, and the TypeScript SDK's
 # tests (installs Chromium and the npm packages they need), and the Durable Streams conformance
-# suite (scripts/ds-conformance.sh; a floor of passes, see tests/durable-streams/passing). Usage: scripts/test.sh
+# suite (scripts/ds-conformance.sh; a floor of passes, see tests/durable-streams/passing), and the
+# real Durable Streams clients, TypeScript and Python, across kill -9 (scripts/ds-clients.sh;
+# installs the npm package and a venv under the target dir). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
@@ -68,5 +70,10 @@ phase "durable streams conformance (@durable-streams/server-conformance-tests ag
 # passes than tests/durable-streams/passing, or a suite that could not run, do.
 GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ds-conformance.sh 2>&1 | tee "$target/ds-conformance.log"
 dp=$(awk '/^ds-conformance: [0-9]+ passed/ {print $2}' "$target/ds-conformance.log")
+
+phase "durable streams clients (@durable-streams/client and the Python durable-streams across kill -9)"
+GAPLESS_BIN="$(cd "$target" && pwd)/debug/gapless" scripts/ds-clients.sh 2>&1 | tee "$target/ds-clients.log"
+dcp=$(awk '/^ds-clients: [0-9]+ passed/ {print $2}' "$target/ds-clients.log")
+dcf=$(awk '/^ds-clients: [0-9]+ passed/ {print $4}' "$target/ds-clients.log")
 rp=$(awk '/^test result:/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed/) p+=$i} END {print p+0}' "$target/cargo-test.log")
-echo "all: $((rp + op + bp + tp + dp)) passed, $((bf + tf)) failed (${SECONDS} s)"
+echo "all: $((rp + op + bp + tp + dp + dcp)) passed, $((bf + tf + dcf)) failed (${SECONDS} s)"

@@ -158,6 +158,22 @@ test('after a token expires the console follows again from its last cursor with 
   await page.close();
 });
 
+test('the console starts with the last 10 retained events when asked (since=last:10)', async () => {
+  const srv = await suite.newServer({ memory: true });
+  for (let i = 1; i <= 12; i++) await srv.publish('recent', `r${i}`);
+  const page = await suite.browser.context.newPage();
+  await page.goto(`${srv.base}/`);
+  const { seqs } = timeline(page);
+  await page.fill('#channels', 'recent');
+  await page.selectOption('#since', 'last:10');
+  await page.click('#follow');
+  await waitFor('ten events on the page', async () => (await seqs()).length >= 10);
+  await srv.publish('recent', 'r13');
+  await waitFor('the live one after them', async () => (await seqs()).length >= 11);
+  assert.deepEqual(await seqs(), [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+  await page.close();
+});
+
 test('--console false serves no page', async () => {
   const srv = await suite.newServer({ memory: true, extraArgs: ['--console', 'false'] });
   const res = await fetch(`${srv.base}/`);

@@ -6,10 +6,10 @@
  */
 
 import type { BackoffOptions } from "./backoff.js";
-import { requestJson } from "./core.js";
+import { request, requestJson } from "./core.js";
 import type { Core, EventSourceConstructor } from "./core.js";
 import { GaplessError } from "./errors.js";
-import { Auth, segment } from "./internal.js";
+import { Auth, segment, sinceParam } from "./internal.js";
 import { Join } from "./join.js";
 import type { JoinOptions } from "./join.js";
 import { SessionConsumer } from "./session.js";
@@ -28,6 +28,7 @@ import type {
   Published,
   SessionAppended,
   SessionInfo,
+  Since,
   WebSocketConstructor,
 } from "./types.js";
 
@@ -82,8 +83,15 @@ export interface PublishOptions {
 
 /** Options of {@link Client.history} and {@link Client.historyAll}. */
 export interface HistoryOptions {
-  /** Start after this cursor (default: from the oldest retained event). */
+  /** Start after this cursor (default: from the oldest retained event). Wins over `since`. */
   after?: string;
+  /**
+   * Without `after`: where the page starts ({@link Since}): `"earliest"` (the default),
+   * `"live"` (an empty page at the head), `"last:N"`, `"time:UNIX_MS"` (with the page's `gap`
+   * when an event no longer retained may be at or after it). {@link Client.historyAll} reads on
+   * with `after`.
+   */
+  since?: Since;
   /** Events per page, 1 to 1000 (default 100 on the server). */
   limit?: number;
   /** Aborts the request(s). */
@@ -98,6 +106,7 @@ interface RawPage {
   events: Omit<HistoryEvent, "channel">[];
   next: string;
   done: boolean;
+  gap?: HistoryPage["gap"];
 }
 
 /**
@@ -221,6 +230,7 @@ export class Client {
   async history(channel: string, opts: HistoryOptions = {}): Promise<HistoryPage> {
     const query: [string, string][] = [];
     if (opts.after !== undefined) query.push(["after", opts.after]);
+    else if (opts.since !== undefined) query.push(["since", sinceParam(opts.since)]);
     if (opts.limit !== undefined) query.push(["limit", String(opts.limit)]);
     const { body } = await requestJson<RawPage>(this.#core, {
       method: "GET",
@@ -244,6 +254,17 @@ export class Client {
       if (page.done) return;
       after = page.next;
     }
+  }
+
+  /**
+   * Purges a channel (`DELETE /v1/channels/{channel}`): removes every event and starts a new
+   * epoch. Every subscriber gets one `epoch` gap, then the events published after the purge;
+   * a channel never published to is purged too (nothing changes). Needs the publish right.
+   * @throws {GaplessError} 400 `invalid_channel`, 401/403, `network`.
+   */
+  async purge(channel: string): Promise<void> {
+    const res = await request(this.#core, { method: "DELETE", path: `/v1/channels/${segment(channel)}` });
+    await res.body?.cancel().catch(() => {});
   }
 
   /**

@@ -31,7 +31,7 @@ export interface Core {
 
 /** A request's parts. @internal */
 export interface RequestInit2 {
-  method: "GET" | "POST";
+  method: "GET" | "POST" | "DELETE";
   path: string;
   query?: [string, string][];
   body?: string;

@@ -46,6 +46,7 @@ export type {
   SessionAppended,
   SessionInfo,
   SessionUpdate,
+  Since,
   Update,
   WebSocketConstructor,
 } from "./types.js";

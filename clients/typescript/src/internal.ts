@@ -5,8 +5,21 @@
  * @internal
  */
 
-/** Where a stream starts when it has no cursor. */
-export type Since = "live" | "earliest";
+import type { Since } from "./types.js";
+
+export type { Since };
+
+/**
+ * The `since` value as sent (`live`, `earliest`, `last:N`, `time:UNIX_MS`); a `Date` or a
+ * number of milliseconds is rounded down to a whole millisecond.
+ * @internal
+ */
+export function sinceParam(since: Since): string {
+  if (typeof since === "string") return since;
+  if ("last" in since) return `last:${since.last}`;
+  const ms = since.time instanceof Date ? since.time.getTime() : since.time;
+  return `time:${Math.floor(ms)}`;
+}
 
 /**
  * Supplies the bearer token of each request and (re)connect.

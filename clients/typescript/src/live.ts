@@ -12,6 +12,7 @@ import { SseParser } from "./sse.js";
 import type { SseItem } from "./sse.js";
 import type { EphemeralUpdate, EventUpdate, GapUpdate } from "./types.js";
 import { segment, withQuery } from "./internal.js";
+import { sinceParam } from "./internal.js";
 import type { Since } from "./internal.js";
 
 /** A gap notice before the `id:` frame that follows it gives its position. @internal */
@@ -156,7 +157,7 @@ export class SseConnection {
     const headers: Record<string, string> = { ...t.headers, accept: "text/event-stream" };
     if (t.cursor !== undefined) headers["last-event-id"] = t.cursor;
     if (t.token !== undefined) headers["authorization"] = `Bearer ${t.token}`;
-    const extra: [string, string][] = t.cursor === undefined && t.since === "earliest" ? [["since", "earliest"]] : [];
+    const extra: [string, string][] = t.cursor === undefined && t.since !== "live" ? [["since", sinceParam(t.since)]] : [];
     const url = sseUrl(t.base, t.channels, extra);
     let timer: ReturnType<typeof setTimeout> | undefined;
     if (t.idleTimeoutMs > 0) timer = setTimeout(() => ctl.abort(), t.idleTimeoutMs);

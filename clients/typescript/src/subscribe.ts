@@ -22,7 +22,7 @@
 import { Backoff, Retrier } from "./backoff.js";
 import type { Core } from "./core.js";
 import { GaplessError, errorFromResponse, isAbort, networkError } from "./errors.js";
-import { sleep } from "./internal.js";
+import { sinceParam, sleep } from "./internal.js";
 import type { Since } from "./internal.js";
 import { SseConnection, frameOf, sseUrl } from "./live.js";
 import type { Frame } from "./live.js";
@@ -51,7 +51,13 @@ export interface SubscribeOptions {
    * cursor of an SSE subscription of these channels).
    */
   cursor?: string;
-  /** Where to start without a cursor: `"live"` (default: events published from now on) or `"earliest"` (everything retained, then live). */
+  /**
+   * Where to start without a cursor (or a stored position): `"live"` (default: events published
+   * from now on), `"earliest"` (everything retained), `"last:N"` / `{ last: N }` (the last N
+   * retained events, 1 to 1000), `"time:UNIX_MS"` / `{ time: Date | UNIX_MS }` (from the first
+   * retained event at or after that time; a gap first when an event no longer retained may
+   * be), each then live; see {@link Since}. Applied on the first connection only.
+   */
   since?: Since;
   /** `"sse"` (default) or `"ws"`. */
   transport?: Transport;
@@ -254,7 +260,9 @@ export class Subscription extends UpdateStream<Update> {
       const token = await core.auth.fresh();
       const extra: [string, string][] = [];
       if (this.#cursor !== undefined) extra.push(["last_event_id", this.#cursor]);
-      else if (this.#opts.since === "earliest") extra.push(["since", "earliest"]);
+      else if (this.#opts.since !== undefined && this.#opts.since !== "live") {
+        extra.push(["since", sinceParam(this.#opts.since)]);
+      }
       if (token !== undefined) extra.push(["access_token", token]);
       const url = sseUrl(core.base, [...this.channels], extra);
       const es = new ES(url, { withCredentials: core.withCredentials });
@@ -350,7 +358,7 @@ export class Subscription extends UpdateStream<Update> {
     const retrier = new Retrier(new Backoff(core.backoff));
     const prefix = this.#opts.storeKey ?? "ws:";
     const chans = this.channels;
-    const since = this.#opts.since ?? "live";
+    const since = sinceParam(this.#opts.since ?? "live");
     const store = this.#store;
     for (const ch of chans) {
       let c = this.#opts.cursor;

@@ -17,6 +17,29 @@
  */
 export type GapReason = "evicted" | "epoch" | "ahead" | "unknown" | (string & {});
 
+/**
+ * Where a subscription (or a history read) starts when it has no cursor:
+ * - `"live"`: only events published from now on (a subscription's default);
+ * - `"earliest"`: every retained event, then live (history's default);
+ * - `"last:N"` or `{ last: N }`: the last N retained events (1 to 1000; fewer when fewer are
+ *   retained), then live;
+ * - `"time:UNIX_MS"` or `{ time: Date | UNIX_MS }`: from the first retained event whose `time`
+ *   is at or after it, then live (live only when none is). When an event no longer retained
+ *   may be at or after it, the start is the floor, after a gap of reason `evicted` (on a
+ *   history page: its `gap`).
+ *
+ * A value the server refuses (`last:0`, `last:1001`, a time before 1970...) ends the
+ * subscription with a terminal `invalid_request` {@link GaplessError}. A subscription applies
+ * its start on its first connection only: after a drop it resumes from its cursor.
+ */
+export type Since =
+  | "live"
+  | "earliest"
+  | `last:${number}`
+  | `time:${number}`
+  | { last: number }
+  | { time: Date | number };
+
 /** A journaled event delivered to the caller. */
 export interface EventUpdate {
   /** Discriminant. */
@@ -118,6 +141,12 @@ export interface HistoryPage {
   next: string;
   /** Whether this page reached the head. */
   done: boolean;
+  /**
+   * Only on a page read with `since: "time:…"` that starts at the floor because an event no
+   * longer retained may be at or after that time: the evicted seqs (`after` at seq 0, `next`
+   * at the floor - 1, reason `evicted`).
+   */
+  gap?: { channel: string; after: string | null; next: string; reason: GapReason };
 }
 
 /** Answer to a durable publish. */

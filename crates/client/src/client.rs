@@ -6,7 +6,7 @@ use crate::error::{ApiError, Error};
 use crate::join::JoinBuilder;
 use crate::subscribe::SubscribeBuilder;
 use crate::types::{
-    BatchPublished, ChannelInfo, Cursor, EphemeralDelivered, Event, HistoryPage, Published,
+    BatchPublished, ChannelInfo, Cursor, EphemeralDelivered, Event, HistoryPage, Published, Start,
 };
 use crate::ws_subscribe::WsSubscribeBuilder;
 use futures::Stream;
@@ -224,6 +224,7 @@ impl Client {
             client: self,
             channel: channel.to_owned(),
             after: None,
+            since: None,
             limit: None,
         }
     }
@@ -273,6 +274,23 @@ impl Client {
         let (_, body) = self.call(req).await?;
         let a: answers::ChannelInfo = self.decode(&body)?;
         Ok(a.into())
+    }
+
+    /// Purges `channel` (`DELETE /v1/channels/{channel}`): removes every
+    /// event and starts a new epoch; every subscriber gets one `epoch` gap,
+    /// then the events published after the purge. Needs the publish right.
+    /// A channel never published to is purged too (nothing changes).
+    ///
+    /// # Errors
+    /// [`Error::Api`] (400 `invalid_channel`, 401, 403 `forbidden`, 5xx), or
+    /// a connection error.
+    pub async fn purge(&self, channel: &str) -> Result<(), Error> {
+        let req = self
+            .inner
+            .http
+            .delete(self.url(&format!("/v1/channels/{}", segment(channel))));
+        self.call(req).await?;
+        Ok(())
     }
 
     /// The URL of `path` (which starts with `/`).
@@ -483,10 +501,32 @@ pub struct HistoryRequest<'a> {
     client: &'a Client,
     channel: String,
     after: Option<Cursor>,
+    /// `since=` of the first page, when there is no `after`.
+    since: Option<String>,
     limit: Option<u32>,
 }
 
 impl<'a> HistoryRequest<'a> {
+    /// Where to start (default: from the oldest retained event):
+    /// [`Start::After`] is [`HistoryRequest::after`]; the others are sent as
+    /// `since` (`live`: an empty page at the head; [`Start::Last`]: the last
+    /// N retained events; [`Start::Time`]: the first retained event at or
+    /// after the time, with [`HistoryPage::gap`] when an event no longer
+    /// retained may be). [`HistoryRequest::stream`] reads on with `after`.
+    pub fn start(mut self, start: Start) -> Self {
+        match start {
+            Start::After(c) => {
+                self.after = Some(c);
+                self.since = None;
+            }
+            other => {
+                self.after = None;
+                self.since = other.since();
+            }
+        }
+        self
+    }
+
     /// Start after this cursor (default: from the oldest retained event).
     pub fn after(mut self, cursor: Cursor) -> Self {
         self.after = Some(cursor);
@@ -513,17 +553,29 @@ impl<'a> HistoryRequest<'a> {
     /// 400 `invalid_cursor` / `invalid_channel` / `invalid_request`; or a
     /// connection error.
     pub async fn page(&self) -> Result<HistoryPage, Error> {
-        read_page(self.client, &self.channel, self.after.as_ref(), self.limit).await
+        let since = self.since.as_deref().filter(|_| self.after.is_none());
+        read_page(
+            self.client,
+            &self.channel,
+            self.after.as_ref(),
+            since,
+            self.limit,
+        )
+        .await
     }
 
-    /// Every event after `after` up to the head as it is when the last page is
-    /// read, page by page. The stream ends after the page that reports `done`;
-    /// an error ends it after being yielded.
+    /// Every event after `after` (or from where [`HistoryRequest::start`]
+    /// says) up to the head as it is when the last page is read, page by
+    /// page. The stream ends after the page that reports `done`; an error
+    /// ends it after being yielded. A first page's [`HistoryPage::gap`] is
+    /// not part of the stream: read it with [`HistoryRequest::page`].
     pub fn stream(self) -> impl Stream<Item = Result<Event, Error>> + Send + 'a {
         async_stream::stream! {
             let mut after = self.after;
+            let mut since = self.since;
             loop {
-                match read_page(self.client, &self.channel, after.as_ref(), self.limit).await {
+                let first = since.as_deref().filter(|_| after.is_none());
+                match read_page(self.client, &self.channel, after.as_ref(), first, self.limit).await {
                     Ok(page) => {
                         for e in page.events {
                             yield Ok(e);
@@ -532,6 +584,7 @@ impl<'a> HistoryRequest<'a> {
                             return;
                         }
                         after = Some(page.next);
+                        since = None;
                     }
                     Err(e) => {
                         yield Err(e);
@@ -543,11 +596,12 @@ impl<'a> HistoryRequest<'a> {
     }
 }
 
-/// `GET /v1/channels/{channel}/events?after=&limit=`.
+/// `GET /v1/channels/{channel}/events?after=&since=&limit=`.
 pub(crate) async fn read_page(
     client: &Client,
     channel: &str,
     after: Option<&Cursor>,
+    since: Option<&str>,
     limit: Option<u32>,
 ) -> Result<HistoryPage, Error> {
     let mut req = client
@@ -556,6 +610,9 @@ pub(crate) async fn read_page(
         .get(client.url(&format!("/v1/channels/{}/events", segment(channel))));
     if let Some(a) = after {
         req = req.query(&[("after", a.as_str())]);
+    }
+    if let Some(s) = since {
+        req = req.query(&[("since", s)]);
     }
     if let Some(n) = limit {
         req = req.query(&[("limit", n)]);

@@ -545,7 +545,7 @@ fn run(
                         let mut from = applied.cursor.clone();
                         let mut n = 0;
                         let tip = loop {
-                            let read = read_page(&client, &channel, from.as_ref(), Some(page_size));
+                            let read = read_page(&client, &channel, from.as_ref(), None, Some(page_size));
                             match pump(read, &mut conn, &mut buffer, &mut live_end, max_buffered).await {
                                 Ok(page) => {
                                     n += 1;

@@ -100,6 +100,29 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Where a subscription without a cursor starts ([`Start`], on its first
+//! connection only: a reconnect resumes from its cursor): live (the
+//! default), `since_earliest()` (everything retained), `since_last(n)` (the
+//! last n retained events, 1 to 1000), `since_time(t)` (the first retained
+//! event at or after `t`; a [`Gap`] of reason `Evicted` first when an
+//! event no longer retained may be at or after it), each then live. The
+//! same starts read history pages ([`HistoryRequest::start`]; a page that
+//! starts at the floor for a time has [`HistoryPage::gap`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gapless_client::Error> {
+//! use gapless_client::{Client, Start};
+//! use std::time::{Duration, SystemTime};
+//!
+//! let client = Client::new("http://127.0.0.1:8080")?;
+//! let _recent = client.subscribe(["orders"]).since_last(10).connect().await?;
+//! let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+//! let _since = client.subscribe_ws(["orders"]).since_time(hour_ago).connect().await?;
+//! let page = client.history("orders").start(Start::Last(100)).page().await?;
+//! println!("{} of the last 100", page.events.len());
+//! # Ok(()) }
+//! ```
+//!
 //! # Subscribe over WebSocket
 //!
 //! One socket for every channel, each resumed from its own cursor after a

@@ -79,8 +79,12 @@ pub(crate) async fn open(t: Target<'_>) -> Result<Connection, Error> {
     match (t.resume, t.start) {
         (Some(cursor), _) => req = req.header("last-event-id", cursor.as_str()),
         (None, Start::Live) => {}
-        (None, Start::Earliest) => req = req.query(&[("since", "earliest")]),
         (None, Start::After(cursor)) => req = req.query(&[("last_event_id", cursor.as_str())]),
+        (None, start) => {
+            if let Some(since) = start.since() {
+                req = req.query(&[("since", since)]);
+            }
+        }
     }
     let server = &c.inner.base;
     if let Some(token) = c.inner.token().await? {

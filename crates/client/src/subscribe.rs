@@ -202,6 +202,19 @@ impl SubscribeBuilder {
         self.start(Start::Earliest)
     }
 
+    /// Start with the last `n` retained events of each channel (1 to 1000),
+    /// then follow live ([`Start::Last`]).
+    pub fn since_last(self, n: u64) -> Self {
+        self.start(Start::Last(n))
+    }
+
+    /// Start at each channel's first retained event at or after `t`, then
+    /// follow live ([`Start::Time`]; a gap first when an event no longer
+    /// retained may be at or after `t`).
+    pub fn since_time(self, t: std::time::SystemTime) -> Self {
+        self.start(Start::time(t))
+    }
+
     /// Whether to reconnect after a drop (default true). Off, the subscription
     /// ends at a clean close and yields the error of a failed one.
     pub fn reconnect(mut self, on: bool) -> Self {

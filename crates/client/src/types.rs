@@ -14,6 +14,7 @@
 use gapless_protocol::answers;
 pub use gapless_protocol::answers::{SessionInfo, SessionStatus};
 use gapless_protocol::codes::GapReason;
+use gapless_protocol::Since;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -268,6 +269,10 @@ pub struct HistoryPage {
     pub next: Cursor,
     /// True on the last page: there was nothing after these events when read.
     pub done: bool,
+    /// Only on a page read with [`Start::Time`] that starts at the floor
+    /// because an event no longer retained may be at or after that time:
+    /// the evicted seqs (reason `Evicted`).
+    pub gap: Option<Gap>,
 }
 
 impl From<answers::HistoryPage> for HistoryPage {
@@ -295,6 +300,12 @@ impl From<answers::HistoryPage> for HistoryPage {
             events,
             next: a.next.into(),
             done: a.done,
+            gap: a.gap.map(|g| Gap {
+                channel: g.channel.into_owned(),
+                after: g.after.map(Cursor::from),
+                next: Cursor::from(g.next),
+                reason: parse_reason(&g.reason),
+            }),
         }
     }
 }
@@ -326,7 +337,8 @@ impl From<answers::ChannelInfo> for ChannelInfo {
     }
 }
 
-/// Where a subscription starts.
+/// Where a subscription (or a history read) starts. A subscription applies
+/// it on its first connection only: after a drop it resumes from its cursor.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Start {
     /// Only events published from now on.
@@ -334,8 +346,42 @@ pub enum Start {
     Live,
     /// Everything retained, then live.
     Earliest,
+    /// The last N retained events (1 to 1000; fewer when fewer are retained),
+    /// then live (`since=last:N`). A value out of range is refused by the
+    /// server with `invalid_request`.
+    Last(u64),
+    /// From the first retained event whose `time` is at or after this Unix
+    /// time in milliseconds, then live (`since=time:UNIX_MS`; live only when
+    /// no event is). When an event no longer retained may be at or after it,
+    /// the stream starts at the floor after a [`Gap`] of reason `Evicted`.
+    /// [`Start::time`] builds one from a [`std::time::SystemTime`].
+    Time(u64),
     /// After a cursor the server issued (resume).
     After(Cursor),
+}
+
+impl Start {
+    /// [`Start::Time`] at `t` (milliseconds since the Unix epoch; a time
+    /// before 1970 counts as 0).
+    pub fn time(t: std::time::SystemTime) -> Start {
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Start::Time(ms)
+    }
+
+    /// The `since` value that asks for this start without a cursor (`None`
+    /// for [`Start::After`], which is sent as a cursor).
+    pub fn since(&self) -> Option<String> {
+        let since = match self {
+            Start::Live => Since::Live,
+            Start::Earliest => Since::Earliest,
+            Start::Last(n) => Since::Last(*n),
+            Start::Time(t) => Since::Time(*t),
+            Start::After(_) => return None,
+        };
+        Some(since.to_string())
+    }
 }
 
 /// The answer to a session append: the wire's

@@ -111,6 +111,19 @@ impl WsSubscribeBuilder {
         self.start(Start::Earliest)
     }
 
+    /// Every channel starts with its last `n` retained events (1 to 1000),
+    /// then follows live ([`Start::Last`]).
+    pub fn since_last(self, n: u64) -> Self {
+        self.start(Start::Last(n))
+    }
+
+    /// Every channel starts at its first retained event at or after `t`,
+    /// then follows live ([`Start::Time`]; a gap first when an event no
+    /// longer retained may be at or after `t`).
+    pub fn since_time(self, t: std::time::SystemTime) -> Self {
+        self.start(Start::time(t))
+    }
+
     /// Per-channel starting positions, e.g. what [`WsSubscription::cursors`]
     /// returned before: each named channel resumes after its cursor; the
     /// others start per [`WsSubscribeBuilder::start`]. Positions of channels
@@ -219,8 +232,7 @@ fn initial_channels(b: &WsSubscribeBuilder) -> Vec<Chan> {
 fn subscribe_msg(i: usize, ch: &Chan) -> ClientMessage {
     let (cursor, since) = match (&ch.cursor, &ch.start) {
         (Some(c), _) | (None, Start::After(c)) => (Some(c.as_str().to_owned()), None),
-        (None, Start::Earliest) => (None, Some("earliest".to_owned())),
-        (None, Start::Live) => (None, Some("live".to_owned())),
+        (None, start) => (None, start.since()),
     };
     ClientMessage::Subscribe {
         id: Some(Value::from(i)),

@@ -11,7 +11,7 @@
 //! order; cells exist only for channels someone follows, so publishing to a
 //! channel nobody follows costs the hub nothing.
 
-use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
+use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, TimeSeek};
 use crate::subscription::{Ephemeral, Follow, Gap, Start, Subscription};
 use gapless_protocol::codes::GapReason;
 use gapless_protocol::{Epoch, Event, NewEvent, Payload};
@@ -436,6 +436,16 @@ impl Hub {
         Ok(appended)
     }
 
+    /// Removes every event of `channel` and starts a new epoch for it (see
+    /// [`Journal::purge`]); its subscribers are woken before this returns and
+    /// each gets one `epoch` gap, then the events appended after the purge.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.journal.purge(channel).await
+    }
+
     /// Counts `n` published events under the journal's current durability label.
     fn count_published(&self, n: u64) {
         let label = self.journal.durability();
@@ -495,6 +505,15 @@ impl Hub {
         self.journal.state(channel).await
     }
 
+    /// The first retained event of `channel` at or after `time_ms` (see
+    /// [`Journal::seek_time`]).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        self.journal.seek_time(channel, time_ms).await
+    }
+
     /// How many subscribers follow `channel` now.
     pub fn subscribers(&self, channel: &str) -> usize {
         self.channels.get(channel).map_or(0, |c| c.subscribers())
@@ -502,7 +521,8 @@ impl Hub {
 
     /// Starts a subscription on `starts` (channel, where to start). Returns it
     /// with the gap notices to send before anything else (one per channel whose
-    /// start position could not be served whole; that channel then starts at its head).
+    /// start position could not be served whole; that channel then starts at
+    /// its head, or for [`Start::Time`] at its floor).
     ///
     /// # Errors
     /// [`JournalError`] when a channel's state cannot be read.
@@ -526,12 +546,13 @@ impl Hub {
 
     /// Adds `channel` to `sub`, starting at `start`. The answer holds the gap
     /// notice to send first when the start position cannot be served whole (the
-    /// channel then starts at its head), and the head the start was resolved
-    /// against (replay ends there). Following a channel already followed
-    /// replaces its position.
+    /// channel then starts at its head, or for [`Start::Time`] at its floor),
+    /// and the head the start was resolved against (replay ends there).
+    /// Following a channel already followed replaces its position.
     ///
     /// # Errors
-    /// [`JournalError`] when the channel's state cannot be read.
+    /// [`JournalError`] when the channel's state cannot be read (or, for
+    /// [`Start::Time`], the journal's [`Journal::seek_time`] fails).
     pub async fn follow(
         &self,
         sub: &mut Subscription,
@@ -550,6 +571,10 @@ impl Hub {
             }
             _ => None,
         };
+        let seek = match start {
+            Start::Time(t) => Some(self.journal.seek_time(channel, t).await?),
+            _ => None,
+        };
         let start = match start {
             // A position the journal carried into its new epoch (a failover
             // that kept it) is the same position there.
@@ -559,7 +584,10 @@ impl Hub {
             },
             other => other,
         };
-        let (pos, gap) = resolve(&cell.name, st, start, fork);
+        let (pos, gap) = match (start, seek) {
+            (Start::Time(t), Some(seek)) => at_time(&cell.name, st, t, seek),
+            _ => resolve(&cell.name, st, start, fork),
+        };
         match (&gap, start) {
             (Some(g), _) => {
                 metrics::counter!("gapless_gaps_total", "reason" => g.reason.as_str()).increment(1);
@@ -608,6 +636,10 @@ fn resolve(
     match start {
         Start::Live => (st.head, None),
         Start::Earliest => (st.floor - 1, None),
+        Start::Last(n) => (st.head.saturating_sub(n).max(st.floor - 1), None),
+        // Resolved with the journal's answer (`at_time`); without one, the
+        // floor delivers everything retained, which includes what was asked.
+        Start::Time(_) => (st.floor - 1, None),
         Start::After { epoch, seq } => {
             let after = Some((epoch, seq));
             if epoch != st.epoch {
@@ -629,4 +661,32 @@ fn resolve(
         }
         Start::Unknown => (st.head, gap(None, GapReason::Unknown)),
     }
+}
+
+/// Where a start at time `t` (Unix ms) begins, given the channel's state as
+/// the hub knows it (`st`) and the journal's answer (`seek`, read just
+/// after): before the first retained event at or after `t`, and never past
+/// the head the hub knows (a journal shared by several nodes may be ahead
+/// of this node's hub: the events in between are older than `t` and are
+/// delivered too, never skipped). When an event no longer retained may be
+/// at or after `t` ([`crate::journal::TimeSeek::evicted_after`]), a gap
+/// notice `evicted` names the evicted seqs, from seq 1 to the floor (which
+/// of them were at or after `t` is not known once they are gone). An answer
+/// of another epoch (the journal changed incarnation in between) starts at
+/// the floor, with no notice: everything retained is delivered.
+fn at_time(channel: &Arc<str>, st: ChannelState, t: u64, seek: TimeSeek) -> (u64, Option<Gap>) {
+    if seek.state.epoch != st.epoch {
+        return (st.floor - 1, None);
+    }
+    let pos = seek.seq.saturating_sub(1).min(st.head);
+    if !seek.evicted_after(t) {
+        return (pos, None);
+    }
+    let gap = Gap {
+        channel: channel.clone(),
+        after: Some((st.epoch, 0)),
+        next: (st.epoch, pos),
+        reason: GapReason::Evicted,
+    };
+    (pos, Some(gap))
 }

@@ -40,15 +40,23 @@ impl ChannelState {
     }
 }
 
-/// How long events are kept. Both limits apply; whichever evicts more wins.
+/// How long a channel's events are kept. Every limit applies; whichever
+/// evicts more wins. A journal applies the retention of each channel's
+/// namespace ([`crate::namespace::Namespaces::retention`]), also to the
+/// events a channel already holds when it opens with a lower limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Most events kept per channel; right after a publish a channel serves at
-    /// most this many (its newest). 0 is treated as 1.
+    /// most this many (its newest). 0: no count limit.
     pub max_events: u64,
     /// Age in milliseconds after which events are evicted; 0 keeps them forever.
     /// Eviction by age may lag by at most one second.
     pub max_age_ms: u64,
+    /// Most bytes of event data (the events' `data`, not their type or
+    /// framing) kept per channel; right after a publish a channel serves its
+    /// newest events whose data adds up to at most this many bytes, and
+    /// always its newest event, however large. 0: no byte limit.
+    pub max_bytes: u64,
 }
 
 impl Default for Retention {
@@ -56,15 +64,19 @@ impl Default for Retention {
         Retention {
             max_events: 100_000,
             max_age_ms: 86_400_000,
+            max_bytes: 0,
         }
     }
 }
 
 impl Retention {
-    /// The floor that the count limit imposes on a channel whose head is `head`.
+    /// The floor that the count limit imposes on a channel whose head is
+    /// `head` (1 when there is no count limit).
     pub fn count_floor(&self, head: u64) -> u64 {
-        let keep = self.max_events.max(1);
-        head.saturating_sub(keep) + 1
+        if self.max_events == 0 {
+            return 1;
+        }
+        head.saturating_sub(self.max_events) + 1
     }
 }
 
@@ -89,6 +101,40 @@ pub struct Page {
     pub state: ChannelState,
     /// Events with `seq > max(after, floor - 1)`, ascending, at most `limit`.
     pub events: Vec<Arc<Event>>,
+}
+
+/// Where a time falls in a channel: the answer of [`Journal::seek_time`].
+///
+/// Event times are commit times (Unix ms) that never decrease within a
+/// channel: each journal gives an append the later of its clock and the
+/// channel's newest time, so a clock that steps back holds a channel's
+/// times still (its events get its newest time) until it catches up. The
+/// retained events with `time >= T` are therefore exactly `seq ..= head`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSeek {
+    /// The channel's bounds when it was read.
+    pub state: ChannelState,
+    /// The first retained event whose `time` is at or after the time asked
+    /// (`floor <= seq`); `head + 1` when no retained event is.
+    pub seq: u64,
+    /// The commit time of the event at `head`, retained or not (Unix ms);
+    /// 0 before the first event.
+    pub head_time: u64,
+}
+
+impl TimeSeek {
+    /// Whether an event that is no longer retained may have a time at or
+    /// after `time_ms`: the answer is the floor, something was evicted
+    /// (`floor > 1`), and either events are retained (the evicted one just
+    /// below the floor is at most as new as the floor, and its own time is
+    /// gone) or none are and the head event, the newest evicted, is at or
+    /// after `time_ms`. False when the answer is past the floor: the event
+    /// before it is retained and older than `time_ms`, and so is everything
+    /// before that.
+    pub fn evicted_after(&self, time_ms: u64) -> bool {
+        let st = self.state;
+        self.seq <= st.floor && st.floor > 1 && (st.floor <= st.head || self.head_time >= time_ms)
+    }
 }
 
 /// A journal failure. Nothing was acknowledged when an append fails.
@@ -213,6 +259,34 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// [`JournalError`] when storage fails.
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError>;
+
+    /// The first retained event of `channel` whose `time` is at or after
+    /// `time_ms` (Unix ms), with the channel's bounds: where a start at a
+    /// point in time (`since=time:T`) begins. Times never decrease within a
+    /// channel ([`TimeSeek`]), so every journal answers with a binary search
+    /// over seqs (a few reads of event times, never the whole channel). A
+    /// channel never published to answers its empty state and `seq` 1.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError>;
+
+    /// Removes every event of `channel` and starts a new epoch for it
+    /// (`DELETE /v1/channels/{channel}`): the answer, also reported to the
+    /// sink through [`CommitSink::evicted`] before this returns, is the
+    /// channel's new state `{epoch: new, floor: 1, head: 0}`; seqs start
+    /// again at 1 and idempotency keys are forgotten. The new epoch is a
+    /// fork at seq 0 of the one it replaces ([`Journal::fork_of`] answers
+    /// `Some(0)`): a reader of the old epoch gets one `epoch` gap and then
+    /// every event appended after the purge. An append racing the purge is
+    /// wholly before it (and gone) or wholly after it (in the new epoch).
+    /// A channel never published to is left as it is (its empty state is
+    /// answered). Durable once it returns, like an append.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; the channel may then be purged
+    /// or not, never half.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError>;
 
     /// Evicts events older than the retention age, reporting new floors to the
     /// sink. Called about every 250 ms by the server.

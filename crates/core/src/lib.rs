@@ -6,7 +6,11 @@
 pub mod hub;
 pub mod journal;
 pub mod memory;
+pub mod namespace;
 pub mod session;
 pub mod subscription;
 
-pub use journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
+pub use journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
+};
+pub use namespace::{Namespaces, Policy};

@@ -3,7 +3,10 @@
 //! created, so a restarted `--memory` server tells every returning client that
 //! history was lost (gap reason `epoch`).
 
-use crate::journal::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention};
+use crate::journal::{
+    Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
+};
+use crate::namespace::Namespaces;
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
 use parking_lot::Mutex;
@@ -14,7 +17,8 @@ use std::sync::Arc;
 /// A journal held in memory.
 pub struct MemoryJournal {
     epoch: Epoch,
-    retention: Retention,
+    /// The retention of each channel (by its namespace).
+    namespaces: Arc<Namespaces>,
     sink: Arc<dyn CommitSink>,
     channels: Mutex<HashMap<Arc<str>, ChannelLog>>,
     /// Set by [`Journal::close`]: appends are refused with
@@ -24,9 +28,17 @@ pub struct MemoryJournal {
 
 struct ChannelLog {
     name: Arc<str>,
+    /// The channel's epoch: the journal's, or the one its last purge began.
+    epoch: Epoch,
+    /// Whether `epoch` began with a purge (its fork point is seq 0).
+    purged: bool,
     head: u64,
     last_time: u64,
+    /// This channel's retention (its namespace's, resolved once).
+    retention: Retention,
     events: VecDeque<Arc<Event>>,
+    /// Bytes of data of `events`.
+    bytes: u64,
     /// idempotency key -> (first_seq, last_seq)
     keys: HashMap<String, (u64, u64)>,
     /// (last_seq, key) in append order, to forget keys as events are evicted
@@ -34,9 +46,9 @@ struct ChannelLog {
 }
 
 impl ChannelLog {
-    fn state(&self, epoch: Epoch) -> ChannelState {
+    fn state(&self) -> ChannelState {
         ChannelState {
-            epoch,
+            epoch: self.epoch,
             floor: self.events.front().map_or(self.head + 1, |e| e.seq),
             head: self.head,
         }
@@ -45,7 +57,9 @@ impl ChannelLog {
     fn evict_to(&mut self, floor: u64) -> bool {
         let mut changed = false;
         while self.events.front().is_some_and(|e| e.seq < floor) {
-            self.events.pop_front();
+            if let Some(e) = self.events.pop_front() {
+                self.bytes -= e.data.len() as u64;
+            }
             changed = true;
         }
         while self.key_order.front().is_some_and(|(s, _)| *s < floor) {
@@ -58,11 +72,18 @@ impl ChannelLog {
 }
 
 impl MemoryJournal {
-    /// A new, empty journal with a random epoch.
+    /// A new, empty journal with a random epoch and one retention for
+    /// every channel.
     pub fn new(retention: Retention, sink: Arc<dyn CommitSink>) -> Self {
+        Self::with_namespaces(Arc::new(Namespaces::uniform(retention)), sink)
+    }
+
+    /// A new, empty journal with a random epoch; each channel has the
+    /// retention of its namespace.
+    pub fn with_namespaces(namespaces: Arc<Namespaces>, sink: Arc<dyn CommitSink>) -> Self {
         MemoryJournal {
             epoch: Epoch(rand::random::<u64>() | 1),
-            retention,
+            namespaces,
             sink,
             channels: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -97,11 +118,16 @@ impl Journal for MemoryJournal {
             Some(l) => l,
             None => {
                 let name: Arc<str> = Arc::from(channel);
+                let retention = self.namespaces.retention(channel);
                 map.entry(name.clone()).or_insert(ChannelLog {
                     name,
+                    epoch: self.epoch,
+                    purged: false,
                     head: 0,
                     last_time: 0,
+                    retention,
                     events: VecDeque::new(),
+                    bytes: 0,
                     keys: HashMap::new(),
                     key_order: VecDeque::new(),
                 })
@@ -110,7 +136,7 @@ impl Journal for MemoryJournal {
         if let Some(k) = idempotency_key {
             if let Some(&(first_seq, last_seq)) = log.keys.get(k) {
                 return Ok(Appended {
-                    epoch: self.epoch,
+                    epoch: log.epoch,
                     first_seq,
                     last_seq,
                     duplicate: true,
@@ -125,12 +151,13 @@ impl Journal for MemoryJournal {
             log.head += 1;
             let e = Arc::new(Event::new(
                 log.name.clone(),
-                self.epoch,
+                log.epoch,
                 log.head,
                 ev.event_type,
                 ev.data,
                 time,
             ));
+            log.bytes += e.data.len() as u64;
             log.events.push_back(e.clone());
             committed.push(e);
         }
@@ -139,12 +166,25 @@ impl Journal for MemoryJournal {
             log.keys.insert(k.to_owned(), (first_seq, last_seq));
             log.key_order.push_back((last_seq, k.to_owned()));
         }
-        log.evict_to(self.retention.count_floor(log.head));
-        let state = log.state(self.epoch);
+        log.evict_to(log.retention.count_floor(log.head));
+        let max_bytes = log.retention.max_bytes;
+        if max_bytes != 0 && log.bytes > max_bytes {
+            // The oldest go until the data fits; the newest event always stays.
+            let (mut bytes, mut floor) = (log.bytes, 0);
+            for e in &log.events {
+                if bytes <= max_bytes || e.seq >= log.head {
+                    break;
+                }
+                bytes -= e.data.len() as u64;
+                floor = e.seq + 1;
+            }
+            log.evict_to(floor);
+        }
+        let state = log.state();
         // Still under the lock: the sink sees commits in seq order.
         self.sink.committed(channel, state, &committed);
         Ok(Appended {
-            epoch: self.epoch,
+            epoch: log.epoch,
             first_seq,
             last_seq,
             duplicate: false,
@@ -159,7 +199,7 @@ impl Journal for MemoryJournal {
                 events: Vec::new(),
             });
         };
-        let state = log.state(self.epoch);
+        let state = log.state();
         let start = after.max(state.floor.saturating_sub(1)) + 1;
         let skip = (start - state.floor.min(start)) as usize;
         let events = log.events.iter().skip(skip).take(limit).cloned().collect();
@@ -170,23 +210,81 @@ impl Journal for MemoryJournal {
         let map = self.channels.lock();
         Ok(map
             .get(channel)
-            .map_or(ChannelState::empty(self.epoch), |l| l.state(self.epoch)))
+            .map_or(ChannelState::empty(self.epoch), |l| l.state()))
+    }
+
+    /// A binary search of the retained events (times never decrease).
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        let map = self.channels.lock();
+        let Some(log) = map.get(channel) else {
+            let state = ChannelState::empty(self.epoch);
+            return Ok(TimeSeek {
+                state,
+                seq: state.head + 1,
+                head_time: 0,
+            });
+        };
+        let state = log.state();
+        let i = log.events.partition_point(|e| e.time < time_ms);
+        let seq = log.events.get(i).map_or(state.head + 1, |e| e.seq);
+        Ok(TimeSeek {
+            state,
+            seq,
+            head_time: log.last_time,
+        })
+    }
+
+    /// Drops the channel's events and keys under the lock appends take, and
+    /// draws a new random epoch for it.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        let mut map = self.channels.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        let Some(log) = map.get_mut(channel) else {
+            return Ok(ChannelState::empty(self.epoch));
+        };
+        let mut epoch = Epoch(rand::random::<u64>() | 1);
+        while epoch == log.epoch || epoch == self.epoch {
+            epoch = Epoch(rand::random::<u64>() | 1);
+        }
+        log.purged = true;
+        log.epoch = epoch;
+        log.head = 0;
+        log.events.clear();
+        log.bytes = 0;
+        log.keys.clear();
+        log.key_order.clear();
+        let state = log.state();
+        self.sink.evicted(channel, state);
+        Ok(state)
+    }
+
+    /// A purge's epoch forks at seq 0 from every earlier one: every event
+    /// in it was appended after the purge.
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        let map = self.channels.lock();
+        map.get(channel)
+            .and_then(|l| (l.purged && l.epoch == to && from != to).then_some(0))
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {
-        if self.retention.max_age_ms == 0 {
+        if !self.namespaces.any_age_limit() {
             return Ok(());
         }
-        let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
         let mut map = self.channels.lock();
         for log in map.values_mut() {
+            if log.retention.max_age_ms == 0 {
+                continue;
+            }
+            let cutoff = now_ms.saturating_sub(log.retention.max_age_ms);
             let floor = log
                 .events
                 .iter()
                 .find(|e| e.time > cutoff)
                 .map_or(log.head + 1, |e| e.seq);
             if log.evict_to(floor) {
-                self.sink.evicted(&log.name, log.state(self.epoch));
+                self.sink.evicted(&log.name, log.state());
             }
         }
         Ok(())

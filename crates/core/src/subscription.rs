@@ -27,6 +27,15 @@ pub enum Start {
     Live,
     /// At the floor: everything retained, then live.
     Earliest,
+    /// The last `n` retained events (all of them when fewer are retained,
+    /// with no notice: only retained events are asked for), then live.
+    Last(u64),
+    /// At the first retained event whose `time` is at or after this Unix
+    /// time in milliseconds ([`Journal::seek_time`]), then live; at the head
+    /// when none is. When an event no longer retained may be at or after it
+    /// ([`crate::journal::TimeSeek::evicted_after`]), at the floor with a
+    /// gap notice (`evicted`) naming the evicted seqs.
+    Time(u64),
     /// After `seq` of journal incarnation `epoch` (from a cursor).
     After {
         /// The cursor's epoch.
@@ -52,20 +61,25 @@ pub struct Gap {
 }
 
 impl Gap {
-    /// The JSON of a gap notice: `{"channel","after","next","reason"}`, with
-    /// `after` and `next` as single-channel cursors (`after` null when unknown).
-    pub fn to_json(&self) -> String {
+    /// The gap notice's wire shape, with `after` and `next` as
+    /// single-channel cursors (`after` null when unknown).
+    pub fn notice(&self) -> gapless_protocol::event::GapNotice<'static> {
         let after = self
             .after
             .map(|(e, s)| Cursor::single(&self.channel, e, s).encode());
         let next = Cursor::single(&self.channel, self.next.0, self.next.1).encode();
-        serde_json::to_string(&gapless_protocol::event::GapNotice {
-            channel: (&*self.channel).into(),
+        gapless_protocol::event::GapNotice {
+            channel: self.channel.to_string().into(),
             after,
             next,
             reason: self.reason.as_str().into(),
-        })
-        .unwrap_or_default()
+        }
+    }
+
+    /// The JSON of a gap notice: `{"channel","after","next","reason"}`, with
+    /// `after` and `next` as single-channel cursors (`after` null when unknown).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.notice()).unwrap_or_default()
     }
 
     /// The SSE frame: `event: gap` with the JSON as data, and no `id:` line.

@@ -73,6 +73,7 @@ async fn resume_gaps_name_their_reason() {
         Retention {
             max_events: 3,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );
@@ -107,12 +108,59 @@ async fn resume_gaps_name_their_reason() {
     }
 }
 
+/// `Start::Last(n)`: the last n retained events (all retained when fewer);
+/// `Start::Time(t)`: from the first retained event at or after t, live when
+/// none is, and from the floor with an `evicted` gap (seqs 1 to the floor)
+/// when an evicted event may be at or after t.
+#[tokio::test]
+async fn last_and_time_starts() {
+    let hub = hub(
+        Retention {
+            max_events: 5,
+            max_age_ms: 0,
+            max_bytes: 0,
+        },
+        16,
+    );
+    for i in 1..=8 {
+        hub.publish("c", ev(&i.to_string()), None)
+            .await
+            .expect("publish");
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let page = hub.read("c", 0, 10, usize::MAX).await.expect("read");
+    let epoch = page.state.epoch;
+    let time = |seq: u64| page.events[(seq - 4) as usize].time;
+    let cases = [
+        (Start::Last(1), 7, None),
+        (Start::Last(3), 5, None),
+        (Start::Last(5), 3, None),
+        (Start::Last(1000), 3, None),
+        (Start::Time(time(6)), 5, None),
+        (Start::Time(time(6) - 1), 5, None),
+        (Start::Time(time(8) + 1), 8, None),
+        (Start::Time(time(4)), 3, Some((epoch, 0))),
+        (Start::Time(0), 3, Some((epoch, 0))),
+    ];
+    for (start, pos, gap_after) in cases {
+        let (sub, gaps) = hub
+            .subscribe(vec![("c".into(), start)], 8)
+            .await
+            .expect("subscribe");
+        assert_eq!(sub.position(0), (epoch, pos), "{start:?}");
+        let gap = gaps.first().map(|g| (g.after, g.next, g.reason));
+        let want = gap_after.map(|a| (Some(a), (epoch, 3), GapReason::Evicted));
+        assert_eq!(gap, want, "{start:?}");
+    }
+}
+
 #[tokio::test]
 async fn slow_reader_passed_by_retention_gets_evicted_gap_then_continues() {
     let hub = hub(
         Retention {
             max_events: 5,
             max_age_ms: 0,
+            max_bytes: 0,
         },
         16,
     );

@@ -96,7 +96,9 @@ pub struct ConfigArgs {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// A TOML file of settings, named as these flags with `_` for `-`
-    /// (`retention_events = 1000`). Flags and GAPLESS_* variables win over it.
+    /// (`retention_events = 1000`), and of namespace tables
+    /// (`[namespaces.chat]`: the rules of channels named `chat:…`; see
+    /// `gapless config --default`). Flags and GAPLESS_* variables win over it.
     #[arg(long, env = "GAPLESS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (printed at start).
@@ -124,12 +126,17 @@ pub struct ServeArgs {
     /// holds the file beside it (docs/deploy.md, "Memory").
     #[arg(long, env = "GAPLESS_JOURNAL_CACHE_BYTES", default_value_t = 67_108_864, value_parser = clap::value_parser!(u64).range(1_048_576..))]
     pub journal_cache_bytes: u64,
-    /// Most events retained per channel.
-    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Most events retained per channel; 0 = no count limit. A namespace
+    /// table's retention_events wins over it for its channels.
+    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000)]
     pub retention_events: u64,
     /// Age in milliseconds after which events are evicted; 0 keeps them forever.
     #[arg(long, env = "GAPLESS_RETENTION_MS", default_value_t = 86_400_000)]
     pub retention_ms: u64,
+    /// Most bytes of event data retained per channel (its newest events
+    /// whose data fits; the newest event is always kept); 0 = no byte limit.
+    #[arg(long, env = "GAPLESS_RETENTION_BYTES", default_value_t = 0)]
+    pub retention_bytes: u64,
     /// Milliseconds between SSE heartbeat comments and WebSocket pings (every N ms, whether or not events flow); 0 sends none.
     #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
     pub heartbeat_ms: u64,
@@ -239,8 +246,11 @@ pub struct ServeArgs {
     #[arg(long, env = "GAPLESS_MIN_BODY_RATE", default_value_t = 4096)]
     pub min_body_rate: u64,
     /// The path prefix the Durable Streams protocol is served under
-    /// (docs/durable-streams.md): a stream's URL is PREFIX/PATH; it must
-    /// start with `/`; empty turns the protocol off.
+    /// (docs/durable-streams.md): a stream's URL is PREFIX/PATH. It starts
+    /// with `/`, has at most 256 bytes, and its segments are non-empty and
+    /// of A-Z a-z 0-9 - . _ ~ ! $ & ' ( ) * + , ; = : @ (not `.`, `..` or
+    /// `__ds`); `/v1` and under it are gapless's own API. Empty turns the
+    /// protocol off.
     #[arg(long, env = "GAPLESS_DS_PREFIX", default_value = "/ds", value_parser = ds_prefix)]
     pub ds_prefix: String,
     /// How long a Durable Streams long-poll (`live=long-poll`) waits for data
@@ -257,9 +267,20 @@ pub struct ServeArgs {
     /// milliseconds (slower: a failed delivery, retried with backoff); 100 to 600000.
     #[arg(long, env = "GAPLESS_DS_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub ds_webhook_timeout_ms: u64,
-    /// Most Durable Streams subscriptions the server holds (one more: 403).
-    #[arg(long, env = "GAPLESS_DS_MAX_SUBSCRIPTIONS", default_value_t = 1000)]
-    pub ds_max_subscriptions: usize,
+    /// Most Durable Streams subscriptions the server (the cluster, with
+    /// --redis) holds (one more: 403); 1 to 100000. The delivery task looks
+    /// at every subscription every 50 ms.
+    #[arg(long, env = "GAPLESS_DS_MAX_SUBSCRIPTIONS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub ds_max_subscriptions: u64,
+    /// PEM file (PKCS#8) of the Ed25519 key that signs Durable Streams
+    /// webhooks, as `openssl genpkey -algorithm ed25519 -out FILE` writes it
+    /// (keep it mode 0600); it must exist. Default: `ds-signing-key.pem` in
+    /// --data-dir, made at the first start, so the JWK Set stays the same
+    /// across restarts; with --memory, a key per process. In cluster mode
+    /// (--redis) give every node the same file: without one, each node
+    /// signs with a key of its own process.
+    #[arg(long, env = "GAPLESS_DS_SIGNING_KEY")]
+    pub ds_signing_key: Option<PathBuf>,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
     /// Keep it at least 6 x --max-event-bytes + 65536, so that a WebSocket
     /// publish takes every event an HTTP publish takes however its data is
@@ -373,23 +394,58 @@ pub struct RedisArgs {
     pub test_reorder_notifications: u64,
 }
 
-/// `--ds-prefix`: empty, or `/` and then a path without `?`, `#` or a
-/// trailing `/` (one is dropped); `/v1` and what is under it belong to
-/// gapless's own API.
+/// The longest `--ds-prefix`, in bytes.
+const MAX_DS_PREFIX: usize = 256;
+
+/// `--ds-prefix`: empty, or `/` and then at most [`MAX_DS_PREFIX`] bytes of
+/// non-empty segments of RFC 3986 path characters (unreserved, sub-delims,
+/// `:` and `@`; no percent-encoding), without a trailing `/` (one is
+/// dropped). A segment `.` or `..` could never be reached (clients remove
+/// them), and `__ds` is the protocol's reserved segment; `/v1` and what is
+/// under it belong to gapless's own API.
 fn ds_prefix(s: &str) -> Result<String, String> {
     let p = s.trim().trim_end_matches('/');
     if s.trim().is_empty() {
         return Ok(String::new());
     }
-    if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
-        return Err(format!(
-            "{s:?} is not a path prefix: give one starting with `/` (e.g. /ds), or an empty value to turn Durable Streams off"
-        ));
-    }
     if p.is_empty() || p == "/v1" || p.starts_with("/v1/") {
         return Err(format!(
             "{s:?} would hide gapless's own API (/ and /v1); pick another prefix, e.g. /ds"
         ));
+    }
+    let Some(path) = p.strip_prefix('/') else {
+        return Err(format!(
+            "{s:?} is not a path prefix: give one starting with `/` (e.g. /ds), or an empty value to turn Durable Streams off"
+        ));
+    };
+    if p.len() > MAX_DS_PREFIX {
+        return Err(format!(
+            "the prefix has {} bytes; at most {MAX_DS_PREFIX}",
+            p.len()
+        ));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@".contains(c);
+    for seg in path.split('/') {
+        if seg.is_empty() {
+            return Err(format!(
+                "{s:?} has an empty segment (`//`); a prefix is segments joined by single `/`, e.g. /ds or /api/streams"
+            ));
+        }
+        if let Some(c) = seg.chars().find(|c| !allowed(*c)) {
+            return Err(format!(
+                "{s:?} holds {c:?}: a prefix's segments are of A-Z a-z 0-9 - . _ ~ ! $ & ' ( ) * + , ; = : @ (no `?`, `#`, `%`, spaces or other characters)"
+            ));
+        }
+        if seg == "." || seg == ".." || seg == "__ds" {
+            return Err(format!(
+                "{s:?} has the segment {seg:?}, which {}; pick another prefix, e.g. /ds",
+                if seg == "__ds" {
+                    "the Durable Streams protocol reserves for its subscription APIs"
+                } else {
+                    "clients remove from URLs, so it could never be reached"
+                }
+            ));
+        }
     }
     Ok(p.to_owned())
 }

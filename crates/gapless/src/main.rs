@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     match parsed.cli.command {
-        cli::Command::Serve(args) => match serve::run(args) {
+        cli::Command::Serve(args) => match serve::run(args, &parsed.namespaces) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("gapless: {e:#}");

@@ -6,20 +6,23 @@ use crate::cli::{DurabilityArg, ForwardedHeaderArg, LogFormat, ServeArgs};
 use anyhow::Context;
 use gapless_core::hub::{Channels, Hub, WindowLimits};
 use gapless_core::memory::MemoryJournal;
+use gapless_core::namespace::{Namespaces, Table};
 use gapless_core::session::{SessionConfig, SessionRegistry, Sessions};
-use gapless_core::{Journal, Retention};
+use gapless_core::Journal;
 use gapless_server::auth::{Auth, AuthConfig};
 use gapless_server::net::forwarded::ForwardedHeader;
 use gapless_server::ops::limits::PublishLimiter;
 use gapless_server::{App, ServerConfig};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Runs the server until a shutdown signal.
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs the server until a shutdown signal, with the namespace `tables` of
+/// the configuration file.
+pub fn run(args: ServeArgs, tables: &BTreeMap<String, Table>) -> anyhow::Result<()> {
     // --log-level (GAPLESS_LOG_LEVEL), else RUST_LOG, else info.
     let filter = match &args.log_level {
         Some(level) => tracing_subscriber::EnvFilter::try_new(level).with_context(|| {
@@ -54,10 +57,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .on_thread_park(crate::alloc::on_thread_idle)
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(args))
+    // Resolved once: every rule that depends on a channel's namespace asks this.
+    let namespaces = Arc::new(crate::config::namespaces(&args, tables));
+    rt.block_on(serve(args, namespaces))
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<()> {
     let channels = Arc::new(Channels::new(WindowLimits {
         max_events: args.window_events,
         max_bytes: args.window_bytes,
@@ -65,9 +70,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }));
     // Boxed: the futures of the steps nested in one would be deeper than
     // the compiler's layout query allows.
-    let store = Box::pin(open_store(&args, channels.clone())).await?;
-    let auth = auth(&args)?;
-    let config = server_config(&args, cors_origins(&args, &auth)?);
+    let store = Box::pin(open_store(&args, &namespaces, channels.clone())).await?;
+    let auth = auth(&args)?.public_reads(namespaces.clone());
+    let mut config = server_config(&args, cors_origins(&args, &auth)?);
+    config.namespaces = namespaces;
+    config.ds_signing_key = ds_signing_key(&args)?;
     let listener = bind(args.listen).with_context(|| {
         format!(
             "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
@@ -113,14 +120,15 @@ struct Store {
 }
 
 /// Opens the journal `args` name: Redis (`--redis-url`), memory
-/// (`--memory`), or the embedded store in `--data-dir`.
-async fn open_store(args: &ServeArgs, channels: Arc<Channels>) -> anyhow::Result<Store> {
-    let retention = Retention {
-        max_events: args.retention_events,
-        max_age_ms: args.retention_ms,
-    };
+/// (`--memory`), or the embedded store in `--data-dir`; each channel with
+/// the retention of its namespace.
+async fn open_store(
+    args: &ServeArgs,
+    namespaces: &Arc<Namespaces>,
+    channels: Arc<Channels>,
+) -> anyhow::Result<Store> {
     if let Some(url) = &args.redis.url {
-        let journal = open_redis(url, args, retention, channels).await?;
+        let journal = open_redis(url, args, namespaces.clone(), channels).await?;
         // The attach leases live in the same Redis, on the journal's
         // connection and bus (a takeover's kick arrives on it).
         let registry = gapless_redis::RedisSessions::new(&journal);
@@ -132,7 +140,7 @@ async fn open_store(args: &ServeArgs, channels: Arc<Channels>) -> anyhow::Result
     }
     if args.memory {
         return Ok(Store {
-            journal: Arc::new(MemoryJournal::new(retention, channels)),
+            journal: Arc::new(MemoryJournal::with_namespaces(namespaces.clone(), channels)),
             session_registry: None,
             described: "in memory".to_owned(),
         });
@@ -144,7 +152,7 @@ async fn open_store(args: &ServeArgs, channels: Arc<Channels>) -> anyhow::Result
     let store = EmbeddedJournal::open(
         &args.data_dir,
         StoreOptions {
-            retention,
+            namespaces: namespaces.clone(),
             durability,
             min_free_bytes: args.min_free_disk_bytes,
             cache_bytes: usize::try_from(args.journal_cache_bytes).unwrap_or(usize::MAX),
@@ -191,6 +199,41 @@ fn cors_origins(args: &ServeArgs, auth: &Auth) -> anyhow::Result<Vec<String>> {
     Ok(cors_origins)
 }
 
+/// The webhook signing key of Durable Streams subscriptions: the
+/// `--ds-signing-key` file (which must exist), else `ds-signing-key.pem` in
+/// the data directory (made at the first start), else none (`--memory`, or
+/// cluster mode without the setting: a key per process). Nothing when the
+/// protocol is off.
+fn ds_signing_key(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<gapless_server::config::DsSigningKey>> {
+    use gapless_server::config::DsSigningKey;
+    if args.ds_prefix.is_empty() {
+        return Ok(None);
+    }
+    if let Some(path) = &args.ds_signing_key {
+        if !path.exists() {
+            anyhow::bail!(
+                "--ds-signing-key {}: no such file; make one with `openssl genpkey -algorithm ed25519 -out {}` (and chmod 600 it), or leave the setting out to keep a generated key in --data-dir",
+                path.display(),
+                path.display()
+            );
+        }
+        return Ok(Some(DsSigningKey::load(path).context("--ds-signing-key")?));
+    }
+    if args.memory {
+        return Ok(None);
+    }
+    if args.redis.url.is_some() {
+        tracing::warn!(
+            "cluster mode without --ds-signing-key: each node signs Durable Streams webhooks with a key of its own process, so the JWK Set differs by node and changes at a restart; give every node the same key file (docs/durable-streams.md)"
+        );
+        return Ok(None);
+    }
+    let path = args.data_dir.join("ds-signing-key.pem");
+    Ok(Some(DsSigningKey::load_or_create(&path)?))
+}
+
 /// The server's settings from the command line.
 fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
     ServerConfig {
@@ -219,7 +262,8 @@ fn server_config(args: &ServeArgs, cors_origins: Vec<String>) -> ServerConfig {
         ds_long_poll_timeout_ms: args.ds_long_poll_timeout_ms,
         ds_webhook_allow_loopback: args.ds_webhook_allow_loopback,
         ds_webhook_timeout_ms: args.ds_webhook_timeout_ms,
-        ds_max_subscriptions: args.ds_max_subscriptions,
+        ds_max_subscriptions: usize::try_from(args.ds_max_subscriptions).unwrap_or(usize::MAX),
+        cluster: args.redis.url.is_some(),
         ws_max_message_bytes: args.ws_max_message_bytes,
         header_timeout_ms: args.header_timeout_ms,
         max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(16_384),
@@ -241,10 +285,24 @@ fn warn_about_settings(args: &ServeArgs, addr: std::net::SocketAddr, app: &App) 
             args.ws_max_message_bytes
         );
     }
+    for (name, policy) in app.config.namespaces.named() {
+        let needs = gapless_server::config::ws_message_bytes_for(policy.max_event_bytes);
+        if args.ws_max_message_bytes < needs {
+            tracing::warn!(
+                "--ws-max-message-bytes {} is below 6 x max_event_bytes of [namespaces.{name}] + 65536 = {needs}: a WebSocket publish of an event the HTTP publish accepts there may be closed with 1009 (docs/protocol.md); raise it to {needs}",
+                args.ws_max_message_bytes
+            );
+        }
+    }
     if app.auth.is_open() {
         tracing::warn!(
             "running open: no --jwt-secret or --jwt-public-key, so anyone who can reach {addr} may publish to and read every channel (docs/security.md)"
         );
+        if app.config.namespaces.any_public() {
+            tracing::info!(
+                "`public = true` in a namespace table changes nothing on an open server: every channel is readable without a token already"
+            );
+        }
     }
 }
 
@@ -290,7 +348,7 @@ async fn serve_until_signal(
 async fn open_redis(
     url: &str,
     args: &ServeArgs,
-    retention: Retention,
+    namespaces: Arc<Namespaces>,
     channels: Arc<Channels>,
 ) -> anyhow::Result<gapless_redis::RedisJournal> {
     let r = &args.redis;
@@ -299,7 +357,7 @@ async fn open_redis(
             url: url.to_owned(),
             sentinel_master: r.sentinel.clone(),
             timeout_ms: r.timeout_ms,
-            retention,
+            namespaces,
             poll_ms: r.poll_ms,
             inline_bytes: r.inline_bytes,
             keepalive_ms: r.keepalive_ms,

@@ -496,10 +496,16 @@ async fn inline_notifications_and_dropped_or_reordered_ones_all_deliver_exactly(
     }
     // b delivered the small appends from the notifications themselves: of its
     // 26 notifications at most the first (before b knew the channel's head)
-    // and the large one were read from Redis.
+    // and the large one were read from Redis. On a loaded machine b's poll of
+    // followed channels may fill a head before its notification arrives,
+    // which then counts as `known` (nothing read for it either).
     let m = metrics(&b).await;
     let (inline, read) = (notifications(&m, "inline"), notifications(&m, "read"));
-    assert!(inline >= 24.0, "inline {inline}, read {read}: {m:?}");
+    let known = notifications(&m, "known");
+    assert!(
+        inline + known >= 24.0 && inline >= 12.0,
+        "inline {inline}, known {known}, read {read}: {m:?}"
+    );
     assert!((1.0..=2.0).contains(&read), "inline {inline}, read {read}");
 }
 

@@ -162,14 +162,17 @@ fn gapless_config_default_lists_every_serve_flag_and_reads_back() {
             "{f} documented in:\n{text}"
         );
     }
-    // Uncommented, the defaults form a file the server accepts.
+    // Uncommented, the defaults (and the namespace example, a table after
+    // them) form a file the server accepts.
     let uncommented: String = text
         .lines()
         .filter_map(|l| l.strip_prefix("# "))
         .filter(|l| {
-            l.split_once(" = ").is_some_and(|(k, _)| {
-                !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-            }) && !l.contains("(no default")
+            let table = l.starts_with("[namespaces.") && l.ends_with(']');
+            table
+                || l.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                }) && !l.contains("(no default")
         })
         .map(|l| format!("{l}\n"))
         .collect();

@@ -2,9 +2,13 @@
 //! binary, for what is gapless's own: a stream is a channel (read over
 //! gapless SSE and history, written by gapless publishes), gapless tokens
 //! guard it, and a stream path that cannot name a channel is a 400 naming
-//! the rule. The protocol itself is checked by its conformance suite
-//! (scripts/ds-conformance.sh).
+//! the rule; and one stream followed at once over Durable Streams SSE, gapless
+//! SSE and gapless WebSocket, while it is written through both APIs, is one
+//! sequence. The protocol itself is checked by its conformance suite
+//! (scripts/ds-conformance.sh), real clients by scripts/ds-clients.sh.
 
+use base64::Engine;
+use gapless_testkit::ws::{Msg, Ws};
 use gapless_testkit::Server;
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::{json, Value};
@@ -632,4 +636,385 @@ async fn a_failed_webhook_is_retried_with_a_new_generation() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+// ---- One stream, three ways of following it ----
+
+/// Rounds each writer of the three-way test makes.
+const ROUNDS: usize = 10;
+
+/// Writer `w`'s `i`-th message. JSON: an object whose text has quotes, a
+/// backslash, a line separator and non-ASCII. Binary: 16 bytes naming `w`
+/// and `i`, with bytes that are not UTF-8 (0xff, a lone continuation byte,
+/// an encoded surrogate, 0xf8) and CR, LF, NUL.
+fn three_way_message(binary: bool, w: usize, i: usize) -> Vec<u8> {
+    if binary {
+        let (w, i) = (w as u8, i as u8);
+        vec![
+            0xff,
+            w,
+            i,
+            0x00,
+            0x0a,
+            0x0d,
+            0xc3,
+            0x28,
+            0x80,
+            0xed,
+            0xa0,
+            0x80,
+            0xf8,
+            0xfe,
+            w ^ i,
+            0x5c,
+        ]
+    } else {
+        json!({"w": w, "i": i, "t": format!("\"{w}\\{i}\"\u{2028}\u{2603}")})
+            .to_string()
+            .into_bytes()
+    }
+}
+
+/// Five writers, interleaved, each waiting for its previous write's answer:
+/// 0 appends over Durable Streams one message at a time; 1 over Durable
+/// Streams as an idempotent producer, two messages per append; 2 publishes
+/// one event per `POST …/events`; 3 two per `POST …/batch`; 4 one per
+/// WebSocket `publish`. Returns how many messages were written.
+async fn three_way_writers(s: &Server, path: &str, channel: &str, ct: &str) -> usize {
+    let binary = ct != "application/json";
+    let b64 = |m: &[u8]| base64::engine::general_purpose::STANDARD.encode(m);
+    let text = |m: Vec<u8>| String::from_utf8(m).expect("a JSON message is UTF-8");
+    let pause = |w: usize, i: usize| {
+        tokio::time::sleep(Duration::from_millis(((w * 7 + i * 3) % 5) as u64))
+    };
+    let ds_plain = async {
+        for i in 0..ROUNDS {
+            let m = three_way_message(binary, 0, i);
+            let r = s.post(path, m, &[("content-type", ct)]).await;
+            assert_eq!(r.status, 204, "DS append: {}", r.text);
+            pause(0, i).await;
+        }
+        ROUNDS
+    };
+    let ds_producer = async {
+        for i in 0..ROUNDS {
+            let (a, b) = (
+                three_way_message(binary, 1, 2 * i),
+                three_way_message(binary, 1, 2 * i + 1),
+            );
+            let body = if binary {
+                [a, b].concat()
+            } else {
+                format!("[{},{}]", text(a), text(b)).into_bytes()
+            };
+            let seq = i.to_string();
+            let headers = [
+                ("content-type", ct),
+                ("producer-id", "three-way"),
+                ("producer-epoch", "0"),
+                ("producer-seq", seq.as_str()),
+            ];
+            let r = s.post(path, body, &headers).await;
+            assert_eq!(r.status, 200, "DS producer append: {}", r.text);
+            pause(1, i).await;
+        }
+        2 * ROUNDS
+    };
+    let gapless_events = async {
+        for i in 0..ROUNDS {
+            let m = three_way_message(binary, 2, i);
+            let headers: &[(&str, &str)] = if binary {
+                &[("content-type", "application/octet-stream")]
+            } else {
+                &[]
+            };
+            let r = s
+                .post(&format!("/v1/channels/{channel}/events"), m, headers)
+                .await;
+            assert_eq!(r.status, 201, "publish: {}", r.text);
+            pause(2, i).await;
+        }
+        ROUNDS
+    };
+    let gapless_batch = async {
+        for i in 0..ROUNDS {
+            let items: Vec<Value> = [2 * i, 2 * i + 1]
+                .iter()
+                .map(|&k| {
+                    let m = three_way_message(binary, 3, k);
+                    if binary {
+                        json!({"data": b64(&m), "encoding": "base64"})
+                    } else {
+                        json!({"data": text(m)})
+                    }
+                })
+                .collect();
+            let r = s.batch(channel, &Value::Array(items), &[]).await;
+            assert_eq!(r.status, 201, "batch: {}", r.text);
+            pause(3, i).await;
+        }
+        2 * ROUNDS
+    };
+    let gapless_ws = async {
+        let mut ws = Ws::channels(s).await;
+        for i in 0..ROUNDS {
+            let m = three_way_message(binary, 4, i);
+            let msg = if binary {
+                json!({"op": "publish", "id": i, "channel": channel, "data": b64(&m), "encoding": "base64"})
+            } else {
+                json!({"op": "publish", "id": i, "channel": channel, "data": text(m)})
+            };
+            ws.send(&msg).await;
+            let r = ws.expect_op("published").await;
+            assert_eq!(r["id"], i, "{r}");
+            pause(4, i).await;
+        }
+        ws.close().await;
+        ROUNDS
+    };
+    let (a, b, c, d, e) = tokio::join!(
+        ds_plain,
+        ds_producer,
+        gapless_events,
+        gapless_batch,
+        gapless_ws
+    );
+    a + b + c + d + e
+}
+
+/// What a follower saw, as messages: a JSON message re-serialized from its
+/// parsed value (so the three readers' texts compare), a binary stream's
+/// bytes cut into its 16-byte messages (a Durable Streams read of a binary
+/// stream does not mark where one append ends).
+fn three_way_messages(binary: bool, parts: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    if binary {
+        let all = parts.concat();
+        assert_eq!(all.len() % 16, 0, "whole messages");
+        all.chunks(16).map(<[u8]>::to_vec).collect()
+    } else {
+        parts
+            .into_iter()
+            .map(|p| {
+                let v: Value = serde_json::from_slice(&p)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&p)));
+                serde_json::to_vec(&v).expect("JSON")
+            })
+            .collect()
+    }
+}
+
+/// Follows a Durable Streams SSE response until `want` messages and the
+/// control event after them; returns the messages' parts (JSON elements, or
+/// decoded base64 bytes) and the last control event's `streamNextOffset`
+/// (checking that each control's offset sorts after the one before).
+async fn three_way_ds_sse(
+    c: &mut gapless_testkit::sse::SseClient,
+    binary: bool,
+    want: usize,
+) -> (Vec<Vec<u8>>, String) {
+    let mut parts = Vec::new();
+    let mut count = 0;
+    let mut offset = String::new();
+    loop {
+        let e = c.next_event().await;
+        match e.event.as_str() {
+            "data" if binary => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(&e.data)
+                    .unwrap_or_else(|err| panic!("base64 ({err}): {:?}", e.data));
+                count += bytes.len() / 16;
+                parts.push(bytes);
+            }
+            "data" => {
+                let v: Value = serde_json::from_str(&e.data)
+                    .unwrap_or_else(|err| panic!("a JSON array ({err}): {:?}", e.data));
+                for m in v.as_array().expect("a JSON array") {
+                    parts.push(serde_json::to_vec(m).expect("JSON"));
+                    count += 1;
+                }
+            }
+            "control" => {
+                let ctl = e.json();
+                let next = ctl["streamNextOffset"].as_str().expect("offset").to_owned();
+                // Offsets sort as the stream grows (PROTOCOL.md: opaque, ordered).
+                assert!(next >= offset, "offset {next} after {offset}");
+                offset = next;
+                if count >= want {
+                    return (parts, offset);
+                }
+            }
+            other => panic!("Durable Streams SSE sent an event {other:?}: {e:?}"),
+        }
+    }
+}
+
+/// One event as a gapless reader sees it: seq, and data (base64 decoded
+/// when `encoding` says so, which it must for a binary stream only).
+fn three_way_event(v: &Value, binary: bool) -> (u64, Vec<u8>) {
+    let seq = v["seq"].as_u64().unwrap_or_else(|| panic!("seq: {v}"));
+    let data = v["data"].as_str().unwrap_or_else(|| panic!("data: {v}"));
+    if binary {
+        assert_eq!(v["encoding"], "base64", "{v}");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap_or_else(|e| panic!("base64 ({e}): {v}"));
+        (seq, bytes)
+    } else {
+        assert!(
+            v.get("encoding").is_none(),
+            "a text event has no encoding: {v}"
+        );
+        (seq, data.as_bytes().to_vec())
+    }
+}
+
+/// The same stream followed at once over Durable Streams SSE, gapless SSE
+/// and gapless WebSocket, while five writers append over Durable Streams and
+/// publish over gapless's own API (HTTP and WebSocket) concurrently: the
+/// three followers see the same messages in the same order, each once, and
+/// each writer's messages in its order; gapless SSE and WebSocket agree on
+/// every seq; the last control offset is the stream's tail (issue 19).
+async fn followed_three_ways(ct: &str, path: &str, channel: &str) {
+    let binary = ct != "application/json";
+    let s = Server::start(&[]).await;
+    let r = s.request("PUT", path, &[("content-type", ct)], "").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+
+    let mut ds = s.sse(&format!("{path}?offset=-1&live=sse"), &[]).await;
+    assert_eq!(ds.status, 200, "{}", ds.raw_text());
+    assert_eq!(
+        ds.header("stream-sse-data-encoding"),
+        binary.then_some("base64"),
+        "the encoding header"
+    );
+    let (mut sse, pre) = s.subscribe(channel, "since=earliest&format=envelope").await;
+    assert!(pre.gaps.is_empty(), "{:?}", pre.gaps);
+    let mut ws = Ws::channels(&s).await;
+    ws.subscribe(json!("follow"), channel, json!({"since": "earliest"}))
+        .await;
+    let subscribed = ws.expect_op("subscribed").await;
+    assert_eq!(subscribed["replayed"], 0, "{subscribed}");
+
+    let total = 2 * ROUNDS * 2 + 3 * ROUNDS;
+    // A binary producer append of two messages is one event of 32 bytes:
+    // the readers count messages, not events.
+    let messages = |events: &[(u64, Vec<u8>)]| -> usize {
+        if binary {
+            events.iter().map(|e| e.1.len() / 16).sum()
+        } else {
+            events.len()
+        }
+    };
+    let read_sse = async {
+        let mut out = Vec::new();
+        while messages(&out) < total {
+            let e = sse.next_event().await;
+            assert_eq!(e.event, "message", "{e:?}");
+            out.push(three_way_event(&e.json(), binary));
+        }
+        out
+    };
+    let read_ws = async {
+        let mut out = Vec::new();
+        while messages(&out) < total {
+            match ws.recv(Duration::from_secs(10)).await {
+                Some(Msg::Json(v)) if v["op"] == "event" => out.push(three_way_event(&v, binary)),
+                other => panic!("WebSocket: {other:?}"),
+            }
+        }
+        out
+    };
+    let (written, (ds_parts, ds_offset), sse_events, ws_events) =
+        tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(
+                three_way_writers(&s, path, channel, ct),
+                three_way_ds_sse(&mut ds, binary, total),
+                read_sse,
+                read_ws
+            )
+        })
+        .await
+        .expect("every follower saw every message within 60 s");
+    assert_eq!(written, total);
+
+    // gapless SSE and WebSocket: the same events, seqs 1, 2, 3, … in order
+    // (a binary producer append of two messages is one event).
+    let seqs: Vec<u64> = sse_events.iter().map(|e| e.0).collect();
+    let events = if binary { total - ROUNDS } else { total };
+    assert_eq!(
+        seqs,
+        (1..=events as u64).collect::<Vec<_>>(),
+        "gapless SSE seqs"
+    );
+    assert_eq!(sse_events, ws_events, "gapless SSE and WebSocket agree");
+
+    let from_ds = three_way_messages(binary, ds_parts);
+    let from_sse = three_way_messages(binary, sse_events.into_iter().map(|e| e.1).collect());
+    let from_ws = three_way_messages(binary, ws_events.into_iter().map(|e| e.1).collect());
+    assert_eq!(from_ds.len(), total, "Durable Streams SSE: every message");
+    assert_eq!(
+        from_ds, from_sse,
+        "Durable Streams SSE and gapless SSE agree"
+    );
+    assert_eq!(from_sse, from_ws, "gapless SSE and WebSocket agree");
+
+    // Each message once, each writer's in its order.
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    for (w, n) in [
+        (0, ROUNDS),
+        (1, 2 * ROUNDS),
+        (2, ROUNDS),
+        (3, 2 * ROUNDS),
+        (4, ROUNDS),
+    ] {
+        let mine: Vec<Vec<u8>> = (0..n).map(|i| three_way_message(binary, w, i)).collect();
+        let mine = three_way_messages(binary, mine);
+        let seen: Vec<&Vec<u8>> = from_ds.iter().filter(|m| mine.contains(m)).collect();
+        assert_eq!(
+            seen,
+            mine.iter().collect::<Vec<_>>(),
+            "writer {w}'s messages, once, in order"
+        );
+        want.extend(mine);
+    }
+    assert_eq!(want.len(), from_ds.len(), "no message from elsewhere");
+
+    // The last control event's offset is the tail, and a catch-up read holds the same.
+    let head = s.request("HEAD", path, &[], "").await;
+    assert_eq!(head.header("stream-next-offset"), Some(ds_offset.as_str()));
+    let body = s
+        .http
+        .get(s.url(&format!("{path}?offset=-1")))
+        .send()
+        .await
+        .expect("catch-up read")
+        .bytes()
+        .await
+        .expect("body");
+    let caught_up = if binary {
+        three_way_messages(true, vec![body.to_vec()])
+    } else {
+        let v: Value = serde_json::from_slice(&body).expect("a JSON array");
+        let parts = v
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|m| serde_json::to_vec(m).expect("JSON"))
+            .collect();
+        three_way_messages(false, parts)
+    };
+    assert_eq!(
+        caught_up, from_ds,
+        "a catch-up read holds the same sequence"
+    );
+}
+
+#[tokio::test]
+async fn a_json_stream_followed_three_ways_at_once_is_one_sequence() {
+    followed_three_ways("application/json", "/ds/three/json", "three~json").await;
+}
+
+#[tokio::test]
+async fn a_binary_stream_followed_three_ways_at_once_is_one_sequence() {
+    followed_three_ways("application/octet-stream", "/ds/three/bin", "three~bin").await;
 }

@@ -262,6 +262,14 @@ pub struct HistoryPage {
     pub next: String,
     /// Whether this page reaches the head.
     pub done: bool,
+    /// Only on a page read with `since=time:UNIX_MS` that starts at the
+    /// floor because an event no longer retained may be at or after that
+    /// time: the evicted seqs, as a gap notice of reason `evicted` (`after`
+    /// at seq 0, `next` at the floor - 1; which of them were at or after
+    /// the time is not known once they are gone). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::event::GapNotice>, nullable = false)]
+    pub gap: Option<crate::event::GapNotice<'static>>,
 }
 
 /// A channel's bounds and audience.
@@ -280,6 +288,30 @@ pub struct ChannelInfo {
     pub head: u64,
     /// Subscribers on this node now.
     pub subscribers: usize,
+    /// The channel's namespace: its name up to the first `:`, `default` for
+    /// a name without one (its rules are the namespace's table in the
+    /// server's configuration file, else the server's settings). Empty from
+    /// a server before namespaces.
+    #[serde(default)]
+    pub namespace: String,
+    /// The retention that applies to the channel: its namespace's.
+    #[serde(default)]
+    pub retention: RetentionLimits,
+}
+
+/// A channel's retention (docs/api.md, "Retention"): every limit applies,
+/// whichever evicts more wins; 0 is no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RetentionLimits {
+    /// Most events kept (`retention_events`); right after a publish the
+    /// channel serves at most its newest this many. 0: no count limit.
+    pub events: u64,
+    /// Age in milliseconds after which events are evicted (`retention_ms`),
+    /// at most about a second late. 0: no age limit.
+    pub ms: u64,
+    /// Most bytes of event data kept (`retention_bytes`): the newest events
+    /// whose data fits, and always the newest event. 0: no byte limit.
+    pub bytes: u64,
 }
 
 /// Where a session is in its life.
@@ -364,6 +396,7 @@ mod tests {
             events: PageEvents::Journal(vec![e.clone()]),
             next: e.cursor().to_owned(),
             done: true,
+            gap: None,
         };
         let text = serde_json::to_string(&page).expect("json");
         assert!(

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {
-    /// Follow a channel from `cursor` (resume), `since: "earliest"`, or live.
+    /// Follow a channel from `cursor` (resume), or where `since` says, or live.
     Subscribe {
         /// Request id.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,7 +34,9 @@ pub enum ClientMessage {
         /// Resume after this cursor (`null` and `""` are no cursor).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cursor: Option<String>,
-        /// `"earliest"` or `"live"` (default) when there is no cursor.
+        /// Where to start when there is no cursor (a [`crate::Since`] value:
+        /// `"live"`, the default, `"earliest"`, `"last:N"`, `"time:UNIX_MS"`);
+        /// the server checks it even when a cursor wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         since: Option<String>,
     },

@@ -228,6 +228,24 @@ impl Inner {
         }
     }
 
+    /// Reports a purge made through this node (`Journal::purge`): the
+    /// channel's new, empty epoch. The bus notification of the purge then
+    /// finds it delivered.
+    pub(crate) async fn deliver_purge(&self, channel: &str, state: ChannelState) {
+        if !self.sink.follows(channel) {
+            self.trackers.remove(channel);
+            self.sink.evicted(channel, state);
+            return;
+        }
+        let track = self.trackers.get(channel);
+        let mut t = track.lock().await;
+        if !matches!(t.known, Some((e, _, _)) if e == state.epoch) {
+            t.known = Some((state.epoch, state.head, state.floor));
+            t.time = None;
+        }
+        self.sink.evicted(channel, state);
+    }
+
     /// Handles a notification from the bus (format: `notification.rs`) at
     /// once, in the listener, when that needs no wait: a channel this node
     /// does not follow, a notification already delivered, or one that carries

@@ -37,8 +37,8 @@ mod settings;
 pub use sessions::RedisSessions;
 
 use async_trait::async_trait;
-use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, Retention};
-use gapless_core::JournalError;
+use gapless_core::journal::{Appended, ChannelState, CommitSink, Journal, Page, TimeSeek};
+use gapless_core::{JournalError, Namespaces};
 use gapless_protocol::{Epoch, Event, NewEvent};
 use redis::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,12 +51,14 @@ use tokio_util::sync::CancellationToken;
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
 /// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
 /// idempotency key (`""`: none; a node sends `<key>` LF `<token>`, or a
-/// space and a token, see `scripts.rs`), max events, max age ms, fresh epoch, bus
+/// space and a token, see `scripts.rs`), max events (0: no count limit),
+/// max age ms, fresh epoch, bus
 /// channel, inline bytes (see [`RedisOptions::inline_bytes`]), what the
 /// calling node delivered of the channel (`""`: nothing; else
 /// `<epoch>:<head>:<commit time of the head event>`), token lifetime ms
 /// (see [`RedisOptions::token_lifetime`]; 0: keep tokens as long as their
-/// events), then one payload (`n<data>`) per event.
+/// events), max bytes of retention (0: no byte limit), then one payload
+/// (`n<data>`) per event.
 pub fn append_script() -> String {
     scripts::append_source()
 }
@@ -86,8 +88,11 @@ pub struct RedisOptions {
     /// Longest wait for Redis per request, connect included, in milliseconds
     /// (default 2000): a publish fails with [`JournalError::Unavailable`] after it.
     pub timeout_ms: u64,
-    /// Retention by count and age, applied by the scripts.
-    pub retention: Retention,
+    /// Each channel's retention (by count, age and bytes: its namespace's),
+    /// applied by the scripts: with each append, and by every script that
+    /// touches a channel (a read, a state, a node's poll), so a lower limit
+    /// applies to the events a channel already holds.
+    pub namespaces: Arc<Namespaces>,
     /// How often, in milliseconds, a node re-reads the heads of the channels
     /// it follows (catching a notification the bus lost when no later one
     /// comes), and applies retention by age to them (default 1000; 0 = never).
@@ -142,7 +147,7 @@ impl Default for RedisOptions {
             url: "redis://127.0.0.1:6379".to_owned(),
             sentinel_master: None,
             timeout_ms: 2000,
-            retention: Retention::default(),
+            namespaces: Arc::default(),
             poll_ms: 1000,
             inline_bytes: DEFAULT_INLINE_BYTES,
             keepalive_ms: DEFAULT_KEEPALIVE_MS,
@@ -163,7 +168,6 @@ pub(crate) struct Inner {
     conn: conn::Connector,
     scripts: scripts::Scripts,
     sink: Arc<dyn CommitSink>,
-    retention: Retention,
     opts: RedisOptions,
     trackers: bus::Trackers,
     closed: AtomicBool,
@@ -218,7 +222,6 @@ impl RedisJournal {
             conn: conn::Connector::new(target, timeout),
             scripts: scripts::Scripts::new(),
             sink,
-            retention: opts.retention,
             opts,
             trackers: bus::Trackers::default(),
             closed: AtomicBool::new(false),
@@ -316,7 +319,7 @@ impl Inner {
         };
         let payloads: Vec<Vec<u8>> = events.iter().map(codec::encode).collect();
         let fresh = RedisJournal::fresh_epoch();
-        let r = &self.retention;
+        let r = self.opts.namespaces.retention(channel);
         let v: Vec<Value> = self
             .conn
             .run(|mut c| {
@@ -330,7 +333,8 @@ impl Inner {
                     .arg(BUS_CHANNEL)
                     .arg(self.opts.inline_bytes)
                     .arg(known)
-                    .arg(self.opts.token_lifetime());
+                    .arg(self.opts.token_lifetime())
+                    .arg(r.max_bytes);
                 for p in &payloads {
                     inv.arg(p.as_slice());
                 }
@@ -368,7 +372,7 @@ impl Inner {
     ) -> Result<(Page, u64), JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
-        let max_age = self.retention.max_age_ms;
+        let r = self.opts.namespaces.retention(channel);
         let limit = limit.min(100_000);
         let max_bytes = max_bytes.min(1 << 40);
         let v: Vec<Value> = self
@@ -377,11 +381,13 @@ impl Inner {
                 let mut inv = self.scripts.read.prepare_invoke();
                 inv.key(&key)
                     .arg(&fresh)
-                    .arg(max_age)
+                    .arg(r.max_age_ms)
                     .arg(after)
                     .arg(limit)
                     .arg(max_bytes)
-                    .arg(known);
+                    .arg(known)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -417,12 +423,17 @@ impl Inner {
     async fn state(&self, channel: &str, known: &str) -> Result<ChannelState, JournalError> {
         let key = scripts::key_of(channel);
         let fresh = RedisJournal::fresh_epoch();
-        let max_age = self.retention.max_age_ms;
+        let r = self.opts.namespaces.retention(channel);
         let v: Vec<Value> = self
             .conn
             .run(|mut c| {
                 let mut inv = self.scripts.state.prepare_invoke();
-                inv.key(&key).arg(&fresh).arg(max_age).arg(known);
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(r.max_age_ms)
+                    .arg(known)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
@@ -434,6 +445,74 @@ impl Inner {
         };
         self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
         Ok(state)
+    }
+
+    /// The purge script (`scripts::PURGE`): the channel's new state, `None`
+    /// for a channel never appended to.
+    async fn purge(&self, channel: &str) -> Result<Option<ChannelState>, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let mut epoch = RedisJournal::fresh_epoch();
+        while epoch == fresh {
+            epoch = RedisJournal::fresh_epoch();
+        }
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.purge.prepare_invoke();
+                inv.key(&key)
+                    .arg(channel)
+                    .arg(&fresh)
+                    .arg(&epoch)
+                    .arg(BUS_CHANNEL);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let bad = || JournalError::Storage(format!("unexpected answer of the purge script: {v:?}"));
+        let state = ChannelState {
+            epoch: epoch_of(v.first()).ok_or_else(bad)?,
+            floor: int_of(v.get(1)).ok_or_else(bad)?,
+            head: int_of(v.get(2)).ok_or_else(bad)?,
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(Some(state))
+    }
+
+    /// The seek script (`scripts::SEEK`): the first retained event at or
+    /// after `time_ms`, found in Redis by bisection.
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        let key = scripts::key_of(channel);
+        let fresh = RedisJournal::fresh_epoch();
+        let r = self.opts.namespaces.retention(channel);
+        let v: Vec<Value> = self
+            .conn
+            .run(|mut c| {
+                let mut inv = self.scripts.seek.prepare_invoke();
+                inv.key(&key)
+                    .arg(&fresh)
+                    .arg(r.max_age_ms)
+                    .arg("")
+                    .arg(time_ms)
+                    .arg(r.max_events)
+                    .arg(r.max_bytes);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let bad = || JournalError::Storage(format!("unexpected answer of the seek script: {v:?}"));
+        let state = ChannelState {
+            epoch: epoch_of(v.first()).ok_or_else(bad)?,
+            floor: int_of(v.get(1)).ok_or_else(bad)?,
+            head: int_of(v.get(2)).ok_or_else(bad)?,
+        };
+        self.note_lineage(channel, state.epoch, v.get(3), v.get(4));
+        Ok(TimeSeek {
+            state,
+            head_time: int_of(v.get(5)).ok_or_else(bad)?,
+            seq: int_of(v.get(6)).ok_or_else(bad)?,
+        })
     }
 }
 
@@ -547,6 +626,26 @@ impl Journal for RedisJournal {
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
         self.inner.state(channel, "").await
+    }
+
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        self.inner.seek_time(channel, time_ms).await
+    }
+
+    /// One script (`scripts::PURGE`); the other nodes learn of it from its
+    /// bus notification, or at their next re-read of the channel.
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        match self.inner.purge(channel).await? {
+            Some(state) => {
+                self.inner.deliver_purge(channel, state).await;
+                Ok(state)
+            }
+            // Never appended to: nothing to purge; its state, as a read gives.
+            None => self.inner.state(channel, "").await,
+        }
     }
 
     /// Every `poll_ms`: re-reads the state of every followed channel (which

@@ -12,6 +12,9 @@
 //!   the append total at most `--redis-inline-bytes` (default
 //!   [`DEFAULT_INLINE_BYTES`]); larger appends go by reference.
 //!
+//! A purge (`scripts.rs`, `PURGE`) publishes the header alone with `first`
+//! 1 and `last` 0: an empty commit that starts the channel's new epoch.
+//!
 //! Channel names have no space and no newline (`A-Z a-z 0-9 _ - . : @ ~ /`),
 //! so the header is unambiguous. An inline part that does not parse, or does
 //! not hold exactly `last - first + 1` events, is ignored: the notification
@@ -76,10 +79,13 @@ pub(crate) fn parse(msg: &[u8]) -> Option<Notification<'_>> {
     let first: u64 = parts.next()?.parse().ok()?;
     let last: u64 = parts.next()?.parse().ok()?;
     let channel = parts.next()?;
-    if channel.is_empty() || channel.contains(' ') || first == 0 || last < first {
+    if channel.is_empty() || channel.contains(' ') || first == 0 || last + 1 < first {
         return None;
     }
-    let inline = rest.and_then(|r| parse_inline(r, last - first + 1));
+    let inline = match last + 1 - first {
+        0 => None,
+        n => rest.and_then(|r| parse_inline(r, n)),
+    };
     Some(Notification {
         epoch: Epoch(epoch),
         first,
@@ -119,6 +125,9 @@ mod tests {
         assert!(n.inline.is_none());
         let n = parse(b"17 1 1 session/ab").expect("parses");
         assert_eq!(n.channel, "session/ab");
+        // A purge: an empty commit starting the epoch.
+        let n = parse(b"17 1 0 c").expect("a purge's notice parses");
+        assert_eq!((n.first, n.last, n.inline.is_none()), (1, 0, true));
         for bad in [
             &b""[..],
             b"17 3 5",

@@ -16,6 +16,7 @@
 //! | `r<key>` | for a client's key: the token of the request that wrote it (so that request, sent again, is told the append was its own, not a duplicate); forgotten after the token lifetime, the key itself stays as long as its events |
 //! | `i<last>` | the key whose append ended at seq `last` (to forget it, and its `r`, with its events) |
 //! | `tok` | `<seq>:<lifetime ms>:<until>`: no append before `seq` still has its request token (a node's `k <token>` and `i`, a client key's `r`); the token lifetime in force until Unix ms `until` (see `forget_tokens`) |
+//! | `bytes` | `<floor>:<head>:<n>`: the data of events `floor..=head` adds up to `n` bytes; written by the scripts of a channel with a byte limit, and counted again from the events when it names another range (a script without the limit, or of an older version, changed the channel without it) |
 //!
 //! Everything of a channel lives in one key so that it is lost whole or not
 //! at all: a FLUSHALL, an eviction under `maxmemory` or a restart without
@@ -28,14 +29,20 @@
 //! histories share, when its data may be older than what was acknowledged:
 //! last touched by the primary this one was promoted from; or by this Redis
 //! before it restarted without an AOF, so from an RDB snapshot; or older than
-//! what the calling node already delivered), evicts events older than the
-//! retention age, and forgets the last request tokens of a channel no
+//! what the calling node already delivered), applies the channel's
+//! retention (the caller's, its namespace's: events older than the age
+//! limit, beyond the count limit, or whose data passes the byte limit go;
+//! so a lower limit applies to the events a channel already holds at the
+//! first script that touches it), and forgets the last request tokens of a channel no
 //! append touched for their lifetime (`forget_tokens`). Scripts call `TIME`
 //! and `INFO`, so they rely on effect replication (the default since Redis
 //! 5).
 
-/// Shared by every script: helpers and `load(k, fresh, max_age, known)`,
-/// which returns `epoch, floor, head, time, prev epoch, fork`. `known` is
+/// Shared by every script: helpers and `load(k, fresh, max_age, known,
+/// max_events, max_bytes)`, which returns `epoch, floor, head, time, prev
+/// epoch, fork, bytes` (`bytes`: the data bytes of `floor..=head`, when
+/// `max_bytes` is not 0). `max_events`, `max_bytes` (0 or absent: no limit)
+/// and `max_age` (0: none) are the channel's retention. `known` is
 /// what the calling node last delivered of the channel,
 /// `<epoch>:<head>:<commit time of the event at head, or empty>` (`""`:
 /// nothing). The `#!lua` line makes Redis refuse the whole script up front
@@ -58,6 +65,54 @@ end
 local function event_time(k, s)
   local v = redis.call('HGET', k, 'e' .. S(s))
   return v and tonumber(string.match(v, '^(%d+):'))
+end
+-- the length of an event's data in its stored value (`codec.rs`):
+-- `<time>:n<data>`, `<time>:b<data>`, or `<time>:t<type length>:<type><data>`
+-- (`B` for bytes with a type)
+local function data_len(v)
+  local tl, at = string.match(v, '^%d+:[tB](%d+):()')
+  if tl then return #v - at + 1 - tonumber(tl) end
+  return #v - string.find(v, ':', 1, true) - 1
+end
+-- the data bytes of events floor..head, and whether `bytes` said so (else
+-- they are counted from the events)
+local function bytes_of(k, floor, head)
+  local v = redis.call('HGET', k, 'bytes')
+  if v then
+    local f, h, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if f and tonumber(f) == floor and tonumber(h) == head then return tonumber(n), true end
+  end
+  local n = 0
+  for s = floor, head do
+    local e = redis.call('HGET', k, 'e' .. S(s))
+    if e then n = n + data_len(e) end
+  end
+  return n, false
+end
+-- the count and byte limits on floor..head (`n`: the bytes of their data,
+-- when max_bytes > 0): drops what they evict (the newest event always
+-- stays) and returns the new floor and bytes
+local function trim(k, floor, head, max_events, max_bytes, n)
+  local f = floor
+  if max_events > 0 and head - max_events + 1 > f then
+    local cf = head - max_events + 1
+    if max_bytes > 0 then
+      for s = f, cf - 1 do
+        local v = redis.call('HGET', k, 'e' .. S(s))
+        if v then n = n - data_len(v) end
+      end
+    end
+    f = cf
+  end
+  if max_bytes > 0 then
+    while n > max_bytes and f < head do
+      local v = redis.call('HGET', k, 'e' .. S(f))
+      if v then n = n - data_len(v) end
+      f = f + 1
+    end
+  end
+  if f > floor then drop(k, floor, f - 1) end
+  return f, n
 end
 -- the newest seq at or below `top` whose event was committed at or before
 -- `t` (`floor - 1` when none): times never go back within a channel, so
@@ -131,7 +186,8 @@ local function forget_tokens(k, v, floor, top, now, asked, budget)
   local nv = S(upto + 1) .. ':' .. S(life) .. ':' .. S(till)
   if nv ~= v then redis.call('HSET', k, 'tok', nv) end
 end
-local function load(k, fresh, max_age, known)
+local function load(k, fresh, max_age, known, max_events, max_bytes)
+  max_events, max_bytes = max_events or 0, max_bytes or 0
   local m = redis.call('HMGET', k, 'epoch', 'floor', 'head', 'time', 'lin', 'prev_epoch', 'fork', 'tok')
   local info = redis.call('INFO', 'replication')
   local rid = string.match(info, 'master_replid:(%w+)') or ''
@@ -139,7 +195,7 @@ local function load(k, fresh, max_age, known)
   if not m[1] then
     redis.call('DEL', k)
     redis.call('HSET', k, 'epoch', fresh, 'floor', 1, 'head', 0, 'time', 0, 'lin', rid)
-    return fresh, 1, 0, 0, '', 0
+    return fresh, 1, 0, 0, '', 0, 0
   end
   local epoch, floor, head, time = m[1], tonumber(m[2]), tonumber(m[3]), tonumber(m[4])
   local prev, fork = m[6] or '', tonumber(m[7] or '0')
@@ -186,6 +242,9 @@ local function load(k, fresh, max_age, known)
       redis.call('HSET', k, 'epoch', fresh, 'prev_epoch', prev, 'fork', S(fork))
     end
   end
+  local n, counted = 0, true
+  if max_bytes > 0 then n, counted = bytes_of(k, floor, head) end
+  local was = floor
   if max_age > 0 and floor <= head then
     local cutoff = now_ms() - max_age
     local f = floor
@@ -194,14 +253,19 @@ local function load(k, fresh, max_age, known)
       local v = redis.call('HGET', k, 'e' .. S(f))
       local t = v and tonumber(string.match(v, '^(%d+):'))
       if t and t > cutoff then break end
+      if v and max_bytes > 0 then n = n - data_len(v) end
       f = f + 1
       budget = budget - 1
     end
     if f > floor then
       drop(k, floor, f - 1)
       floor = f
-      redis.call('HSET', k, 'floor', S(floor))
     end
+  end
+  floor, n = trim(k, floor, head, max_events, max_bytes, n)
+  if floor ~= was then redis.call('HSET', k, 'floor', S(floor)) end
+  if max_bytes > 0 and (floor ~= was or not counted) then
+    redis.call('HSET', k, 'bytes', S(floor) .. ':' .. S(head) .. ':' .. S(n))
   end
   if m[8] then
     -- a channel no append touched for its token lifetime: the appends
@@ -212,16 +276,17 @@ local function load(k, fresh, max_age, known)
       if now > tonumber(till) then forget_tokens(k, m[8], floor, head, now, nil, 1000) end
     end
   end
-  return epoch, floor, head, time, prev, fork
+  return epoch, floor, head, time, prev, fork, n
 end
 "#;
 
 /// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
-/// for none; see below), max events, max age ms, fresh epoch, bus channel,
-/// inline bytes, known (see `load`), token lifetime ms (see below), then one
+/// for none; see below), max events (0: no count limit), max age ms, fresh
+/// epoch, bus channel, inline bytes, known (see `load`), token lifetime ms
+/// (see below), max bytes (the byte limit of retention, 0: none), then one
 /// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
 /// head, time, prev epoch ("" for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
-/// retention by count and age, the append and the notification happen in
+/// retention by count, age and bytes, the append and the notification happen in
 /// this one step. The notification carries the events themselves when their
 /// payloads total at most `inline bytes` (0: never), by reference otherwise
 /// (format: `notification.rs`).
@@ -253,7 +318,8 @@ end
 const APPEND: &str = r#"
 local k = KEYS[1]
 local max_events = tonumber(ARGV[3])
-local epoch, floor, head, last, prev, fork = load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8])
+local max_bytes = tonumber(ARGV[10])
+local epoch, floor, head, last, prev, fork, n = load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8], max_events, max_bytes)
 local key, token = ARGV[2], nil
 local lf = string.find(key, '\n', 1, true)
 if lf then
@@ -280,31 +346,31 @@ if last > time then time = last end
 local first = head + 1
 local ts = S(time) .. ':'
 local size = 0
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   head = head + 1
   size = size + #ARGV[i]
-  redis.call('HSET', k, 'e' .. S(head), ts .. ARGV[i])
+  local v = ts .. ARGV[i]
+  if max_bytes > 0 then n = n + data_len(v) end
+  redis.call('HSET', k, 'e' .. S(head), v)
 end
 if key ~= '' then
   redis.call('HSET', k, 'k' .. key, S(first) .. ':' .. S(head), 'i' .. S(head), key)
   if token then redis.call('HSET', k, 'r' .. key, token) end
 end
-if max_events < 1 then max_events = 1 end
-local cf = head - max_events + 1
-if cf > floor then
-  drop(k, floor, cf - 1)
-  floor = cf
+floor, n = trim(k, floor, head, max_events, max_bytes, n)
+if max_bytes > 0 then
+  redis.call('HSET', k, 'bytes', S(floor) .. ':' .. S(head) .. ':' .. S(n))
 end
 local life = tonumber(ARGV[9])
 if life and life > 0 then
   local v = redis.call('HGET', k, 'tok')
-  forget_tokens(k, v, floor, first - 1, now, life, 8 + 2 * (#ARGV - 9))
+  forget_tokens(k, v, floor, first - 1, now, life, 8 + 2 * (#ARGV - 10))
 end
 redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
 local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1]
 if size <= tonumber(ARGV[7]) then
   local parts = {note, '\n', S(floor), '\n'}
-  for i = 10, #ARGV do
+  for i = 11, #ARGV do
     parts[#parts + 1] = S(#ts + #ARGV[i]) .. ':' .. ts .. ARGV[i]
   end
   note = table.concat(parts)
@@ -314,22 +380,16 @@ return {epoch, first, head, 0, floor, head, time, prev, fork, 0}
 "#;
 
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
-/// limit, max bytes, known (see `load`). Returns `{epoch, floor, head, prev
+/// limit, max bytes (of the page), known (see `load`), max events and max
+/// bytes of retention (see `load`). Returns `{epoch, floor, head, prev
 /// epoch, fork, time (of the event at head), start, payload...}`: the
 /// events from seq `start` on, at most `limit`, the leading ones whose data
 /// (the event's `data`, not its stored value) adds up to at most `max
 /// bytes`, and always the first: the rule of `Journal::read_bounded`
 /// (`gapless_core::journal::cut_to_bytes`).
 const READ: &str = r#"
--- the length of an event's data in its stored value (`codec.rs`):
--- `<time>:n<data>` or `<time>:t<type length>:<type><data>`
-local function data_len(v)
-  local tl, at = string.match(v, '^%d+:t(%d+):()')
-  if tl then return #v - at + 1 - tonumber(tl) end
-  return #v - string.find(v, ':', 1, true) - 1
-end
 local k = KEYS[1]
-local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[6])
+local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]))
 local after = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local max_bytes = tonumber(ARGV[5])
@@ -353,12 +413,57 @@ return out
 "#;
 
 /// `STATE`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, known
-/// (see `load`).
+/// (see `load`), max events, max bytes (see `load`).
 /// Returns `{epoch, floor, head, prev epoch, fork}` (creating the channel, and applying
-/// retention by age, as every script does).
+/// retention, as every script does).
 const STATE: &str = r#"
-local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3])
+local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
 return {epoch, floor, head, prev, fork}
+"#;
+
+/// `SEEK`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, known
+/// (see `load`), time (Unix ms), max events, max bytes (see `load`). Returns `{epoch, floor, head, prev epoch,
+/// fork, time (of the event at head), seq}`: `seq` is the first retained
+/// event whose time is at or after the time asked (`head + 1` when none),
+/// found by bisection (`older_until`: times never go back within a
+/// channel), so it reads about log2(retained events) events, never the
+/// whole channel (`Journal::seek_time`).
+const SEEK: &str = r#"
+local k = KEYS[1]
+local epoch, floor, head, time, prev, fork = load(k, ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[5]), tonumber(ARGV[6]))
+local t = tonumber(ARGV[4])
+local seq = older_until(k, floor, head, t - 1) + 1
+return {epoch, floor, head, prev, fork, S(time), seq}
+"#;
+
+/// `PURGE`: KEYS[1] = channel hash; ARGV = channel, fresh epoch (for
+/// `load`), the purge's epoch, bus channel. A channel never appended to (no
+/// hash) is left alone and answers `{}`. Otherwise, after `load` (so a fork
+/// it finds is settled first), the hash is replaced whole by the channel's
+/// new, empty epoch: `floor 1, head 0`, the same `time` (times never go
+/// back) and `lin`, `prev_epoch` the epoch it replaces and `fork 0` (every
+/// event of the new epoch was appended after the purge, see
+/// `Journal::fork_of`). Publishes `<epoch> 1 0 <channel>` (an empty commit,
+/// `notification.rs`) so every node drops what it holds of the channel.
+/// Returns `{epoch, floor, head, prev epoch, fork}`. One script: an append
+/// is wholly before it or wholly after it. A purge sent again (the
+/// connection closed before its answer, `conn.rs`) finds the channel already
+/// in the purge's epoch and changes nothing: it must not remove the events
+/// appended after the first run.
+const PURGE: &str = r#"
+local k = KEYS[1]
+if redis.call('EXISTS', k) == 0 then return {} end
+if redis.call('HGET', k, 'epoch') == ARGV[3] then
+  local h = redis.call('HMGET', k, 'floor', 'head', 'prev_epoch')
+  return {ARGV[3], h[1], h[2], h[3] or '', 0}
+end
+local epoch, _, _, time = load(k, ARGV[2], 0, '')
+local lin = redis.call('HGET', k, 'lin') or ''
+redis.call('DEL', k)
+redis.call('HSET', k, 'epoch', ARGV[3], 'floor', 1, 'head', 0, 'time', S(time), 'lin', lin,
+  'prev_epoch', epoch, 'fork', 0)
+redis.call('PUBLISH', ARGV[4], ARGV[3] .. ' 1 0 ' .. ARGV[1])
+return {ARGV[3], 1, 0, epoch, 0}
 "#;
 
 /// `READY`: touches nothing and returns `PONG`; the readiness check. Like
@@ -375,7 +480,9 @@ pub(crate) struct Scripts {
     pub(crate) append: redis::Script,
     pub(crate) read: redis::Script,
     pub(crate) state: redis::Script,
+    pub(crate) seek: redis::Script,
     pub(crate) ready: redis::Script,
+    pub(crate) purge: redis::Script,
 }
 
 impl Scripts {
@@ -384,7 +491,9 @@ impl Scripts {
             append: redis::Script::new(&append_source()),
             read: redis::Script::new(&format!("{PRELUDE}{READ}")),
             state: redis::Script::new(&format!("{PRELUDE}{STATE}")),
+            seek: redis::Script::new(&format!("{PRELUDE}{SEEK}")),
             ready: redis::Script::new(READY),
+            purge: redis::Script::new(&format!("{PRELUDE}{PURGE}")),
         }
     }
 }
@@ -405,4 +514,66 @@ pub(crate) fn append_source() -> String {
 /// The Redis key of `channel`'s hash.
 pub(crate) fn key_of(channel: &str) -> String {
     format!("gapless:{{{channel}}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{key_of, Scripts};
+    use gapless_testkit::redis::Redis;
+    use redis::AsyncCommands;
+
+    /// Runs `PURGE` on `channel` with the purge's epoch `epoch`; the answer.
+    async fn purge(
+        con: &mut redis::aio::MultiplexedConnection,
+        channel: &str,
+        epoch: &str,
+    ) -> Vec<redis::Value> {
+        Scripts::new()
+            .purge
+            .key(key_of(channel))
+            .arg(channel)
+            .arg("11")
+            .arg(epoch)
+            .arg("bus")
+            .invoke_async(con)
+            .await
+            .expect("purge script")
+    }
+
+    /// The connection closed before a purge's answer, so it is sent again
+    /// with the same epoch: the second run must keep what was appended in
+    /// between (here: head 5 in the new epoch), where a purge with another
+    /// epoch empties the channel.
+    #[tokio::test]
+    async fn a_purge_sent_again_keeps_the_events_appended_after_the_first() {
+        let Some(redis) = Redis::start_or_skip("purge resend").await else {
+            return;
+        };
+        let client = redis::Client::open(redis.url()).expect("client");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let k = key_of("c");
+        let _: () = con
+            .hset_multiple(
+                &k,
+                &[("epoch", "7"), ("floor", "1"), ("head", "3"), ("time", "0")],
+            )
+            .await
+            .expect("hset");
+        purge(&mut con, "c", "9").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "0", "the first purge empties the channel");
+        // Appends land in the new epoch.
+        let _: () = con.hset(&k, "head", "5").await.expect("hset");
+        let again = purge(&mut con, "c", "9").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "5", "a resent purge removed later events: {again:?}");
+        assert_eq!(again.get(2), Some(&redis::Value::BulkString(b"5".to_vec())));
+        // A new purge (another epoch) does empty it.
+        purge(&mut con, "c", "13").await;
+        let head: String = con.hget(&k, "head").await.expect("head");
+        assert_eq!(head, "0");
+    }
 }

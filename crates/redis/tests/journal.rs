@@ -20,7 +20,7 @@ fn journal(redis: &Redis, retention: Retention, sink: Arc<dyn CommitSink>) -> Re
     RedisJournal::open(
         RedisOptions {
             url: redis.url(),
-            retention,
+            namespaces: Arc::new(retention.into()),
             timeout_ms: 500,
             ..RedisOptions::default()
         },
@@ -145,6 +145,7 @@ async fn retention_by_count_keeps_the_newest_and_forgets_their_keys() {
     let retention = Retention {
         max_events: 3,
         max_age_ms: 0,
+        max_bytes: 0,
     };
     let j = journal(&redis, retention, Arc::new(NoSink));
     j.append("c", vec![ev("1")], Some("first"))
@@ -202,7 +203,8 @@ fn append_to(
         .arg(gapless_redis::BUS_CHANNEL)
         .arg(4096)
         .arg("")
-        .arg(life);
+        .arg(life)
+        .arg(0);
     for d in data {
         inv.arg(format!("n{d}"));
     }
@@ -516,6 +518,7 @@ async fn retention_by_age_raises_the_floor() {
     let retention = Retention {
         max_events: 100,
         max_age_ms: 300,
+        max_bytes: 0,
     };
     let j = journal(&redis, retention, Arc::new(NoSink));
     j.append("c", vec![ev("old1"), ev("old2")], None)

@@ -7,6 +7,10 @@
 //! is defined here and what a part makes of it lives in the part
 //! (`net::forwarded`, `ops::limits`).
 
+use gapless_core::namespace::Namespaces;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
 /// Settings of the HTTP/SSE transport.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -17,7 +21,10 @@ pub struct ServerConfig {
     /// Reconnection delay, in milliseconds, sent to SSE clients in the `retry:` field.
     /// Default 1000.
     pub retry_ms: u64,
-    /// Largest event `data`, in bytes; a larger publish gets 413. Default 1048576.
+    /// Largest event `data`, in bytes; a larger publish gets 413. Default
+    /// 1048576. The server's setting: what a channel is held to is its
+    /// namespace's ([`ServerConfig::namespaces`]), which is this unless the
+    /// namespace's table sets `max_event_bytes`.
     pub max_event_bytes: usize,
     /// Most events in one batch publish; more gets 413. Default 1000.
     pub max_batch_events: usize,
@@ -118,6 +125,22 @@ pub struct ServerConfig {
     /// Most Durable Streams subscriptions the server holds (`PUT` of one more
     /// answers 403 `SUBSCRIPTION_LIMIT`). Default 1000.
     pub ds_max_subscriptions: usize,
+    /// The key that signs Durable Streams webhooks (`--ds-signing-key`, by
+    /// default one kept in the data directory); `None`: a key made for this
+    /// process (`--memory`, or cluster mode without the setting), so a
+    /// restart publishes a new JWK Set. Default none.
+    pub ds_signing_key: Option<DsSigningKey>,
+    /// Cluster mode: other servers share the journal (`--redis`). Durable
+    /// Streams subscriptions then follow each other's records and share
+    /// their delivery through a lease in the journal
+    /// (docs/durable-streams.md, "Subscriptions"). Default false.
+    pub cluster: bool,
+    /// The effective rules of each namespace (`[namespaces.NAME]` tables of
+    /// the configuration file over the server's settings): the one lookup
+    /// of a channel's event size limit, ephemeral publishes, start without
+    /// a position, and public reads (`ops::namespaces`). Default: every
+    /// channel has the server's defaults.
+    pub namespaces: Arc<Namespaces>,
 }
 
 impl Default for ServerConfig {
@@ -150,6 +173,9 @@ impl Default for ServerConfig {
             ds_webhook_allow_loopback: false,
             ds_webhook_timeout_ms: 10_000,
             ds_max_subscriptions: 1000,
+            ds_signing_key: None,
+            cluster: false,
+            namespaces: Arc::default(),
         }
     }
 }
@@ -190,4 +216,133 @@ pub struct TrustedProxies {
     pub nets: Vec<ipnet::IpNet>,
     /// The header they write (`--forwarded-header`).
     pub header: ForwardedHeader,
+}
+
+/// The Durable Streams webhook signing key (`--ds-signing-key`): the 32-byte
+/// Ed25519 seed (RFC 8032) of the key that signs webhooks
+/// (`transport/ds/webhook.rs`, PROTOCOL.md 6.5). `Debug` never shows it.
+#[derive(Clone)]
+pub struct DsSigningKey(pub [u8; 32]);
+
+impl std::fmt::Debug for DsSigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DsSigningKey(<secret>)")
+    }
+}
+
+/// Why a webhook signing key file cannot be used (at start).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    /// The file could not be read or written.
+    #[error("the Durable Streams webhook signing key {path}: {error}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        error: std::io::Error,
+    },
+    /// The file is there but holds no usable key.
+    #[error(
+        "{path} is not an Ed25519 private key in PKCS#8 PEM (-----BEGIN PRIVATE KEY-----, as \
+         `openssl genpkey -algorithm ed25519 -out {path}` writes): {error}"
+    )]
+    Bad {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        error: String,
+    },
+}
+
+impl DsSigningKey {
+    /// Reads the Ed25519 signing key in `path` (PKCS#8 PEM, as `openssl genpkey
+    /// -algorithm ed25519` writes it) and returns its 32-byte seed. A file that
+    /// others than its owner may read is used with a warning (`chmod 600` it).
+    ///
+    /// # Errors
+    /// [`KeyFileError::Io`] when the file cannot be read (a missing file
+    /// included), [`KeyFileError::Bad`] when it holds no Ed25519 private key.
+    pub fn load(path: &Path) -> Result<Self, KeyFileError> {
+        use ed25519_dalek::pkcs8::DecodePrivateKey as _;
+        let io = |error| KeyFileError::Io {
+            path: path.to_owned(),
+            error,
+        };
+        let text = std::fs::read(path).map_err(io)?;
+        let text = String::from_utf8(text).map_err(|_| KeyFileError::Bad {
+            path: path.to_owned(),
+            error: "the file is not text".to_owned(),
+        })?;
+        let key =
+            ed25519_dalek::SigningKey::from_pkcs8_pem(&text).map_err(|e| KeyFileError::Bad {
+                path: path.to_owned(),
+                error: e.to_string(),
+            })?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            if let Ok(m) = std::fs::metadata(path) {
+                if m.permissions().mode() & 0o077 != 0 {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "the webhook signing key file may be read by other users; chmod 600 it"
+                    );
+                }
+            }
+        }
+        Ok(DsSigningKey(key.to_bytes()))
+    }
+
+    /// Makes a new signing key in `path` (PKCS#8 PEM, mode 0600, never
+    /// replacing a file already there) and returns its seed; when the file
+    /// exists, reads it as [`DsSigningKey::load`] does.
+    ///
+    /// # Errors
+    /// As [`DsSigningKey::load`], or [`KeyFileError::Io`] when the file cannot be written.
+    pub fn load_or_create(path: &Path) -> Result<Self, KeyFileError> {
+        use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+        use std::io::Write as _;
+        if path.exists() {
+            return Self::load(path);
+        }
+        let io = |error| KeyFileError::Io {
+            path: path.to_owned(),
+            error,
+        };
+        let seed = rand::random::<[u8; 32]>();
+        let pem = ed25519_dalek::SigningKey::from_bytes(&seed)
+            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .map_err(|e| KeyFileError::Bad {
+                path: path.to_owned(),
+                error: e.to_string(),
+            })?;
+        // Written whole under a temporary name, then linked in place (a
+        // link never replaces a file): a crash never leaves half a key.
+        let tmp = path.with_file_name(format!(
+            ".{}.{:016x}.tmp",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("key"),
+            rand::random::<u64>()
+        ));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            options.mode(0o600);
+        }
+        let written = options.open(&tmp).and_then(|mut f| {
+            f.write_all(pem.as_bytes())?;
+            f.sync_all()
+        });
+        let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            // Made by another process meanwhile: use that one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Self::load(path),
+            Err(e) => return Err(io(e)),
+        }
+        tracing::info!(path = %path.display(), "made a new Durable Streams webhook signing key");
+        Ok(DsSigningKey(seed))
+    }
 }

@@ -190,7 +190,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
         router: router(app.clone()),
         fanout: fanout_handle,
         tracker: connections.clone(),
-        direct: transport::sse::is_sse_path,
+        direct: direct_targets(&app.config.ds_prefix),
     });
     loop {
         let (io, addr) = tokio::select! {
@@ -198,11 +198,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
             _ = shutdown.cancelled() => break,
             conn = listener.accept() => conn,
         };
-        connections.spawn(net::conn::serve::<transport::sse::Feed>(
-            shared.clone(),
-            io,
-            addr,
-        ));
+        connections.spawn(net::conn::serve(shared.clone(), io, addr));
     }
     drop(listener);
     drop(shared);
@@ -214,6 +210,20 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     sockets.close();
     sockets.wait().await;
     Ok(())
+}
+
+/// The request targets (path and query) whose `GET` as a connection's first
+/// request the fan-out writer serves: the SSE transport's URLs, and Durable
+/// Streams SSE reads under `ds_prefix` (`--ds-prefix`; none when empty).
+fn direct_targets(ds_prefix: &str) -> net::conn::Direct {
+    let ds_prefix = ds_prefix.to_owned();
+    Arc::new(move |target: &str| {
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (target, None),
+        };
+        transport::sse::is_sse_path(path) || transport::ds::is_live_sse(&ds_prefix, path, query)
+    })
 }
 
 /// The fan-out runtime, owned by [`serve`]'s future. A runtime dropped the

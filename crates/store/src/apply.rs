@@ -1,9 +1,11 @@
 //! The write operations: an append is decided in memory (idempotency check,
-//! seq assignment, count retention) and logged as a record (`log.rs`) in a
-//! WAL frame (`wal.rs`); a record is applied to the tables at a checkpoint
-//! (`checkpoint.rs`); age eviction runs on the tables once everything is
-//! applied. Appends and evictions return what the sink must be told once
-//! they are durable.
+//! seq assignment, retention by count and bytes, each channel's own) and
+//! logged as a record (`log.rs`) in a WAL frame (`wal.rs`); a record is
+//! applied to the tables at a checkpoint (`checkpoint.rs`); age eviction runs
+//! on the tables once everything is applied. Appends and evictions return
+//! what the sink must be told once they are durable. When the store opens,
+//! [`enforce`] applies each channel's count and byte limits to the events it
+//! already holds.
 
 use crate::cache::Channels;
 use crate::log::{self, Record};
@@ -12,7 +14,7 @@ use crate::tables::{
     EVENTS, KEYS, KEY_ORDER,
 };
 use gapless_core::journal::now_ms;
-use gapless_core::{Appended, ChannelState, JournalError, Retention};
+use gapless_core::{Appended, ChannelState, JournalError};
 use gapless_protocol::{Epoch, Event, NewEvent};
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use std::collections::HashMap;
@@ -58,9 +60,8 @@ pub(crate) struct Tables<'t> {
 pub(crate) struct Ctx<'a> {
     /// The store's epoch.
     pub epoch: Epoch,
-    /// Retention limits.
-    pub retention: Retention,
-    /// The writer's channel cache (updated as rows are written).
+    /// The writer's channel cache (updated as rows are written; it holds
+    /// each channel's retention).
     pub cache: &'a mut Channels,
 }
 
@@ -185,22 +186,24 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Evicts events with `time <= now_ms - max_age_ms` (see `Journal::evict_expired`).
+    /// Evicts events with `time <= now_ms - max_age_ms`, each channel by its
+    /// own `max_age_ms` (see `Journal::evict_expired`).
     pub(crate) fn evict_expired(
         &mut self,
         cx: &mut Ctx<'_>,
         now_ms: u64,
     ) -> Result<Vec<Notice>, JournalError> {
         let mut notices = Vec::new();
-        if cx.retention.max_age_ms == 0 {
+        let due = cx.cache.maybe_expired(now_ms);
+        if due.is_empty() {
             return Ok(notices);
         }
         self.finish()?;
-        let cutoff = now_ms.saturating_sub(cx.retention.max_age_ms);
-        for name in cx.cache.maybe_expired(cutoff) {
+        for name in due {
             let Some(ch) = cx.cache.get_mut(&name) else {
                 continue;
             };
+            let cutoff = now_ms.saturating_sub(ch.retention.max_age_ms);
             let (id, floor, head) = (ch.row.id, ch.row.floor, ch.row.head);
             let mut new_floor = head + 1;
             let mut oldest = None;
@@ -226,6 +229,9 @@ impl<'t> Tables<'t> {
             }
             if new_floor > floor {
                 ch.row.floor = new_floor;
+                if let Some(sizes) = ch.sizes.as_mut() {
+                    sizes.pop(new_floor - floor);
+                }
                 self.channels
                     .insert(&*ch.name, ch.row.to_tuple())
                     .map_err(storage)?;
@@ -243,10 +249,57 @@ impl<'t> Tables<'t> {
 
 /// True when an eviction at `now_ms` may have something to do (no transaction needed otherwise).
 pub(crate) fn eviction_due(cx: &Ctx<'_>, now_ms: u64) -> bool {
-    cx.retention.max_age_ms != 0
-        && cx
-            .cache
-            .any_maybe_expired(now_ms.saturating_sub(cx.retention.max_age_ms))
+    cx.cache.any_maybe_expired(now_ms)
+}
+
+/// Applies each channel's count and byte limits to the events it holds,
+/// when the store opens: a limit lowered since they were appended (its
+/// namespace's retention changed, and the server restarted) raises the
+/// floor now, not at the channel's next append. One durable transaction;
+/// nobody follows a channel yet, so no sink is told (a cursor below the
+/// new floor gets the `evicted` gap as always). Retention by age follows
+/// at the first eviction pass. Returns how many channels it trimmed.
+///
+/// # Errors
+/// [`JournalError`] when the transaction fails (the store does not open then).
+pub(crate) fn enforce(db: &Database, cache: &mut Channels) -> Result<usize, JournalError> {
+    let mut due = Vec::new();
+    for name in cache.names() {
+        let Some(ch) = cache.get_mut(&name) else {
+            continue;
+        };
+        let mut floor = ch.row.floor.max(ch.retention.count_floor(ch.row.head));
+        if let Some(sizes) = ch.sizes.as_mut() {
+            sizes.pop(floor - ch.row.floor);
+            let over = sizes.over(ch.retention.max_bytes);
+            sizes.pop(over);
+            floor += over;
+        }
+        if floor > ch.row.floor {
+            due.push((name, floor));
+        }
+    }
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut tables = Tables::open(&txn)?;
+        for (name, floor) in &due {
+            let Some(ch) = cache.get_mut(name) else {
+                continue;
+            };
+            let old = ch.row.floor;
+            ch.row.floor = *floor;
+            tables
+                .channels
+                .insert(&*ch.name, ch.row.to_tuple())
+                .map_err(storage)?;
+            tables.drop_below(ch.row.id, old, *floor)?;
+        }
+    }
+    txn.commit().map_err(storage)?;
+    Ok(due.len())
 }
 
 /// Idempotency keys as the writer sees them: those not yet applied to the
@@ -317,8 +370,9 @@ pub(crate) fn append(
     events: Vec<NewEvent>,
     idempotency_key: Option<&str>,
 ) -> Result<(Appended, Option<Notice>), JournalError> {
-    let epoch = cx.epoch;
     let ch = cx.cache.get_or_create(channel);
+    // The store's, or the channel's own since a purge (`purge.rs`).
+    let epoch = ch.state(cx.epoch).epoch;
     let id = ch.row.id;
     if let Some(key) = idempotency_key {
         if let Some((first_seq, last_seq)) =
@@ -337,7 +391,16 @@ pub(crate) fn append(
     let first_seq = ch.row.head + 1;
     let head = ch.row.head + events.len() as u64;
     let old_floor = ch.row.floor;
-    let floor = old_floor.max(cx.retention.count_floor(head));
+    let mut floor = old_floor.max(ch.retention.count_floor(head));
+    if let Some(sizes) = ch.sizes.as_mut() {
+        for ev in &events {
+            sizes.push(ev.data.len());
+        }
+        sizes.pop(floor - old_floor);
+        let over = sizes.over(ch.retention.max_bytes);
+        sizes.pop(over);
+        floor += over;
+    }
     log::put_header(
         ax.record,
         id,

@@ -33,6 +33,7 @@ mod meta;
 mod open;
 mod options;
 mod overlay;
+mod purge;
 mod reader;
 mod request;
 mod sync;
@@ -44,7 +45,7 @@ pub use open::{check, CheckReport};
 pub use options::{Durability, StoreOptions, DEFAULT_CACHE_BYTES};
 
 use async_trait::async_trait;
-use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page};
+use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, TimeSeek};
 use gapless_protocol::{Epoch, NewEvent};
 use redb::Database;
 use request::{Inbox, Reply, Request};
@@ -78,6 +79,8 @@ pub struct EmbeddedJournal {
     db: Arc<Database>,
     /// Appends not yet in the tables, for readers.
     overlay: Arc<overlay::Overlay>,
+    /// Purged channels' epochs (`purge.rs`).
+    epochs: Arc<purge::Epochs>,
     /// Where requests wait for the writer.
     inbox: Arc<Inbox>,
     closed: AtomicBool,
@@ -138,11 +141,22 @@ impl EmbeddedJournal {
         // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
         let (applied, generation) = checkpoint::recover(&db, dir)?;
-        let cache = cache::Channels::load(&db, options.retention.max_age_ms != 0)?;
+        // The tables now hold every commit: each channel's retention applies
+        // to them all (a limit lowered since they were appended).
+        let mut cache = cache::Channels::load(&db, &options.namespaces)?;
+        let trimmed = apply::enforce(&db, &mut cache)?;
+        if trimmed > 0 {
+            tracing::info!(
+                channels = trimmed,
+                "retention applied to the events channels held (a limit lower than when they were appended)"
+            );
+        }
+        let epochs = Arc::new(purge::Epochs::load(&db)?);
         let wal = wal::Wal::open_sized(dir, generation, applied + 1, wal_file_bytes)?;
         // From now on the tables may lack commits only the log holds.
         meta::set_wal_live(&db)?;
         let db = Arc::new(db);
+        let (durability, min_free_bytes) = (options.durability, options.min_free_bytes);
         let overlay = Arc::new(overlay::Overlay::default());
         let inbox = Arc::new(Inbox::default());
         let thread_error = |e: std::io::Error| {
@@ -160,24 +174,27 @@ impl EmbeddedJournal {
                 wal,
                 applied,
                 checkpoint_bytes,
+                epochs: epochs.clone(),
             },
         )
         .and_then(Writer::spawn)
         .map_err(thread_error)?;
         Ok(EmbeddedJournal {
-            durability: options.durability,
+            durability,
             path: path.clone(),
-            disk: disk::DiskGuard::new(dir.to_path_buf(), options.min_free_bytes),
+            disk: disk::DiskGuard::new(dir.to_path_buf(), min_free_bytes),
             epoch,
             db,
             overlay,
+            epochs,
             inbox,
             closed: AtomicBool::new(false),
             writer: Some(writer),
         })
     }
 
-    /// The store's epoch (shared by all its channels).
+    /// The store's epoch (shared by all its channels but those purged,
+    /// which have their own).
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
@@ -229,7 +246,8 @@ impl Journal for EmbeddedJournal {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        let (epoch, bound) = (self.epoch, reader::Bound { limit, max_bytes });
+        let epoch = self.epochs.of(channel, self.epoch);
+        let bound = reader::Bound { limit, max_bytes };
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
             _ => return reader::page(&self.db, &self.overlay, epoch, channel, after, bound),
@@ -243,7 +261,16 @@ impl Journal for EmbeddedJournal {
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        reader::state(&self.db, &self.overlay, self.epoch, channel)
+        let epoch = self.epochs.of(channel, self.epoch);
+        reader::state(&self.db, &self.overlay, epoch, channel)
+    }
+
+    /// A binary search over seqs, on the calling task: the overlay's events
+    /// in memory, then at most about log2(retained events) row lookups in
+    /// the tables (`reader::seek_time`).
+    async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
+        let epoch = self.epochs.of(channel, self.epoch);
+        reader::seek_time(&self.db, &self.overlay, epoch, channel, time_ms)
     }
 
     /// After [`Journal::close`] this does nothing.
@@ -264,6 +291,26 @@ impl Journal for EmbeddedJournal {
             return Err(JournalError::Closed);
         }
         self.disk.check()
+    }
+
+    /// Run by the writer thread alone, between two batches, in one durable
+    /// transaction (`purge.rs`).
+    async fn purge(&self, channel: &str) -> Result<ChannelState, JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.call(|reply| Request::Purge {
+            channel: channel.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    /// A purge's epoch forks at seq 0 from the store's epoch (the one a
+    /// channel has before its first purge) or from the previous purge's.
+    fn fork_of(&self, channel: &str, from: Epoch, to: Epoch) -> Option<u64> {
+        let current = self.epochs.of(channel, self.epoch);
+        (current == to && to != self.epoch && from != to).then_some(0)
     }
 
     async fn evict_expired(&self, now_ms: u64) -> Result<(), JournalError> {

@@ -107,7 +107,7 @@ pub(crate) fn set_wal_applied(txn: &WriteTransaction, lsn: u64) -> Result<(), Jo
 }
 
 /// A random nonzero epoch different from `previous`.
-fn fresh_epoch(previous: Option<u64>) -> u64 {
+pub(crate) fn fresh_epoch(previous: Option<u64>) -> u64 {
     loop {
         let e = rand::random::<u64>();
         if e != 0 && Some(e) != previous {

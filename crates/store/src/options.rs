@@ -1,16 +1,21 @@
 //! How an [`crate::EmbeddedJournal`] is opened: retention and durability.
 
-use gapless_core::Retention;
+use gapless_core::Namespaces;
+use std::sync::Arc;
 
 /// The storage engine's page cache when not set ([`StoreOptions::cache_bytes`]):
 /// 64 MiB (`gapless serve --journal-cache-bytes`).
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// Options of [`crate::EmbeddedJournal::open`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StoreOptions {
-    /// How long events are kept (count and age limits).
-    pub retention: Retention,
+    /// How long events are kept: each channel has the retention (count, age
+    /// and byte limits) of its namespace. Applied with each append (count
+    /// and bytes), every 250 ms (age), and when the store opens, to the
+    /// events each channel already holds (count and bytes; age at the first
+    /// eviction pass), so a lower limit applies across a restart.
+    pub namespaces: Arc<Namespaces>,
     /// When an append is acknowledged relative to the disk.
     pub durability: Durability,
     /// Bytes that must stay available on the data directory's filesystem:
@@ -30,7 +35,7 @@ pub struct StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            retention: Retention::default(),
+            namespaces: Arc::default(),
             durability: Durability::default(),
             min_free_bytes: 0,
             cache_bytes: DEFAULT_CACHE_BYTES,

@@ -35,6 +35,16 @@ pub(crate) enum Request {
         /// The result.
         reply: Reply<()>,
     },
+    /// Purge a channel (`purge.rs`): run by the writer in its place in the
+    /// batch, after what is queued before it is durable and applied to the
+    /// tables, before what comes after.
+    Purge {
+        /// The channel.
+        channel: String,
+        /// Its new state (the empty state of the store's epoch for a
+        /// channel never appended to).
+        reply: Reply<gapless_core::ChannelState>,
+    },
     /// Apply what is queued before this, commit durably, and stop.
     Close {
         /// The result of the final commit.
@@ -58,6 +68,11 @@ pub(crate) enum Op {
         /// The current time, Unix ms.
         now_ms: u64,
     },
+    /// See [`Request::Purge`].
+    Purge {
+        /// The channel.
+        channel: String,
+    },
 }
 
 /// Where a batched request's result goes.
@@ -66,6 +81,8 @@ pub(crate) enum Pending {
     Append(Reply<Appended>),
     /// An eviction's reply.
     Evict(Reply<()>),
+    /// A purge's reply.
+    Purge(Reply<gapless_core::ChannelState>),
 }
 
 /// Requests applied together in one transaction, in arrival order.
@@ -84,6 +101,10 @@ impl Batch {
     pub(crate) fn push(&mut self, request: Request) -> Option<Reply<()>> {
         match request {
             Request::Close { reply } => return Some(reply),
+            Request::Purge { channel, reply } => {
+                self.ops.push(Op::Purge { channel });
+                self.pending.push(Pending::Purge(reply));
+            }
             Request::Append {
                 channel,
                 events,

@@ -24,7 +24,7 @@ use crate::options::Durability;
 use crate::overlay::{self, Overlay};
 use crate::request::Pending;
 use crate::wal;
-use gapless_core::{Appended, CommitSink, JournalError};
+use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -211,7 +211,8 @@ fn lost() -> JournalError {
     JournalError::Storage("journal writer lost an append result".to_owned())
 }
 
-/// Sends `result` to a request's reply (an eviction's gets `()`).
+/// Sends `result` to a request's reply (an eviction's gets `()`; a purge
+/// never has an append's result).
 pub(crate) fn reply(pending: Pending, result: Result<Appended, JournalError>) {
     match pending {
         Pending::Append(reply) => {
@@ -219,6 +220,9 @@ pub(crate) fn reply(pending: Pending, result: Result<Appended, JournalError>) {
         }
         Pending::Evict(reply) => {
             let _ = reply.send(result.map(|_| ()));
+        }
+        Pending::Purge(reply) => {
+            let _ = reply.send(result.and_then(|_| Err(lost())));
         }
     }
 }
@@ -231,6 +235,24 @@ pub(crate) fn reply_unit(pending: Pending, result: Result<(), JournalError>) {
         }
         Pending::Append(reply) => {
             let _ = reply.send(result.and_then(|()| Err(lost())));
+        }
+        Pending::Purge(reply) => {
+            let _ = reply.send(result.and_then(|()| Err(lost())));
+        }
+    }
+}
+
+/// Sends a purge's result to a request's reply.
+pub(crate) fn reply_state(pending: Pending, result: Result<ChannelState, JournalError>) {
+    match pending {
+        Pending::Purge(reply) => {
+            let _ = reply.send(result);
+        }
+        Pending::Append(reply) => {
+            let _ = reply.send(result.and_then(|_| Err(lost())));
+        }
+        Pending::Evict(reply) => {
+            let _ = reply.send(result.and_then(|_| Err(lost())));
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The on-disk layout: redb table definitions and the encoding of rows.
 //!
-//! One redb file holds six tables:
+//! One redb file holds six tables, and a seventh once a channel is purged:
 //!
 //! | table                | key                        | value                              |
 //! |----------------------|----------------------------|------------------------------------|
@@ -10,6 +10,7 @@
 //! | `idempotency_keys`   | `(channel id, key)`        | `(first_seq, last_seq)`            |
 //! | `idempotency_order`  | `(channel id, last_seq, key)` | `()`                            |
 //! | `log`                | commit number              | the appends of one commit (see `log.rs`) |
+//! | `purged`             | channel name               | the epoch its last purge began (see `purge.rs`) |
 //!
 //! Channels get a small numeric id on their first append so event keys stay
 //! 16 bytes whatever the name. Rows below a channel's floor are deleted in the
@@ -65,6 +66,9 @@ pub(crate) const KEYS: TableDefinition<(u64, &str), (u64, u64)> =
 /// `(channel id, last_seq, idempotency key)`: keys in eviction order.
 pub(crate) const KEY_ORDER: TableDefinition<(u64, u64, &str), ()> =
     TableDefinition::new("idempotency_order");
+/// Channel name -> the epoch its last purge began (`purge.rs`); a channel
+/// without a row has the store's epoch. Created by the first purge.
+pub(crate) const PURGED: TableDefinition<&str, u64> = TableDefinition::new("purged");
 /// Commit number -> the append records of that commit, not yet applied to
 /// the other tables.
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -352,6 +356,21 @@ pub(crate) fn decode_event(bytes: &[u8]) -> Result<DecodedEvent, JournalError> {
     Ok((time, event_type, data))
 }
 
+/// The length of an encoded event's data, without decoding it (the byte
+/// limit of retention counts data only).
+pub(crate) fn data_len(bytes: &[u8]) -> Result<usize, JournalError> {
+    let tag = u32::from_le_bytes(fixed(bytes, 8)?);
+    let type_len = match tag {
+        NO_TYPE | NO_TYPE_BINARY => 0,
+        t if t & BINARY != 0 => (t & !BINARY) as usize,
+        t => t as usize,
+    };
+    bytes
+        .len()
+        .checked_sub(HEADER + type_len)
+        .ok_or_else(|| corrupt("event type overruns the row"))
+}
+
 /// The commit time of an encoded event, without decoding the rest.
 pub(crate) fn event_time(bytes: &[u8]) -> Result<u64, JournalError> {
     if bytes.len() < HEADER {
@@ -408,6 +427,7 @@ mod tests {
             let row = encode_event(time, ty, &data);
             let (t, ty2, d) = decode_event(&row)?;
             assert_eq!((t, ty2.as_deref(), &d), (time, ty, &data));
+            assert_eq!(data_len(&row)?, data.len());
             assert_eq!(event_time(&row)?, time);
         }
         Ok(())

@@ -2,7 +2,8 @@
 //!
 //! Appends (and evictions) wait in the [`Inbox`]. The writer takes
 //! everything pending (up to a bound, see `request.rs`), decides each
-//! append in memory (idempotency, seqs, time, count retention: `apply.rs`),
+//! append in memory (idempotency, seqs, time, retention by count and bytes:
+//! `apply.rs`),
 //! writes the batch's records as one frame of the write-ahead log (`wal.rs`,
 //! one `pwrite`), then makes it durable with one `fdatasync` and completes
 //! it: overlay, sink, replies (`sync.rs`). While it waits for the disk, new
@@ -12,7 +13,9 @@
 //! tables later, off the replies' path.
 //!
 //! Age evictions run here, on the tables, once the checkpointer has applied
-//! every commit.
+//! every commit; so do purges (`purge.rs`), each alone, in its place in the
+//! batch: after the appends before it are durable and applied, before those
+//! after it.
 //!
 //! If a batch fails (a WAL write or `fdatasync` fails), its requests get
 //! [`JournalError::Storage`] (or `Full`); before the next batch the writer
@@ -25,11 +28,12 @@ use crate::cache::Channels;
 use crate::checkpoint::Checkpointer;
 use crate::options::StoreOptions;
 use crate::overlay::Overlay;
+use crate::purge::Epochs;
 use crate::request::{Batch, Inbox, Op, Pending, Wait};
 use crate::sync::{self, Round, Written};
 use crate::tables::storage;
 use crate::wal::Wal;
-use gapless_core::{Appended, CommitSink, JournalError};
+use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
 use std::sync::Arc;
@@ -56,6 +60,8 @@ pub(crate) struct Writer {
     checkpointer: Arc<Checkpointer>,
     /// The checkpointer's thread.
     helpers: Vec<JoinHandle<()>>,
+    /// Purged channels' epochs (shared with the readers, `purge.rs`).
+    epochs: Arc<Epochs>,
     /// Test hook: fail the next WAL write after deciding its batch.
     #[cfg(test)]
     pub(crate) fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
@@ -78,6 +84,8 @@ pub(crate) struct Start {
     pub applied: u64,
     /// Pending record bytes that start a checkpoint.
     pub checkpoint_bytes: usize,
+    /// Purged channels' epochs, shared with the readers.
+    pub epochs: Arc<Epochs>,
 }
 
 impl Writer {
@@ -108,6 +116,7 @@ impl Writer {
             round,
             checkpointer,
             helpers: vec![ck_thread],
+            epochs: s.epochs,
             #[cfg(test)]
             fail_next_commit: Arc::default(),
             #[cfg(test)]
@@ -158,7 +167,8 @@ impl Writer {
         }
     }
 
-    /// Commits a batch's appends, and runs its evictions in their place.
+    /// Commits a batch's appends, and runs its evictions and purges in
+    /// their place.
     fn process(&mut self, batch: Batch) {
         let Batch { ops, pending, .. } = batch;
         let mut appends = Vec::new();
@@ -170,6 +180,13 @@ impl Writer {
                     }
                     let result = self.evict(now_ms);
                     sync::reply_unit(pending, result);
+                }
+                Op::Purge { channel } => {
+                    if !appends.is_empty() {
+                        self.commit(std::mem::take(&mut appends));
+                    }
+                    let result = self.purge(&channel);
+                    sync::reply_state(pending, result);
                 }
                 append @ Op::Append { .. } => appends.push((append, pending)),
             }
@@ -272,7 +289,6 @@ impl Writer {
                 };
                 let mut cx = Ctx {
                     epoch: self.epoch,
-                    retention: self.options.retention,
                     cache,
                 };
                 let mut ax = AppendCx {
@@ -328,8 +344,7 @@ impl Writer {
         self.purged = applied;
         // Every acknowledged event is in the tables now.
         self.overlay.write().clear();
-        let track_age = self.options.retention.max_age_ms != 0;
-        self.cache = Some(Channels::load(&self.db, track_age)?);
+        self.cache = Some(Channels::load(&self.db, &self.options.namespaces)?);
         Ok(())
     }
 
@@ -346,7 +361,6 @@ impl Writer {
             };
             let cx = Ctx {
                 epoch: self.epoch,
-                retention: self.options.retention,
                 cache,
             };
             eviction_due(&cx, now_ms)
@@ -379,7 +393,6 @@ impl Writer {
         };
         let mut cx = Ctx {
             epoch: self.epoch,
-            retention: self.options.retention,
             cache,
         };
         // Readers pair the overlay with a snapshot: both change together.
@@ -398,6 +411,50 @@ impl Writer {
         txn.commit().map_err(storage)?;
         tails.clear();
         Ok(notices)
+    }
+
+    /// Purges `channel` (`purge.rs`) once every batch so far is durable and
+    /// applied to the tables (nothing of it is left only in the WAL or the
+    /// overlay), and tells the sink its new state.
+    fn purge(&mut self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.finish_round();
+        if self.cache.is_none() {
+            self.recover()?;
+        }
+        let applied = self.checkpointer.apply_all(false)?;
+        // The tables hold every idempotency key now.
+        self.keys.purge(applied);
+        self.purged = applied;
+        let Some(cache) = self.cache.as_mut() else {
+            return Err(JournalError::Storage("journal cache not loaded".into()));
+        };
+        let purged = crate::purge::purge(
+            &self.db,
+            &self.overlay,
+            cache,
+            &self.epochs,
+            self.epoch,
+            channel,
+        );
+        match purged {
+            Ok(None) => Ok(ChannelState::empty(self.epoch)),
+            Ok(Some(state)) => {
+                sync::notify(
+                    &*self.sink,
+                    &Notice::Evicted {
+                        channel: Arc::from(channel),
+                        state,
+                    },
+                );
+                Ok(state)
+            }
+            Err(e) => {
+                tracing::error!("journal purge failed: {e}");
+                // The cache may have changed past the tables.
+                self.cache = None;
+                Err(e)
+            }
+        }
     }
 
     /// The final checkpoint: everything completed goes to the tables, and a
@@ -434,7 +491,7 @@ fn records_size(appends: &[(Op, Pending)]) -> usize {
                         .map(|e| 8 + e.data.len() + e.event_type.as_ref().map_or(0, String::len))
                         .sum::<usize>()
             }
-            Op::Evict { .. } => 0,
+            Op::Evict { .. } | Op::Purge { .. } => 0,
         })
         .sum()
 }

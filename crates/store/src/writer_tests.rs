@@ -36,16 +36,20 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
     let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
     let db = Database::create(dir.path().join("j.redb")).map_err(crate::tables::storage)?;
     let options = StoreOptions {
-        retention: Retention {
-            max_events: 2,
-            max_age_ms: 60_000,
-        },
+        namespaces: Arc::new(
+            Retention {
+                max_events: 2,
+                max_age_ms: 60_000,
+                max_bytes: 0,
+            }
+            .into(),
+        ),
         durability: Durability::Sync,
         min_free_bytes: 0,
         ..StoreOptions::default()
     };
     let epoch = meta::init(&db, options.durability)?;
-    let cache = Channels::load(&db, true)?;
+    let cache = Channels::load(&db, &options.namespaces)?;
     let db = Arc::new(db);
     let inbox = Arc::new(Inbox::default());
     let overlay = Arc::new(Overlay::default());
@@ -61,6 +65,7 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
             wal: wal::Wal::open(dir.path(), 0, 1)?,
             applied: 0,
             checkpoint_bytes: 1 << 20,
+            epochs: Arc::default(),
         },
     )
     .map_err(crate::tables::storage)?;
@@ -134,7 +139,7 @@ fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(
         ..StoreOptions::default()
     };
     let epoch = meta::init(&db, options.durability)?;
-    let cache = Channels::load(&db, false)?;
+    let cache = Channels::load(&db, &options.namespaces)?;
     let db = Arc::new(db);
     let inbox = Arc::new(Inbox::default());
     let overlay = Arc::new(Overlay::default());
@@ -150,6 +155,7 @@ fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(
             wal: wal::Wal::open(dir.path(), 0, 1)?,
             applied: 0,
             checkpoint_bytes: 1 << 20,
+            epochs: Arc::default(),
         },
     )
     .map_err(crate::tables::storage)?;

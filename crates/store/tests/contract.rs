@@ -147,3 +147,62 @@ async fn bounded_reads_stop_at_the_byte_budget_in_the_log_and_in_the_tables() ->
     }
     Ok(())
 }
+
+/// `seek_time` finds the first retained event at or after a time whether
+/// the events are only in the commit log (overlay), already in the tables
+/// (checkpoint 0), or split between the two, with count retention raising
+/// the floor in either (the overlay's floor may pass the tables' rows), and
+/// after reopening (everything in the tables, the head's time kept).
+#[tokio::test]
+async fn seek_time_in_the_log_and_in_the_tables() -> R {
+    for checkpoint in [usize::MAX, 0, 2500] {
+        for max_events in [1000, 7] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let open = || {
+                gapless_store::EmbeddedJournal::open_with_checkpoint(
+                    dir.path(),
+                    options(max_events, 0, Durability::Sync),
+                    std::sync::Arc::new(gapless_core::journal::NoSink),
+                    checkpoint,
+                )
+            };
+            let j = open()?;
+            for i in 0..12 {
+                let batch = (0..(i % 3 + 1)).map(|_| ev(&"k".repeat(300))).collect();
+                j.append("c", batch, None).await?;
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            let what = format!("checkpoint every {checkpoint} bytes, keep {max_events}");
+            seek_matches_a_scan(&j, &what).await?;
+            j.close().await?;
+            drop(j);
+            seek_matches_a_scan(&open()?, &what).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks `seek_time` on channel `c` against a scan of its events, around
+/// every event's time.
+async fn seek_matches_a_scan(j: &gapless_store::EmbeddedJournal, what: &str) -> R {
+    let page = j.read("c", 0, 100).await?;
+    let (all, st) = (&page.events, page.state);
+    let head_time = all.last().map_or(0, |e| e.time);
+    for e in all {
+        for t in [e.time - 1, e.time, e.time + 1] {
+            let s = j.seek_time("c", t).await?;
+            let want = all
+                .iter()
+                .find(|x| x.time >= t)
+                .map_or(st.head + 1, |x| x.seq);
+            assert_eq!(
+                (s.seq, s.state, s.head_time),
+                (want, st, head_time),
+                "{what}: time {t}"
+            );
+            let evicted = st.floor > 1 && want == st.floor;
+            assert_eq!(s.evicted_after(t), evicted, "{what}: time {t}");
+        }
+    }
+    Ok(())
+}

@@ -58,7 +58,7 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let keep = 7;
     let opts = options(keep, 0, durability);
-    let mut j = open(dir.path(), opts, checkpoint);
+    let mut j = open(dir.path(), opts.clone(), checkpoint);
     let mut models: HashMap<String, Model> = HashMap::new();
     for step in 0u64..240 {
         let name = format!("c{}", step % 5);
@@ -120,7 +120,7 @@ async fn run(checkpoint: usize, durability: Durability) -> R {
             // A clean reopen applies the log; the state must not change.
             j.close().await?;
             drop(j);
-            j = open(dir.path(), opts, checkpoint);
+            j = open(dir.path(), opts.clone(), checkpoint);
             check(&j, &models, keep).await?;
         }
     }
@@ -151,7 +151,7 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = options(1000, 0, Durability::Sync);
     {
-        let j = open(dir.path(), opts, usize::MAX);
+        let j = open(dir.path(), opts.clone(), usize::MAX);
         for i in 0..10 {
             j.append(
                 "a",
@@ -200,7 +200,7 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
     for checkpoint in [0, usize::MAX] {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = options(2, 0, Durability::Sync);
-        let j = open(dir.path(), opts, checkpoint);
+        let j = open(dir.path(), opts.clone(), checkpoint);
         assert_eq!(
             j.append("a", vec![common::ev("1")], Some("k"))
                 .await?
@@ -215,7 +215,7 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
         assert_eq!((again.first_seq, again.duplicate), (5, false));
         j.close().await?;
         drop(j);
-        let j = open(dir.path(), opts, checkpoint);
+        let j = open(dir.path(), opts.clone(), checkpoint);
         let retry = j.append("a", vec![common::ev("x")], Some("k")).await?;
         assert_eq!(
             (retry.first_seq, retry.duplicate),
@@ -232,13 +232,13 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
 async fn a_running_journal_file_without_its_log_is_refused() -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = options(1000, 0, Durability::Sync);
-    let j = open(dir.path(), opts, usize::MAX);
+    let j = open(dir.path(), opts.clone(), usize::MAX);
     j.append("a", vec![common::ev("1")], None).await?;
     std::mem::forget(j);
     let copy = tempfile::tempdir().expect("tempdir");
     let file = gapless_store::FILE_NAME;
     std::fs::copy(dir.path().join(file), copy.path().join(file)).expect("copy journal");
-    let err = EmbeddedJournal::open(copy.path(), opts, Arc::new(Recorder::default()))
+    let err = EmbeddedJournal::open(copy.path(), opts.clone(), Arc::new(Recorder::default()))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -249,7 +249,7 @@ async fn a_running_journal_file_without_its_log_is_refused() -> R {
     // Closed cleanly, the file alone is whole.
     let other = tempfile::tempdir().expect("tempdir");
     {
-        let j = open(other.path(), opts, usize::MAX);
+        let j = open(other.path(), opts.clone(), usize::MAX);
         j.append("a", vec![common::ev("1")], None).await?;
         j.close().await?;
     }

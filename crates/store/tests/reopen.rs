@@ -16,7 +16,7 @@ async fn reopen_keeps_epoch_heads_floors_events_and_keys() -> R {
         let data = dir.path().join("nested/data");
         let opts = options(5, 60_000, durability);
         let (epoch, states, pages) = {
-            let (j, _) = open(&data, opts);
+            let (j, _) = open(&data, opts.clone());
             j.append("e", vec![ev("gone")], None).await?;
             let e_time = j.read("e", 0, 1).await?.events[0].time;
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -61,7 +61,7 @@ async fn reopen_keeps_epoch_heads_floors_events_and_keys() -> R {
         .expect("copy");
 
         for path in [&data, &copy] {
-            let (j, _) = open(path, opts);
+            let (j, _) = open(path, opts.clone());
             assert_eq!(j.epoch(), epoch);
             for (i, c) in ["a", "b", "e", "never"].into_iter().enumerate() {
                 assert_eq!(j.state(c).await?, states[i], "{c}");
@@ -95,7 +95,7 @@ async fn keys_and_count_floors_survive_a_reopen() -> R {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = options(3, 0, Durability::Sync);
     {
-        let (j, _) = open(dir.path(), opts);
+        let (j, _) = open(dir.path(), opts.clone());
         j.append("c", vec![ev("1"), ev("2")], Some("k1")).await?;
         for i in 0..4 {
             j.append("c", vec![ev(&i.to_string())], Some(&format!("n{i}")))

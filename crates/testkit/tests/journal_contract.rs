@@ -12,13 +12,17 @@
 //! (the store's reopen and checkpoints, Redis's scripts and outages) is
 //! tested in that journal's crate.
 
-use gapless_core::journal::{now_ms, ChannelState, CommitSink, Journal, JournalError, Retention};
+use gapless_core::journal::{
+    now_ms, Appended, ChannelState, CommitSink, Journal, JournalError, NoSink, Retention,
+};
 use gapless_core::memory::MemoryJournal;
+use gapless_core::namespace::{Namespaces, Policy, Table};
 use gapless_core::Page;
 use gapless_protocol::{Event, NewEvent, Payload};
 use gapless_redis::{RedisJournal, RedisOptions};
 use gapless_store::{Durability, EmbeddedJournal, StoreOptions};
 use gapless_testkit::redis::Redis;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,19 +49,21 @@ struct Fixture {
 impl Fixture {
     /// A journal with `retention` and a fresh recording sink.
     fn open(&self, retention: Retention) -> (Arc<dyn Journal>, Arc<Recorder>) {
+        self.open_ns(retention.into())
+    }
+
+    /// A journal where each channel has its namespace's retention, and a
+    /// fresh recording sink.
+    fn open_ns(&self, namespaces: Namespaces) -> (Arc<dyn Journal>, Arc<Recorder>) {
         let rec = Arc::new(Recorder::default());
         let sink: Arc<dyn CommitSink> = rec.clone();
+        let namespaces = Arc::new(namespaces);
         let journal: Arc<dyn Journal> = match self.kind {
-            Kind::Memory => Arc::new(MemoryJournal::new(retention, sink)),
+            Kind::Memory => Arc::new(MemoryJournal::with_namespaces(namespaces, sink)),
             Kind::Embedded => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let opts = StoreOptions {
-                    retention,
-                    durability: Durability::Sync,
-                    min_free_bytes: 0,
-                    ..StoreOptions::default()
-                };
-                let j = EmbeddedJournal::open(dir.path(), opts, sink).expect("open the store");
+                let j = EmbeddedJournal::open(dir.path(), store_options(namespaces), sink)
+                    .expect("open the store");
                 self.dirs.lock().expect("lock").push(dir);
                 Arc::new(j)
             }
@@ -65,13 +71,42 @@ impl Fixture {
                 let redis = self.redis.as_ref().expect("a redis-server");
                 let opts = RedisOptions {
                     url: redis.url(),
-                    retention,
+                    namespaces,
                     ..RedisOptions::default()
                 };
                 Arc::new(RedisJournal::open(opts, sink).expect("open the Redis journal"))
             }
         };
         (journal, rec)
+    }
+
+    /// A journal on the same store as the last one opened (the embedded
+    /// store's directory, the Redis server), with `namespaces`: a restart
+    /// with other settings. The last journal must be dropped first. `None`
+    /// for the memory journal, which keeps nothing across a restart.
+    fn reopen(&self, namespaces: Namespaces) -> Option<(Arc<dyn Journal>, Arc<Recorder>)> {
+        let namespaces = Arc::new(namespaces);
+        match self.kind {
+            Kind::Memory => None,
+            Kind::Embedded => {
+                let rec = Arc::new(Recorder::default());
+                let dirs = self.dirs.lock().expect("lock");
+                let dir = dirs.last().expect("a store opened before");
+                let j = EmbeddedJournal::open(dir.path(), store_options(namespaces), rec.clone())
+                    .expect("reopen the store");
+                Some((Arc::new(j), rec))
+            }
+            Kind::Redis => Some(self.open_ns(Arc::unwrap_or_clone(namespaces))),
+        }
+    }
+}
+
+fn store_options(namespaces: Arc<Namespaces>) -> StoreOptions {
+    StoreOptions {
+        namespaces,
+        durability: Durability::Sync,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
     }
 }
 
@@ -132,6 +167,9 @@ contract!(
     idempotency,
     idempotency_racing,
     count_retention,
+    byte_retention,
+    namespace_retention,
+    retention_lowered_across_restart,
     age_retention,
     age_zero,
     reads,
@@ -140,6 +178,10 @@ contract!(
     close,
     reports,
     bytes,
+    seek_times,
+    seek_after_eviction,
+    purge,
+    purge_racing,
 );
 
 // ---- the sink ----
@@ -215,6 +257,7 @@ fn keep(max_events: u64, max_age_ms: u64) -> Retention {
     Retention {
         max_events,
         max_age_ms,
+        max_bytes: 0,
     }
 }
 
@@ -367,7 +410,7 @@ async fn idempotency_racing(f: Fixture) -> R {
 
 /// Retention by count: right after a publish a channel serves at most
 /// `max_events` (its newest), the sink sees the floor rise, a key whose
-/// events are gone is forgotten, and 0 is treated as 1.
+/// events are gone is forgotten, and 0 is no count limit.
 async fn count_retention(f: Fixture) -> R {
     let (j, rec) = f.open(keep(3, 0));
     let key = j.append("c", vec![ev("1")], Some("k")).await?;
@@ -400,10 +443,219 @@ async fn count_retention(f: Fixture) -> R {
     let re = j.append("c", vec![ev("again")], Some("k")).await?;
     assert!(!re.duplicate, "{re:?}");
     assert_eq!(re.first_seq, 13);
-    // max_events 0 is treated as 1.
+    // max_events 0 keeps every event. (On Redis, a journal with another
+    // retention applies its own to the channels it reads: `j` goes first.)
+    j.close().await?;
+    drop(j);
     let (j0, _) = f.open(keep(0, 0));
-    j0.append("z", vec![ev("a"), ev("b")], None).await?;
-    assert_eq!(seqs(&j0.read("z", 0, 10).await?), [2]);
+    for _ in 0..3 {
+        j0.append("z", vec![ev("a"), ev("b")], None).await?;
+    }
+    assert_eq!(seqs(&j0.read("z", 0, 10).await?), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(j0.state("z").await?.floor, 1);
+    Ok(())
+}
+
+fn keep_bytes(max_bytes: u64) -> Retention {
+    Retention {
+        max_events: 0,
+        max_age_ms: 0,
+        max_bytes,
+    }
+}
+
+/// Retention by bytes: right after a publish a channel serves its newest
+/// events whose data adds up to at most `max_bytes` (only the data counts:
+/// not the type; bytes count as bytes), and always its newest event however
+/// large; the sink sees the floor rise; a key whose events are gone is
+/// forgotten; 0 is no byte limit.
+async fn byte_retention(f: Fixture) -> R {
+    let (j, rec) = f.open(keep_bytes(25));
+    j.append("c", vec![ev("0123456789")], Some("k")).await?;
+    j.append("c", vec![ev("0123456789")], None).await?;
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [1, 2], "20 bytes fit");
+    j.append("c", vec![ev("0123456789")], None).await?;
+    let st = j.state("c").await?;
+    assert_eq!(
+        (st.floor, st.head),
+        (2, 3),
+        "30 bytes do not: the oldest goes"
+    );
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [2, 3]);
+    assert_eq!(
+        rec.last_state("c"),
+        Some(st),
+        "the sink saw the floor rise with the commit"
+    );
+    // The key's event is gone, so the key is forgotten.
+    let re = j.append("c", vec![ev("12345")], Some("k")).await?;
+    assert_eq!((re.first_seq, re.duplicate), (4, false));
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [2, 3, 4], "25 bytes fit");
+    // The type does not count; binary data counts its bytes.
+    let typed = NewEvent {
+        event_type: Some("t".repeat(60)),
+        data: Payload::Binary(vec![0; 10]),
+    };
+    j.append("c", vec![typed], None).await?;
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [3, 4, 5]);
+    // The newest event stays whatever its size.
+    j.append("c", vec![ev(&"x".repeat(100))], None).await?;
+    let page = j.read("c", 0, 10).await?;
+    assert_eq!(seqs(&page), [6]);
+    assert_eq!((page.state.floor, page.state.head), (6, 6));
+    // A batch keeps its newest events that fit.
+    let a = j
+        .append("c", (0..6).map(|_| ev("0123456789")).collect(), None)
+        .await?;
+    assert_eq!((a.first_seq, a.last_seq), (7, 12));
+    assert_eq!(seqs(&j.read("c", 0, 10).await?), [11, 12]);
+    // Empty events weigh nothing.
+    for _ in 0..5 {
+        j.append("e", vec![ev("")], None).await?;
+    }
+    assert_eq!(j.read("e", 0, 10).await?.events.len(), 5);
+    // Both limits apply: whichever evicts more.
+    j.close().await?;
+    drop(j);
+    let (both, _) = f.open(Retention {
+        max_events: 2,
+        max_age_ms: 0,
+        max_bytes: 1000,
+    });
+    for _ in 0..4 {
+        both.append("both", vec![ev("0123456789")], None).await?;
+    }
+    assert_eq!(seqs(&both.read("both", 0, 10).await?), [3, 4]);
+    Ok(())
+}
+
+/// Each channel has the retention of its namespace (its name up to the
+/// first `:`; `default` without one): a table's keys, the server's for the
+/// keys it leaves out, the server's for a namespace without a table.
+async fn namespace_retention(f: Fixture) -> R {
+    let server = Policy {
+        retention: keep(4, 0),
+        ..Policy::default()
+    };
+    let mut tables = BTreeMap::new();
+    tables.insert(
+        "small".to_owned(),
+        Table {
+            retention_events: Some(2),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "tiny".to_owned(),
+        Table {
+            retention_bytes: Some(3),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "brief".to_owned(),
+        Table {
+            retention_ms: Some(300),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "default".to_owned(),
+        Table {
+            retention_events: Some(3),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "all".to_owned(),
+        Table {
+            retention_events: Some(0),
+            ..Table::default()
+        },
+    );
+    let (j, _) = f.open_ns(Namespaces::new(server, &tables));
+    for channel in ["small:a", "tiny:a", "plain", "other:x", "all:x", "brief:a"] {
+        for i in 1..=6 {
+            j.append(channel, vec![ev(&i.to_string())], None).await?;
+        }
+    }
+    assert_eq!(seqs(&j.read("small:a", 0, 10).await?), [5, 6]);
+    assert_eq!(
+        seqs(&j.read("tiny:a", 0, 10).await?),
+        [4, 5, 6],
+        "3 bytes, and the server's count limit"
+    );
+    assert_eq!(
+        seqs(&j.read("plain", 0, 10).await?),
+        [4, 5, 6],
+        "[namespaces.default]"
+    );
+    assert_eq!(
+        seqs(&j.read("other:x", 0, 10).await?),
+        [3, 4, 5, 6],
+        "no table"
+    );
+    assert_eq!(seqs(&j.read("all:x", 0, 10).await?).len(), 6, "0: no limit");
+    // Age: only `brief` has a limit.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    j.append("brief:a", vec![ev("new")], None).await?;
+    let st = evict_until(&*j, "brief:a", 7, Duration::from_secs(5)).await?;
+    assert_eq!((st.floor, st.head), (7, 7));
+    assert_eq!(j.state("other:x").await?.floor, 3, "no age limit elsewhere");
+    Ok(())
+}
+
+/// A lower retention applies to the events a channel already holds once
+/// the journal is opened again with it (a restart with new namespace
+/// settings): without waiting for the channel's next append, by count and
+/// by bytes, each channel by its namespace; reads start at the new floor and
+/// seqs continue. A higher one evicts nothing more.
+async fn retention_lowered_across_restart(f: Fixture) -> R {
+    {
+        let (j, _) = f.open(keep(100, 0));
+        for channel in ["c", "b:c", "keep:c"] {
+            for i in 0..10 {
+                j.append(channel, vec![ev(&format!("{i}23456789"))], None)
+                    .await?;
+            }
+        }
+        j.close().await?;
+    }
+    let server = Policy {
+        retention: keep(4, 0),
+        ..Policy::default()
+    };
+    let mut tables = BTreeMap::new();
+    tables.insert(
+        "b".to_owned(),
+        Table {
+            retention_events: Some(100),
+            retention_bytes: Some(30),
+            ..Table::default()
+        },
+    );
+    tables.insert(
+        "keep".to_owned(),
+        Table {
+            retention_events: Some(1000),
+            ..Table::default()
+        },
+    );
+    let Some((j, _)) = f.reopen(Namespaces::new(server, &tables)) else {
+        return Ok(());
+    };
+    let st = j.state("c").await?;
+    assert_eq!((st.floor, st.head), (7, 10), "count: 4 of 10");
+    assert_eq!(seqs(&j.read("c", 0, 100).await?), [7, 8, 9, 10]);
+    assert_eq!(seqs(&j.read("b:c", 0, 100).await?), [8, 9, 10], "30 bytes");
+    assert_eq!(j.state("b:c").await?.floor, 8);
+    assert_eq!(seqs(&j.read("keep:c", 0, 100).await?).len(), 10);
+    let a = j.append("c", vec![ev("next")], None).await?;
+    assert_eq!(a.first_seq, 11);
+    assert_eq!(seqs(&j.read("c", 0, 100).await?), [8, 9, 10, 11]);
+    let a = j.append("b:c", vec![ev("0123456789")], None).await?;
+    assert_eq!(a.first_seq, 11);
+    assert_eq!(seqs(&j.read("b:c", 0, 100).await?), [9, 10, 11]);
     Ok(())
 }
 
@@ -648,6 +900,91 @@ async fn bytes(f: Fixture) -> R {
     Ok(())
 }
 
+/// `seek_time` answers the first retained event at or after a time
+/// (`head + 1` when none is), with the channel's bounds and the head
+/// event's time, for every time around every event's; a channel never
+/// published to answers seq 1 and time 0. The channel is long enough (300
+/// KiB) that the embedded store has applied part of it to its tables and
+/// holds the rest in its overlay, so the search crosses both.
+async fn seek_times(f: Fixture) -> R {
+    let (j, _) = f.open(keep(1000, 0));
+    let none = j.seek_time("nobody", now_ms()).await?;
+    assert_eq!((none.seq, none.head_time), (1, 0));
+    assert_eq!(none.state, j.state("nobody").await?);
+    assert!(!none.evicted_after(0));
+    for _ in 0..30 {
+        let batch = (0..5).map(|_| ev(&"x".repeat(2048))).collect();
+        j.append("t", batch, None).await?;
+        // Mostly distinct times; equal ones are checked as well.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let page = j.read("t", 0, 1000).await?;
+    let (st, all) = (page.state, page.events);
+    assert_eq!((st.floor, st.head, all.len()), (1, 150, 150));
+    let head_time = all[149].time;
+    let first_at = |t: u64| {
+        all.iter()
+            .find(|e| e.time >= t)
+            .map_or(st.head + 1, |e| e.seq)
+    };
+    let mut times: Vec<u64> = vec![0, 1, head_time + 1, u64::MAX];
+    for e in &all {
+        times.extend([e.time - 1, e.time, e.time + 1]);
+    }
+    times.dedup();
+    for t in times {
+        let s = j.seek_time("t", t).await?;
+        assert_eq!(s.seq, first_at(t), "time {t} (events from {})", all[0].time);
+        assert_eq!((s.state, s.head_time), (st, head_time), "time {t}");
+        assert!(!s.evicted_after(t), "nothing was evicted: {s:?}");
+    }
+    Ok(())
+}
+
+/// After eviction `seek_time` answers among the retained events only, and
+/// `evicted_after` says when an evicted event may be at or after the time:
+/// the answer is the floor and something was evicted (by count here), or
+/// everything was evicted (by age) and the head event, whose time the
+/// journal keeps, is at or after it.
+async fn seek_after_eviction(f: Fixture) -> R {
+    let (j, _) = f.open(keep(4, 0));
+    for i in 1..=8 {
+        j.append("c", vec![ev(&i.to_string())], None).await?;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let page = j.read("c", 0, 10).await?;
+    assert_eq!(seqs(&page), [5, 6, 7, 8]);
+    let t = |seq: u64| page.events[(seq - 5) as usize].time;
+    let s = j.seek_time("c", 0).await?;
+    assert_eq!((s.seq, s.state, s.head_time), (5, page.state, t(8)));
+    assert!(s.evicted_after(0), "events 1 to 4 may be after time 0");
+    let s = j.seek_time("c", t(5)).await?;
+    assert_eq!(s.seq, 5);
+    assert!(s.evicted_after(t(5)), "event 4 is gone, its time with it");
+    let s = j.seek_time("c", t(6)).await?;
+    assert_eq!(s.seq, 6);
+    assert!(!s.evicted_after(t(6)), "event 5 is retained and older");
+    let s = j.seek_time("c", t(8) + 1).await?;
+    assert_eq!(s.seq, 9);
+    assert!(!s.evicted_after(t(8) + 1), "event 8 is retained and older");
+
+    let (j, _) = f.open(keep(1000, 200));
+    j.append("old", vec![ev("1")], None).await?;
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    j.append("old", vec![ev("2")], None).await?;
+    let page = j.read("old", 0, 10).await?;
+    let (t1, t2) = (page.events[0].time, page.events[1].time);
+    assert!(t1 < t2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = evict_until(&*j, "old", 3, Duration::from_secs(5)).await?;
+    for (time, may) in [(0, true), (t1, true), (t2, true), (t2 + 1, false)] {
+        let s = j.seek_time("old", time).await?;
+        assert_eq!((s.seq, s.state, s.head_time), (3, st, t2), "time {time}");
+        assert_eq!(s.evicted_after(time), may, "time {time}");
+    }
+    Ok(())
+}
+
 /// After `close`, appends are refused with `Closed`; every append
 /// acknowledged before is kept.
 async fn close(f: Fixture) -> R {
@@ -709,5 +1046,145 @@ async fn reports(f: Fixture) -> R {
     assert_eq!(j.size_bytes().is_some(), f.kind == Kind::Embedded);
     let st = j.state("c").await?;
     assert_eq!(j.fork_of("c", st.epoch, st.epoch), None);
+    Ok(())
+}
+
+/// A purge removes every event and idempotency key of one channel, gives it
+/// a new epoch (a fork at seq 0 of the old one) with seqs from 1 again,
+/// tells the sink before it returns, leaves other channels alone, leaves a
+/// channel never appended to as it is, and (on a store that outlives the
+/// journal) is still there when the store is opened again.
+async fn purge(f: Fixture) -> R {
+    let (j, rec) = f.open(Retention::default());
+    j.append("a", vec![ev("1"), ev("2")], Some("k")).await?;
+    j.append("a", vec![ev("3")], None).await?;
+    let b = j.append("b", vec![ev("y")], None).await?;
+    let old = j.state("a").await?;
+    let st = j.purge("a").await?;
+    assert_ne!(st.epoch, old.epoch, "a new epoch");
+    assert_ne!(st.epoch.0, 0);
+    assert_eq!((st.floor, st.head), (1, 0));
+    assert_eq!(
+        rec.last_state("a"),
+        Some(st),
+        "the sink knows before it returns"
+    );
+    assert_eq!(j.state("a").await?, st);
+    let page = j.read("a", 0, 100).await?;
+    assert!(page.events.is_empty(), "{:?}", seqs(&page));
+    assert_eq!(page.state, st);
+    assert_eq!(j.fork_of("a", old.epoch, st.epoch), Some(0));
+    assert_eq!(j.seek_time("a", 0).await?.state, st);
+    let other = j.state("b").await?;
+    assert_eq!(
+        (other.epoch, other.head),
+        (b.epoch, 1),
+        "other channels stay"
+    );
+    let again = j.append("a", vec![ev("4")], Some("k")).await?;
+    assert_eq!(
+        (again.epoch, again.first_seq, again.duplicate),
+        (st.epoch, 1, false),
+        "seqs start at 1; the key was forgotten"
+    );
+    let page = j.read("a", 0, 100).await?;
+    assert_eq!(seqs(&page), [1]);
+    assert!(page.events.iter().all(|e| e.epoch == st.epoch));
+    // A channel never appended to: nothing to purge.
+    let never = j.purge("never").await?;
+    assert_eq!((never.floor, never.head), (1, 0));
+    assert_eq!(j.state("never").await?.head, 0);
+    // Purged twice: another epoch again.
+    let twice = j.purge("a").await?;
+    assert_ne!(twice.epoch, st.epoch);
+    assert_eq!(j.fork_of("a", st.epoch, twice.epoch), Some(0));
+    if f.kind == Kind::Embedded {
+        j.close().await?;
+        drop(j);
+        let dir = f
+            .dirs
+            .lock()
+            .expect("lock")
+            .pop()
+            .expect("the store's directory");
+        let opts = StoreOptions {
+            min_free_bytes: 0,
+            ..StoreOptions::default()
+        };
+        let reopened: Arc<dyn Journal> =
+            Arc::new(EmbeddedJournal::open(dir.path(), opts, Arc::new(NoSink))?);
+        assert_eq!(reopened.state("a").await?, twice, "the purge is durable");
+        assert!(reopened.read("a", 0, 100).await?.events.is_empty());
+        assert_eq!(reopened.state("b").await?.epoch, b.epoch);
+        let next = reopened.append("a", vec![ev("5")], None).await?;
+        assert_eq!((next.epoch, next.first_seq), (twice.epoch, 1));
+        f.dirs.lock().expect("lock").push(dir);
+    }
+    Ok(())
+}
+
+/// Appends racing a purge land wholly before it (and are gone) or wholly
+/// after it (in the new epoch, dense from seq 1), never half: a batch is
+/// never split across the purge.
+async fn purge_racing(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    j.append("r", vec![ev("first")], None).await?;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let ja = j.clone();
+        tasks.push(tokio::spawn(async move {
+            let j = ja;
+            let batch = vec![ev(&format!("{i}a")), ev(&format!("{i}b"))];
+            j.append("r", batch, None).await
+        }));
+        if i == 20 {
+            let j = j.clone();
+            tasks.push(tokio::spawn(async move {
+                j.purge("r").await.map(|st| Appended {
+                    epoch: st.epoch,
+                    first_seq: 0,
+                    last_seq: 0,
+                    duplicate: true,
+                })
+            }));
+        }
+    }
+    let mut acks = Vec::new();
+    let mut purged = None;
+    for t in tasks {
+        let a = t.await.expect("task")?;
+        if a.first_seq == 0 {
+            purged = Some(a.epoch);
+        } else {
+            acks.push(a);
+        }
+    }
+    let purged = purged.expect("the purge answered");
+    let st = j.state("r").await?;
+    assert_eq!(st.epoch, purged, "no other epoch since");
+    let after: Vec<&Appended> = acks.iter().filter(|a| a.epoch == purged).collect();
+    for a in &acks {
+        assert_eq!(a.last_seq, a.first_seq + 1, "{a:?}");
+    }
+    let page = j.read("r", 0, 1000).await?;
+    assert_eq!(
+        page.events.len(),
+        after.len() * 2,
+        "exactly the appends answered in the new epoch are there"
+    );
+    assert_eq!(
+        seqs(&page),
+        (1..=st.head).collect::<Vec<_>>(),
+        "dense from 1"
+    );
+    for pair in page.events.chunks(2) {
+        let text = |e: &Event| String::from_utf8_lossy(e.data.as_bytes()).into_owned();
+        let (x, y) = (text(&pair[0]), text(&pair[1]));
+        assert_eq!(
+            x.trim_end_matches('a'),
+            y.trim_end_matches('b'),
+            "a batch is whole: {x} {y}"
+        );
+    }
     Ok(())
 }

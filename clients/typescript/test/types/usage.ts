@@ -8,6 +8,7 @@ import {
   memoryStore,
   type CursorStore,
   type GapUpdate,
+  type Since,
   type Update,
 } from "../../dist/index.js";
 
@@ -31,6 +32,10 @@ export async function readme(): Promise<void> {
   const page = await client.history("orders", { after: p.cursor, limit: 100 });
   render(page.done ? page.next : page.events.map((e) => e.seq));
   for await (const pg of client.historyAll("orders")) render(pg.events);
+  const lastTen = await client.history("orders", { since: "last:10" });
+  render([lastTen.gap?.reason, lastTen.gap?.next]);
+  const since: Since[] = ["live", "earliest", "last:10", `time:${Date.now() - 60_000}`, { last: 10 }, { time: new Date() }];
+  for (const s of since) render(client.subscribe("orders", { since: s }));
 
   const sub = client.subscribe(["orders", "prices"], { since: "earliest", transport: "ws" });
   for await (const u of sub) {

@@ -5,6 +5,7 @@
 pub mod history;
 pub mod journal;
 pub mod publish;
+pub mod since;
 pub mod tail;
 pub mod token;
 

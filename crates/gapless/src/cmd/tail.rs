@@ -2,9 +2,9 @@
 //! arrive, resuming from the last printed position after any drop (server
 //! restart, network failure). Gap notices and reconnections go to stderr.
 
-use super::{explain, fail, write_failed, Hint, Output, ServerArg};
+use super::{explain, fail, since, write_failed, Hint, Output, ServerArg};
 use futures::FutureExt;
-use gapless_client::{Cursor, GapReason, Reconnect, Start, Update};
+use gapless_client::{GapReason, Reconnect, Update};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -15,8 +15,17 @@ pub struct TailArgs {
     #[arg(required = true, value_name = "CHANNEL")]
     pub channels: Vec<String>,
     /// Where to start: `live` (events published from now on), `earliest`
-    /// (everything retained, then live), or a CURSOR printed by `--json` (resume after it).
-    #[arg(long, default_value = "live", value_name = "earliest|live|CURSOR")]
+    /// (everything retained, then live), `last:N` (the last N retained events
+    /// of each channel, 1 to 1000, then live), `time:UNIX_MS` or
+    /// `time:RFC3339` (e.g. `time:2025-01-31T12:00:00Z`: from the first
+    /// retained event at or after it, then live; a gap on stderr first when
+    /// an event no longer retained may be at or after it), or a CURSOR
+    /// printed by `--json` (resume after it).
+    #[arg(
+        long,
+        default_value = "live",
+        value_name = "earliest|live|last:N|time:T|CURSOR"
+    )]
     pub since: String,
     /// Print one JSON object per line: {"channel","seq","cursor","type","data","time"}
     /// (ephemeral events have null seq and cursor and "ephemeral": true).
@@ -49,14 +58,13 @@ fn reconnect_line(r: &Reconnect<'_>) -> String {
 
 /// Runs `gapless tail`.
 pub fn run(args: TailArgs) -> ExitCode {
+    let start = match since::parse(&args.since) {
+        Ok(start) => start,
+        Err(line) => return fail(&line),
+    };
     let (client, rt) = match args.server.client_and_runtime() {
         Ok(both) => both,
         Err(status) => return status,
-    };
-    let start = match args.since.as_str() {
-        "live" => Start::Live,
-        "earliest" => Start::Earliest,
-        cursor => Start::After(Cursor::from(cursor)),
     };
     let output = Output::from_flag(args.json);
     rt.block_on(async move {

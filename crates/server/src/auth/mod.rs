@@ -17,6 +17,13 @@
 //! channel can take a session's name): producers need `publish` on it,
 //! consumers `subscribe`.
 //!
+//! A namespace with `public = true` (its table in the configuration file,
+//! `gapless_core::namespace`) lets anyone follow and read its channels:
+//! every grant allows `subscribe` on them ([`PublicReads`]), and a request
+//! with no token at all gets an anonymous grant that allows only that, whose
+//! refusals are 401 (present a token) rather than 403. Publishing still
+//! needs a token that allows it.
+//!
 //! The bottom part: it may use `config`, `error` and `App` from the top,
 //! and no other part (`tests/layers.rs`).
 
@@ -27,6 +34,7 @@ use crate::App;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
+use gapless_core::namespace::Namespaces;
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::object::Object;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -75,6 +83,11 @@ pub struct Auth {
     leeway_ms: u64,
     /// What every request may do on an open server (shared, not rebuilt per request).
     open: Arc<Grant>,
+    /// The channels every grant may read ([`Auth::public_reads`]).
+    public: PublicReads,
+    /// What a request without a token may do when some namespace is
+    /// public (`None`: such a request is refused).
+    anonymous: Option<Arc<Grant>>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -117,7 +130,30 @@ impl Auth {
             keys: Vec::new(),
             leeway_ms: 0,
             open: Arc::new(Grant::all()),
+            public: PublicReads::default(),
+            anonymous: None,
         }
+    }
+
+    /// Lets anyone follow and read the channels of the namespaces with
+    /// `public = true` in `namespaces` (nothing changes when none is, or on
+    /// an open server, where everyone may read everything already): every
+    /// grant allows `subscribe` on them, and a request without a token is
+    /// allowed that and nothing else.
+    pub fn public_reads(mut self, namespaces: Arc<Namespaces>) -> Self {
+        if self.is_open() || !namespaces.any_public() {
+            return self;
+        }
+        self.public = PublicReads(Some(namespaces));
+        self.anonymous = Some(Arc::new(Grant {
+            subject: None,
+            subscribe: Patterns::default(),
+            publish: Patterns::default(),
+            expires_ms: None,
+            public: self.public.clone(),
+            anonymous: true,
+        }));
+        self
     }
 
     /// A verifier for `config`; open when it names no key.
@@ -167,6 +203,8 @@ impl Auth {
             keys,
             leeway_ms: config.leeway_ms,
             open: Arc::new(Grant::all()),
+            public: PublicReads::default(),
+            anonymous: None,
         })
     }
 
@@ -243,15 +281,17 @@ impl Auth {
         self.grant_of(&HeaderMap::new(), query)
     }
 
-    /// What `token` (none: no token presented) may do on a server with keys.
+    /// What `token` (none: no token presented) may do on a server with keys:
+    /// without one, only reading the public namespaces' channels, if any.
     fn grant_of_token(&self, token: Option<String>) -> Result<Arc<Grant>, ApiError> {
-        match token {
-            None => Err(unauthorized(
+        match (token, &self.anonymous) {
+            (None, Some(anonymous)) => Ok(anonymous.clone()),
+            (None, None) => Err(unauthorized(
                 "this server requires a token: send `Authorization: Bearer <token>`, \
                  the gapless_token cookie, or ?access_token=",
                 false,
             )),
-            Some(t) => self
+            (Some(t), _) => self
                 .verify(&t, gapless_core::journal::now_ms())
                 .map(Arc::new),
         }
@@ -348,6 +388,8 @@ impl Auth {
             subscribe: parse(rights.subscribe, "subscribe")?,
             publish: parse(rights.publish, "publish")?,
             expires_ms: Some(exp_ms.saturating_add(self.leeway_ms)),
+            public: self.public.clone(),
+            anonymous: false,
         })
     }
 }
@@ -660,6 +702,42 @@ impl Action {
     }
 }
 
+/// The channels anyone may follow and read on a server with keys: those
+/// of the namespaces with `public = true` (see the module doc). Empty by
+/// default.
+#[derive(Clone, Default)]
+pub struct PublicReads(Option<Arc<Namespaces>>);
+
+impl PublicReads {
+    /// Whether `channel`'s namespace is public.
+    pub fn allows(&self, channel: &str) -> bool {
+        self.0.as_ref().is_some_and(|n| n.policy(channel).public)
+    }
+}
+
+impl std::fmt::Debug for PublicReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let public: Vec<&str> = self
+            .0
+            .iter()
+            .flat_map(|n| n.named().filter(|(_, p)| p.public).map(|(name, _)| name))
+            .collect();
+        f.debug_tuple("PublicReads").field(&public).finish()
+    }
+}
+
+impl PartialEq for PublicReads {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for PublicReads {}
+
 /// What one request may do: everything on an open server, else what its token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -672,6 +750,13 @@ pub struct Grant {
     /// Unix milliseconds after which the token is no longer honoured (`exp`
     /// plus the leeway); `None` on an open server. Streams end then.
     pub expires_ms: Option<u64>,
+    /// The channels it may follow and read whatever its patterns say: the
+    /// public namespaces'.
+    pub public: PublicReads,
+    /// Whether the request presented no token (a server with keys and a
+    /// public namespace): what it may not do is refused with 401, a token
+    /// being what it lacks, rather than 403.
+    pub anonymous: bool,
 }
 
 impl Grant {
@@ -682,7 +767,20 @@ impl Grant {
             subscribe: Patterns(vec![Pattern::All]),
             publish: Patterns(vec![Pattern::All]),
             expires_ms: None,
+            public: PublicReads::default(),
+            anonymous: false,
         }
+    }
+
+    /// The refusal of a request without a token: 401, as on a server
+    /// without public namespaces.
+    fn needs_token(&self, what: &str) -> ApiError {
+        unauthorized(
+            &format!(
+                "{what} needs a token on this server: send `Authorization: Bearer <token>`,                  the gapless_token cookie, or ?access_token= (only the channels of public                  namespaces may be read without one)"
+            ),
+            false,
+        )
     }
 
     fn patterns(&self, action: Action) -> &Patterns {
@@ -692,19 +790,24 @@ impl Grant {
         }
     }
 
-    /// Whether `action` is allowed on the channel `name`.
+    /// Whether `action` is allowed on the channel `name`: its patterns, and
+    /// for `subscribe` the public namespaces.
     pub fn may(&self, action: Action, name: &str) -> bool {
         self.patterns(action).allows(name)
+            || (action == Action::Subscribe && self.public.allows(name))
     }
 
     /// Allows `action` on channel `name`, or refuses.
     ///
     /// # Errors
     /// 403 `forbidden` naming the action and the channel (the same answer
-    /// whether or not the channel exists).
+    /// whether or not the channel exists); 401 `unauthorized` for a request
+    /// without a token.
     pub fn require(&self, action: Action, name: &str) -> Result<(), ApiError> {
         if self.may(action, name) {
             Ok(())
+        } else if self.anonymous {
+            Err(self.needs_token(&format!("{} on channel {name:?}", action.as_str())))
         } else {
             Err(ApiError::new(
                 ErrorCode::Forbidden,
@@ -729,6 +832,8 @@ impl Grant {
             .any(|p| p.names_sessions() && p.matches(&name));
         if allowed {
             Ok(())
+        } else if self.anonymous {
+            Err(self.needs_token(&format!("{} on session {id:?}", action.as_str())))
         } else {
             Err(ApiError::new(
                 ErrorCode::Forbidden,
@@ -753,6 +858,8 @@ impl Grant {
             .any(|p| p.names_sessions() && p.covers_prefix(SESSION_PREFIX))
         {
             Ok(())
+        } else if self.anonymous {
+            Err(self.needs_token("creating a session"))
         } else {
             Err(ApiError::new(
                 ErrorCode::Forbidden,

@@ -1,8 +1,10 @@
 //! One accepted connection, from its first request head to its close.
 //!
-//! The first request head is read here. A `GET` of an SSE URL
-//! (`/v1/sse`, `/v1/channels/{channel}/sse`) goes through the same router as
-//! any request, and if its handler opens a stream, the stream is written
+//! The first request head is read here. A `GET` of a streaming URL (the SSE
+//! transport's `/v1/sse` and `/v1/channels/{channel}/sse`, a Durable Streams
+//! read with `live=sse`: [`Shared::direct`]) goes through the same router as
+//! any request, and if its handler opens a stream (hands a [`Frames`] source
+//! over, [`DirectStream`]), the stream is written
 //! straight to the socket: the response head, then each [`Frames::next`]'s
 //! frames as one chunk in one `writev` (for HTTP/1.0, no chunks: the body
 //! ends with the connection, RFC 9112 §6.3 rule 8); the response says
@@ -107,33 +109,109 @@ pub(crate) enum Gone {
 
 /// Put in the extensions of a request whose stream this module will write:
 /// the handler hands its [`Frames`] over here instead of building a body.
-pub(crate) struct DirectStream<F>(Arc<Mutex<Option<F>>>);
+/// Any source of frames may be handed over (the SSE transport's feed, the
+/// Durable Streams room's live feed): the stream's task is made for its type
+/// when the connection is detached, so the writer stays one function with no
+/// box or dynamic call on its path.
+#[derive(Clone, Default)]
+pub(crate) struct DirectStream(Arc<Mutex<Option<Launch>>>);
 
-impl<F> Clone for DirectStream<F> {
-    fn clone(&self) -> Self {
-        DirectStream(self.0.clone())
-    }
-}
+/// Starts a handed-over stream: spawns its task on the fan-out runtime.
+type Launch = Box<dyn FnOnce(Launcher) + Send>;
 
-impl<F> Default for DirectStream<F> {
-    fn default() -> Self {
-        DirectStream(Arc::new(Mutex::new(None)))
-    }
-}
-
-impl<F> DirectStream<F> {
+impl DirectStream {
     /// Keeps `feed` for the socket writer; the response carries only the status and headers.
-    pub fn hand_over(&self, feed: F) -> axum::response::Response {
+    pub fn hand_over<F: Frames>(&self, feed: F) -> axum::response::Response {
         if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(feed);
+            *slot = Some(Box::new(move |l: Launcher| l.spawn(feed)));
         }
         axum::response::Response::new(Body::empty())
     }
 
-    fn take(&self) -> Option<F> {
+    fn take(&self) -> Option<Launch> {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 }
+
+/// What a handed-over stream's task starts with.
+struct Launcher {
+    conn: crate::net::listener::Detached,
+    head: Vec<u8>,
+    chunked: bool,
+    bound_ms: u64,
+    fanout: tokio::runtime::Handle,
+    tracker: tokio_util::task::TaskTracker,
+}
+
+impl Launcher {
+    /// Spawns the stream of `feed` on the fan-out runtime.
+    fn spawn<F: Frames>(self, feed: F) {
+        let task = self.tracker.track_future(stream(
+            self.conn,
+            feed,
+            self.head,
+            self.chunked,
+            self.bound_ms,
+        ));
+        tracing::trace!(bytes = std::mem::size_of_val(&task), "a stream's task");
+        drop(self.fanout.spawn(task));
+    }
+}
+
+/// Drives `feed` as a hyper response body (chunked), for a stream opened on
+/// a connection that already carried another request. Every flow writes
+/// what it appended first; [`Flow::End`] then ends the body (its last
+/// chunk), [`Flow::Fail`] fails it, which makes hyper close the connection
+/// without the last chunk, after waiting (with `flushes`, the connection's,
+/// and until `shutdown`) for hyper to hand every byte it holds to the
+/// socket: hyper drops what it still buffers when a body fails. The close is
+/// a FIN after those bytes.
+pub(crate) fn body<F: Frames>(
+    mut feed: F,
+    flushes: Option<crate::net::liveness::Flushes>,
+    shutdown: CancellationToken,
+) -> Body {
+    Body::from_stream(async_stream::stream! {
+        let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+        let mut out = Vec::new();
+        loop {
+            let flow = feed.next(&mut out).await;
+            // Whatever the flow, what it queued goes out first: the
+            // expiry frame comes with `Flow::End`.
+            if !out.is_empty() {
+                crate::admin::metrics::written(
+                    crate::admin::metrics::Transport::Sse,
+                    out.iter().map(Bytes::len).sum(),
+                );
+                for frame in out.drain(..) {
+                    yield Ok(frame);
+                }
+            }
+            match flow {
+                Flow::More | Flow::Tick => {}
+                Flow::End => break,
+                Flow::Fail(e) => {
+                    tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                    // Read once hyper took the last frame: the next flush
+                    // empties its buffer into the socket.
+                    if let Some(f) = &flushes {
+                        let seen = f.count();
+                        tokio::select! {
+                            () = f.after(seen) => {}
+                            () = shutdown.cancelled() => {}
+                        }
+                    }
+                    yield Err(io::Error::other(e));
+                    break;
+                }
+            }
+        }
+    })
+}
+
+/// Whether a request target (path and query) is served by the fan-out
+/// writer when it is a connection's first request (see [`Shared::direct`]).
+pub type Direct = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// What every connection task shares.
 pub(crate) struct Shared {
@@ -145,10 +223,11 @@ pub(crate) struct Shared {
     pub fanout: tokio::runtime::Handle,
     /// Every connection and stream, so shutdown can wait for them.
     pub tracker: tokio_util::task::TaskTracker,
-    /// Whether a path (without its query) is one whose `GET` as a
-    /// connection's first request this module serves itself (the SSE
-    /// transport's predicate).
-    pub direct: fn(&str) -> bool,
+    /// Whether a request target (path and query) is one whose `GET` as a
+    /// connection's first request this module serves itself: the SSE
+    /// transport's paths, and the Durable Streams room's live SSE reads
+    /// (composed in `lib.rs`).
+    pub direct: Direct,
 }
 
 /// Serves one connection until it closes or the server shuts down; a stream
@@ -158,7 +237,7 @@ pub(crate) struct Shared {
 /// progress: whatever a future holds across an await stays allocated for
 /// the stream's life, which is why routing runs in a box of its own and is
 /// freed before the stream starts.
-pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr) {
+pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr) {
     let refused = conn.refused().cloned();
     let mut timeout = Duration::from_millis(shared.config.header_timeout_ms.max(1));
     if refused.is_some() {
@@ -168,7 +247,7 @@ pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: 
     let started = tokio::time::Instant::now();
     let mut buf = BytesMut::with_capacity(1024);
     let first = tokio::select! {
-        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf, shared.config.max_header_bytes, shared.direct)) => first,
+        first = tokio::time::timeout(timeout, read_head(&mut conn, &mut buf, shared.config.max_header_bytes, &*shared.direct)) => first,
         // Nothing has been asked yet: there is nothing to finish.
         () = shared.shutdown.cancelled() => return,
     };
@@ -201,21 +280,21 @@ pub(crate) async fn serve<F: Frames>(shared: Arc<Shared>, mut conn: Conn, peer: 
             if let Some(r) = refused {
                 req.extensions_mut().insert(r);
             }
-            match boxed(route_stream::<F>(shared.router.clone(), *req)).await {
+            match boxed(route_stream(shared.router.clone(), *req)).await {
                 Routed::Stream {
-                    feed,
+                    launch,
                     head,
                     chunked,
                 } => match conn.detach() {
                     // The stream moves to the fan-out runtime, and this task ends.
-                    Ok(conn) => {
-                        let bound_ms = shared.config.tcp_user_timeout_ms;
-                        let task = shared
-                            .tracker
-                            .track_future(stream(conn, feed, head, chunked, bound_ms));
-                        tracing::trace!(bytes = std::mem::size_of_val(&task), "a stream's task");
-                        drop(shared.fanout.spawn(task));
-                    }
+                    Ok(conn) => launch(Launcher {
+                        conn,
+                        head,
+                        chunked,
+                        bound_ms: shared.config.tcp_user_timeout_ms,
+                        fanout: shared.fanout.clone(),
+                        tracker: shared.tracker.clone(),
+                    }),
                     Err(e) => tracing::debug!(error = %e, "could not move a stream"),
                 },
                 Routed::Whole(out) => send_whole(&conn, out, &shared.shutdown).await,
@@ -292,7 +371,7 @@ async fn read_head(
     conn: &mut Conn,
     buf: &mut BytesMut,
     max: usize,
-    direct: fn(&str) -> bool,
+    direct: &(dyn Fn(&str) -> bool + Send + Sync),
 ) -> io::Result<First> {
     loop {
         if let Some(first) = parse_head(buf, max, direct) {
@@ -311,7 +390,7 @@ async fn read_head(
 
 /// What the head in `buf` is, or `None` if it is not whole yet. (A function
 /// of its own so the header array is not held across the read.)
-fn parse_head(buf: &[u8], max: usize, direct: fn(&str) -> bool) -> Option<First> {
+fn parse_head(buf: &[u8], max: usize, direct: &dyn Fn(&str) -> bool) -> Option<First> {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut parsed = httparse::Request::new(&mut headers);
     match parsed.parse(buf) {
@@ -366,9 +445,10 @@ pub enum FirstHead {
 
 /// Classifies `buf`, the first bytes read from a connection, exactly as the
 /// connection's first-request reader does (the same private function), with
-/// a head limit of `max` bytes (`--max-header-bytes`).
+/// a head limit of `max` bytes (`--max-header-bytes`) and `direct` deciding
+/// which request targets (path and query) the fan-out writer serves.
 /// Public only for the fuzz targets in `fuzz/`; the server does not call it.
-pub fn parse_first_head(buf: &[u8], max: usize, direct: fn(&str) -> bool) -> FirstHead {
+pub fn parse_first_head(buf: &[u8], max: usize, direct: &dyn Fn(&str) -> bool) -> FirstHead {
     match parse_head(buf, max, direct) {
         None => FirstHead::Incomplete,
         Some(First::Sse(req)) => FirstHead::Sse(req.uri().to_string()),
@@ -380,14 +460,13 @@ pub fn parse_first_head(buf: &[u8], max: usize, direct: fn(&str) -> bool) -> Fir
 }
 
 /// `parsed` as a request this module serves, or `None` if it is not a plain
-/// `GET` of an SSE URL (or has anything `http` cannot hold).
+/// `GET` of a target `direct` names (or has anything `http` cannot hold).
 fn sse_request(
     parsed: &httparse::Request<'_, '_>,
-    direct: fn(&str) -> bool,
+    direct: &dyn Fn(&str) -> bool,
 ) -> Option<Request<Body>> {
     let target = parsed.path?;
-    let path = target.split('?').next().unwrap_or(target);
-    if parsed.method != Some("GET") || !direct(path) {
+    if parsed.method != Some("GET") || !direct(target) {
         return None;
     }
     let version = match parsed.version {
@@ -411,10 +490,10 @@ fn sse_request(
 }
 
 /// What routing an SSE request gave.
-enum Routed<F> {
-    /// A stream: its response head, then the feed.
+enum Routed {
+    /// A stream: its response head, then the feed (its start).
     Stream {
-        feed: F,
+        launch: Launch,
         head: Vec<u8>,
         chunked: bool,
     },
@@ -424,9 +503,9 @@ enum Routed<F> {
 
 /// Routes `req` like any request. (Boxed by the caller and dropped before
 /// the stream starts: the router's future is large.)
-async fn route_stream<F: Frames>(router: Router, mut req: Request<Body>) -> Routed<F> {
+async fn route_stream(router: Router, mut req: Request<Body>) -> Routed {
     let version = req.version();
-    let slot = DirectStream::<F>::default();
+    let slot = DirectStream::default();
     req.extensions_mut().insert(slot.clone());
     let resp = match router.oneshot(req).await {
         Ok(resp) => resp,
@@ -434,10 +513,10 @@ async fn route_stream<F: Frames>(router: Router, mut req: Request<Body>) -> Rout
     };
     let (parts, body) = resp.into_parts();
     match slot.take() {
-        Some(feed) if parts.status == http::StatusCode::OK => {
+        Some(launch) if parts.status == http::StatusCode::OK => {
             let chunked = version != Version::HTTP_10;
             Routed::Stream {
-                feed,
+                launch,
                 head: response_head(&parts, None, chunked),
                 chunked,
             }
@@ -527,17 +606,15 @@ async fn stream<F: Frames>(
     let tcp = conn.tcp();
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
     let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
-    // Slot 0 of each write: the response head on the first, empty after.
-    let mut out: Vec<Bytes> = Vec::with_capacity(8);
-    out.push(Bytes::from(head));
+    // What the next write carries: at first the response head, then empty
+    // while the stream waits, so an idle stream holds no buffer; the feed
+    // fills it, the write empties it.
+    let mut out: Vec<Bytes> = vec![Bytes::from(head)];
+    // Whether the response head is still to be written (it is `out[0]`).
+    let mut first = true;
     // Bytes of the client's read and dropped while watching for its close.
     let mut discarded = 0usize;
     loop {
-        if out.is_empty() {
-            out.push(Bytes::new());
-        }
-        // Slot 1: the chunk-size line.
-        out.push(Bytes::new());
         let flow = tokio::select! {
             biased;
             flow = feed.next(&mut out) => flow,
@@ -552,14 +629,17 @@ async fn stream<F: Frames>(
             abort(tcp);
             return;
         }
-        let body: usize = out[2..].iter().map(Bytes::len).sum();
-        if body == 0 && out[0].is_empty() && matches!(flow, Flow::Tick) {
+        let skip = usize::from(first);
+        let body: usize = out[skip..].iter().map(Bytes::len).sum();
+        if body == 0 && !first && matches!(flow, Flow::Tick) {
             // A liveness tick with heartbeats off: nothing to write.
-            out.clear();
+            out = Vec::new();
             continue;
         }
+        first = false;
         if chunked && body > 0 {
-            out[1] = chunk_line(body);
+            // The chunk-size line, after the response head (first write only).
+            out.insert(skip, chunk_line(body));
             out.push(Bytes::from_static(b"\r\n"));
         }
         if chunked && matches!(flow, Flow::End) {
@@ -572,9 +652,7 @@ async fn stream<F: Frames>(
         );
         let ticks = bound.is_some();
         let written = write_frames(tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
-        if out.capacity() > 64 {
-            out = Vec::with_capacity(8);
-        }
+        out = Vec::new();
         match (flow, written) {
             (_, Err(e)) => {
                 tracing::debug!(error = %e, "an SSE client went away");

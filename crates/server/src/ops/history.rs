@@ -1,5 +1,6 @@
 //! History pages, once for every transport: a page's size (`limit`), where
-//! it starts (`after=CURSOR`, or for a session `after_seq=N`), the bound on
+//! it starts (`after=CURSOR`, or for a session `after_seq=N`, which win over
+//! `since=`: `earliest`, `live`, `last:N`, `time:UNIX_MS`), the bound on
 //! its data, whether the journal can serve the start (410
 //! `cursor_not_served` otherwise) and the cursor that continues it
 //! (docs/api.md, "History"). A transport reads the parameters' texts from
@@ -7,8 +8,9 @@
 
 use crate::auth::{Action, Grant};
 use crate::error::ApiError;
-use crate::ops::names;
+use crate::ops::{names, start};
 use crate::App;
+use gapless_core::subscription::{Gap, Start};
 use gapless_core::ChannelState;
 use gapless_protocol::codes::{ErrorCode, GapReason};
 use gapless_protocol::{Cursor, CursorError, Epoch, Event};
@@ -37,6 +39,14 @@ pub(crate) struct PageQuery<'a> {
     /// `after_seq`: a seq (a session consumer's `last_seq`); only where
     /// [`Reading::Session`] allows it, and never with `after`.
     pub after_seq: Option<&'a str>,
+    /// `since`: where the page starts when neither `after` (non-empty) nor
+    /// `after_seq` is given, as for a stream ([`start::since`]); checked
+    /// also when one of them wins. `earliest` is the floor (as when absent),
+    /// `live` the head (an empty page, `done`, whose `next` is the head's
+    /// cursor), `last:N` the last N retained events, `time:T` the first
+    /// retained event at or after T (from the floor, with
+    /// [`Page::gap`], when an evicted event may be at or after T).
+    pub since: Option<&'a str>,
 }
 
 /// Whose history a page reads.
@@ -65,6 +75,10 @@ pub(crate) struct Page {
     pub next: String,
     /// Whether this page reaches the head.
     pub done: bool,
+    /// For `since=time:T` only: the evicted seqs when an event no longer
+    /// retained may be at or after T (the page then starts at the floor),
+    /// as a stream's start would name them (`Hub::follow`).
+    pub gap: Option<Gap>,
 }
 
 /// The rules before reading a channel: a valid name, and a grant that may
@@ -80,8 +94,8 @@ pub(crate) fn may_read(grant: &Grant, channel: &str) -> Result<(), ApiError> {
 /// One history page of journal channel `channel`.
 ///
 /// # Errors
-/// 400 `invalid_request` (a bad `limit` or `after_seq`, `after_seq` on a
-/// channel or with `after`) or `invalid_cursor` ([`page_params`]); 410
+/// 400 `invalid_request` (a bad `limit`, `after_seq` or `since`, `after_seq`
+/// on a channel or with `after`) or `invalid_cursor` ([`page_params`]); 410
 /// `cursor_not_served` (with `reason`, `floor` and `floor_cursor`) when the
 /// journal cannot serve the start; the journal's own errors.
 pub(crate) async fn page(
@@ -92,7 +106,16 @@ pub(crate) async fn page(
 ) -> Result<Page, ApiError> {
     let (limit, after) = page_params(channel, q.limit, q.after)?;
     let after_seq = after_seq(q, reading)?;
-    let from = after.map_or(after_seq.unwrap_or(0), |p| p.1);
+    // Absent, a page starts at the floor (a stream, live).
+    let since = match q.since {
+        None => Start::Earliest,
+        some => start::since(some)?,
+    };
+    let (from, gap) = match (after, after_seq) {
+        (Some(p), _) => (p.1, None),
+        (None, Some(seq)) => (seq, None),
+        (None, None) => since_position(app, channel, since).await?,
+    };
     let page = app.hub.read(channel, from, limit, PAGE_DATA_BYTES).await?;
     let st = page.state;
     // A seq has no epoch of its own: it is read in the journal's current one.
@@ -113,6 +136,39 @@ pub(crate) async fn page(
         events,
         next,
         done,
+        gap,
+    })
+}
+
+/// Where a page without `after` or `after_seq` starts: the seq to read
+/// after, and for `since=time:T` the gap notice when an evicted event may
+/// be at or after T (the rule of a stream's start, `Hub::follow`).
+///
+/// # Errors
+/// The journal's.
+async fn since_position(
+    app: &App,
+    channel: &str,
+    since: Start,
+) -> Result<(u64, Option<Gap>), ApiError> {
+    Ok(match since {
+        Start::Earliest | Start::After { .. } | Start::Unknown => (0, None),
+        Start::Live => (app.hub.state(channel).await?.head, None),
+        Start::Last(n) => {
+            let st = app.hub.state(channel).await?;
+            (st.head.saturating_sub(n).max(st.floor - 1), None)
+        }
+        Start::Time(t) => {
+            let seek = app.hub.seek_time(channel, t).await?;
+            let from = seek.seq.saturating_sub(1);
+            let gap = seek.evicted_after(t).then(|| Gap {
+                channel: Arc::from(channel),
+                after: Some((seek.state.epoch, 0)),
+                next: (seek.state.epoch, from),
+                reason: GapReason::Evicted,
+            });
+            (from, gap)
+        }
     })
 }
 

@@ -7,6 +7,9 @@
 //! - [`history`]: history pages (size, start, data bound, what the journal
 //!   cannot serve) and a channel's bounds;
 //! - [`names`]: the channel and event type rules;
+//! - [`namespaces`]: the rules of a channel's namespace (its event size
+//!   limit, ephemeral publishes; `latest` is in [`start`], `public` in
+//!   `auth`);
 //! - [`limits`]: the publish rate per publisher, and a request body's pace;
 //! - [`sessions`]: a session's status on the wire and the answer of each
 //!   refusal;
@@ -23,6 +26,7 @@
 pub mod history;
 pub mod limits;
 pub(crate) mod names;
+pub(crate) mod namespaces;
 pub(crate) mod publish;
 pub(crate) mod sessions;
 pub(crate) mod start;

@@ -1,6 +1,7 @@
 //! Publishing, once for every transport: one event (journaled or
-//! ephemeral), a batch, the idempotency key and the limits
-//! (`--max-event-bytes`, `--max-batch-events`, the publish rate).
+//! ephemeral), a batch, the idempotency key and the limits (the channel's
+//! namespace's `max_event_bytes` and `ephemeral`, `--max-batch-events`, the
+//! publish rate).
 //!
 //! A transport reads its wire's request into these calls and writes their
 //! answers in its own shape. Every refusal is an [`ApiError`] with the same
@@ -9,7 +10,7 @@
 
 use crate::auth::{Action, Grant};
 use crate::error::ApiError;
-use crate::ops::names;
+use crate::ops::{names, namespaces};
 use crate::App;
 use gapless_core::journal::Appended;
 use gapless_protocol::codes::ErrorCode;
@@ -86,32 +87,16 @@ pub fn bad_key(name: KeyName) -> ApiError {
     )
 }
 
-/// Checks an event's data length (bytes) against `--max-event-bytes`.
-///
-/// # Errors
-/// 413 `too_large` with `limit`.
-pub fn check_data(app: &App, len: usize) -> Result<(), ApiError> {
-    let max = app.config.max_event_bytes;
-    if len > max {
-        return Err(ApiError::new(
-            ErrorCode::TooLarge,
-            format!(
-                "event data is {len} bytes; at most {max} bytes are allowed (--max-event-bytes)"
-            ),
-        )
-        .with("limit", max));
-    }
-    Ok(())
-}
-
 /// Publishes one event to `channel` (checked with [`check_channel`], its
-/// type already checked): its size, the publisher's rate (`peer` keys it
-/// on an open server), then either hands it to current subscribers
+/// type already checked): its size (the namespace's `max_event_bytes`),
+/// whether the namespace takes it ephemeral, the publisher's rate (`peer`
+/// keys it on an open server), then either hands it to current subscribers
 /// (`ephemeral`, which takes no key) or appends it to the journal, once per
 /// idempotency `key`.
 ///
 /// # Errors
-/// 413 `too_large`; 429 `rate_limited`; 400 `invalid_request` for a key on
+/// 413 `too_large`; 403 `forbidden` for an ephemeral event on a namespace
+/// with `ephemeral = false`; 429 `rate_limited`; 400 `invalid_request` for a key on
 /// an ephemeral event or a malformed key; the journal's refusals, a 503
 /// saying that the publish may have been applied
 /// ([`ApiError::publish_refused`]).
@@ -126,7 +111,10 @@ pub async fn one(
     key: Option<&str>,
     name: KeyName,
 ) -> Result<Published, ApiError> {
-    check_data(app, event.data.len())?;
+    namespaces::check_data(app, channel, event.data.len(), None)?;
+    if ephemeral {
+        namespaces::check_ephemeral(app, channel)?;
+    }
     app.publish_limiter.take(grant, peer, 1)?;
     if ephemeral {
         if key.is_some() {
@@ -153,7 +141,7 @@ pub async fn one(
 
 /// Publishes `events` to `channel` (checked with [`check_channel`])
 /// atomically and in order, as one batch: 1 to `--max-batch-events`
-/// events, each of at most `--max-event-bytes` bytes with a valid type, then
+/// events, each of at most the namespace's `max_event_bytes` bytes with a valid type, then
 /// the publisher's rate for all of them, then the journal, once per `key`
 /// (already checked).
 ///
@@ -188,17 +176,7 @@ pub async fn batch(
     }
     let mut checked = Vec::with_capacity(events.len());
     for (i, item) in events.into_iter().enumerate() {
-        if item.data.len() > cfg.max_event_bytes {
-            return Err(ApiError::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "event {i} of the batch has {} bytes of data; at most {} are allowed (--max-event-bytes)",
-                    item.data.len(),
-                    cfg.max_event_bytes
-                ),
-            )
-            .with("limit", cfg.max_event_bytes));
-        }
+        namespaces::check_data(app, channel, item.data.len(), Some(i))?;
         let event_type = names::event_type(item.event_type.as_deref())
             .map_err(|e| ApiError::new(e.code, format!("event {i} of the batch: {}", e.message)))?;
         checked.push(NewEvent {

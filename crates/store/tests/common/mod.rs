@@ -53,10 +53,14 @@ pub fn ev(data: &str) -> NewEvent {
 /// Options with the given limits and durability.
 pub fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> StoreOptions {
     StoreOptions {
-        retention: Retention {
-            max_events,
-            max_age_ms,
-        },
+        namespaces: Arc::new(
+            Retention {
+                max_events,
+                max_age_ms,
+                max_bytes: 0,
+            }
+            .into(),
+        ),
         durability,
         min_free_bytes: 0,
         ..StoreOptions::default()

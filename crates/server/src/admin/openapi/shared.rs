@@ -103,7 +103,7 @@ pub struct JournalFull(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(
     status = 403,
-    description = "`forbidden`: the token may not publish to this channel; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery)."
+    description = "`forbidden`: the token may not publish to this channel; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery); or an ephemeral publish (`ephemeral=true`) to a channel whose namespace has `ephemeral = false` (the answer's `namespace` names it)."
 )]
 pub struct PublishForbidden(pub ErrorBody);
 

@@ -579,7 +579,7 @@ pub async fn forget(
 ) {
     ds.streams.remove(channel, stream);
     guard.deleted = true;
-    guard.closed_tx.send_replace(true);
+    guard.announce(super::streams::Life::Gone);
     let mut up = guard.parent.clone();
     drop(guard);
     super::meta::save_deleted(app, channel).await;

@@ -7,14 +7,18 @@
 //! channels are streams and a stream created on one node is known on the
 //! others. docs/durable-streams.md, "Metadata", gives the design.
 //!
-//! A record is the whole state of one stream (JSON, [`Record`]): the newest
-//! record of a channel is its state, so the channel can be read from its
-//! floor, and [`follow`] rewrites the records of live streams that grow old
-//! ([`COMPACT_EVENTS`], [`COMPACT_MS`]) so retention never evicts the only
-//! record of a live stream.
+//! A record is the whole state of one stream (JSON, [`Record`]). What a
+//! record can change of a stream only grows (closed, soft-deleted, each
+//! producer's epoch and seq, the last `Stream-Seq`), so the records of one
+//! incarnation merge ([`Record::merge_from`]) and their order does not matter:
+//! appends of one stream journal their records concurrently. A deletion, or
+//! a record of another incarnation, replaces what came before it. The
+//! channel can be read from its floor, and [`follow`] rewrites the records
+//! of live streams that grow old ([`COMPACT_EVENTS`], [`COMPACT_MS`]) so
+//! retention never evicts the only record of a live stream.
 
 use super::fork::{self, ForkOf, Layout};
-use super::streams::{Meta, Stream};
+use super::streams::{Life, Meta, Stream};
 use super::Ds;
 use crate::App;
 use gapless_core::journal::{now_ms, JournalError};
@@ -104,6 +108,25 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl Record {
+    /// Merges `other`, a record of the same incarnation, into this one:
+    /// closed or soft-deleted in either, the closing producer tuple of
+    /// either, each producer at the greater (epoch, seq), the greater
+    /// `Stream-Seq` (byte-wise).
+    pub fn merge_from(&mut self, other: &Record) {
+        self.closed |= other.closed;
+        if self.closed_by.is_none() {
+            self.closed_by = other.closed_by.clone();
+        }
+        self.soft |= other.soft;
+        for (id, &p) in &other.producers {
+            let cur = self.producers.entry(id.clone()).or_insert(p);
+            *cur = (*cur).max(p);
+        }
+        if other.sseq > self.sseq {
+            self.sseq = other.sseq.clone();
+        }
+    }
+
     /// The record of `m`'s current state on `channel`.
     pub fn of(channel: &str, m: &Meta) -> Self {
         Record {
@@ -177,6 +200,47 @@ pub async fn save(app: &App, channel: &str, m: &mut Meta) -> Result<(), JournalE
     Ok(())
 }
 
+/// Journals the state of `stream` (on `channel`) as it is now, without
+/// holding its lock across the commit (records merge, so concurrent ones
+/// may land in any order), and marks the stream as at that record.
+///
+/// # Errors
+/// [`JournalError`] when the journal refuses: the change is not durable.
+pub async fn save_current(app: &App, channel: &str, stream: &Stream) -> Result<(), JournalError> {
+    let rec = Record::of(channel, &*stream.lock().await);
+    let seq = append(app, &rec).await?;
+    let mut m = stream.lock().await;
+    if seq > m.rev {
+        m.rev = seq;
+        m.rev_ms = now_ms();
+    }
+    Ok(())
+}
+
+/// Merges `rec`, a record of `m`'s incarnation, into `m` ([`Record::merge_from`]);
+/// live readers wake up when it closes or soft-deletes the stream.
+fn merge(m: &mut Meta, rec: &Record) {
+    let closes = rec.closed && !m.closed;
+    let soft = rec.soft && !m.soft_deleted;
+    m.closed |= rec.closed;
+    if m.closed_by.is_none() {
+        m.closed_by = rec.closed_by.clone();
+    }
+    m.soft_deleted |= rec.soft;
+    for (id, &p) in &rec.producers {
+        let cur = m.producers.entry(id.clone()).or_insert(p);
+        *cur = (*cur).max(p);
+    }
+    if rec.sseq > m.last_stream_seq {
+        m.last_stream_seq = rec.sseq.clone();
+    }
+    if soft {
+        m.announce(Life::Gone);
+    } else if closes {
+        m.announce(Life::Closed);
+    }
+}
+
 /// Journals the deletion of the stream on `channel` (best effort: a failure
 /// is logged; the stream then comes back at a restart, where its expiry, if
 /// any, forgets it again).
@@ -213,7 +277,8 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         ds.loaded.store(true, Ordering::Release);
         return Ok(());
     }
-    // The newest record of each channel, in seq order.
+    // The state of each channel: the records since its newest deletion or
+    // incarnation, merged, at the seq of the newest.
     let mut newest: HashMap<String, (u64, u64, Record)> = HashMap::new();
     let mut after = *applied;
     loop {
@@ -224,9 +289,15 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         after = last.seq;
         for ev in &page.events {
             match serde_json::from_slice::<Record>(ev.data.as_bytes()) {
-                Ok(r) => {
-                    newest.insert(r.ch.clone(), (ev.seq, ev.time, r));
-                }
+                Ok(r) => match newest.get_mut(&r.ch) {
+                    Some((seq, time, held)) if !held.del && !r.del && held.inc == r.inc => {
+                        held.merge_from(&r);
+                        (*seq, *time) = (ev.seq, ev.time);
+                    }
+                    _ => {
+                        newest.insert(r.ch.clone(), (ev.seq, ev.time, r));
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(seq = ev.seq, error = %e, "skipping a malformed Durable Streams record")
                 }
@@ -260,33 +331,28 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Applies record `rec` (at `seq`, written at `time` Unix ms) to the streams in memory, unless the
-/// stream already reflects it or a newer one. False when it is a fork whose
-/// source is not known (yet).
+/// Applies record `rec` (at `seq`, written at `time` Unix ms) to the
+/// streams in memory: merged into the stream of its incarnation; a deletion
+/// or another incarnation replaces the stream when it is newer (by seq) than
+/// what is held. False when it is a fork whose source is not known (yet).
 async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
     let current = ds.streams.get(&rec.ch);
     if let Some(s) = &current {
         let mut m = s.lock().await;
+        if !rec.del && m.inc == rec.inc {
+            merge(&mut m, rec);
+            if seq > m.rev {
+                m.rev = seq;
+                m.rev_ms = time;
+            }
+            return true;
+        }
         if m.rev >= seq {
             return true;
         }
-        if rec.del || m.inc != rec.inc {
-            ds.streams.remove(&rec.ch, s);
-            m.deleted = true;
-            m.closed_tx.send_replace(true);
-        } else {
-            m.rev = seq;
-            m.rev_ms = time;
-            m.closed_by = rec.closed_by.clone();
-            m.last_stream_seq = rec.sseq.clone();
-            m.producers = rec.producers.iter().map(|(k, v)| (k.clone(), *v)).collect();
-            if (rec.closed && !m.closed) || (rec.soft && !m.soft_deleted) {
-                m.closed_tx.send_replace(true);
-            }
-            m.closed = rec.closed;
-            m.soft_deleted = rec.soft;
-            return true;
-        }
+        ds.streams.remove(&rec.ch, s);
+        m.deleted = true;
+        m.announce(Life::Gone);
     }
     if rec.del {
         return true;
@@ -301,7 +367,6 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
             }
         },
     };
-    let (closed_tx, _) = tokio::sync::watch::channel(false);
     let mut m = Meta {
         content_type: rec.ct.clone(),
         ttl_s: rec.ttl,
@@ -328,11 +393,17 @@ async fn apply(ds: &Ds, seq: u64, time: u64, rec: &Record) -> bool {
         last_stream_seq: rec.sseq.clone(),
         producers: rec.producers.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         deleted: false,
-        closed_tx,
+        closed_tx: super::streams::life(),
         inc: rec.inc,
         rev: seq,
         rev_ms: time,
+        order: Default::default(),
     };
+    if m.soft_deleted {
+        m.announce(Life::Gone);
+    } else if m.closed {
+        m.announce(Life::Closed);
+    }
     // The sliding TTL restarts at the read-back (reads are not journaled).
     m.touch(now_ms());
     let stream: Stream = Arc::new(tokio::sync::Mutex::new(m));
@@ -391,6 +462,45 @@ pub async fn follow(app: Arc<App>, ds: Arc<Ds>) {
                     tracing::warn!(channel = %ch, error = %e, "could not rewrite a Durable Streams record");
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_one_incarnation_merge_in_any_order() {
+        let rec = |closed: bool, producers: &[(&str, (u64, u64))], sseq: Option<&str>| {
+            let mut r = Record::deleted("c");
+            r.del = false;
+            r.inc = 7;
+            r.closed = closed;
+            r.producers = producers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect();
+            r.sseq = sseq.map(str::to_owned);
+            r
+        };
+        let a = rec(false, &[("p", (0, 5)), ("q", (1, 0))], Some("09"));
+        let b = rec(true, &[("p", (0, 7)), ("q", (0, 9))], Some("10"));
+        let mut ab = Record::deleted("c");
+        ab.del = false;
+        ab.inc = 7;
+        ab.merge_from(&a);
+        ab.merge_from(&b);
+        let mut ba = Record::deleted("c");
+        ba.del = false;
+        ba.inc = 7;
+        ba.merge_from(&b);
+        ba.merge_from(&a);
+        for m in [&ab, &ba] {
+            assert!(m.closed);
+            assert_eq!(m.producers.get("p"), Some(&(0, 7)));
+            assert_eq!(m.producers.get("q"), Some(&(1, 0)), "a newer epoch wins");
+            assert_eq!(m.sseq.as_deref(), Some("10"));
         }
     }
 }

@@ -20,16 +20,21 @@
 #![allow(clippy::result_large_err)]
 
 pub mod fork;
+pub mod live;
 pub mod meta;
 pub mod names;
 pub mod read;
 pub mod streams;
+pub mod sub_meta;
 pub mod subscriptions;
 pub mod webhook;
 pub mod write;
 
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
+use crate::net::conn::DirectStream;
+use crate::net::listener::Refused;
+use crate::net::liveness::Flushes;
 use crate::App;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
@@ -56,9 +61,36 @@ pub struct Ds {
 /// The state [`intercept`] runs with.
 pub type DsState = (Arc<App>, Arc<Ds>);
 
-/// The state of the layer [`intercept`] for `app`.
+/// The state of the layer [`intercept`] for `app`; starts the subscriptions'
+/// delivery task (it reads their records back at once, so wakes go out
+/// after a restart before any request comes).
 pub fn state(app: Arc<App>) -> DsState {
-    (app, Arc::new(Ds::default()))
+    let ds = Arc::new(Ds::default());
+    if !app.config.ds_prefix.is_empty() {
+        subscriptions::start(&app, &ds);
+    }
+    (app, ds)
+}
+
+/// Whether a request target is a live SSE read of this room
+/// (`live=sse` under `prefix`, `--ds-prefix`, outside the reserved
+/// `__ds/` APIs): the fan-out writer serves it when it is a connection's
+/// first request (`net/conn.rs`), so it is written as gapless's own SSE
+/// streams are. Any other read keeps its connection for more requests.
+pub fn is_live_sse(prefix: &str, path: &str, query: Option<&str>) -> bool {
+    if prefix.is_empty() {
+        return false;
+    }
+    let prefix = prefix.trim_end_matches('/');
+    let Some(rest) = path.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) else {
+        return false;
+    };
+    if rest.is_empty() || subscriptions::split(rest).is_some() {
+        return false;
+    }
+    query.is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "live" && v == "sse")
+    })
 }
 
 /// The router layer: a request whose path is under `--ds-prefix` (the
@@ -77,6 +109,14 @@ pub async fn intercept(State((app, ds)): State<DsState>, req: Request, next: Nex
     let Some(rest) = rest else {
         return next.run(req).await;
     };
+    if req.extensions().get::<Refused>().is_some() {
+        // A request of a refused connection (past --max-connections or
+        // --max-connections-per-ip): the busy rule answers it, as on every
+        // other route (`transport/sse/busy.rs`: 503 `limit_reached`).
+        let mut resp = next.run(req).await;
+        common_headers(resp.headers_mut());
+        return resp;
+    }
     let mut resp = handle(&app, &ds, req, &rest).await;
     common_headers(resp.headers_mut());
     resp
@@ -127,6 +167,8 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         return e.into_response();
     }
     let peer = parts.extensions.get::<crate::Peer>().map(|p| p.0.ip());
+    let direct = parts.extensions.get::<DirectStream>().cloned();
+    let flushes = parts.extensions.get::<Flushes>().cloned();
     let ctx = Ctx {
         app: app.clone(),
         ds: ds.clone(),
@@ -136,6 +178,8 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         query: parts.uri.query().map(str::to_owned),
         grant,
         peer,
+        direct,
+        flushes,
     };
     match parts.method {
         Method::PUT => write::create(ctx, body).await,
@@ -193,6 +237,12 @@ pub struct Ctx {
     pub grant: Arc<crate::auth::Grant>,
     /// The client's address (the key of per-IP limits).
     pub peer: Option<std::net::IpAddr>,
+    /// Set when the fan-out writer serves this request (a connection's
+    /// first request, a live SSE read: [`is_live_sse`]): a live feed is
+    /// handed over to it.
+    pub direct: Option<DirectStream>,
+    /// The connection's flush count, when hyper serves it (`conn::body`).
+    pub flushes: Option<Flushes>,
 }
 
 impl Ctx {

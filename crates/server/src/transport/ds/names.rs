@@ -162,13 +162,17 @@ const CURSOR_INTERVAL_S: u64 = 20;
 /// `cursor` is not behind it, the client's plus 1 to 180 intervals (1 to
 /// 3600 s of jitter), so cursors never go back.
 pub fn live_cursor(now_ms: u64, client: Option<&str>) -> String {
+    next_cursor(now_ms, client.and_then(|c| c.parse::<u64>().ok())).to_string()
+}
+
+/// [`live_cursor`] as a number, after the client's cursor `client` (one
+/// that is not a number counts as none).
+pub fn next_cursor(now_ms: u64, client: Option<u64>) -> u64 {
     let now = (now_ms / 1000).saturating_sub(CURSOR_EPOCH_S) / CURSOR_INTERVAL_S;
-    let client = client.and_then(|c| c.parse::<u64>().ok());
-    let n = match client {
-        Some(c) if c >= now => c + rand::random_range(1..=3600 / CURSOR_INTERVAL_S),
+    match client {
+        Some(c) if c >= now => c.saturating_add(rand::random_range(1..=3600 / CURSOR_INTERVAL_S)),
         _ => now,
-    };
-    n.to_string()
+    }
 }
 
 #[cfg(test)]

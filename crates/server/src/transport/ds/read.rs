@@ -2,16 +2,15 @@
 //! (`live=long-poll`) and SSE (`live=sse`) (PROTOCOL.md 5.5 to 5.8).
 
 use super::fork::{self, ReadError};
+use super::live::{self, Shape};
 use super::names::{live_cursor, offset, parse_offset, Offset};
-use super::streams::{Meta, Stream};
+use super::streams::Meta;
 use super::write::lookup;
 use super::{api_error, empty, error, set, Ctx};
 use crate::transport::query::Query;
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
-use base64::Engine;
-use bytes::Bytes;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Gap, Item, Start, Subscription};
 use gapless_protocol::Event;
@@ -23,9 +22,6 @@ use std::time::Duration;
 pub const READ_EVENTS: usize = 1000;
 /// About the most data in one catch-up answer, in bytes (always at least one event).
 pub const READ_BYTES: usize = 4 << 20;
-/// How long one SSE response lasts before the server ends it, so the
-/// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2).
-pub const SSE_LIFETIME: Duration = Duration::from_secs(60);
 
 /// `HEAD {stream}`: the stream's metadata, never cached.
 pub async fn head(ctx: Ctx) -> Response {
@@ -180,9 +176,24 @@ pub async fn get(ctx: Ctx) -> Response {
     };
     let client_cursor = q.get("cursor").map(str::to_owned);
     if live.as_deref() == Some("sse") {
-        let closed_rx = meta.closed_tx.subscribe();
+        let shape = if meta.is_json() {
+            Shape::Json
+        } else if meta.is_text() {
+            Shape::Text
+        } else {
+            Shape::Binary
+        };
+        let start = live::Start {
+            layout: meta.layout.clone(),
+            epoch: meta.epoch,
+            shape,
+            from,
+            head: tail,
+            closed_rx: meta.closed_tx.subscribe(),
+            cursor: client_cursor.and_then(|c| c.parse().ok()),
+        };
         drop(meta);
-        return sse(ctx, stream, from, tail, client_cursor, closed_rx).await;
+        return sse(ctx, start).await;
     }
     // offset=now without live: the tail, no data (PROTOCOL.md 8).
     if off == Offset::Now && live.is_none() {
@@ -254,6 +265,7 @@ pub async fn get(ctx: Ctx) -> Response {
             if inm.split(',').any(|t| t.trim() == etag || t.trim() == "*") {
                 let mut r = empty(StatusCode::NOT_MODIFIED);
                 set(&mut r, "etag", &etag);
+                set(&mut r, "cache-control", cache_control(&ctx));
                 set(&mut r, "stream-next-offset", offset(meta.epoch, next));
                 return r;
             }
@@ -331,7 +343,7 @@ async fn wait(
     ctx: &Ctx,
     layout: &fork::Layout,
     from: u64,
-    closed_rx: &mut tokio::sync::watch::Receiver<bool>,
+    closed_rx: &mut tokio::sync::watch::Receiver<super::streams::Life>,
 ) -> Result<Option<Vec<Arc<Event>>>, Response> {
     let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -364,178 +376,33 @@ async fn wait(
     }
 }
 
-/// One SSE `data` event: text as is (each line its own `data:` line), or
-/// base64 for a binary stream.
-fn sse_data(meta: &Meta, events: &[Arc<Event>], out: &mut String) {
-    out.push_str("event: data\n");
-    let body = body_of(meta, events);
-    if meta.is_text() {
-        // One `data:` line per line of the text, a line ending at CRLF, CR
-        // or LF (as SSE reads them), so no text can end the event or start
-        // another (a lone CR comes back as LF). A text stream's events are
-        // UTF-8 (appends are checked; the lossy read only covers an event
-        // published as bytes over gapless's own API).
-        let body = String::from_utf8_lossy(&body);
-        let mut rest = &*body;
-        loop {
-            let end = rest.find(['\n', '\r']);
-            out.push_str("data:");
-            out.push_str(&rest[..end.unwrap_or(rest.len())]);
-            out.push('\n');
-            let Some(i) = end else { break };
-            let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
-            rest = &rest[i + skip..];
-        }
-    } else {
-        out.push_str("data:");
-        out.push_str(&base64::engine::general_purpose::STANDARD.encode(&body));
-        out.push('\n');
-    }
-    out.push('\n');
-}
-
-/// One SSE `control` event.
-fn sse_control(
-    out: &mut String,
-    next: &str,
-    cursor: Option<String>,
-    up_to_date: bool,
-    closed: bool,
-) {
-    let mut c = serde_json::Map::new();
-    c.insert("streamNextOffset".into(), next.into());
-    if let Some(cur) = cursor {
-        c.insert("streamCursor".into(), cur.into());
-    }
-    if up_to_date {
-        c.insert("upToDate".into(), true.into());
-    }
-    if closed {
-        c.insert("streamClosed".into(), true.into());
-    }
-    out.push_str("event: control\ndata:");
-    out.push_str(&serde_json::Value::Object(c).to_string());
-    out.push_str("\n\n");
-}
-
-/// `live=sse`: the messages after position `from` (a fork's inherited ones
-/// first, read from its source), each batch a `data` event followed by a
-/// `control` event, then the stream's own, live; ends at closure (after a
-/// control event with `streamClosed`), deletion, shutdown or
-/// [`SSE_LIFETIME`].
-async fn sse(
-    ctx: Ctx,
-    stream: Stream,
-    from: u64,
-    head: u64,
-    client_cursor: Option<String>,
-    mut closed_rx: tokio::sync::watch::Receiver<bool>,
-) -> Response {
-    let (epoch, layout, text) = {
-        let m = stream.lock().await;
-        (m.epoch, m.layout.clone(), m.is_text())
-    };
+/// `live=sse`: a [`live::Feed`] from `start`, written by the fan-out writer
+/// when this is the connection's first request, else by hyper.
+async fn sse(ctx: Ctx, start: live::Start) -> Response {
     // The own channel is followed from the later of `from` and the fork
     // point, before the inherited part is read, so nothing is missed.
-    let own_from = from.max(layout.origin);
-    let (mut sub, gaps) = match follow(&ctx, &layout, own_from).await {
+    let own_from = start.from.max(start.layout.origin);
+    let (sub, gaps) = match follow(&ctx, &start.layout, own_from).await {
         Ok(s) => s,
         Err(e) => return api_error(e),
     };
     if !gaps.is_empty() {
         return gone("the data after this offset is no longer retained; read again from -1");
     }
-    let shutdown = ctx.app.shutdown.clone();
-    let app = ctx.app.clone();
-    let body = async_stream::stream! {
-        let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
-        let mut pos = from;
-        // The newest position known: the tail at the request, then as signalled.
-        let mut head = head;
-        let mut announced = false;
-        let mut cursor = client_cursor;
-        // A fork's inherited messages, page by page.
-        while pos < layout.origin {
-            let Ok((events, next)) =
-                fork::read(&app, &layout, pos, layout.origin, READ_EVENTS, READ_BYTES).await
-            else {
-                return;
-            };
-            if events.is_empty() {
-                return;
-            }
-            let m = stream.lock().await;
-            let mut out = String::new();
-            sse_data(&m, &events, &mut out);
-            pos = next;
-            let up = pos >= head;
-            let closed = m.closed && up;
-            let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
-            cursor = c.clone().or(cursor);
-            sse_control(&mut out, &offset(epoch, pos), c, up, closed);
-            announced = up;
-            drop(m);
-            yield Ok::<Bytes, std::convert::Infallible>(Bytes::from(out));
-            if closed {
-                return;
-            }
-        }
-        pos = pos.max(own_from);
-        loop {
-            let (closed, deleted) = {
-                let m = stream.lock().await;
-                (m.closed, m.deleted || m.soft_deleted)
-            };
-            if deleted {
-                break;
-            }
-            head = head.max(pos + sub.lag(0));
-            let caught_up = pos >= head;
-            if caught_up && (closed || !announced) {
-                let mut out = String::new();
-                let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
-                cursor = c.clone().or(cursor);
-                sse_control(&mut out, &offset(epoch, pos), c, true, closed);
-                announced = true;
-                yield Ok::<Bytes, std::convert::Infallible>(Bytes::from(out));
-                if closed {
-                    break;
-                }
-            }
-            let item = tokio::select! {
-                item = sub.next() => item,
-                _ = closed_rx.changed() => continue,
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = shutdown.cancelled() => break,
-            };
-            match item {
-                Ok(Item::Events { events, .. }) => {
-                    let m = stream.lock().await;
-                    let mut out = String::new();
-                    sse_data(&m, &events, &mut out);
-                    pos = events.last().map_or(pos, |e| layout.virt(e.seq));
-                    head = head.max(pos + sub.lag(0));
-                    let up = pos >= head;
-                    let closed = m.closed && up;
-                    let c = (!closed).then(|| live_cursor(now_ms(), cursor.as_deref()));
-                    cursor = c.clone().or(cursor);
-                    sse_control(&mut out, &offset(epoch, pos), c, up, closed);
-                    announced = up;
-                    yield Ok(Bytes::from(out));
-                    if closed {
-                        break;
-                    }
-                }
-                Ok(Item::Gap(_)) | Err(_) => break,
-                Ok(Item::Ephemeral(_)) => {}
-            }
-        }
+    let binary = start.shape == Shape::Binary;
+    let feed = live::Feed::new(ctx.app.clone(), start, sub);
+    let mut r = match &ctx.direct {
+        Some(direct) => direct.hand_over(feed),
+        None => Response::new(crate::net::conn::body(
+            feed,
+            ctx.flushes.clone(),
+            ctx.app.shutdown.clone(),
+        )),
     };
-    let mut r = Response::new(Body::from_stream(body));
     set(&mut r, "content-type", "text/event-stream");
     set(&mut r, "cache-control", "no-cache");
     set(&mut r, "x-accel-buffering", "no");
-    if !text {
+    if binary {
         set(&mut r, "stream-sse-data-encoding", "base64");
     }
     r

@@ -12,9 +12,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// One stream's metadata. Guarded by its own async lock, held across an
-/// append, so validation and append are serialized per stream (PROTOCOL.md
-/// 5.2.1, "Concurrency Requirements").
+/// One stream's metadata. Guarded by its own async lock, held only while it
+/// is read or changed, never across a journal commit: appends are ordered
+/// by [`Meta::gate`], and appends with producer headers or `Stream-Seq`
+/// are checked against what is committed and what is in flight
+/// ([`Meta::inflight`]), so their checks stay exact (PROTOCOL.md 5.2.1,
+/// "Concurrency Requirements"; docs/durable-streams.md, "Appends").
 #[derive(Debug)]
 pub struct Meta {
     /// The content type as created (compared case-insensitively, without
@@ -54,8 +57,9 @@ pub struct Meta {
     /// Whether the stream was forgotten (deleted, expired): live readers
     /// holding it end.
     pub deleted: bool,
-    /// Bumped on closure and deletion, so live readers waiting at the tail wake up.
-    pub closed_tx: watch::Sender<bool>,
+    /// Bumped on closure and deletion ([`Meta::announce`]), so live readers
+    /// waiting at the tail wake up and know which without the lock.
+    pub closed_tx: watch::Sender<Life>,
     /// The stream's incarnation: random at creation, part of its appends'
     /// idempotency keys ([`super::meta::Record::inc`]).
     pub inc: u64,
@@ -64,9 +68,61 @@ pub struct Meta {
     pub rev: u64,
     /// When that record was written (Unix ms).
     pub rev_ms: u64,
+    /// How appends are ordered (see [`Order`]).
+    pub order: Order,
+}
+
+/// How a stream's appends are ordered without holding its lock across a
+/// journal commit.
+#[derive(Debug, Default)]
+pub struct Order {
+    /// An append without `Stream-Closed` holds it shared from its checks to
+    /// its answer; a close, a delete and the forgetting of an expired
+    /// stream hold it alone (fair: one waiting holds later appends back),
+    /// so they come after every append in flight and before every later one.
+    pub gate: Arc<tokio::sync::RwLock<()>>,
+    /// The appends with producer headers or `Stream-Seq` whose journal
+    /// append is in flight: at most one per producer id, and each
+    /// `Stream-Seq` above the committed one.
+    pub inflight: Vec<Claim>,
+    /// Signalled whenever an append of `inflight` settles.
+    pub settled: Arc<tokio::sync::Notify>,
+}
+
+/// What an append in flight claims of a stream's metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Its `Producer-Id`.
+    pub producer: Option<String>,
+    /// Its `Stream-Seq`.
+    pub stream_seq: Option<String>,
+}
+
+/// What a stream's watch ([`Meta::closed_tx`]) tells its live readers; it
+/// only moves forward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Life {
+    /// Open.
+    #[default]
+    Open,
+    /// Closed: its tail is final.
+    Closed,
+    /// Deleted, expired or soft-deleted: its live readers end.
+    Gone,
+}
+
+/// A new stream's watch ([`Meta::closed_tx`]).
+pub fn life() -> watch::Sender<Life> {
+    watch::Sender::new(Life::Open)
 }
 
 impl Meta {
+    /// Tells the stream's live readers that it is now `life` (or further
+    /// along), waking every one of them.
+    pub fn announce(&self, life: Life) {
+        self.closed_tx.send_modify(|l| *l = (*l).max(life));
+    }
+
     /// The bare media type: lower case, without parameters.
     pub fn media_type(&self) -> String {
         media_type(&self.content_type)

@@ -9,17 +9,23 @@
 //! `streams[]` and `wake_stream` are paths relative to it, and its id is
 //! unique per root.
 //!
-//! **In memory only**: subscriptions, their cursors (`acked_offset`), wakes
-//! and the signing key live in this process; a restart forgets them
-//! (docs/durable-streams.md, "Subscriptions").
+//! **Durable**: every change of a subscription (its definition, links,
+//! `acked_offset`s, generation, wake, lease, failures and retry time) is
+//! journaled before it is answered ([`sub_meta`]), read back at the start
+//! and, in cluster mode, followed by every node; a change computed on a
+//! stale view loses to the one stored first and is computed again, so two
+//! nodes never both claim one wake. The webhook signing key comes from a
+//! key file (`--ds-signing-key`, by default in the data directory).
 //!
-//! Delivery runs on one background task, started with the first
-//! subscription, that looks at every subscription each [`SCAN_EVERY`]: it
-//! links streams newly matching a pattern, expires leases, and issues a wake
-//! (a webhook request, or wake events appended to the wake stream) when a
-//! linked stream's tail is past its `acked_offset` and the subscription is
-//! idle. Looking rather than being told keeps appends made through gapless's
-//! own API (not only Durable Streams appends) waking subscribers.
+//! Delivery runs on one background task, started with the server, that
+//! looks at every subscription each [`SCAN_EVERY`]: it links streams newly
+//! matching a pattern, expires leases, and issues a wake (a webhook
+//! request, or wake events appended to the wake stream) when a linked
+//! stream's tail is past its `acked_offset` and the subscription is idle.
+//! Looking rather than being told keeps appends made through gapless's own
+//! API (not only Durable Streams appends) waking subscribers. In cluster
+//! mode only the node holding the delivery lease ([`sub_meta::delivering`])
+//! runs it, so a wake is sent once, not once per node.
 //!
 //! Authorization (gapless's own tokens, docs/durable-streams.md): managing a
 //! subscription and claiming it need `subscribe` on every channel under the
@@ -28,22 +34,48 @@
 //! and releases are authorized by the wake's own token instead; the JWK Set
 //! is public.
 
+use super::sub_meta::{self, Key, Tx};
 use super::webhook::{self, Signer};
-use super::{fork, names, streams::Stream, Ds};
+use super::{api_error, fork, names, streams::Stream, Ds};
 use crate::auth::{Access, Action, Grant};
 use crate::App;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use gapless_core::journal::now_ms;
+use gapless_core::journal::{now_ms, JournalError};
 use gapless_protocol::NewEvent;
-use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// Starts a change of a subscription ([`Tx::begin`]), or returns the
+/// journal's refusal (503 while it cannot be read).
+macro_rules! begin {
+    ($app:expr, $ds:expr, $key:expr) => {
+        match Tx::begin($app, $ds, $key).await {
+            Ok(tx) => tx,
+            Err(e) => return api_error(e.into()),
+        }
+    };
+}
+
+/// Journals `$new` in `$tx` and returns `$answer`; when another node changed
+/// the subscription first, goes round the enclosing `loop` to compute the
+/// change again; returns the journal's refusal when it fails.
+macro_rules! write_or_retry {
+    ($tx:expr, $new:expr, $answer:expr) => {
+        match $tx.write($new).await {
+            Ok(true) => return $answer,
+            Ok(false) => continue,
+            Err(e) => return api_error(e.into()),
+        }
+    };
+}
 
 /// How often the delivery task looks at every subscription.
 pub const SCAN_EVERY: Duration = Duration::from_millis(50);
@@ -57,7 +89,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub const MAX_STREAMS: usize = 1000;
 
 /// The subscription `type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum Kind {
     Webhook,
     PullWake,
@@ -76,7 +109,7 @@ impl Kind {
 /// without duplicates). Two `PUT`s re-confirm when their configurations are
 /// equal: the comparison of normalized configurations the protocol asks of
 /// a hash (PROTOCOL.md 6.2), done directly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Config {
     kind: Kind,
     pattern: Option<Vec<String>>,
@@ -88,7 +121,7 @@ struct Config {
 }
 
 /// One linked stream of a subscription (PROTOCOL.md 6.1).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Link {
     explicit: bool,
     glob: bool,
@@ -109,12 +142,13 @@ impl Link {
 }
 
 /// The wake in flight.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Wake {
     id: String,
-    /// The callback (webhook) or claim (pull-wake) token; a pull-wake wake
-    /// has none until it is claimed.
-    token: Option<String>,
+    /// The SHA-256 (base64url) of the callback (webhook) or claim
+    /// (pull-wake) token: the token itself is only ever sent to its
+    /// receiver, never journaled. A pull-wake wake has none until claimed.
+    token_hash: Option<String>,
     /// The pull-wake worker holding the lease.
     holder: Option<String>,
     /// When the lease ends (Unix ms); `None` while a pull-wake waits for a claim.
@@ -124,8 +158,9 @@ struct Wake {
     snapshot: Vec<(String, String)>,
 }
 
-/// One subscription.
-struct Sub {
+/// One subscription: what its records hold ([`sub_meta`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sub {
     id: String,
     root: String,
     config: Config,
@@ -140,36 +175,38 @@ struct Sub {
     failures: u32,
     /// No wake before this (Unix ms): the webhook retry schedule.
     next_attempt_at: u64,
-    /// Deleted: requests still holding it fail and advance nothing.
-    deleted: bool,
 }
 
-type SubRef = Arc<tokio::sync::Mutex<Sub>>;
-
-/// Every subscription of the server, by root and id; the signing key; the
-/// delivery task's flag.
+/// Every subscription of the server (as journaled, [`sub_meta::Log`]); the
+/// signing key; the delivery task's flag.
 #[derive(Default)]
 pub struct Subscriptions {
-    map: Mutex<HashMap<(String, String), SubRef>>,
+    /// The subscriptions, read from their records.
+    pub log: sub_meta::Log,
     signer: OnceLock<Signer>,
     started: AtomicBool,
 }
 
 impl Subscriptions {
-    fn signer(&self) -> &Signer {
-        self.signer.get_or_init(Signer::generate)
+    /// The webhook signing key: `--ds-signing-key` (or the data
+    /// directory's), else one made for this process.
+    fn signer(&self, app: &App) -> &Signer {
+        self.signer
+            .get_or_init(|| match &app.config.ds_signing_key {
+                Some(k) => Signer::from_bytes(&k.0),
+                None => Signer::generate(),
+            })
     }
+}
 
-    fn get(&self, root: &str, id: &str) -> Option<SubRef> {
-        self.map
-            .lock()
-            .get(&(root.to_owned(), id.to_owned()))
-            .cloned()
-    }
+fn key(root: &str, id: &str) -> Key {
+    (root.to_owned(), id.to_owned())
+}
 
-    fn all(&self) -> Vec<SubRef> {
-        self.map.lock().values().cloned().collect()
-    }
+/// The hash a wake keeps of its token ([`Wake::token_hash`]).
+fn token_hash(token: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(token.as_bytes()))
 }
 
 /// Where the `__ds` segment splits a path under the prefix: the root before
@@ -217,7 +254,7 @@ pub async fn handle(
                 "the JWK Set answers GET",
             );
         }
-        let mut r = json_answer(StatusCode::OK, &ds.subs.signer().jwks());
+        let mut r = json_answer(StatusCode::OK, &ds.subs.signer(app).jwks());
         let h = r.headers_mut();
         h.insert(
             axum::http::header::CONTENT_TYPE,
@@ -249,6 +286,10 @@ pub async fn handle(
             return refuse(StatusCode::BAD_REQUEST, "INVALID_STREAM_PATH", m);
         }
     }
+    // The streams' metadata (links name streams) is read back first.
+    if let Err(r) = super::ready(app, ds).await {
+        return r;
+    }
     let (mut parts, body) = req.into_parts();
     // The wake-scoped operations carry the wake's token, not a gapless one.
     match (&method, op) {
@@ -279,25 +320,37 @@ pub async fn handle(
         );
     }
     let base_url = base_url(app, &parts.headers, &root);
+    // In a cluster, streams another node made since the last read of their
+    // records are known before a subscription names or links them.
+    let names_streams = matches!(
+        (&method, op),
+        (&Method::PUT, "") | (&Method::POST, "streams")
+    );
+    if app.config.cluster && names_streams {
+        if let Err(e) = super::meta::catch_up(app, ds).await {
+            return api_error(e.into());
+        }
+    }
     match (&method, op) {
         (&Method::PUT, "") => create(app, ds, &grant, &root, id, base_url, body).await,
-        (&Method::GET, "") => match ds.subs.get(&root, id) {
-            Some(s) => {
-                let s = s.lock().await;
-                json_answer(StatusCode::OK, &view(app, ds, &s).await)
+        (&Method::GET, "") => {
+            if let Err(e) = sub_meta::sync(app, ds).await {
+                return api_error(e.into());
             }
-            None => not_found(id),
-        },
-        (&Method::DELETE, "") => {
-            let removed = ds.subs.map.lock().remove(&(root.clone(), id.to_owned()));
-            match removed {
-                Some(s) => {
-                    let mut s = s.lock().await;
-                    s.deleted = true;
-                    s.wake = None;
-                    StatusCode::NO_CONTENT.into_response()
-                }
+            match ds.subs.log.get(&key(&root, id)).1 {
+                Some(s) => json_answer(StatusCode::OK, &view(app, ds, &s).await),
                 None => not_found(id),
+            }
+        }
+        // Deletion journals a tombstone: a callback, ack or release still
+        // holding the subscription finds none and advances nothing.
+        (&Method::DELETE, "") => {
+            let mut tx = begin!(app, ds, key(&root, id));
+            loop {
+                if tx.current().is_none() {
+                    return not_found(id);
+                }
+                write_or_retry!(tx, None, StatusCode::NO_CONTENT.into_response());
             }
         }
         (&Method::POST, "streams") => add_streams(app, ds, &root, id, body).await,
@@ -310,20 +363,23 @@ pub async fn handle(
                     "the stream path is not valid percent-encoded UTF-8",
                 );
             };
-            let Some(s) = ds.subs.get(&root, id) else {
-                return not_found(id);
-            };
-            let mut s = s.lock().await;
-            let matches = s.config.pattern.as_ref().is_some_and(|p| glob(p, &path));
-            if let Some(l) = s.links.get_mut(&path) {
-                l.explicit = false;
-                l.glob |= matches;
-                if !l.glob {
-                    s.links.remove(&path);
+            let mut tx = begin!(app, ds, key(&root, id));
+            loop {
+                let Some(cur) = tx.current() else {
+                    return not_found(id);
+                };
+                let mut s = (*cur).clone();
+                let matches = s.config.pattern.as_ref().is_some_and(|p| glob(p, &path));
+                if let Some(l) = s.links.get_mut(&path) {
+                    l.explicit = false;
+                    l.glob |= matches;
+                    if !l.glob {
+                        s.links.remove(&path);
+                    }
                 }
+                s.config.streams.retain(|p| *p != path);
+                write_or_retry!(tx, Some(s), StatusCode::NO_CONTENT.into_response());
             }
-            s.config.streams.retain(|p| *p != path);
-            StatusCode::NO_CONTENT.into_response()
         }
         _ => refuse(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -581,75 +637,64 @@ async fn create(
             );
         }
     }
-    if let Some(existing) = ds.subs.get(root, id) {
-        let s = existing.lock().await;
-        if s.config == config {
-            return json_answer(StatusCode::OK, &view(app, ds, &s).await);
-        }
-        return refuse(
-            StatusCode::CONFLICT,
-            "SUBSCRIPTION_EXISTS",
-            format!("subscription {id:?} exists with another configuration"),
-        );
-    }
-    let max = app.config.ds_max_subscriptions;
-    if ds.subs.map.lock().len() >= max {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "SUBSCRIPTION_LIMIT",
-            format!("this server holds at most {max} subscriptions (--ds-max-subscriptions)"),
-        );
-    }
-    let mut sub = Sub {
-        id: id.to_owned(),
-        root: root.to_owned(),
-        config,
-        base_url,
-        created_at: rfc3339_ms(now_ms()),
-        links: BTreeMap::new(),
-        generation: 0,
-        wake: None,
-        failures: 0,
-        next_attempt_at: 0,
-        deleted: false,
-    };
-    // Existing streams are linked at their tail: creation replays nothing.
-    for p in sub.config.streams.clone() {
-        let acked = offsets(app, ds, root, &p).await.map(|o| o.1);
-        sub.links.insert(
-            p,
-            Link {
-                explicit: true,
-                glob: false,
-                acked,
-            },
-        );
-    }
-    if let Some(pattern) = sub.config.pattern.clone() {
-        for rel in matching(ds, root, &pattern, sub.config.wake_stream.as_deref()) {
-            let acked = offsets(app, ds, root, &rel).await.map(|o| o.1);
-            let l = sub.links.entry(rel).or_default();
-            l.glob = true;
-            if l.acked.is_none() {
-                l.acked = acked;
+    start(app, ds);
+    let mut tx = begin!(app, ds, key(root, id));
+    loop {
+        if let Some(existing) = tx.current() {
+            if existing.config == config {
+                return json_answer(StatusCode::OK, &view(app, ds, &existing).await);
             }
-        }
-    }
-    let answer = view(app, ds, &sub).await;
-    let sub = Arc::new(tokio::sync::Mutex::new(sub));
-    {
-        let mut map = ds.subs.map.lock();
-        if map.contains_key(&(root.to_owned(), id.to_owned())) {
             return refuse(
                 StatusCode::CONFLICT,
                 "SUBSCRIPTION_EXISTS",
-                format!("subscription {id:?} was created meanwhile"),
+                format!("subscription {id:?} exists with another configuration"),
             );
         }
-        map.insert((root.to_owned(), id.to_owned()), sub);
+        let max = app.config.ds_max_subscriptions;
+        if ds.subs.log.count() >= max {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "SUBSCRIPTION_LIMIT",
+                format!("this server holds at most {max} subscriptions (--ds-max-subscriptions)"),
+            );
+        }
+        let mut sub = Sub {
+            id: id.to_owned(),
+            root: root.to_owned(),
+            config: config.clone(),
+            base_url: base_url.clone(),
+            created_at: rfc3339_ms(now_ms()),
+            links: BTreeMap::new(),
+            generation: 0,
+            wake: None,
+            failures: 0,
+            next_attempt_at: 0,
+        };
+        // Existing streams are linked at their tail: creation replays nothing.
+        for p in sub.config.streams.clone() {
+            let acked = offsets(app, ds, root, &p).await.map(|o| o.1);
+            sub.links.insert(
+                p,
+                Link {
+                    explicit: true,
+                    glob: false,
+                    acked,
+                },
+            );
+        }
+        if let Some(pattern) = sub.config.pattern.clone() {
+            for rel in matching(ds, root, &pattern, sub.config.wake_stream.as_deref()) {
+                let acked = offsets(app, ds, root, &rel).await.map(|o| o.1);
+                let l = sub.links.entry(rel).or_default();
+                l.glob = true;
+                if l.acked.is_none() {
+                    l.acked = acked;
+                }
+            }
+        }
+        let created = json_answer(StatusCode::CREATED, &view(app, ds, &sub).await);
+        write_or_retry!(tx, Some(sub), created);
     }
-    start(app, ds);
-    json_answer(StatusCode::CREATED, &answer)
 }
 
 /// The stream paths under `root` (relative) that `pattern` matches now,
@@ -682,7 +727,7 @@ async fn view(app: &App, ds: &Ds, s: &Sub) -> Value {
             "url": u,
             "signing": {
                 "alg": "ed25519",
-                "kid": ds.subs.signer().kid,
+                "kid": ds.subs.signer(app).kid,
                 "jwks_url": format!("{}/__ds/jwks.json", s.base_url),
             }
         })
@@ -720,33 +765,36 @@ async fn add_streams(app: &App, ds: &Ds, root: &str, id: &str, body: Body) -> Re
             Err(r) => return r,
         }
     }
-    let Some(s) = ds.subs.get(root, id) else {
-        return not_found(id);
-    };
-    let mut s = s.lock().await;
-    if s.config.streams.len() + paths.len() > MAX_STREAMS {
-        return bad(format!(
-            "a subscription names at most {MAX_STREAMS} streams"
-        ));
-    }
-    for p in paths {
-        if !s.config.streams.contains(&p) {
-            s.config.streams.push(p.clone());
-            s.config.streams.sort();
-        }
-        let known = s.links.contains_key(&p);
-        let acked = if known {
-            None
-        } else {
-            offsets(app, ds, root, &p).await.map(|o| o.1)
+    let mut tx = begin!(app, ds, key(root, id));
+    loop {
+        let Some(cur) = tx.current() else {
+            return not_found(id);
         };
-        let l = s.links.entry(p).or_default();
-        l.explicit = true;
-        if !known {
-            l.acked = acked;
+        let mut s = (*cur).clone();
+        if s.config.streams.len() + paths.len() > MAX_STREAMS {
+            return bad(format!(
+                "a subscription names at most {MAX_STREAMS} streams"
+            ));
         }
+        for p in &paths {
+            if !s.config.streams.contains(p) {
+                s.config.streams.push(p.clone());
+                s.config.streams.sort();
+            }
+            let known = s.links.contains_key(p);
+            let acked = if known {
+                None
+            } else {
+                offsets(app, ds, root, p).await.map(|o| o.1)
+            };
+            let l = s.links.entry(p.clone()).or_default();
+            l.explicit = true;
+            if !known {
+                l.acked = acked;
+            }
+        }
+        write_or_retry!(tx, Some(s), StatusCode::NO_CONTENT.into_response());
     }
-    StatusCode::NO_CONTENT.into_response()
 }
 
 /// A linked stream in a wake: its offsets and whether work is pending.
@@ -809,121 +857,297 @@ fn wake_id() -> String {
     format!("w_{:016x}", rand::random::<u64>())
 }
 
-/// Starts the delivery task once.
-fn start(app: &Arc<App>, ds: &Arc<Ds>) {
+/// Starts the delivery task once (at the server's start, `mod.rs`): it
+/// reads the records back, follows them in cluster mode every
+/// [`sub_meta::FOLLOW_MS`], and, while this node delivers
+/// ([`sub_meta::delivering`]), looks at every subscription each
+/// [`SCAN_EVERY`] and rewrites records that grew old.
+pub fn start(app: &Arc<App>, ds: &Arc<Ds>) {
     if ds.subs.started.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    if tokio::runtime::Handle::try_current().is_err() {
+        ds.subs.started.store(false, Ordering::SeqCst);
         return;
     }
     let (app, ds) = (app.clone(), ds.clone());
     tokio::spawn(async move {
+        let mut followed = 0u64;
+        let mut compacted = 0u64;
+        let mut failing = false;
         loop {
             tokio::select! {
                 () = app.shutdown.cancelled() => break,
                 () = tokio::time::sleep(SCAN_EVERY) => {}
             }
-            for sub in ds.subs.all() {
-                scan(&app, &ds, &sub).await;
+            let now = now_ms();
+            let every = if ds.subs.log.count() > 0 {
+                sub_meta::FOLLOW_MS
+            } else {
+                sub_meta::IDLE_FOLLOW_MS
+            };
+            let follow = app.config.cluster && now.saturating_sub(followed) >= every;
+            if !ds.subs.log.loaded() || follow {
+                followed = now;
+                match sub_meta::catch_up(&app, &ds).await {
+                    // Logged once per outage, not every tick.
+                    Err(e) => {
+                        if !failing {
+                            failing = true;
+                            tracing::warn!(error = %e, "could not read the Durable Streams subscriptions' records; retrying");
+                        }
+                        continue;
+                    }
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("reading the Durable Streams subscriptions' records again");
+                    }
+                    Ok(()) => {}
+                }
+            }
+            let keys = ds.subs.log.keys();
+            if keys.is_empty()
+                || super::ready(&app, &ds).await.is_err()
+                || !sub_meta::delivering(&app, &ds).await
+            {
+                continue;
+            }
+            if now.saturating_sub(compacted) >= 1000 {
+                compacted = now;
+                sub_meta::compact(&app, &ds).await;
+            }
+            for k in keys {
+                scan(&app, &ds, &k).await;
             }
         }
+        let _ = tokio::time::timeout(Duration::from_millis(500), sub_meta::resign(&app, &ds)).await;
     });
+}
+
+/// What a look at a subscription leaves to do once its record is written.
+enum Next {
+    Nothing,
+    /// Send this webhook wake (its record is written).
+    Send {
+        url: String,
+        body: Value,
+        generation: u64,
+        wake_id: String,
+    },
+    /// Append these wake events, then record the wake of `generation`.
+    PullWake {
+        wake_stream: String,
+        events: Vec<NewEvent>,
+        generation: u64,
+    },
+}
+
+/// Journals `$new` in `$tx` and returns `Ok($ret)`; when another node
+/// changed the subscription first, goes round the enclosing `loop`.
+macro_rules! write_then {
+    ($tx:expr, $new:expr, $ret:expr) => {
+        if $tx.write($new).await? {
+            return Ok($ret);
+        }
+        continue;
+    };
 }
 
 /// One look at a subscription: new glob links, lease expiry, a wake when
 /// work is pending and the subscription is idle.
-async fn scan(app: &Arc<App>, ds: &Arc<Ds>, sub: &SubRef) {
-    let mut s = sub.lock().await;
-    if s.deleted {
-        return;
-    }
-    if let Some(pattern) = s.config.pattern.clone() {
-        let wake_stream = s.config.wake_stream.clone();
-        for rel in matching(ds, &s.root, &pattern, wake_stream.as_deref()) {
-            // Discovered by its append: linked before it (acked: none).
-            s.links.entry(rel).or_default().glob = true;
+async fn scan(app: &Arc<App>, ds: &Arc<Ds>, k: &Key) {
+    match look(app, ds, k).await {
+        Ok(Next::Nothing) => {}
+        Ok(Next::Send {
+            url,
+            body,
+            generation,
+            wake_id,
+        }) => {
+            let (app, ds, k) = (app.clone(), ds.clone(), k.clone());
+            tokio::spawn(async move {
+                send(&app, &ds, &k, &url, body, generation, &wake_id).await;
+            });
         }
+        Ok(Next::PullWake {
+            wake_stream,
+            events,
+            generation,
+        }) => pull_wake(app, ds, k, &wake_stream, events, generation).await,
+        // The next look tries again; the records' reader logs outages.
+        Err(e) => tracing::debug!(subscription = %k.1, error = %e, "a subscription's look failed"),
     }
+}
+
+/// The change of [`scan`], journaled; what is left to do after it.
+async fn look(app: &App, ds: &Ds, k: &Key) -> Result<Next, JournalError> {
     let now = now_ms();
-    if s.wake
-        .as_ref()
-        .is_some_and(|w| w.lease_until.is_some_and(|t| t <= now))
-    {
-        s.wake = None;
-    }
-    if s.wake.is_some() || now < s.next_attempt_at {
-        return;
-    }
-    let snap = snapshot(app, ds, &s).await;
-    if !snap.iter().any(|p| p.pending) {
-        return;
-    }
-    s.generation += 1;
-    let generation = s.generation;
-    let id = wake_id();
-    match s.config.kind {
-        Kind::Webhook => {
-            let tok = token();
-            s.wake = Some(Wake {
-                id: id.clone(),
-                token: Some(tok.clone()),
-                holder: None,
-                lease_until: Some(now + s.config.lease_ttl_ms),
-                snapshot: snap
-                    .iter()
-                    .map(|p| (p.path.clone(), p.tail.clone()))
-                    .collect(),
-            });
-            let body = json!({
-                "subscription_id": s.id,
-                "wake_id": id,
-                "generation": generation,
-                "streams": snap.iter().map(Pending::json).collect::<Vec<_>>(),
-                "callback_url": format!("{}/__ds/subscriptions/{}/callback", s.base_url, s.id),
-                "callback_token": tok,
-            });
-            let Some(url) = s.config.webhook_url.clone() else {
-                return;
-            };
-            let (app, ds, sub) = (app.clone(), ds.clone(), sub.clone());
-            tokio::spawn(async move { send(&app, &ds, &sub, &url, body, generation).await });
+    let mut tx = Tx::begin_on_view(app, ds, k.clone()).await;
+    loop {
+        let Some(cur) = tx.current() else {
+            return Ok(Next::Nothing);
+        };
+        // Copied only when something changes.
+        let mut changed: Option<Sub> = None;
+        if let Some(pattern) = &cur.config.pattern {
+            let found: Vec<String> =
+                matching(ds, &cur.root, pattern, cur.config.wake_stream.as_deref())
+                    .into_iter()
+                    .filter(|rel| !cur.links.get(rel).is_some_and(|l| l.glob))
+                    .collect();
+            if !found.is_empty() {
+                let s = changed.get_or_insert_with(|| (*cur).clone());
+                for rel in found {
+                    // Discovered by its append: linked before it (acked: none).
+                    s.links.entry(rel).or_default().glob = true;
+                }
+            }
         }
-        Kind::PullWake => {
-            let wake_stream = s.config.wake_stream.clone().unwrap_or_default();
-            let ts = now;
-            let events: Vec<NewEvent> = snap
-                .iter()
-                .filter(|p| p.pending)
-                .map(|p| NewEvent {
-                    event_type: None,
-                    data: gapless_protocol::Payload::Text(
-                        json!({
+        if cur
+            .wake
+            .as_ref()
+            .is_some_and(|w| w.lease_until.is_some_and(|t| t <= now))
+        {
+            changed.get_or_insert_with(|| (*cur).clone()).wake = None;
+        }
+        let s: &Sub = changed.as_ref().unwrap_or(&cur);
+        let snap = if s.wake.is_none() && now >= s.next_attempt_at {
+            snapshot(app, ds, s).await
+        } else {
+            Vec::new()
+        };
+        if !snap.iter().any(|p| p.pending) {
+            match changed {
+                Some(s) => {
+                    write_then!(tx, Some(s), Next::Nothing);
+                }
+                None => return Ok(Next::Nothing),
+            }
+        }
+        let generation = s.generation + 1;
+        match (s.config.kind, s.config.webhook_url.clone()) {
+            (Kind::Webhook, Some(url)) => {
+                let mut s = changed.unwrap_or_else(|| (*cur).clone());
+                let tok = token();
+                let id = wake_id();
+                s.generation = generation;
+                s.wake = Some(Wake {
+                    id: id.clone(),
+                    token_hash: Some(token_hash(&tok)),
+                    holder: None,
+                    lease_until: Some(now + s.config.lease_ttl_ms),
+                    snapshot: snap
+                        .iter()
+                        .map(|p| (p.path.clone(), p.tail.clone()))
+                        .collect(),
+                });
+                let body = json!({
+                    "subscription_id": s.id,
+                    "wake_id": id,
+                    "generation": generation,
+                    "streams": snap.iter().map(Pending::json).collect::<Vec<_>>(),
+                    "callback_url": format!("{}/__ds/subscriptions/{}/callback", s.base_url, s.id),
+                    "callback_token": tok,
+                });
+                // Recorded before it is sent: the node whose record is
+                // stored sends it, once.
+                write_then!(
+                    tx,
+                    Some(s),
+                    Next::Send {
+                        url,
+                        body,
+                        generation,
+                        wake_id: id,
+                    }
+                );
+            }
+            (Kind::Webhook, None) => return Ok(Next::Nothing),
+            (Kind::PullWake, _) => {
+                let events: Vec<NewEvent> = snap
+                    .iter()
+                    .filter(|p| p.pending)
+                    .map(|p| NewEvent {
+                        event_type: None,
+                        data: gapless_protocol::Payload::Text(
+                            json!({
                                 "type": "wake",
-                            "subscription_id": s.id,
-                            "stream": p.path,
-                            "generation": generation,
-                            "ts": ts,
-                        })
-                        .to_string(),
-                    ),
-                })
-                .collect();
-            match append_wake(app, ds, &s.root, &wake_stream, events).await {
+                                "subscription_id": s.id,
+                                "stream": p.path,
+                                "generation": generation,
+                                "ts": now,
+                            })
+                            .to_string(),
+                        ),
+                    })
+                    .collect();
+                let next = Next::PullWake {
+                    wake_stream: s.config.wake_stream.clone().unwrap_or_default(),
+                    events,
+                    generation,
+                };
+                // The wake events go before the wake's record: a crash
+                // between them leaves a wake event the next wake repeats,
+                // never a recorded wake no worker heard of.
+                match changed {
+                    Some(s) => {
+                        write_then!(tx, Some(s), next);
+                    }
+                    None => return Ok(next),
+                }
+            }
+        }
+    }
+}
+
+/// Writes a pull-wake subscription's wake events, then records the wake of
+/// `generation` (or the failure and its retry time), unless the
+/// subscription moved on meanwhile.
+async fn pull_wake(
+    app: &App,
+    ds: &Ds,
+    k: &Key,
+    wake_stream: &str,
+    events: Vec<NewEvent>,
+    generation: u64,
+) {
+    let written = append_wake(app, ds, &k.0, wake_stream, events).await;
+    if let Err(m) = &written {
+        tracing::warn!(subscription = %k.1, "pull-wake: writing to the wake stream failed: {m}");
+    }
+    let recorded = async {
+        let mut tx = Tx::begin(app, ds, k.clone()).await?;
+        loop {
+            let Some(cur) = tx.current() else {
+                return Ok(());
+            };
+            if cur.generation + 1 != generation || cur.wake.is_some() {
+                return Ok(());
+            }
+            let mut s = (*cur).clone();
+            match &written {
                 Ok(()) => {
                     s.failures = 0;
+                    s.generation = generation;
                     s.wake = Some(Wake {
-                        id,
-                        token: None,
+                        id: wake_id(),
+                        token_hash: None,
                         holder: None,
                         lease_until: None,
                         snapshot: Vec::new(),
                     });
                 }
-                Err(m) => {
+                Err(_) => {
                     s.failures = s.failures.saturating_add(1);
-                    s.next_attempt_at = now + webhook::backoff(s.failures).as_millis() as u64;
-                    tracing::warn!(subscription = %s.id, "pull-wake: writing to the wake stream failed: {m}");
+                    s.next_attempt_at = now_ms() + webhook::backoff(s.failures).as_millis() as u64;
                 }
             }
+            write_then!(tx, Some(s), ());
         }
+    };
+    let recorded: Result<(), JournalError> = recorded.await;
+    if let Err(e) = recorded {
+        tracing::warn!(subscription = %k.1, error = %e, "pull-wake: could not record the wake");
     }
 }
 
@@ -953,11 +1177,12 @@ async fn append_wake(
         .map_err(|e| format!("{e:?}"))
 }
 
-/// Delivers one webhook wake and applies its answer, if the wake is still current.
-async fn send(app: &App, ds: &Ds, sub: &SubRef, url: &str, body: Value, generation: u64) {
+/// Delivers one webhook wake and records its answer, if the wake is still
+/// the current one.
+async fn send(app: &App, ds: &Ds, k: &Key, url: &str, body: Value, generation: u64, wake: &str) {
     let bytes = body.to_string().into_bytes();
     let t = now_ms() / 1000;
-    let sig = ds.subs.signer().signature(t, &bytes);
+    let sig = ds.subs.signer(app).signature(t, &bytes);
     let cfg = &app.config;
     let res = match url::Url::parse(url) {
         Ok(u) => {
@@ -972,26 +1197,44 @@ async fn send(app: &App, ds: &Ds, sub: &SubRef, url: &str, body: Value, generati
         }
         Err(e) => Err(e.to_string()),
     };
-    let mut s = sub.lock().await;
-    if s.deleted || s.generation != generation || s.wake.is_none() {
-        return;
-    }
-    match res {
-        Ok(d) => {
-            s.failures = 0;
-            if d.done {
-                let snap = s.wake.take().map(|w| w.snapshot).unwrap_or_default();
-                for (path, tail) in snap {
-                    ack(&mut s, &path, tail);
+    let recorded = async {
+        let mut tx = Tx::begin(app, ds, k.clone()).await?;
+        loop {
+            let Some(cur) = tx.current() else {
+                return Ok(0);
+            };
+            if cur.generation != generation || cur.wake.as_ref().is_none_or(|w| w.id != wake) {
+                return Ok(0);
+            }
+            let mut s = (*cur).clone();
+            match &res {
+                Ok(d) if d.done => {
+                    s.failures = 0;
+                    let snap = s.wake.take().map(|w| w.snapshot).unwrap_or_default();
+                    for (path, tail) in snap {
+                        ack(&mut s, &path, tail);
+                    }
+                }
+                // Processing asynchronously: the receiver calls back.
+                Ok(_) if cur.failures == 0 => return Ok(0),
+                Ok(_) => s.failures = 0,
+                Err(_) => {
+                    s.failures = s.failures.saturating_add(1);
+                    s.wake = None;
+                    s.next_attempt_at = now_ms() + webhook::backoff(s.failures).as_millis() as u64;
                 }
             }
+            let attempt = s.failures;
+            write_then!(tx, Some(s), attempt);
         }
-        Err(m) => {
-            s.failures = s.failures.saturating_add(1);
-            s.wake = None;
-            s.next_attempt_at = now_ms() + webhook::backoff(s.failures).as_millis() as u64;
-            tracing::warn!(subscription = %s.id, attempt = s.failures, "webhook delivery failed: {m}");
-        }
+    };
+    let recorded: Result<u32, JournalError> = recorded.await;
+    if let Err(m) = &res {
+        let attempt = recorded.as_ref().copied().unwrap_or(0);
+        tracing::warn!(subscription = %k.1, attempt, "webhook delivery failed: {m}");
+    }
+    if let Err(e) = recorded {
+        tracing::warn!(subscription = %k.1, error = %e, "could not record a webhook delivery's answer");
     }
 }
 
@@ -1005,7 +1248,9 @@ fn ack(s: &mut Sub, path: &str, offset: String) {
 }
 
 /// `POST …/claim` (pull-wake, PROTOCOL.md 7.2): the lease to the first
-/// worker; 409 `ALREADY_CLAIMED` while another holds it.
+/// worker; 409 `ALREADY_CLAIMED` while another holds it. Journaled before
+/// the answer, so two workers claiming through two nodes at once never both
+/// get the lease.
 async fn claim(app: &App, ds: &Ds, root: &str, id: &str, body: Body) -> Response {
     let v = match body_json(body).await {
         Ok(v) => v,
@@ -1015,58 +1260,62 @@ async fn claim(app: &App, ds: &Ds, root: &str, id: &str, body: Body) -> Response
         Some(Value::String(w)) if !w.is_empty() && w.len() <= 200 => w.clone(),
         _ => return bad("the body is {\"worker\": NAME} (1 to 200 bytes)"),
     };
-    let Some(sub) = ds.subs.get(root, id) else {
-        return not_found(id);
-    };
-    let mut s = sub.lock().await;
-    if s.config.kind != Kind::PullWake {
-        return bad("claim is for pull-wake subscriptions; this one is delivered by webhook");
-    }
-    let now = now_ms();
-    if let Some(w) = &s.wake {
-        if let (Some(h), Some(until)) = (&w.holder, w.lease_until) {
-            if until > now {
-                return refuse_with(
-                    StatusCode::CONFLICT,
-                    json!({
-                        "code": "ALREADY_CLAIMED",
-                        "current_holder": h,
-                        "generation": s.generation,
-                    }),
-                );
+    let mut tx = begin!(app, ds, key(root, id));
+    loop {
+        let Some(cur) = tx.current() else {
+            return not_found(id);
+        };
+        if cur.config.kind != Kind::PullWake {
+            return bad("claim is for pull-wake subscriptions; this one is delivered by webhook");
+        }
+        let now = now_ms();
+        if let Some(w) = &cur.wake {
+            if let (Some(h), Some(until)) = (&w.holder, w.lease_until) {
+                if until > now {
+                    return refuse_with(
+                        StatusCode::CONFLICT,
+                        json!({
+                            "code": "ALREADY_CLAIMED",
+                            "current_holder": h,
+                            "generation": cur.generation,
+                        }),
+                    );
+                }
             }
         }
+        let mut s = (*cur).clone();
+        // An unclaimed wake is taken as it is; otherwise a new generation.
+        let wake_id = match &s.wake {
+            Some(w) if w.holder.is_none() => w.id.clone(),
+            _ => {
+                s.generation += 1;
+                wake_id()
+            }
+        };
+        let snap = snapshot(app, ds, &s).await;
+        let tok = token();
+        s.wake = Some(Wake {
+            id: wake_id.clone(),
+            token_hash: Some(token_hash(&tok)),
+            holder: Some(worker.clone()),
+            lease_until: Some(now + s.config.lease_ttl_ms),
+            snapshot: snap
+                .iter()
+                .map(|p| (p.path.clone(), p.tail.clone()))
+                .collect(),
+        });
+        let claimed = json_answer(
+            StatusCode::OK,
+            &json!({
+                "wake_id": wake_id,
+                "generation": s.generation,
+                "token": tok,
+                "streams": snap.iter().map(Pending::json).collect::<Vec<_>>(),
+                "lease_ttl_ms": s.config.lease_ttl_ms,
+            }),
+        );
+        write_or_retry!(tx, Some(s), claimed);
     }
-    // An unclaimed wake is taken as it is; otherwise a new generation.
-    let wake_id = match &s.wake {
-        Some(w) if w.holder.is_none() => w.id.clone(),
-        _ => {
-            s.generation += 1;
-            wake_id()
-        }
-    };
-    let snap = snapshot(app, ds, &s).await;
-    let tok = token();
-    s.wake = Some(Wake {
-        id: wake_id.clone(),
-        token: Some(tok.clone()),
-        holder: Some(worker),
-        lease_until: Some(now + s.config.lease_ttl_ms),
-        snapshot: snap
-            .iter()
-            .map(|p| (p.path.clone(), p.tail.clone()))
-            .collect(),
-    });
-    json_answer(
-        StatusCode::OK,
-        &json!({
-            "wake_id": wake_id,
-            "generation": s.generation,
-            "token": tok,
-            "streams": snap.iter().map(Pending::json).collect::<Vec<_>>(),
-            "lease_ttl_ms": s.config.lease_ttl_ms,
-        }),
-    )
 }
 
 /// A wake-scoped operation.
@@ -1082,7 +1331,8 @@ enum Op {
 
 /// Callback, ack and release (PROTOCOL.md 7.1-7.3): the bearer token, the
 /// `generation` and the `wake_id` must all be the current wake's, else 409
-/// `FENCED` (401 without a token).
+/// `FENCED` (401 without a token). Acks, lease extensions and the wake's end
+/// are journaled before the answer.
 async fn fenced_op(
     app: &App,
     ds: &Ds,
@@ -1113,75 +1363,82 @@ async fn fenced_op(
         Ok(v) => v,
         Err(r) => return r,
     };
-    let Some(sub) = ds.subs.get(root, id) else {
-        return not_found(id);
-    };
-    let mut s = sub.lock().await;
-    let fenced = || {
-        refuse(
-            StatusCode::CONFLICT,
-            "FENCED",
-            "the wake is not the current one (stale generation, wake_id or token)",
-        )
-    };
-    let kind_ok = match op {
-        Op::Callback => s.config.kind == Kind::Webhook,
-        Op::Ack | Op::Release => s.config.kind == Kind::PullWake,
-    };
-    if !kind_ok {
-        return bad(format!(
-            "this operation is not for a {} subscription",
-            s.config.kind.as_str()
-        ));
-    }
-    let current = s.wake.as_ref().is_some_and(|w| {
-        w.token.as_deref().is_some_and(|t| constant_eq(t, &bearer))
-            && v.get("wake_id").and_then(Value::as_str) == Some(w.id.as_str())
-    }) && v.get("generation").and_then(Value::as_u64) == Some(s.generation);
-    if s.deleted || !current {
-        return fenced();
-    }
-    if op == Op::Release {
-        s.wake = None;
-        return StatusCode::NO_CONTENT.into_response();
-    }
-    let mut acks = Vec::new();
-    match v.get("acks") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) => {
-            for item in a {
-                let (Some(path), Some(off)) = (
-                    item.get("stream").and_then(Value::as_str),
-                    item.get("offset").and_then(Value::as_str),
-                ) else {
-                    return bad("each ack is {\"stream\": PATH, \"offset\": OFFSET}");
-                };
-                if !s.links.contains_key(path) {
-                    return bad(format!("{path:?} is not a stream of this subscription"));
+    let presented = token_hash(&bearer);
+    let mut tx = begin!(app, ds, key(root, id));
+    loop {
+        let Some(cur) = tx.current() else {
+            return not_found(id);
+        };
+        let kind_ok = match op {
+            Op::Callback => cur.config.kind == Kind::Webhook,
+            Op::Ack | Op::Release => cur.config.kind == Kind::PullWake,
+        };
+        if !kind_ok {
+            return bad(format!(
+                "this operation is not for a {} subscription",
+                cur.config.kind.as_str()
+            ));
+        }
+        let current = cur.wake.as_ref().is_some_and(|w| {
+            w.token_hash
+                .as_deref()
+                .is_some_and(|h| constant_eq(h, &presented))
+                && v.get("wake_id").and_then(Value::as_str) == Some(w.id.as_str())
+        }) && v.get("generation").and_then(Value::as_u64) == Some(cur.generation);
+        if !current {
+            return refuse(
+                StatusCode::CONFLICT,
+                "FENCED",
+                "the wake is not the current one (stale generation, wake_id or token)",
+            );
+        }
+        let mut s = (*cur).clone();
+        if op == Op::Release {
+            s.wake = None;
+            write_or_retry!(tx, Some(s), StatusCode::NO_CONTENT.into_response());
+        }
+        let mut acks = Vec::new();
+        match v.get("acks") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(a)) => {
+                for item in a {
+                    let (Some(path), Some(off)) = (
+                        item.get("stream").and_then(Value::as_str),
+                        item.get("offset").and_then(Value::as_str),
+                    ) else {
+                        return bad("each ack is {\"stream\": PATH, \"offset\": OFFSET}");
+                    };
+                    if !s.links.contains_key(path) {
+                        return bad(format!("{path:?} is not a stream of this subscription"));
+                    }
+                    if !matches!(names::parse_offset(Some(off)), Ok(names::Offset::At { .. })) {
+                        return bad(format!("{off:?} is not a stream offset"));
+                    }
+                    acks.push((path.to_owned(), off.to_owned()));
                 }
-                if !matches!(names::parse_offset(Some(off)), Ok(names::Offset::At { .. })) {
-                    return bad(format!("{off:?} is not a stream offset"));
-                }
-                acks.push((path.to_owned(), off.to_owned()));
             }
+            Some(_) => return bad("acks must be an array"),
         }
-        Some(_) => return bad("acks must be an array"),
-    }
-    for (path, off) in acks {
-        ack(&mut s, &path, off);
-    }
-    let done = v.get("done").and_then(Value::as_bool).unwrap_or(false);
-    if !done {
-        let until = now_ms() + s.config.lease_ttl_ms;
-        if let Some(w) = s.wake.as_mut() {
-            w.lease_until = Some(until);
+        for (path, off) in acks {
+            ack(&mut s, &path, off);
         }
-        return json_answer(StatusCode::OK, &json!({ "ok": true, "next_wake": false }));
+        let done = v.get("done").and_then(Value::as_bool).unwrap_or(false);
+        if !done {
+            // A heartbeat: the lease is extended (and journaled, so every
+            // node sees it held).
+            let until = now_ms() + s.config.lease_ttl_ms;
+            if let Some(w) = s.wake.as_mut() {
+                w.lease_until = Some(until);
+            }
+            let ok = json_answer(StatusCode::OK, &json!({ "ok": true, "next_wake": false }));
+            write_or_retry!(tx, Some(s), ok);
+        }
+        s.wake = None;
+        // Whether work remains: the delivery task wakes again for it.
+        let next = snapshot(app, ds, &s).await.iter().any(|p| p.pending);
+        let ok = json_answer(StatusCode::OK, &json!({ "ok": true, "next_wake": next }));
+        write_or_retry!(tx, Some(s), ok);
     }
-    s.wake = None;
-    // Whether work remains: the delivery task wakes again for it.
-    let next = snapshot(app, ds, &s).await.iter().any(|p| p.pending);
-    json_answer(StatusCode::OK, &json!({ "ok": true, "next_wake": next }))
 }
 
 fn constant_eq(a: &str, b: &str) -> bool {

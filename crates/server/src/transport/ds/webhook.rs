@@ -3,9 +3,12 @@
 //! Set, the `Webhook-Signature` header, the SSRF rule for webhook URLs, and
 //! the delivery request itself.
 //!
-//! The signing key is made at the first use and lives as long as the
-//! process (subscriptions are in memory too, docs/durable-streams.md
-//! "Subscriptions"): a restart publishes a new key.
+//! The signing key comes from a file (`--ds-signing-key`, by default
+//! `ds-signing-key.pem` in the data directory, made at the first start;
+//! read by [`crate::config::DsSigningKey`]), so the JWK Set stays the same
+//! across restarts and every node given the same file publishes the same
+//! one. A server without a key file (`--memory`, or cluster mode without the
+//! setting) makes one per process (docs/durable-streams.md, "Subscriptions").
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -28,7 +31,12 @@ pub struct Signer {
 impl Signer {
     /// A fresh key from the operating system's random source.
     pub fn generate() -> Self {
-        let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+        Self::from_bytes(&rand::random::<[u8; 32]>())
+    }
+
+    /// The key whose 32-byte Ed25519 seed is `seed` (RFC 8032).
+    pub fn from_bytes(seed: &[u8; 32]) -> Self {
+        let key = SigningKey::from_bytes(seed);
         let x = URL_SAFE_NO_PAD.encode(key.verifying_key().to_bytes());
         // RFC 7638: the required members in lexicographic order, no spaces.
         let canonical = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#);

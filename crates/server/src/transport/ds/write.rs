@@ -3,13 +3,15 @@
 
 use super::fork::{self, Layout};
 use super::names::offset;
-use super::streams::{self, media_type, Meta, Stream};
+use super::streams::{self, media_type, Claim, Life, Meta, Stream};
 use super::{api_error, empty, error, set, Ctx};
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_protocol::{NewEvent, Payload};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// The largest JavaScript-safe integer, the bound of producer epochs and seqs.
@@ -52,10 +54,24 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
         return Err(not_found());
     }
     if m.soft_deleted || m.expired(now) {
+        // Forgotten (or soft-deleted) alone: the appends in flight finish,
+        // and journal their records, before the deletion's.
+        let gate = m.order.gate.clone();
+        drop(m);
+        let _alone = gate.write_owned().await;
+        m = s.lock().await;
+        if m.deleted {
+            return Err(not_found());
+        }
+        if !(m.soft_deleted || m.expired(now)) {
+            // Written to meanwhile (its TTL restarted).
+            drop(m);
+            return Ok(s);
+        }
         if fork::has_live_forks(&m, now) {
             if !m.soft_deleted {
                 m.soft_deleted = true;
-                m.closed_tx.send_replace(true);
+                m.announce(Life::Gone);
                 if let Err(e) = save(ctx, &mut m).await {
                     return Err(api_error(e.into()));
                 }
@@ -242,7 +258,6 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         Ok(s) => s,
         Err(e) => return api_error(e.into()),
     };
-    let (closed_tx, _) = tokio::sync::watch::channel(false);
     let mut meta = Meta {
         content_type: ct_given
             .clone()
@@ -261,10 +276,11 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         deleted: false,
         last_stream_seq: None,
         producers: Default::default(),
-        closed_tx,
+        closed_tx: streams::life(),
         inc: rand::random(),
         rev: 0,
         rev_ms: 0,
+        order: Default::default(),
     };
     let mut prefix = None;
     if let Some(p) = &plan {
@@ -305,6 +321,10 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         match ctx.ds.streams.insert(&ctx.channel, stream.clone()) {
             Ok(()) => break,
             Err(existing) => {
+                // Alone on it: an expired stream is forgotten only after its
+                // appends in flight (see `lookup`).
+                let gate = existing.lock().await.order.gate.clone();
+                let _alone = gate.write_owned().await;
                 let mut old = existing.lock().await;
                 if old.deleted {
                     drop(old);
@@ -315,7 +335,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                     if fork::has_live_forks(&old, now) {
                         if !old.soft_deleted {
                             old.soft_deleted = true;
-                            old.closed_tx.send_replace(true);
+                            old.announce(Life::Gone);
                             if let Err(e) = save(&ctx, &mut old).await {
                                 return api_error(e.into());
                             }
@@ -391,11 +411,11 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
     if let Err(e) = save(&ctx, &mut guard).await {
         ctx.ds.streams.remove(&ctx.channel, &stream);
         guard.deleted = true;
-        guard.closed_tx.send_replace(true);
+        guard.announce(Life::Gone);
         return api_error(e.into());
     }
     if closed {
-        guard.closed_tx.send_replace(true);
+        guard.announce(Life::Closed);
     }
     let mut r = empty(StatusCode::CREATED);
     let host = ctx.header("host").unwrap_or("localhost");
@@ -409,6 +429,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
 }
 
 /// The producer headers of an append, all three or none.
+#[derive(Debug, Clone)]
 struct Producer {
     id: String,
     epoch: u64,
@@ -452,9 +473,243 @@ fn producer(ctx: &Ctx) -> Result<Option<Producer>, Response> {
     }))
 }
 
+/// What the checks of producer headers and `Stream-Seq` decide
+/// (PROTOCOL.md 5.2.1).
+#[derive(Debug)]
+enum Verdict {
+    /// Append.
+    Go,
+    /// The producer's seq was accepted before: `204` naming its last seq.
+    Duplicate(u64),
+    /// Refused with this answer.
+    Refuse(Response),
+    /// The answer depends on an append in flight (the same producer's, or
+    /// a `Stream-Seq` not below this one): check again once it settles.
+    Wait,
+}
+
+/// The producer and `Stream-Seq` checks of an append against what is
+/// committed (`producers`, `last_stream_seq`) and what is in flight: a
+/// producer's checks wait for its append in flight, a `Stream-Seq` at or
+/// below the committed one is refused at once, and one not above every
+/// `Stream-Seq` in flight waits (only then could the answer differ with
+/// how the appends in flight end).
+fn verdict(
+    producers: &std::collections::HashMap<String, (u64, u64)>,
+    last_stream_seq: Option<&str>,
+    inflight: &[Claim],
+    prod: Option<&Producer>,
+    stream_seq: Option<&str>,
+) -> Verdict {
+    if let Some(p) = prod {
+        if inflight
+            .iter()
+            .any(|c| c.producer.as_deref() == Some(p.id.as_str()))
+        {
+            return Verdict::Wait;
+        }
+        match producers.get(&p.id).copied() {
+            Some((epoch, _)) if p.epoch < epoch => {
+                let mut r = error(
+                    StatusCode::FORBIDDEN,
+                    "stale_producer_epoch",
+                    format!(
+                        "producer epoch {} is older than the current {epoch}",
+                        p.epoch
+                    ),
+                );
+                set(&mut r, "producer-epoch", epoch.to_string());
+                return Verdict::Refuse(r);
+            }
+            Some((epoch, last)) if p.epoch == epoch => {
+                if p.seq <= last {
+                    return Verdict::Duplicate(last);
+                }
+                if p.seq > last + 1 {
+                    let mut r = error(
+                        StatusCode::CONFLICT,
+                        "producer_seq_gap",
+                        format!("producer seq {} skips {}", p.seq, last + 1),
+                    );
+                    set(&mut r, "producer-expected-seq", (last + 1).to_string());
+                    set(&mut r, "producer-received-seq", p.seq.to_string());
+                    return Verdict::Refuse(r);
+                }
+            }
+            _ if p.seq != 0 => {
+                if producers.contains_key(&p.id) {
+                    return Verdict::Refuse(error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_producer",
+                        format!("a new producer epoch {} must start at seq 0", p.epoch),
+                    ));
+                }
+                let mut r = error(
+                    StatusCode::CONFLICT,
+                    "producer_seq_gap",
+                    format!("producer {:?} is new here: its first seq must be 0", p.id),
+                );
+                set(&mut r, "producer-expected-seq", "0");
+                set(&mut r, "producer-received-seq", p.seq.to_string());
+                return Verdict::Refuse(r);
+            }
+            _ => {}
+        }
+    }
+    // Stream-Seq: strictly increasing, byte-wise (scope: the stream).
+    if let Some(s) = stream_seq {
+        if let Some(last) = last_stream_seq {
+            if s.as_bytes() <= last.as_bytes() {
+                return Verdict::Refuse(error(
+                    StatusCode::CONFLICT,
+                    "stream_seq_regression",
+                    format!("Stream-Seq {s:?} is not above the last one, {last:?}"),
+                ));
+            }
+        }
+        if inflight.iter().any(|c| {
+            c.stream_seq
+                .as_deref()
+                .is_some_and(|x| x.as_bytes() >= s.as_bytes())
+        }) {
+            return Verdict::Wait;
+        }
+    }
+    Verdict::Go
+}
+
+/// The verdict of `meta`'s state on an append.
+fn check(meta: &Meta, prod: Option<&Producer>, stream_seq: Option<&str>) -> Verdict {
+    verdict(
+        &meta.producers,
+        meta.last_stream_seq.as_deref(),
+        &meta.order.inflight,
+        prod,
+        stream_seq,
+    )
+}
+
+/// An append of `claim` settled (`stored`: the journal holds it): its claim
+/// is released, what it guards is recorded when stored, and the appends
+/// waiting on it check again.
+fn settle(meta: &mut Meta, claim: &Claim, prod: Option<&Producer>, stored: bool) {
+    if let Some(i) = meta.order.inflight.iter().position(|c| c == claim) {
+        meta.order.inflight.swap_remove(i);
+    }
+    if stored {
+        record(meta, prod, claim.stream_seq.as_deref());
+    }
+    meta.order.settled.notify_waiters();
+}
+
+/// Records a stored append's producer tuple and `Stream-Seq` (each only
+/// ever grows: a record of another node may already be newer).
+fn record(meta: &mut Meta, prod: Option<&Producer>, stream_seq: Option<&str>) {
+    if let Some(s) = stream_seq {
+        if meta.last_stream_seq.as_deref() < Some(s) {
+            meta.last_stream_seq = Some(s.to_owned());
+        }
+    }
+    if let Some(p) = prod {
+        let now = (p.epoch, p.seq);
+        let cur = meta.producers.entry(p.id.clone()).or_insert(now);
+        *cur = (*cur).max(now);
+    }
+}
+
+/// The refusal of an append to a stream that was deleted.
+fn deleted(ctx: &Ctx) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "stream_not_found",
+        format!("the stream at {} was deleted", ctx.url_path),
+    )
+}
+
+/// The answer to an append to a closed stream: a retry of the append that
+/// closed it (or a repeated close-only, `close_only`) succeeds; anything
+/// else is `409 stream_closed`. Both name the final tail.
+async fn to_closed(ctx: &Ctx, meta: &Meta, prod: Option<&Producer>, close_only: bool) -> Response {
+    let tail = match head(ctx, &meta.layout).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let retry =
+        prod.is_some_and(|p| meta.closed_by.as_ref() == Some(&(p.id.clone(), p.epoch, p.seq)));
+    if retry || close_only {
+        let mut r = empty(StatusCode::NO_CONTENT);
+        set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+        set(&mut r, "stream-closed", "true");
+        if let (true, Some(p)) = (retry, prod) {
+            prod_headers(&mut r, p, p.seq);
+        }
+        return r;
+    }
+    let mut r = error(
+        StatusCode::CONFLICT,
+        "stream_closed",
+        "the stream is closed; it takes no more appends",
+    );
+    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+    set(&mut r, "stream-closed", "true");
+    r
+}
+
+/// The content type check of an append with a body (PROTOCOL.md 5.2).
+fn content_type(ctx: &Ctx, meta: &Meta, body: &[u8]) -> Result<(), Response> {
+    if body.is_empty() {
+        return Ok(());
+    }
+    let Some(ct) = ctx.header("content-type") else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "missing_content_type",
+            "an append with a body needs a Content-Type",
+        ));
+    };
+    if media_type(ct) != meta.media_type() {
+        return Err(error(
+            StatusCode::CONFLICT,
+            "content_type_mismatch",
+            format!(
+                "Content-Type {ct:?} differs from the stream's {:?}",
+                meta.content_type
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The messages of a non-empty body (an empty JSON array is refused).
+fn body_messages(meta: &Meta, body: &[u8]) -> Result<Vec<Payload>, Response> {
+    let msgs = messages(meta, body)?;
+    if msgs.is_empty() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "empty_json_array",
+            "an append of an empty JSON array appends nothing; send at least one message",
+        ));
+    }
+    Ok(msgs)
+}
+
+/// Sets the producer headers of an answer: its epoch and `seq`.
+fn prod_headers(r: &mut Response, p: &Producer, seq: u64) {
+    set(r, "producer-epoch", p.epoch.to_string());
+    set(r, "producer-seq", seq.to_string());
+}
+
 /// `POST {stream}`: appends the body (JSON mode: one message per element of
 /// an array), closes with `Stream-Closed: true`, deduplicates idempotent
 /// producers' retries and refuses `Stream-Seq` regressions.
+///
+/// The stream's lock is held for the checks only, never across the journal
+/// commit ([`streams::Order`]): appends to one stream are in the journal at
+/// once and share its commits; a close waits for those in flight and holds
+/// later ones back; producer and `Stream-Seq` checks that depend on an
+/// append in flight wait for it ([`verdict`]). The journal append, the
+/// record and the release of the stream's order run to their end even if
+/// the client goes away ([`Detach`]).
 pub async fn append(ctx: Ctx, body: Body) -> Response {
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
@@ -477,177 +732,216 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
             "an append needs a body (only a close, Stream-Closed: true, may be empty)",
         );
     }
-    let mut meta = stream.lock().await;
-    if meta.deleted || meta.soft_deleted {
-        return error(
-            StatusCode::NOT_FOUND,
-            "stream_not_found",
-            format!("the stream at {} was deleted", ctx.url_path),
-        );
+    let gate = stream.lock().await.order.gate.clone();
+    if close {
+        let _alone = gate.write_owned().await;
+        return closing(&ctx, &stream, prod, stream_seq, &body).await;
     }
-    let now = now_ms();
-    let tail = match head(&ctx, &meta.layout).await {
-        Ok(h) => h,
-        Err(r) => return r,
+    let shared = gate.read_owned().await;
+    let claim = Claim {
+        producer: prod.as_ref().map(|p| p.id.clone()),
+        stream_seq: stream_seq.clone(),
     };
-    let prod_headers = |r: &mut Response, p: &Producer, seq: u64| {
-        set(r, "producer-epoch", p.epoch.to_string());
-        set(r, "producer-seq", seq.to_string());
-    };
-    // 1. A closed stream takes nothing more (a retry of the closing append
-    //    and a repeated close-only succeed).
-    if meta.closed {
-        let retry = prod
-            .as_ref()
-            .is_some_and(|p| meta.closed_by.as_ref() == Some(&(p.id.clone(), p.epoch, p.seq)));
-        if retry || (body.is_empty() && close) {
-            let mut r = empty(StatusCode::NO_CONTENT);
-            set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
-            set(&mut r, "stream-closed", "true");
-            if let (true, Some(p)) = (retry, &prod) {
-                prod_headers(&mut r, p, p.seq);
-            }
+    let keyed = claim.producer.is_some() || claim.stream_seq.is_some();
+    let (msgs, key, layout, epoch) = loop {
+        let mut meta = stream.lock().await;
+        if meta.deleted || meta.soft_deleted {
+            return deleted(&ctx);
+        }
+        if meta.closed {
+            return to_closed(&ctx, &meta, prod.as_ref(), false).await;
+        }
+        if let Err(r) = content_type(&ctx, &meta, &body) {
             return r;
         }
-        let mut r = error(
-            StatusCode::CONFLICT,
-            "stream_closed",
-            "the stream is closed; it takes no more appends",
-        );
-        set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
-        set(&mut r, "stream-closed", "true");
-        return r;
-    }
-    // 2. The content type, when there is a body.
-    if !body.is_empty() {
-        let Some(ct) = ctx.header("content-type") else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "missing_content_type",
-                "an append with a body needs a Content-Type",
-            );
-        };
-        if media_type(ct) != meta.media_type() {
-            return error(
-                StatusCode::CONFLICT,
-                "content_type_mismatch",
-                format!(
-                    "Content-Type {ct:?} differs from the stream's {:?}",
-                    meta.content_type
-                ),
-            );
-        }
-    }
-    // 3. The producer's epoch and seq (PROTOCOL.md 5.2.1).
-    if let Some(p) = &prod {
-        match meta.producers.get(&p.id).copied() {
-            Some((epoch, _)) if p.epoch < epoch => {
-                let mut r = error(
-                    StatusCode::FORBIDDEN,
-                    "stale_producer_epoch",
-                    format!(
-                        "producer epoch {} is older than the current {epoch}",
-                        p.epoch
-                    ),
-                );
-                set(&mut r, "producer-epoch", epoch.to_string());
-                return r;
-            }
-            Some((epoch, last)) if p.epoch == epoch => {
-                if p.seq <= last {
-                    let mut r = empty(StatusCode::NO_CONTENT);
-                    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+        match check(&meta, prod.as_ref(), stream_seq.as_deref()) {
+            Verdict::Go => {}
+            Verdict::Refuse(r) => return r,
+            Verdict::Duplicate(last) => {
+                let tail = match head(&ctx, &meta.layout).await {
+                    Ok(h) => h,
+                    Err(r) => return r,
+                };
+                let mut r = empty(StatusCode::NO_CONTENT);
+                set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+                if let Some(p) = &prod {
                     prod_headers(&mut r, p, last);
-                    return r;
                 }
-                if p.seq > last + 1 {
-                    let mut r = error(
-                        StatusCode::CONFLICT,
-                        "producer_seq_gap",
-                        format!("producer seq {} skips {}", p.seq, last + 1),
-                    );
-                    set(&mut r, "producer-expected-seq", (last + 1).to_string());
-                    set(&mut r, "producer-received-seq", p.seq.to_string());
-                    return r;
-                }
-            }
-            _ if p.seq != 0 => {
-                let known = meta.producers.contains_key(&p.id);
-                if known {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_producer",
-                        format!("a new producer epoch {} must start at seq 0", p.epoch),
-                    );
-                }
-                let mut r = error(
-                    StatusCode::CONFLICT,
-                    "producer_seq_gap",
-                    format!("producer {:?} is new here: its first seq must be 0", p.id),
-                );
-                set(&mut r, "producer-expected-seq", "0");
-                set(&mut r, "producer-received-seq", p.seq.to_string());
                 return r;
             }
-            _ => {}
+            Verdict::Wait => {
+                let settled = meta.order.settled.clone();
+                let notified = settled.notified();
+                tokio::pin!(notified);
+                // Registered before the lock is released: no settle is missed.
+                notified.as_mut().enable();
+                drop(meta);
+                notified.await;
+                continue;
+            }
         }
-    }
-    // 4. Stream-Seq: strictly increasing, byte-wise (scope: the stream).
-    if let (Some(s), Some(last)) = (&stream_seq, &meta.last_stream_seq) {
-        if s.as_bytes() <= last.as_bytes() {
-            return error(
-                StatusCode::CONFLICT,
-                "stream_seq_regression",
-                format!("Stream-Seq {s:?} is not above the last one, {last:?}"),
-            );
-        }
-    }
-    let mut tail = tail;
-    let mut duplicate = false;
-    if !body.is_empty() {
-        let msgs = match messages(&meta, &body) {
+        let msgs = match body_messages(&meta, &body) {
             Ok(m) => m,
             Err(r) => return r,
         };
-        if msgs.is_empty() {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "empty_json_array",
-                "an append of an empty JSON array appends nothing; send at least one message",
-            );
-        }
         let key = append_key(meta.inc, prod.as_ref(), stream_seq.as_deref());
-        match publish_keyed(&ctx, msgs, key.as_deref()).await {
+        if keyed {
+            meta.order.inflight.push(claim.clone());
+        }
+        meta.touch(now_ms());
+        break (msgs, key, meta.layout.clone(), meta.epoch);
+    };
+    let finish = Detach::new({
+        let stream = stream.clone();
+        let prod = prod.clone();
+        async move {
+            let _shared = shared;
+            let published = publish_keyed(&ctx, msgs, key.as_deref()).await;
+            if keyed {
+                let mut meta = stream.lock().await;
+                settle(&mut meta, &claim, prod.as_ref(), published.is_ok());
+            }
             // A duplicate: the retry of an append stored before a crash
-            // whose record (below) was not journaled; the tail is the
-            // stream's, not the original append's.
+            // whose record was not journaled; the tail is the stream's, not
+            // the original append's.
+            let (tail, duplicate) = match published? {
+                (_, true) => (head(&ctx, &layout).await?, true),
+                (last, false) => (layout.virt(last), false),
+            };
+            // Producer state and Stream-Seq are journaled after the append
+            // they guard and before the answer (docs/durable-streams.md,
+            // "Metadata"); records of concurrent appends merge.
+            if keyed {
+                super::meta::save_current(&ctx.app, &ctx.channel, &stream)
+                    .await
+                    .map_err(|e| api_error(e.into()))?;
+            }
+            Ok::<_, Response>((tail, duplicate))
+        }
+    });
+    let (tail, duplicate) = match finish.await {
+        Ok(done) => done,
+        Err(r) => return r,
+    };
+    let status = if prod.is_some() && !duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut r = empty(status);
+    set(&mut r, "stream-next-offset", offset(epoch, tail));
+    if let Some(p) = &prod {
+        prod_headers(&mut r, p, p.seq);
+    }
+    r
+}
+
+/// A future that runs to its end even when its caller is dropped: awaited
+/// in place (no task of its own, no extra wake-up per append), and handed
+/// to a task of its own if the request goes away before it ends, so a
+/// client that closes mid-append cannot leave a claim behind, or let a
+/// close pass an append still committing (the order gate is held to the
+/// end).
+struct Detach<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
+
+impl<T: Send + 'static> Detach<T> {
+    fn new(f: impl Future<Output = T> + Send + 'static) -> Self {
+        Detach(Some(Box::pin(f)))
+    }
+}
+
+impl<T: Send + 'static> Future for Detach<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let Some(f) = self.0.as_mut() else {
+            // Polled after it ended (a future is not): it never ends again.
+            return std::task::Poll::Pending;
+        };
+        let out = f.as_mut().poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Detach<T> {
+    /// Not ended: its own task finishes it (on the runtime dropping it; with
+    /// no runtime, at shutdown's end, it is dropped).
+    fn drop(&mut self) {
+        if let (Some(f), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            drop(rt.spawn(f));
+        }
+    }
+}
+
+/// An append with `Stream-Closed: true` (with or without a body), alone on
+/// the stream (every append in flight has finished, later ones wait): the
+/// checks, the append, then the closed state journaled, all under the
+/// stream's lock.
+async fn closing(
+    ctx: &Ctx,
+    stream: &Stream,
+    prod: Option<Producer>,
+    stream_seq: Option<String>,
+    body: &[u8],
+) -> Response {
+    let mut meta = stream.lock().await;
+    if meta.deleted || meta.soft_deleted {
+        return deleted(ctx);
+    }
+    // 1. A closed stream takes nothing more (a retry of the closing append
+    //    and a repeated close-only succeed).
+    if meta.closed {
+        return to_closed(ctx, &meta, prod.as_ref(), body.is_empty()).await;
+    }
+    // 2. The content type, when there is a body.
+    if let Err(r) = content_type(ctx, &meta, body) {
+        return r;
+    }
+    let mut tail = match head(ctx, &meta.layout).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    // 3. and 4.: the producer's epoch and seq, then Stream-Seq (alone on
+    //    the stream: nothing is in flight, so nothing waits).
+    match check(&meta, prod.as_ref(), stream_seq.as_deref()) {
+        Verdict::Go | Verdict::Wait => {}
+        Verdict::Refuse(r) => return r,
+        Verdict::Duplicate(last) => {
+            let mut r = empty(StatusCode::NO_CONTENT);
+            set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+            if let Some(p) = &prod {
+                prod_headers(&mut r, p, last);
+            }
+            return r;
+        }
+    }
+    let mut duplicate = false;
+    if !body.is_empty() {
+        let msgs = match body_messages(&meta, body) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
+        let key = append_key(meta.inc, prod.as_ref(), stream_seq.as_deref());
+        match publish_keyed(ctx, msgs, key.as_deref()).await {
+            // A duplicate: see `append`.
             Ok((_, true)) => duplicate = true,
             Ok((t, false)) => tail = meta.layout.virt(t),
             Err(r) => return r,
         }
     }
-    let journaled = prod.is_some() || stream_seq.is_some() || close;
-    if let Some(s) = stream_seq {
-        meta.last_stream_seq = Some(s);
-    }
-    if let Some(p) = &prod {
-        meta.producers.insert(p.id.clone(), (p.epoch, p.seq));
-    }
-    if close {
-        meta.closed = true;
-        meta.closed_by = prod.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
-    }
+    record(&mut meta, prod.as_ref(), stream_seq.as_deref());
+    meta.closed = true;
+    meta.closed_by = prod.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
     // Producer state, Stream-Seq and closure are journaled after the append
     // they guard and before the answer (docs/durable-streams.md, "Metadata").
-    if journaled {
-        if let Err(e) = save(&ctx, &mut meta).await {
-            return api_error(e.into());
-        }
+    if let Err(e) = save(ctx, &mut meta).await {
+        return api_error(e.into());
     }
-    if close {
-        meta.closed_tx.send_replace(true);
-    }
-    meta.touch(now);
+    meta.announce(Life::Closed);
+    meta.touch(now_ms());
     let status = if prod.is_some() && !body.is_empty() && !duplicate {
         StatusCode::OK
     } else {
@@ -655,9 +949,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
     };
     let mut r = empty(status);
     set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
-    if meta.closed {
-        set(&mut r, "stream-closed", "true");
-    }
+    set(&mut r, "stream-closed", "true");
     if let Some(p) = &prod {
         prod_headers(&mut r, p, p.seq);
     }
@@ -673,6 +965,9 @@ pub async fn delete(ctx: Ctx) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
+    // Alone: after every append in flight (and its record), before any later one.
+    let gate = stream.lock().await.order.gate.clone();
+    let _alone = gate.write_owned().await;
     let mut meta = stream.lock().await;
     if meta.deleted || meta.soft_deleted {
         return error(
@@ -687,7 +982,7 @@ pub async fn delete(ctx: Ctx) -> Response {
             return api_error(e.into());
         }
         // Live readers of the stream's URL end.
-        meta.closed_tx.send_replace(true);
+        meta.announce(Life::Gone);
         return empty(StatusCode::NO_CONTENT);
     }
     fork::forget(&ctx.app, &ctx.ds, &ctx.channel, &stream, meta).await;
@@ -697,6 +992,157 @@ pub async fn delete(ctx: Ctx) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn p(id: &str, epoch: u64, seq: u64) -> Producer {
+        Producer {
+            id: id.to_owned(),
+            epoch,
+            seq,
+        }
+    }
+
+    fn claim(producer: Option<&str>, stream_seq: Option<&str>) -> Claim {
+        Claim {
+            producer: producer.map(str::to_owned),
+            stream_seq: stream_seq.map(str::to_owned),
+        }
+    }
+
+    fn status(v: &Verdict) -> Option<u16> {
+        match v {
+            Verdict::Refuse(r) => Some(r.status().as_u16()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_producers_checks_wait_for_its_append_in_flight_and_no_other() {
+        let committed: std::collections::HashMap<String, (u64, u64)> =
+            [("a".to_owned(), (0, 4))].into_iter().collect();
+        let inflight = [claim(Some("a"), None)];
+        // Whatever `a` sends now depends on how its append in flight ends.
+        for q in [p("a", 0, 5), p("a", 0, 6), p("a", 0, 4), p("a", 1, 0)] {
+            let v = verdict(&committed, None, &inflight, Some(&q), None);
+            assert!(matches!(v, Verdict::Wait), "{q:?}: {v:?}");
+        }
+        // Another producer goes on.
+        let v = verdict(&committed, None, &inflight, Some(&p("b", 0, 0)), None);
+        assert!(matches!(v, Verdict::Go), "{v:?}");
+        // Nothing in flight: the committed state decides, exactly.
+        let none: [Claim; 0] = [];
+        let v = |q: Producer| verdict(&committed, None, &none, Some(&q), None);
+        assert!(matches!(v(p("a", 0, 5)), Verdict::Go));
+        assert!(matches!(v(p("a", 0, 3)), Verdict::Duplicate(4)));
+        assert_eq!(status(&v(p("a", 0, 7))), Some(409), "a gap");
+        assert_eq!(
+            status(&v(p("a", 1, 2))),
+            Some(400),
+            "a new epoch starts at 0"
+        );
+        assert!(matches!(v(p("a", 1, 0)), Verdict::Go));
+        let newer: std::collections::HashMap<String, (u64, u64)> =
+            [("a".to_owned(), (2, 0))].into_iter().collect();
+        let stale = verdict(&newer, None, &none, Some(&p("a", 1, 9)), None);
+        assert_eq!(status(&stale), Some(403));
+        assert_eq!(
+            status(&verdict(
+                &committed,
+                None,
+                &none,
+                Some(&p("new", 0, 1)),
+                None
+            )),
+            Some(409),
+            "a new producer starts at 0"
+        );
+    }
+
+    #[test]
+    fn a_stream_seq_waits_only_when_an_append_in_flight_could_change_its_answer() {
+        let none = std::collections::HashMap::new();
+        let inflight = [claim(None, Some("05"))];
+        // At or below the committed one: refused whatever is in flight.
+        let v = verdict(&none, Some("03"), &inflight, None, Some("03"));
+        assert_eq!(status(&v), Some(409));
+        // Above the committed one but not above one in flight: waits.
+        for s in ["04", "05"] {
+            let v = verdict(&none, Some("03"), &inflight, None, Some(s));
+            assert!(matches!(v, Verdict::Wait), "{s}: {v:?}");
+        }
+        // Above everything: goes on.
+        let v = verdict(&none, Some("03"), &inflight, None, Some("06"));
+        assert!(matches!(v, Verdict::Go), "{v:?}");
+        // Byte-wise, not numeric.
+        let v = verdict(&none, Some("9"), &[], None, Some("10"));
+        assert_eq!(status(&v), Some(409));
+    }
+
+    #[tokio::test]
+    async fn a_detached_future_dropped_before_its_end_still_ends() {
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done) = tokio::sync::oneshot::channel::<&str>();
+        let mut f = Detach::new(async move {
+            let _ = wait.await;
+            let _ = done_tx.send("ended");
+        });
+        // Polled once (it waits), then dropped, as a request whose client left.
+        let polled = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(Pin::new(&mut f).poll(cx).is_pending())
+        })
+        .await;
+        assert!(polled);
+        drop(f);
+        let _ = go.send(());
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), done).await;
+        assert_eq!(ended.ok().and_then(Result::ok), Some("ended"));
+        // Awaited whole, it gives its output.
+        assert_eq!(Detach::new(async { 7 }).await, 7);
+    }
+
+    #[test]
+    fn a_settled_append_releases_its_claim_and_records_only_when_stored() {
+        let mut m = Meta {
+            content_type: "application/json".into(),
+            ttl_s: None,
+            expires_at: None,
+            deadline_ms: None,
+            epoch: gapless_protocol::Epoch(1),
+            layout: Arc::new(Layout::plain("c", gapless_protocol::Epoch(1), 0)),
+            fork_of: None,
+            parent: None,
+            children: Vec::new(),
+            soft_deleted: false,
+            closed: false,
+            closed_by: None,
+            deleted: false,
+            last_stream_seq: Some("2".into()),
+            producers: Default::default(),
+            closed_tx: streams::life(),
+            inc: 1,
+            rev: 0,
+            rev_ms: 0,
+            order: Default::default(),
+        };
+        let a = claim(Some("a"), Some("5"));
+        let b = claim(None, Some("7"));
+        m.order.inflight = vec![a.clone(), b.clone()];
+        settle(&mut m, &b, None, false);
+        assert_eq!(m.order.inflight, vec![a.clone()]);
+        assert_eq!(
+            m.last_stream_seq.as_deref(),
+            Some("2"),
+            "not stored: not recorded"
+        );
+        settle(&mut m, &a, Some(&p("a", 0, 0)), true);
+        assert!(m.order.inflight.is_empty());
+        assert_eq!(m.last_stream_seq.as_deref(), Some("5"));
+        assert_eq!(m.producers.get("a"), Some(&(0, 0)));
+        // A newer state (another node's record) is never moved back.
+        m.producers.insert("a".into(), (0, 9));
+        record(&mut m, Some(&p("a", 0, 3)), Some("4"));
+        assert_eq!(m.producers.get("a"), Some(&(0, 9)));
+        assert_eq!(m.last_stream_seq.as_deref(), Some("5"));
+    }
 
     #[test]
     fn append_keys_name_the_incarnation_and_stay_short_visible_ascii() {

@@ -1,11 +1,12 @@
 //! The plain HTTP room: publish and batch ([`publish`]), history pages and a
-//! channel's bounds ([`history`]), and the producer side of sessions
+//! channel's bounds ([`history`]), purge ([`purge`]), and the producer side of sessions
 //! ([`sessions`]), as JSON answers. The rules are `ops::publish`,
 //! `ops::history` and `ops::sessions`; this room reads the request into
 //! them and writes their answers.
 
 pub mod history;
 pub mod publish;
+pub mod purge;
 pub mod sessions;
 
 use crate::App;
@@ -18,12 +19,12 @@ use utoipa_axum::routes;
 #[openapi(components(schemas(crate::transport::query::Flag)))]
 struct Schemas;
 
-/// The plain HTTP routes: a channel's publish, batch, history and bounds;
+/// The plain HTTP routes: a channel's publish, batch, history, bounds and purge;
 /// a session's create, state, append, history, complete and cancel.
 pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(Schemas::openapi())
-        .routes(routes!(history::channel_info))
+        .routes(routes!(history::channel_info, purge::purge))
         .routes(routes!(publish::publish, history::history))
         .routes(routes!(publish::publish_batch))
         .routes(routes!(sessions::create))

@@ -7,8 +7,8 @@ use crate::admin::openapi::shared::{PublishForbidden, SlowBody, Unauthorized};
 use crate::auth::Access;
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::limits::BodyPace;
-use crate::ops::names;
 use crate::ops::publish::{self as op, KeyName};
+use crate::ops::{names, namespaces};
 use crate::transport::query::{Flag, Query};
 use crate::{App, Peer};
 use axum::body::{Body, Bytes};
@@ -43,7 +43,7 @@ use std::sync::Arc;
     request_body(
         content = String,
         content_type = "text/plain",
-        description = "The event's data, as is, of at most `--max-event-bytes` bytes (default 1 MiB): UTF-8 text, or any bytes with `Content-Type: application/octet-stream` (a binary event: readers get it base64-encoded and marked `encoding: base64`). Any other content type is accepted and the body stored as text.",
+        description = "The event's data, as is, of at most the channel's `max_event_bytes` (its namespace's, else `--max-event-bytes`; default 1 MiB): UTF-8 text, or any bytes with `Content-Type: application/octet-stream` (a binary event: readers get it base64-encoded and marked `encoding: base64`). Any other content type is accepted and the body stored as text.",
     ),
     responses(
         (status = 201, description = "Appended; with `--durability sync` (the default) it is on disk.", body = Published),
@@ -53,7 +53,7 @@ use std::sync::Arc;
         (status = 401, description = "`unauthorized`: tokens are on and the request has none, or a bad one.", body = ErrorBody),
         PublishForbidden,
         SlowBody,
-        (status = 413, description = "`too_large`: the data is over `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
+        (status = 413, description = "`too_large`: the data is over the channel's `max_event_bytes`: its namespace's (`[namespaces.NAME]` in the configuration file), else `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
         (status = 429, description = "`rate_limited`: over `--publish-rate`; nothing was appended.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
         (status = 500, description = "`journal_failed`: the journal could not write; nothing was acknowledged.", body = ErrorBody),
@@ -74,7 +74,7 @@ pub async fn publish(
     op::check_channel(&grant, &channel)?;
     let q = Query::parse(raw.as_deref());
     let ephemeral = q.flag("ephemeral")?;
-    let (event, key) = read_event(&app, &q, &headers, body).await?;
+    let (event, key) = read_event(&app, Some(&channel), &q, &headers, body).await?;
     let peer = peer.map(|Extension(p)| p.0.ip());
     let published = op::one(
         &app,
@@ -130,26 +130,34 @@ pub(crate) fn is_octet_stream(headers: &HeaderMap) -> bool {
 
 /// Reads one event from a publish request: `?type=`, the body as data (UTF-8,
 /// or bytes with `Content-Type: application/octet-stream`; at most
-/// `--max-event-bytes` bytes), and the optional `Idempotency-Key`.
+/// `channel`'s `max_event_bytes`, its namespace's, or without a channel
+/// (a session) `--max-event-bytes`), and the optional `Idempotency-Key`.
 ///
 /// # Errors
 /// 400 `invalid_type`, `invalid_utf8`, `invalid_request`; 413 `too_large`.
 pub(crate) async fn read_event(
     app: &App,
+    channel: Option<&str>,
     q: &Query,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(NewEvent, Option<String>), ApiError> {
     let event_type = names::event_type(q.get("type"))?;
     let key = idempotency_key(headers)?;
-    let limit = app.config.max_event_bytes;
+    let (limit, setting) = match channel {
+        Some(c) => (
+            namespaces::max_event_bytes(app, c),
+            namespaces::max_event_bytes_setting(app, c),
+        ),
+        None => (app.config.max_event_bytes, "--max-event-bytes".to_owned()),
+    };
     let bytes = read_body(
         BodyPace::of(&app.config),
         headers,
         body,
         limit,
         "event data",
-        "--max-event-bytes",
+        &setting,
     )
     .await?;
     let binary = is_octet_stream(headers);
@@ -192,7 +200,7 @@ pub(crate) async fn read_event(
         Unauthorized,
         PublishForbidden,
         SlowBody,
-        (status = 413, description = "`too_large`: over `--max-batch-events`, `--max-batch-bytes` or, for one item, `--max-event-bytes` (`limit` holds it).", body = ErrorBody),
+        (status = 413, description = "`too_large`: over `--max-batch-events`, `--max-batch-bytes` or, for one item, the channel's `max_event_bytes` (its namespace's, else `--max-event-bytes`) (`limit` holds it).", body = ErrorBody),
         (status = 429, description = "`rate_limited`: over `--publish-rate`, or a batch larger than `--publish-burst`; nothing was appended.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait."))),
         (status = 500, description = "`journal_failed`: nothing was acknowledged.", body = ErrorBody),

@@ -180,7 +180,7 @@ pub async fn append(
     if q.get("ephemeral").is_some() {
         return Err(sessions::no_ephemeral());
     }
-    let (event, key) = read_event(&app, &q, &headers, body).await?;
+    let (event, key) = read_event(&app, None, &q, &headers, body).await?;
     let ip = peer.map(|Extension(p)| p.0.ip());
     let appended = sessions::append(&app, &grant, ip, &id, event, key.as_deref()).await?;
     let status = if appended.duplicate {
@@ -258,11 +258,12 @@ pub async fn cancel(
         SessionPath,
         ("after" = Option<gapless_protocol::Cursor>, Query, description = "Read the events after this cursor (not with `after_seq`)."),
         ("after_seq" = Option<gapless_protocol::schema::Seq>, Query, description = "Read the events after this seq (a consumer's `last_seq`; not with `after`)."),
+        ("since" = Option<gapless_protocol::Since>, Query, description = "Without `after` or `after_seq` (which win; checked also with them): where the page starts, as on a channel's history: `earliest` (the default), `live`, `last:N`, `time:UNIX_MS`."),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Most events in the page; default 100."),
     ),
     responses(
         (status = 200, description = "One page of the session's history; `channel` is the session's id; lifecycle markers are events of types `gapless.session.*`.", body = HistoryPage),
-        (status = 400, description = "`invalid_cursor`, or `invalid_request` (a bad `limit` or `after_seq`, or both `after` and `after_seq`).", body = ErrorBody),
+        (status = 400, description = "`invalid_cursor`, or `invalid_request` (a bad `limit`, `after_seq` or `since`, or both `after` and `after_seq`).", body = ErrorBody),
         SessionSubscribeForbidden,
         SessionNotFound,
         (status = 410, description = "`cursor_not_served`, as for a channel's history.", body = ErrorBody),

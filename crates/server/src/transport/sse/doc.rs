@@ -2,8 +2,9 @@
 //! named in their `#[utoipa::path]` annotations (as `admin::openapi::shared`
 //! does for what several transports share).
 
-use super::{Since, SseEvent, SseFormat};
+use super::{SseEvent, SseFormat};
 use crate::admin::openapi::shared::{group, StreamForbidden, StreamShuttingDown, Unauthorized};
+use gapless_protocol::Since;
 use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response};
 use utoipa::{IntoParams, IntoResponses};
@@ -16,7 +17,7 @@ pub struct SseQuery {
     /// Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`.
     #[param(value_type = Option<gapless_protocol::Cursor>, nullable = false)]
     pub last_event_id: Option<String>,
-    /// Without a cursor: `live` (the default) follows events published from now on; `earliest` replays everything retained, then follows live.
+    /// Without a cursor (checked also with one): `live` (the default) follows events published from now on; `earliest` replays everything retained; `last:N` the last N retained events (1 to 1000); `time:UNIX_MS` from the first retained event at or after that time (a gap notice `evicted` first when an event no longer retained may be at or after it); each then follows live. Any other value: 400 `invalid_request` naming it.
     #[param(value_type = Option<Since>, nullable = false)]
     pub since: Option<String>,
     /// `plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{"channel","seq","type","data","time"}` (schema `Envelope`); `message`: as `envelope`, and every event comes with no `event:` line, as the default type `message` (its type is the envelope's `type`), so an EventSource's `onmessage` sees every event whatever its type. Gap notices and `gapless.expired` keep their types in every format.

@@ -50,7 +50,7 @@ use utoipa_axum::routes;
 
 /// The schemas of a stream that no operation names directly.
 #[derive(utoipa::OpenApi)]
-#[openapi(components(schemas(Since, SseFormat, ExpiredNotice, SseEvent)))]
+#[openapi(components(schemas(gapless_protocol::Since, SseFormat, ExpiredNotice, SseEvent)))]
 struct Schemas;
 
 /// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
@@ -60,17 +60,6 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::with_openapi(Schemas::openapi())
         .routes(routes!(channel_sse))
         .routes(routes!(multi_sse))
-}
-
-/// `since=`: where a stream without a cursor starts.
-#[derive(ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)]
-pub(crate) enum Since {
-    /// Everything retained, then live.
-    Earliest,
-    /// Events published from now on.
-    Live,
 }
 
 /// `format=`: what a stream's `data:` carries.
@@ -296,7 +285,7 @@ pub(crate) async fn channel_sse(
     Access(grant): Access,
     Path(channel): Path<String>,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -332,7 +321,7 @@ pub(crate) async fn multi_sse(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     RawQuery(raw): RawQuery,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -358,7 +347,7 @@ async fn open(
     channels: Vec<String>,
     q: &Query,
     headers: &HeaderMap,
-    direct: Option<Extension<DirectStream<Feed>>>,
+    direct: Option<Extension<DirectStream>>,
     flushes: Option<Extension<Flushes>>,
 ) -> Result<Response, ApiError> {
     let max = app.config.max_subscription_channels;
@@ -390,7 +379,16 @@ async fn open(
         }
     };
     let format = StreamFormat { format, untyped };
-    let starts = starts(&channels, q, headers)?;
+    let mut starts = starts(&channels, q, headers)?;
+    // A namespace's `latest`: only for a client that gave no start at all.
+    let given = q.get("since").is_some()
+        || q.get("last_event_id").is_some_and(|s| !s.is_empty())
+        || headers
+            .get("last-event-id")
+            .is_some_and(|v| !v.as_bytes().is_empty());
+    for (start, channel) in starts.iter_mut().zip(&channels) {
+        *start = start::or_latest(&app.config.namespaces, channel, given, *start);
+    }
     let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
         Ok(opened) => opened,
         Err(e) => {
@@ -434,7 +432,8 @@ async fn open(
 ///
 /// # Errors
 /// 400 `invalid_cursor` for an unreadable `last_event_id=`; 400
-/// `invalid_request` for a `since=` other than `earliest` or `live`.
+/// `invalid_request` for a `since=` that [`start::since`] refuses (checked
+/// also when a cursor wins).
 pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec<Start>, ApiError> {
     let header = headers
         .get("last-event-id")
@@ -455,15 +454,7 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
         Some(h) => start::read(h).unwrap_or(Resume::Unreadable),
         None => query.unwrap_or(Resume::Nothing),
     };
-    let Some(since) = start::since(q.get("since")) else {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "since={:?} must be earliest or live (to resume, pass last_event_id=CURSOR)",
-                q.get("since").unwrap_or_default()
-            ),
-        ));
-    };
+    let since = start::since(q.get("since"))?;
     Ok(start::starts(channels, &resume, since))
 }
 
@@ -710,50 +701,11 @@ impl Feed {
     }
 
     /// The feed as a hyper response body (chunked), for a stream opened on a
-    /// connection that already carried another request. Every flow writes
-    /// what it appended first; [`Flow::End`] then ends the body (its last
-    /// chunk), [`Flow::Fail`] fails it, which makes hyper close the
-    /// connection without the last chunk, after waiting (with `flushes`,
-    /// the connection's, and until shutdown) for hyper to hand every byte
-    /// it holds to the socket: hyper drops what it still buffers when a
-    /// body fails. The close is a FIN after those bytes.
-    pub fn into_body(mut self, flushes: Option<Flushes>) -> Body {
-        Body::from_stream(async_stream::stream! {
-            let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
-            let mut out = Vec::new();
-            loop {
-                let flow = self.next(&mut out).await;
-                // Whatever the flow, what it queued goes out first: the
-                // expiry frame comes with `Flow::End`.
-                if !out.is_empty() {
-                    crate::admin::metrics::written(
-                        crate::admin::metrics::Transport::Sse,
-                        out.iter().map(Bytes::len).sum(),
-                    );
-                    for frame in out.drain(..) {
-                        yield Ok(frame);
-                    }
-                }
-                match flow {
-                    Flow::More | Flow::Tick => {}
-                    Flow::End => break,
-                    Flow::Fail(e) => {
-                        tracing::warn!(error = %e, "breaking off a stream: journal read failed");
-                        // Read once hyper took the last frame: the next flush
-                        // empties its buffer into the socket.
-                        if let Some(f) = &flushes {
-                            let seen = f.count();
-                            tokio::select! {
-                                () = f.after(seen) => {}
-                                () = self.app.shutdown.cancelled() => {}
-                            }
-                        }
-                        yield Err(std::io::Error::other(e));
-                        break;
-                    }
-                }
-            }
-        })
+    /// connection that already carried another request (`conn::body`, with
+    /// `flushes`, the connection's).
+    pub fn into_body(self, flushes: Option<Flushes>) -> Body {
+        let shutdown = self.app.shutdown.clone();
+        crate::net::conn::body(self, flushes, shutdown)
     }
 }
 

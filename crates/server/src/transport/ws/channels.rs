@@ -375,6 +375,12 @@ impl Conn {
                 format!("a socket may follow at most {max} channels (--max-subscription-channels)"),
             )));
         }
+        // Checked whether or not a cursor wins, as on SSE (`ops::start`).
+        let given = since.is_some();
+        let since = match start::since(since.as_deref()) {
+            Ok(since) => since,
+            Err(e) => return Ok(Err(e)),
+        };
         let start = match cursor.as_deref().filter(|c| !c.is_empty()) {
             Some(c) => match start::read(c.as_bytes()) {
                 Ok(Resume::Cursor(cur)) => match start::on_channel(&cur, &channel) {
@@ -389,18 +395,7 @@ impl Conn {
                 Ok(_) => Start::Unknown,
                 Err(e) => return Ok(Err(ApiError::new(ErrorCode::InvalidCursor, e.to_string()))),
             },
-            None => match start::since(since.as_deref()) {
-                Some(start) => start,
-                None => {
-                    return Ok(Err(ApiError::new(
-                        ErrorCode::InvalidRequest,
-                        format!(
-                            "since {:?} must be \"earliest\" or \"live\"",
-                            since.as_deref().unwrap_or_default()
-                        ),
-                    )))
-                }
-            },
+            None => start::or_latest(&self.app.config.namespaces, &channel, given, since),
         };
         // A subscribe still replaying on this channel gets its reply before it is replaced.
         if let Some(reply) = self.settle(&channel) {

@@ -1,0 +1,505 @@
+//! Live SSE reads (`GET {stream}?offset=…&live=sse`, PROTOCOL.md 5.8) as a
+//! source of frames ([`Feed`]) for the fan-out writer (`net/conn.rs`), as
+//! gapless's own SSE streams are: a connection whose first request is such a
+//! read is written straight to its socket, each write carrying everything
+//! the follower has pending; on a connection that already carried another
+//! request, hyper writes the same feed (`conn::body`).
+//!
+//! Each write is one `event: data` holding every append the subscription
+//! has ready (up to `--read-batch`): a JSON stream's messages as one array,
+//! a text stream's bytes one after another (each line its own `data:`
+//! line), a binary stream's bytes one after another in base64; then one
+//! `event: control` with the offset after them. The feed reads nothing of
+//! the stream's metadata on the way and takes no lock: its closure and
+//! deletion come through the stream's watch (`Meta::closed_tx`).
+
+use super::fork::{self, Layout};
+use super::names::{next_cursor, offset};
+use super::read::{READ_BYTES, READ_EVENTS};
+use super::streams::Life;
+use crate::net::conn::{Flow, Frames, Gone, Waited};
+use crate::ops::stream::{self, EndSignal};
+use crate::App;
+use base64::Engine;
+use bytes::Bytes;
+use gapless_core::journal::now_ms;
+use gapless_core::subscription::{Item, Subscription};
+use gapless_protocol::{Epoch, Event};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long one response lasts at least before the server ends it, so the
+/// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2):
+/// the response ends at the tick of its timer ([`period_ms`]) that reaches
+/// this (later when ticks come late).
+pub const SSE_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The period of a live read's timer, in milliseconds: gapless's stream
+/// timer ([`stream::tick_ms`]: the heartbeat, or a liveness check with
+/// heartbeats off); without one, [`SSE_LIFETIME`], so the response still ends.
+fn period_ms(config: &crate::ServerConfig) -> u64 {
+    match stream::tick_ms(config) {
+        0 => u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX),
+        ms => ms,
+    }
+}
+
+/// How a stream's messages go into a `data` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `application/json`: the messages as one JSON array.
+    Json,
+    /// Other text (`text/*`): the bytes one after another.
+    Text,
+    /// Any other type: the bytes one after another, in base64.
+    Binary,
+}
+
+/// Where a live read starts: what the handler knew under the stream's lock.
+pub struct Start {
+    /// The stream's layout (where its messages are).
+    pub layout: Arc<Layout>,
+    /// The epoch of its offsets.
+    pub epoch: Epoch,
+    /// How its messages are written.
+    pub shape: Shape,
+    /// The position after which to read.
+    pub from: u64,
+    /// The stream's tail at the request.
+    pub head: u64,
+    /// The stream's watch ([`Meta::closed_tx`](super::streams::Meta::closed_tx)),
+    /// subscribed under the same lock, so it says whether the stream was
+    /// closed then and nothing after is missed.
+    pub closed_rx: watch::Receiver<Life>,
+    /// The client's `cursor=` (one that is not a number counts as none).
+    pub cursor: Option<u64>,
+}
+
+/// One live SSE read: the subscription to the stream's own channel, and
+/// where the follower is. See the module doc.
+pub struct Feed {
+    app: Arc<App>,
+    sub: Subscription,
+    layout: Arc<Layout>,
+    epoch: Epoch,
+    shape: Shape,
+    /// The position of the last message sent (or the start).
+    pos: u64,
+    /// The newest position known: the tail at the request, then as signalled.
+    head: u64,
+    /// Whether the position was announced up to date since the last data.
+    announced: bool,
+    /// The stream's closure as last read.
+    closed: bool,
+    /// The stream was deleted: the response ends.
+    deleted: bool,
+    closed_rx: watch::Receiver<Life>,
+    /// The last cursor sent (or the client's); 0: none.
+    cursor: u64,
+    /// Timer ticks left before the response ends ([`SSE_LIFETIME`]).
+    ticks_left: u32,
+    /// Resolves at shutdown.
+    end: EndSignal,
+    /// `end` has completed (it is not polled again).
+    ended: bool,
+    /// The stream's one timer: heartbeat and liveness ([`stream::tick_ms`]),
+    /// made on first use on the runtime that drives the stream.
+    beat: Option<tokio::time::Interval>,
+}
+
+impl Feed {
+    /// The feed of a live read from `start`, following the stream's own
+    /// channel with `sub` (opened at the later of `start.from` and the fork
+    /// point, before anything inherited is read, so nothing is missed).
+    pub fn new(app: Arc<App>, start: Start, sub: Subscription) -> Self {
+        let life = *start.closed_rx.borrow();
+        let lifetime = u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX);
+        let ticks = lifetime.div_ceil(period_ms(&app.config));
+        Feed {
+            end: stream::shutdown_signal(&app),
+            app,
+            sub,
+            epoch: start.epoch,
+            shape: start.shape,
+            pos: start.from,
+            head: start.head,
+            layout: start.layout,
+            announced: false,
+            closed: life >= Life::Closed,
+            deleted: life == Life::Gone,
+            closed_rx: start.closed_rx,
+            cursor: start.cursor.unwrap_or(0),
+            ticks_left: u32::try_from(ticks).unwrap_or(u32::MAX),
+            ended: false,
+            beat: None,
+        }
+    }
+
+    /// The period of the stream's timer ([`period_ms`]).
+    fn tick_ms(&self) -> u64 {
+        period_ms(&self.app.config)
+    }
+
+    /// Waits for what is next and appends its frames to `out`. Cancel-safe:
+    /// dropping the future loses nothing (the subscription's next item and
+    /// the watch are cancel-safe; an inherited page is read again).
+    pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
+        loop {
+            if self.pos < self.layout.origin {
+                // A fork's inherited messages, page by page (boxed: rare,
+                // and its read must not grow every stream's task).
+                return Box::pin(self.inherited(out)).await;
+            }
+            if self.deleted {
+                return Flow::End;
+            }
+            self.head = self.head.max(self.pos + self.sub.lag(0));
+            if self.pos >= self.head && (self.closed || !self.announced) {
+                let closed = self.closed;
+                self.control(out, true, closed);
+                return if closed { Flow::End } else { Flow::More };
+            }
+            let tick_ms = self.tick_ms();
+            let beat = stream::timer(&mut self.beat, tick_ms);
+            let item = tokio::select! {
+                biased;
+                _ = self.end.as_mut(), if !self.ended => {
+                    self.ended = true;
+                    return Flow::End;
+                }
+                changed = self.closed_rx.changed() => {
+                    if changed.is_err() {
+                        return Flow::End;
+                    }
+                    let life = *self.closed_rx.borrow_and_update();
+                    self.closed = life >= Life::Closed;
+                    self.deleted = life == Life::Gone;
+                    continue;
+                }
+                item = self.sub.next() => item,
+                _ = std::future::poll_fn(|cx| beat.poll_tick(cx)) => {
+                    self.ticks_left = self.ticks_left.saturating_sub(1);
+                    if self.ticks_left == 0 {
+                        return Flow::End;
+                    }
+                    if self.app.config.heartbeat_ms > 0 {
+                        out.push(Bytes::from_static(gapless_protocol::sse::HEARTBEAT));
+                    }
+                    return Flow::Tick;
+                }
+            };
+            match item {
+                Ok(Item::Events { events, .. }) => {
+                    let Some(last) = events.last() else { continue };
+                    self.pos = self.layout.virt(last.seq);
+                    self.head = self.head.max(self.pos + self.sub.lag(0));
+                    let up = self.pos >= self.head;
+                    let closed = self.closed && up;
+                    self.data(out, &events);
+                    self.control(out, up, closed);
+                    return if closed { Flow::End } else { Flow::More };
+                }
+                // A hole (retention passed the follower) or a failed read:
+                // the response ends; the client reconnects from its last
+                // offset and is told (410) or served.
+                Ok(Item::Gap(_)) | Err(_) => return Flow::End,
+                Ok(Item::Ephemeral(_)) => {}
+            }
+        }
+    }
+
+    /// The next page of a fork's inherited messages, with its control event.
+    async fn inherited(&mut self, out: &mut Vec<Bytes>) -> Flow {
+        let page = fork::read(
+            &self.app,
+            &self.layout,
+            self.pos,
+            self.layout.origin,
+            READ_EVENTS,
+            READ_BYTES,
+        )
+        .await;
+        let Ok((events, next)) = page else {
+            return Flow::End;
+        };
+        if events.is_empty() {
+            return Flow::End;
+        }
+        self.pos = next;
+        let up = self.pos >= self.head;
+        let closed = self.closed && up;
+        self.data(out, &events);
+        self.control(out, up, closed);
+        if closed {
+            Flow::End
+        } else {
+            Flow::More
+        }
+    }
+
+    /// Appends one `data` event holding `events`.
+    fn data(&mut self, out: &mut Vec<Bytes>, events: &[Arc<Event>]) {
+        out.push(Bytes::from(data_event(self.shape, events)));
+        self.announced = false;
+    }
+
+    /// Appends one `control` event at the current position: `upToDate` when
+    /// `up`, `streamClosed` (and no cursor) when `closed`.
+    fn control(&mut self, out: &mut Vec<Bytes>, up: bool, closed: bool) {
+        let cursor = (!closed).then(|| next_cursor(now_ms(), Some(self.cursor).filter(|&c| c > 0)));
+        out.push(Bytes::from(control_event(
+            &offset(self.epoch, self.pos),
+            cursor,
+            up,
+            closed,
+        )));
+        if let Some(c) = cursor {
+            self.cursor = c;
+        }
+        self.announced = up;
+    }
+}
+
+impl Frames for Feed {
+    fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = Flow> + Send {
+        Feed::next(self, out)
+    }
+
+    fn poll_blocked(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ticks: bool,
+    ) -> std::task::Poll<Waited> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(Waited::Ended);
+        }
+        if self.end.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return Poll::Ready(Waited::Ended);
+        }
+        if ticks {
+            let tick_ms = self.tick_ms();
+            let beat = stream::timer(&mut self.beat, tick_ms);
+            if beat.poll_tick(cx).is_ready() {
+                return Poll::Ready(Waited::Tick);
+            }
+        }
+        Poll::Pending
+    }
+
+    fn client_gone(&mut self, _how: Gone) {}
+}
+
+/// One SSE `data` event holding `events` in `shape` (see [`Shape`]). Text
+/// goes one `data:` line per line, a line ending at CRLF, CR or LF (as SSE
+/// reads them, also across two messages), so no text can end the event or
+/// start another (a lone CR comes back as LF). `data:` is followed directly
+/// by the line (as the protocol's reference server and conformance suite
+/// have it), except before a line that begins with a space: there one space
+/// more, which SSE readers drop, so the line keeps its own. A text stream's
+/// messages are UTF-8 (appends are checked; one published as bytes over
+/// gapless's own API is read lossily).
+pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
+    let size: usize = events.iter().map(|e| e.data.len() + 1).sum();
+    let mut out = Vec::with_capacity(24 + size + size / 3);
+    out.extend_from_slice(b"event: data\n");
+    match shape {
+        Shape::Binary => {
+            let mut body = Vec::with_capacity(size);
+            for e in events {
+                body.extend_from_slice(e.data.as_bytes());
+            }
+            out.extend_from_slice(b"data:");
+            let text = base64::engine::general_purpose::STANDARD.encode(&body);
+            out.extend_from_slice(text.as_bytes());
+        }
+        Shape::Json | Shape::Text => {
+            let mut lines = TextLines {
+                out: &mut out,
+                after_cr: false,
+                line_open: false,
+            };
+            let json = shape == Shape::Json;
+            if json {
+                lines.push(b"[");
+            }
+            for (i, e) in events.iter().enumerate() {
+                if json && i > 0 {
+                    lines.push(b",");
+                }
+                let bytes = e.data.as_bytes();
+                match std::str::from_utf8(bytes) {
+                    Ok(_) => lines.push(bytes),
+                    Err(_) => lines.push(String::from_utf8_lossy(bytes).as_bytes()),
+                }
+            }
+            if json {
+                lines.push(b"]");
+            }
+            lines.open(None);
+        }
+    }
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+/// Writes text into `data:` lines: each line break (CRLF, CR or LF) ends
+/// one; a line's `data:` is written once its first byte is known (one space
+/// more before a leading space).
+struct TextLines<'a> {
+    out: &'a mut Vec<u8>,
+    /// The last byte written was a CR (an LF right after it is the same break).
+    after_cr: bool,
+    /// The current line's `data:` is written.
+    line_open: bool,
+}
+
+impl TextLines<'_> {
+    /// Writes the current line's `data:` unless written, given its first
+    /// byte (`None`: an empty line, or the end).
+    fn open(&mut self, first: Option<u8>) {
+        if !self.line_open {
+            self.out.extend_from_slice(b"data:");
+            if first == Some(b' ') {
+                self.out.push(b' ');
+            }
+            self.line_open = true;
+        }
+    }
+
+    fn push(&mut self, text: &[u8]) {
+        let mut rest = text;
+        if self.after_cr {
+            if let Some(r) = rest.strip_prefix(b"\n") {
+                rest = r;
+            }
+            self.after_cr = false;
+        }
+        while let Some(i) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            self.open(rest.first().copied().filter(|_| i > 0));
+            self.out.extend_from_slice(&rest[..i]);
+            self.out.push(b'\n');
+            self.line_open = false;
+            let cr = rest[i] == b'\r';
+            rest = &rest[i + 1..];
+            if cr {
+                match rest.first() {
+                    Some(b'\n') => rest = &rest[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+        }
+        if let Some(&first) = rest.first() {
+            self.open(Some(first));
+            self.out.extend_from_slice(rest);
+        }
+    }
+}
+
+/// One SSE `control` event: `streamNextOffset` `next`, `streamCursor` when
+/// given (a string of its digits), `upToDate` when `up`, `streamClosed` when
+/// `closed`. Offsets are hex digits, `_` and digits only, so they need no
+/// JSON escaping.
+pub fn control_event(next: &str, cursor: Option<u64>, up: bool, closed: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
+    out.extend_from_slice(next.as_bytes());
+    out.push(b'"');
+    if let Some(c) = cursor {
+        let _ = write!(out, ",\"streamCursor\":\"{c}\"");
+    }
+    if up {
+        out.extend_from_slice(b",\"upToDate\":true");
+    }
+    if closed {
+        out.extend_from_slice(b",\"streamClosed\":true");
+    }
+    out.extend_from_slice(b"}\n\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gapless_protocol::Payload;
+
+    fn ev(seq: u64, data: Payload) -> Arc<Event> {
+        Arc::new(Event::new(
+            Arc::from("c"),
+            gapless_protocol::Epoch(1),
+            seq,
+            None,
+            data,
+            0,
+        ))
+    }
+
+    fn text(data: &[&str]) -> Vec<Arc<Event>> {
+        data.iter()
+            .enumerate()
+            .map(|(i, d)| ev(i as u64 + 1, Payload::Text((*d).to_owned())))
+            .collect()
+    }
+
+    #[test]
+    fn a_data_event_holds_every_message_in_the_streams_shape() {
+        let json = data_event(Shape::Json, &text(&["1", "{\"a\":\n 2}"]));
+        assert_eq!(
+            String::from_utf8(json).expect("UTF-8"),
+            "event: data\ndata:[1,{\"a\":\ndata:  2}]\n\n"
+        );
+        let lines = data_event(Shape::Text, &text(&["a\r", "\nb\r\r", "c\n"]));
+        assert_eq!(
+            String::from_utf8(lines).expect("UTF-8"),
+            "event: data\ndata:a\ndata:b\ndata:\ndata:c\ndata:\n\n",
+            "CRLF across two messages is one break; a lone CR is a break"
+        );
+        let spaced = data_event(Shape::Text, &text(&[" a\n", "  b", "c d"]));
+        assert_eq!(
+            String::from_utf8(spaced).expect("UTF-8"),
+            "event: data\ndata:  a\ndata:   bc d\n\n",
+            "a line that begins with a space gets one more, which readers drop"
+        );
+        let bin = data_event(
+            Shape::Binary,
+            &[
+                ev(1, Payload::Binary(vec![0, 255])),
+                ev(2, Payload::Binary(vec![7])),
+            ],
+        );
+        assert_eq!(
+            String::from_utf8(bin).expect("UTF-8"),
+            "event: data\ndata:AP8H\n\n"
+        );
+    }
+
+    #[test]
+    fn a_control_event_is_json_with_what_applies() {
+        let c = control_event("0a_00000000000000000003", Some(42), true, false);
+        let c = String::from_utf8(c).expect("UTF-8");
+        let data = c
+            .strip_prefix("event: control\ndata:")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .expect("one control event");
+        let v: serde_json::Value = serde_json::from_str(data).expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({"streamNextOffset": "0a_00000000000000000003",
+                "streamCursor": "42", "upToDate": true})
+        );
+        let c = control_event("x", None, true, true);
+        let v: serde_json::Value = serde_json::from_str(
+            std::str::from_utf8(&c).expect("UTF-8")["event: control\ndata:".len()..].trim(),
+        )
+        .expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({"streamNextOffset": "x", "upToDate": true, "streamClosed": true})
+        );
+    }
+}
