@@ -5,8 +5,7 @@
 
 use crate::overlay::Overlay;
 use crate::tables::{
-    corrupt, decode_event, event_time, first_row, row_events, storage, ChannelRow, CHANNELS,
-    EVENTS,
+    corrupt, decode_event, event_time, first_row, row_events, storage, ChannelRow, CHANNELS, EVENTS,
 };
 use gapless_core::{ChannelState, JournalError, Page, TimeSeek};
 use gapless_protocol::{Epoch, Event};

@@ -187,7 +187,11 @@ async fn a_byte_limit_counts_the_events_inside_chunk_rows() -> R {
     for seq in 301..=340u64 {
         j.append("a", vec![ev(&seq.to_string())], None).await?;
         let st = j.state("a").await?;
-        assert_eq!((st.floor, st.head), (byte_floor(seq, 200), seq), "seq {seq}");
+        assert_eq!(
+            (st.floor, st.head),
+            (byte_floor(seq, 200), seq),
+            "seq {seq}"
+        );
     }
     holds(&j, "a", byte_floor(340, 200), 340).await?;
     j.close().await?;
