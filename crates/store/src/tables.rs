@@ -17,12 +17,11 @@
 //! transaction that raises the floor; `idempotency_order` finds the keys whose
 //! events went with them.
 //!
-//! An append is first committed as a record in `log` (one row per commit,
-//! written at the end of the table, so a commit dirties a few pages whatever
-//! the number of channels it touches). Every so often the writer applies the
-//! logged records to the other tables and empties `log` in one transaction (a
-//! checkpoint); opening the store does the same with whatever a crash left
-//! there. See `log.rs`.
+//! An append is first committed as a record in a frame of the write-ahead
+//! log beside the file (`wal.rs`); the checkpointer applies the records to
+//! the other tables later (`checkpoint.rs`). Format 2 kept the records in
+//! the `log` table instead; opening a format-2 store applies whatever a
+//! crash left there (`log.rs`), and format 3 leaves it empty.
 
 use gapless_core::JournalError;
 use gapless_protocol::Payload;
