@@ -276,9 +276,9 @@ pub struct ServeArgs {
     /// webhooks, as `openssl genpkey -algorithm ed25519 -out FILE` writes it
     /// (keep it mode 0600); it must exist. Default: `ds-signing-key.pem` in
     /// --data-dir, made at the first start, so the JWK Set stays the same
-    /// across restarts; with --memory, a key per process. In cluster mode
-    /// (--redis) give every node the same file: without one, each node
-    /// signs with a key of its own process.
+    /// across restarts; with --memory, a key per process; in cluster mode
+    /// (--redis), one key for every node, made by the first and kept in
+    /// Redis (give every node the same file to keep it out of Redis).
     #[arg(long, env = "GAPLESS_DS_SIGNING_KEY")]
     pub ds_signing_key: Option<PathBuf>,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).

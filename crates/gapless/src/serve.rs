@@ -74,7 +74,10 @@ async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<(
     let auth = auth(&args)?.public_reads(namespaces.clone());
     let mut config = server_config(&args, cors_origins(&args, &auth)?);
     config.namespaces = namespaces;
-    config.ds_signing_key = ds_signing_key(&args)?;
+    config.ds_signing_key = match store.ds_signing_key {
+        Some(key) => Some(key),
+        None => ds_signing_key(&args)?,
+    };
     let listener = bind(args.listen).with_context(|| {
         format!(
             "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
@@ -117,6 +120,10 @@ struct Store {
     session_registry: Option<Arc<dyn SessionRegistry>>,
     /// For the start line: `journal in Redis`, `in memory`, `journal in <dir>`.
     described: String,
+    /// Cluster mode with the Durable Streams protocol on and no
+    /// `--ds-signing-key`: the webhook signing key every node shares, kept
+    /// in Redis (made by the first node that starts).
+    ds_signing_key: Option<gapless_server::config::DsSigningKey>,
 }
 
 /// Opens the journal `args` name: Redis (`--redis-url`), memory
@@ -132,10 +139,16 @@ async fn open_store(
         // The attach leases live in the same Redis, on the journal's
         // connection and bus (a takeover's kick arrives on it).
         let registry = gapless_redis::RedisSessions::new(&journal);
+        let ds_signing_key = if args.ds_prefix.is_empty() || args.ds_signing_key.is_some() {
+            None
+        } else {
+            Some(shared_signing_key(&journal).await?)
+        };
         return Ok(Store {
             journal: Arc::new(journal),
             session_registry: Some(Arc::new(registry)),
             described: "journal in Redis".to_owned(),
+            ds_signing_key,
         });
     }
     if args.memory {
@@ -143,6 +156,7 @@ async fn open_store(
             journal: Arc::new(MemoryJournal::with_namespaces(namespaces.clone(), channels)),
             session_registry: None,
             described: "in memory".to_owned(),
+            ds_signing_key: None,
         });
     }
     let durability = match args.durability {
@@ -164,7 +178,33 @@ async fn open_store(
         journal: Arc::new(store),
         session_registry: None,
         described: format!("journal in {}", args.data_dir.display()),
+        ds_signing_key: None,
     })
+}
+
+/// The Durable Streams webhook signing key of a cluster started without
+/// `--ds-signing-key`: one key for every node, its 32-byte seed kept in
+/// Redis (`gapless:{shared/ds-signing-key}`), made by the first node to ask.
+///
+/// # Errors
+/// Redis cannot be reached, or holds a value there that is not a seed.
+async fn shared_signing_key(
+    journal: &gapless_redis::RedisJournal,
+) -> anyhow::Result<gapless_server::config::DsSigningKey> {
+    let seed = journal
+        .shared_value(
+            "ds-signing-key",
+            &gapless_server::config::DsSigningKey::generate().0,
+        )
+        .await
+        .context("reading the cluster's Durable Streams signing key from Redis")?;
+    let seed: [u8; 32] = seed.as_slice().try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "Redis key gapless:{{shared/ds-signing-key}} holds {} bytes, not a 32-byte Ed25519 seed; delete it to have a new key made, or give every node --ds-signing-key",
+            seed.len()
+        )
+    })?;
+    Ok(gapless_server::config::DsSigningKey(seed))
 }
 
 /// The origins allowed by CORS: `--cors-origin`, or, without it, `*` on an
@@ -201,9 +241,9 @@ fn cors_origins(args: &ServeArgs, auth: &Auth) -> anyhow::Result<Vec<String>> {
 
 /// The webhook signing key of Durable Streams subscriptions: the
 /// `--ds-signing-key` file (which must exist), else `ds-signing-key.pem` in
-/// the data directory (made at the first start), else none (`--memory`, or
-/// cluster mode without the setting: a key per process). Nothing when the
-/// protocol is off.
+/// the data directory (made at the first start), else none (`--memory`: a
+/// key per process). Cluster mode without the setting shares one key
+/// through Redis ([`shared_signing_key`]). Nothing when the protocol is off.
 fn ds_signing_key(
     args: &ServeArgs,
 ) -> anyhow::Result<Option<gapless_server::config::DsSigningKey>> {
@@ -222,12 +262,6 @@ fn ds_signing_key(
         return Ok(Some(DsSigningKey::load(path).context("--ds-signing-key")?));
     }
     if args.memory {
-        return Ok(None);
-    }
-    if args.redis.url.is_some() {
-        tracing::warn!(
-            "cluster mode without --ds-signing-key: each node signs Durable Streams webhooks with a key of its own process, so the JWK Set differs by node and changes at a restart; give every node the same key file (docs/durable-streams.md)"
-        );
         return Ok(None);
     }
     let path = args.data_dir.join("ds-signing-key.pem");

@@ -339,8 +339,11 @@ async fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
             secret,
             "--subscribe",
             "*",
+            // Long enough that a loaded machine still starts `tail` before
+            // the token expires (with 2 s it sometimes did not, and the
+            // refusal came at connect instead of during the stream).
             "--ttl",
-            "2",
+            "5",
         ],
         b"",
     ));

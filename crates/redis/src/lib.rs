@@ -266,6 +266,42 @@ impl RedisJournal {
         }
     }
 
+    /// A value every node of the cluster shares, made by whichever node asks
+    /// first: `SET gapless:{shared/<name>} <candidate> NX`, then `GET` (one
+    /// script, so every node reads the same bytes). Used for the Durable
+    /// Streams webhook signing key of a cluster started without
+    /// `--ds-signing-key` (docs/durable-streams.md, "Signing key"): one JWK
+    /// Set on every node, kept across restarts as long as Redis keeps it.
+    ///
+    /// # Errors
+    /// [`JournalError::Unavailable`] when Redis cannot be reached.
+    pub async fn shared_value(
+        &self,
+        name: &str,
+        candidate: &[u8],
+    ) -> Result<Vec<u8>, JournalError> {
+        const SHARED: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+"#;
+        let key = format!("gapless:{{shared/{name}}}");
+        let candidate = candidate.to_vec();
+        self.inner
+            .conn
+            .run(|mut c| {
+                let key = key.clone();
+                let candidate = candidate.clone();
+                async move {
+                    redis::Script::new(SHARED)
+                        .key(key)
+                        .arg(candidate)
+                        .invoke_async::<Vec<u8>>(&mut c)
+                        .await
+                }
+            })
+            .await
+    }
+
     fn fresh_epoch() -> String {
         (rand::random::<u64>() | 1).to_string()
     }

@@ -255,6 +255,11 @@ pub enum KeyFileError {
 }
 
 impl DsSigningKey {
+    /// A new random key (32 bytes from the thread's CSPRNG).
+    pub fn generate() -> Self {
+        Self(rand::random::<[u8; 32]>())
+    }
+
     /// Reads the Ed25519 signing key in `path` (PKCS#8 PEM, as `openssl genpkey
     /// -algorithm ed25519` writes it) and returns its 32-byte seed. A file that
     /// others than its owner may read is used with a warning (`chmod 600` it).
