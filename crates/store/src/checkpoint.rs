@@ -274,12 +274,18 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
 
 /// Applies what the WAL in `dir` holds after the tables' last applied frame
 /// (what a crash left), durably. Returns the last lsn the tables then hold
-/// and the highest WAL generation found.
+/// and the highest WAL generation found. `lenient`: the last run had `Async`
+/// durability and did not stop cleanly, so the log may end at a break in
+/// its commits (`wal::Log::after`).
 ///
 /// # Errors
 /// [`JournalError::Storage`] when the WAL cannot be read, misses commits,
 /// holds records that do not decode, or the tables cannot be written.
-pub(crate) fn recover(db: &Database, dir: &Path) -> Result<(u64, u64), JournalError> {
+pub(crate) fn recover(
+    db: &Database,
+    dir: &Path,
+    lenient: bool,
+) -> Result<(u64, u64), JournalError> {
     let applied = meta::wal_applied(db)?;
     let log = wal::read(dir)?;
     if log.generation == 0 && meta::wal_live(db)? {
@@ -292,7 +298,7 @@ pub(crate) fn recover(db: &Database, dir: &Path) -> Result<(u64, u64), JournalEr
             wal::FILE_NAMES[1]
         )));
     }
-    let frames = log.after(applied, dir)?;
+    let frames = log.after(applied, dir, lenient)?;
     let Some(last) = frames.last().map(|f| f.lsn) else {
         return Ok((applied, log.generation));
     };

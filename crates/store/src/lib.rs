@@ -137,10 +137,10 @@ impl EmbeddedJournal {
             .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
         let db = open::open_db(&path, options.cache_bytes)?;
-        let epoch = meta::init(&db, options.durability)?;
+        let (epoch, async_unclean) = meta::init(&db, options.durability)?;
         // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
-        let (applied, generation) = checkpoint::recover(&db, dir)?;
+        let (applied, generation) = checkpoint::recover(&db, dir, async_unclean)?;
         // The tables now hold every commit: each channel's retention applies
         // to them all (a limit lowered since they were appended).
         let mut cache = cache::Channels::load(&db, &options.namespaces)?;

@@ -14,10 +14,12 @@ use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 
 /// Creates the tables if missing, checks the layout version, and returns the
 /// store's epoch: the stored one, or a new random one when the database is new
-/// or the last `Async` run did not shut down cleanly. Commits durably.
-pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, JournalError> {
+/// or the last `Async` run did not shut down cleanly; and whether it did not
+/// (its write-ahead log may then end at a break in its commits, see
+/// `wal::Log::after`). Commits durably.
+pub(crate) fn init(db: &Database, durability: Durability) -> Result<(Epoch, bool), JournalError> {
     let txn = db.begin_write().map_err(storage)?;
-    let epoch = {
+    let (epoch, unclean) = {
         txn.open_table(CHANNELS).map_err(storage)?;
         txn.open_table(EVENTS).map_err(storage)?;
         txn.open_table(KEYS).map_err(storage)?;
@@ -54,10 +56,23 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<Epoch, Journ
         meta.insert(META_FORMAT, FORMAT_VERSION).map_err(storage)?;
         meta.insert(META_EPOCH, epoch).map_err(storage)?;
         meta.insert(META_ASYNC_OPEN, async_open).map_err(storage)?;
-        Epoch(epoch)
+        (Epoch(epoch), unclean)
     };
     txn.commit().map_err(storage)?;
-    Ok(epoch)
+    Ok((epoch, unclean))
+}
+
+/// Whether the last run had `Async` durability and did not shut down cleanly
+/// (read without changing anything: `gapless journal check`).
+pub(crate) fn async_unclean(db: &Database) -> Result<bool, JournalError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(storage(e)),
+    };
+    let open = meta.get(META_ASYNC_OPEN).map_err(storage)?.map(|g| g.value());
+    Ok(open == Some(1))
 }
 
 /// Records, in `txn`, that this run shut down cleanly (to be committed

@@ -93,7 +93,8 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
     // follow it without a gap.
     let applied = crate::meta::wal_applied(&db)?;
     let log = crate::wal::read(dir)?;
-    report.logged_commits += log.after(applied, dir)?.len() as u64;
+    let lenient = crate::meta::async_unclean(&db)?;
+    report.logged_commits += log.after(applied, dir, lenient)?.len() as u64;
     Ok(report)
 }
 

@@ -64,6 +64,8 @@ pub(crate) struct Round {
     /// Async: files written since their last sync, and since when.
     dirty: [bool; 2],
     unsynced_since: Option<Instant>,
+    /// Async: the file holding the oldest unsynced frame (synced first).
+    oldest_dirty: usize,
     /// Test hook: fail the next `fdatasync`.
     #[cfg(test)]
     pub fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
@@ -89,6 +91,7 @@ impl Round {
             commit_seconds: metrics::histogram!("gapless_journal_commit_seconds"),
             dirty: [false, false],
             unsynced_since: None,
+            oldest_dirty: 0,
             #[cfg(test)]
             fail_next_sync: Arc::default(),
         }
@@ -103,14 +106,17 @@ impl Round {
         }
         let batch = std::mem::take(&mut self.written);
         let mut files = [false, false];
+        // The file of the round's oldest frame.
+        let mut oldest = None;
         for w in &batch {
             if let Some(f) = w.file {
                 files[f] = true;
+                oldest.get_or_insert(f);
             }
         }
         let started = self.started.take();
         if self.durability == Durability::Sync && files.contains(&true) {
-            if let Err(e) = self.sync(files) {
+            if let Err(e) = self.sync(files, oldest.unwrap_or(0)) {
                 tracing::error!("journal commit failed: {e}");
                 fail(batch, &e);
                 return Err(e);
@@ -119,7 +125,10 @@ impl Round {
             for (d, f) in self.dirty.iter_mut().zip(files) {
                 *d |= f;
             }
-            self.unsynced_since.get_or_insert_with(Instant::now);
+            if self.unsynced_since.is_none() {
+                self.unsynced_since = Some(Instant::now());
+                self.oldest_dirty = oldest.unwrap_or(0);
+            }
         }
         if let Some(started) = started {
             // From the frame's write to its durability (`Sync`) or its
@@ -141,7 +150,7 @@ impl Round {
         if self.unsynced_since.is_none() {
             return;
         }
-        match self.sync(self.dirty) {
+        match self.sync(self.dirty, self.oldest_dirty) {
             Ok(()) => {
                 self.dirty = [false, false];
                 self.unsynced_since = None;
@@ -153,8 +162,11 @@ impl Round {
         }
     }
 
-    /// `fdatasync`s the files marked in `which`.
-    fn sync(&self, which: [bool; 2]) -> Result<(), JournalError> {
+    /// `fdatasync`s the files marked in `which`, `first` (the one holding
+    /// the oldest frames) first: a crash between the two syncs then loses
+    /// the newest frames only, not a stretch in the middle of the log
+    /// (`wal::Log::after`).
+    fn sync(&self, which: [bool; 2], first: usize) -> Result<(), JournalError> {
         #[cfg(test)]
         if self
             .fail_next_sync
@@ -162,9 +174,11 @@ impl Round {
         {
             return Err(JournalError::Storage("injected fdatasync failure".into()));
         }
-        for (i, file) in self.files.iter().enumerate() {
+        for i in [first, 1 - first] {
             if which[i] {
-                file.sync_data().map_err(|e| wal::sync_error(i, &e))?;
+                self.files[i]
+                    .sync_data()
+                    .map_err(|e| wal::sync_error(i, &e))?;
             }
         }
         Ok(())

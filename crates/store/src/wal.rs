@@ -168,24 +168,57 @@ pub(crate) struct Log {
 }
 
 impl Log {
-    /// The frames after `applied`, which must follow it without a gap.
+    /// The frames after `applied`: those that follow it without a break in
+    /// the lsns (`applied + 1`, `applied + 2`, ...).
+    ///
+    /// A break (a missing lsn, then later frames) is what an `Async` run's
+    /// power loss can leave: the frames of one file were made durable
+    /// without the older frames of the other, as the kernel writes pages
+    /// back in any order. With `lenient` (the last run had
+    /// [`crate::Durability::Async`] and did not stop cleanly) the log is cut
+    /// there, like a torn tail: what follows the break is lost with it, the
+    /// documented "up to a second". Otherwise every frame after `applied`
+    /// was durable before it was acknowledged, and a break is damage.
     ///
     /// # Errors
-    /// [`JournalError::Storage`] when frames after `applied` exist but do
-    /// not start at `applied + 1`: commits the log should hold are missing.
-    pub(crate) fn after(&self, applied: u64, dir: &Path) -> Result<&[Frame], JournalError> {
+    /// [`JournalError::Storage`] when, without `lenient`, frames after
+    /// `applied` exist but do not all follow it without a break: commits
+    /// the log should hold are missing.
+    pub(crate) fn after(
+        &self,
+        applied: u64,
+        dir: &Path,
+        lenient: bool,
+    ) -> Result<&[Frame], JournalError> {
         let start = self.frames.partition_point(|f| f.lsn <= applied);
         let rest = &self.frames[start..];
-        match rest.first() {
-            Some(f) if f.lsn != applied + 1 => Err(JournalError::Storage(format!(
-                "the journal's write-ahead log in {} is damaged: it holds commits from {} on, but \
-                 the journal needs every commit after {applied} (a WAL file was removed or \
-                 overwritten?); restore the data directory from a backup",
-                dir.display(),
-                f.lsn
-            ))),
-            _ => Ok(rest),
+        let whole = rest
+            .iter()
+            .zip(applied + 1..)
+            .take_while(|(f, lsn)| f.lsn == *lsn)
+            .count();
+        let Some(next) = rest.get(whole) else {
+            return Ok(rest);
+        };
+        let missing = applied + 1 + whole as u64;
+        if lenient {
+            tracing::warn!(
+                missing,
+                found = next.lsn,
+                dropped = rest.len() - whole,
+                "the journal's write-ahead log has a break in its commits (a power loss under \
+                 async durability): it is cut there, like a torn tail"
+            );
+            return Ok(&rest[..whole]);
         }
+        Err(JournalError::Storage(format!(
+            "the journal's write-ahead log in {} is damaged: commit {missing} is missing but \
+             commits from {} on follow it, and the journal needs every commit after {applied} \
+             (a WAL file was removed, overwritten or damaged?); restore the data directory from \
+             a backup",
+            dir.display(),
+            next.lsn
+        )))
     }
 }
 
@@ -448,7 +481,7 @@ mod tests {
         let lsns: Vec<u64> = log.frames.iter().map(|f| f.lsn).collect();
         assert_eq!(lsns, [1, 2, 3]);
         assert_eq!(log.frames[2].records, b"three");
-        assert_eq!(log.after(1, dir.path())?.len(), 2);
+        assert_eq!(log.after(1, dir.path(), false)?.len(), 2);
         let b = bytes_of(dir.path(), 0);
         let frames_of = |b: &[u8]| chain(b).map(|(_, f)| f.len());
         assert_eq!(frames_of(&b), Some(3));
@@ -510,14 +543,14 @@ mod tests {
         );
         assert_eq!(log.generation, 2);
         // Frames from 12 on only: commit 11 is missing.
-        assert!(log.after(9, dir.path()).is_ok());
+        assert!(log.after(9, dir.path(), false).is_ok());
         let mut broken = Log::default();
         broken.frames.push(Frame {
             lsn: 12,
             records: Vec::new(),
         });
-        assert!(broken.after(10, dir.path()).is_err());
-        assert!(broken.after(11, dir.path()).is_ok());
+        assert!(broken.after(10, dir.path(), false).is_err());
+        assert!(broken.after(11, dir.path(), false).is_ok());
         Ok(())
     }
 
@@ -538,8 +571,42 @@ mod tests {
         let log = read(dir.path())?;
         let lsns: Vec<u64> = log.frames.iter().map(|f| f.lsn).collect();
         assert_eq!(lsns, [3, 4, 5, 6, 7]);
-        assert_eq!(log.after(2, dir.path())?.len(), 5);
-        assert!(log.after(1, dir.path()).is_err());
+        assert_eq!(log.after(2, dir.path(), false)?.len(), 5);
+        assert!(log.after(1, dir.path(), false).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_break_in_the_lsns_cuts_the_log_under_async_and_is_damage_under_sync(
+    ) -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 1)?;
+        for i in 0..5u8 {
+            wal.append(&[i], 0)?;
+        }
+        // File 1's chain starts at 8: frames 6 and 7 (the end of file 0)
+        // were lost, as an async power loss can leave it.
+        wal.rewind(8);
+        wal.restart(1)?;
+        wal.append(b"8", 0)?;
+        wal.append(b"9", 0)?;
+        let log = read(dir.path())?;
+        let lsns = |f: &[Frame]| f.iter().map(|f| f.lsn).collect::<Vec<u64>>();
+        assert_eq!(lsns(&log.frames), [1, 2, 3, 4, 5, 8, 9]);
+        assert_eq!(lsns(log.after(0, dir.path(), true)?), [1, 2, 3, 4, 5]);
+        assert_eq!(lsns(log.after(3, dir.path(), true)?), [4, 5]);
+        // The break right after `applied`: nothing follows it.
+        assert!(log.after(5, dir.path(), true)?.is_empty());
+        // Past the break, the frames follow `applied` again.
+        assert_eq!(lsns(log.after(7, dir.path(), true)?), [8, 9]);
+        for applied in [0, 3, 5] {
+            let refused = log.after(applied, dir.path(), false);
+            assert!(
+                matches!(&refused, Err(JournalError::Storage(m)) if m.contains("commit 6 is missing")),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(lsns(log.after(7, dir.path(), false)?), [8, 9]);
         Ok(())
     }
 }

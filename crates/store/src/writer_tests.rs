@@ -48,7 +48,7 @@ fn a_failed_commit_skips_and_reuses_no_seq() -> Result<(), JournalError> {
         min_free_bytes: 0,
         ..StoreOptions::default()
     };
-    let epoch = meta::init(&db, options.durability)?;
+    let (epoch, _) = meta::init(&db, options.durability)?;
     let cache = Channels::load(&db, &options.namespaces)?;
     let db = Arc::new(db);
     let inbox = Arc::new(Inbox::default());
@@ -138,7 +138,7 @@ fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(
         durability: Durability::Sync,
         ..StoreOptions::default()
     };
-    let epoch = meta::init(&db, options.durability)?;
+    let (epoch, _) = meta::init(&db, options.durability)?;
     let cache = Channels::load(&db, &options.namespaces)?;
     let db = Arc::new(db);
     let inbox = Arc::new(Inbox::default());
@@ -186,7 +186,7 @@ fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(
         .join()
         .map_err(|_| JournalError::Storage("writer panicked".into()))?;
     // The tables hold exactly what was acknowledged, and the WAL adds nothing.
-    let (applied, _) = crate::checkpoint::recover(&db, dir.path())?;
+    let (applied, _) = crate::checkpoint::recover(&db, dir.path(), false)?;
     assert_eq!(applied, meta::wal_applied(&db)?);
     let empty = Arc::new(Overlay::default());
     let page = reader::page(&db, &empty, epoch, "a", 0, bound)?;
