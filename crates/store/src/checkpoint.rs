@@ -273,7 +273,10 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
 }
 
 /// Applies what the WAL in `dir` holds after the tables' last applied frame
-/// (what a crash left), durably. Returns the last lsn the tables then hold
+/// (what a crash left), durably, and records (`meta["wal_live"] = 0`, in
+/// the same transaction) that the tables then lack nothing the log holds, so
+/// a crash while the files are emptied and refilled next does not leave a
+/// store that refuses to start. Returns the last lsn the tables then hold
 /// and the highest WAL generation found. `lenient`: the last run had `Async`
 /// durability and did not stop cleanly, so the log may end at a break in
 /// its commits (`wal::Log::after`).
@@ -300,6 +303,10 @@ pub(crate) fn recover(
     }
     let frames = log.after(applied, dir, lenient)?;
     let Some(last) = frames.last().map(|f| f.lsn) else {
+        // Nothing to apply, but the files are about to be emptied
+        // (`wal::Wal::open_sized`): a crash then must not find
+        // `wal_live` set beside a log without a header.
+        meta::clear_wal_live(db)?;
         return Ok((applied, log.generation));
     };
     let txn = db.begin_write().map_err(storage)?;
@@ -311,6 +318,8 @@ pub(crate) fn recover(
         tables.finish()?;
     }
     meta::set_wal_applied(&txn, last)?;
+    // The tables hold every commit now: the log may be emptied (see above).
+    meta::set_wal_live_in(&txn, false)?;
     txn.commit().map_err(storage)?;
     tracing::info!(
         commits = frames.len(),

@@ -96,11 +96,29 @@ pub(crate) fn wal_live(db: &Database) -> Result<bool, JournalError> {
 /// Records, durably, that this process has its write-ahead log open.
 pub(crate) fn set_wal_live(db: &Database) -> Result<(), JournalError> {
     let txn = db.begin_write().map_err(storage)?;
+    set_wal_live_in(&txn, true)?;
+    txn.commit().map_err(storage)
+}
+
+/// Records, durably, that the tables hold every commit of the write-ahead
+/// log (if `wal_live` is set; else nothing is written).
+pub(crate) fn clear_wal_live(db: &Database) -> Result<(), JournalError> {
+    if !wal_live(db)? {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(storage)?;
+    set_wal_live_in(&txn, false)?;
+    txn.commit().map_err(storage)
+}
+
+/// Records, in `txn`, whether a process has the write-ahead log open with
+/// commits the tables may lack (`meta["wal_live"]`).
+pub(crate) fn set_wal_live_in(txn: &WriteTransaction, live: bool) -> Result<(), JournalError> {
     txn.open_table(META)
         .map_err(storage)?
-        .insert(META_WAL_LIVE, 1)
+        .insert(META_WAL_LIVE, u64::from(live))
         .map_err(storage)?;
-    txn.commit().map_err(storage)
+    Ok(())
 }
 
 /// The last WAL frame the tables hold (`wal.rs`; 0 before any).

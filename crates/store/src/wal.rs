@@ -58,6 +58,14 @@ pub(crate) const FRAME_HEAD: usize = 32;
 const FILE_MAGIC: [u8; 8] = *b"GLSWAL\x00\x01";
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"GLFR");
 
+#[cfg(test)]
+thread_local! {
+    /// Test hook: the next [`Wal::open_sized`] on this thread fails once
+    /// both files are emptied, before either has a header (a crash there).
+    pub(crate) static FAIL_OPEN_AFTER_EMPTYING: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
 /// A frame read back: its lsn and records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
@@ -324,6 +332,12 @@ impl Wal {
             Ok(Arc::new(file))
         };
         let files = [open(&paths[0])?, open(&paths[1])?];
+        #[cfg(test)]
+        if FAIL_OPEN_AFTER_EMPTYING.with(|f| f.replace(false)) {
+            return Err(JournalError::Storage(
+                "injected failure after emptying the WAL".into(),
+            ));
+        }
         // The files' directory entries, durably.
         File::open(dir)
             .and_then(|d| d.sync_all())

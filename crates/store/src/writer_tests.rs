@@ -194,3 +194,48 @@ fn a_failed_fdatasync_fails_its_commit_and_loses_or_reuses_nothing() -> Result<(
     assert_eq!(seqs, [1, 2]);
     Ok(())
 }
+
+/// A crash while the store opens, after it applied the log of an unclean
+/// stop and emptied the WAL files but before their new header: the next
+/// start opens (the tables hold everything; nothing is "missing").
+#[test]
+fn a_crash_while_the_wal_is_emptied_at_open_does_not_block_the_next_start(
+) -> Result<(), JournalError> {
+    use crate::EmbeddedJournal;
+    use gapless_core::Journal;
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(crate::tables::storage)?;
+    let options = || StoreOptions {
+        durability: Durability::Sync,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
+    };
+    let open = || EmbeddedJournal::open(dir.path(), options(), Arc::new(NoSink));
+    let j = open()?;
+    rt.block_on(async {
+        for data in ["1", "2", "3"] {
+            let events = vec![NewEvent {
+                event_type: None,
+                data: data.into(),
+            }];
+            j.append("a", events, None).await?;
+        }
+        j.close().await
+    })?;
+    drop(j);
+    {
+        // As an unclean stop leaves it: the log marked live.
+        let db = Database::open(dir.path().join(crate::FILE_NAME))
+            .map_err(crate::tables::storage)?;
+        meta::set_wal_live(&db)?;
+    }
+    wal::FAIL_OPEN_AFTER_EMPTYING.with(|f| f.set(true));
+    assert!(open().is_err(), "the injected failure");
+    let j = open()?;
+    let page = rt.block_on(j.read("a", 0, 10))?;
+    let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    rt.block_on(j.close())
+}
