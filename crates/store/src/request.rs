@@ -209,6 +209,12 @@ impl Inbox {
         Wait::Ready
     }
 
+    /// Requests queued (tests).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().requests.len()
+    }
+
     /// Moves queued requests into `batch`, within its bounds; a
     /// [`Request::Close`] ends the batch and is returned (its reply).
     pub(crate) fn take(&self, batch: &mut Batch) -> Option<Reply<()>> {

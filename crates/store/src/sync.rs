@@ -12,11 +12,13 @@
 //!
 //! Under [`Durability::Async`] commits are completed as soon as they are
 //! written, and the files are synced once the oldest unsynced commit is about
-//! a second old ([`Round::flush`]).
+//! a second old ([`Round::flush`]), after a round or when the writer idles,
+//! so a writer that never idles still syncs.
 //!
-//! A failed `fdatasync` fails every commit of the round; the writer then
-//! recovers before its next batch (nothing after a failed frame is ever
-//! acknowledged).
+//! A failed `fdatasync` fails every commit of the round (`Sync`); the writer
+//! then drops the chain at once: it applies what was acknowledged to the
+//! tables and starts a new chain after it (nothing after a failed frame is
+//! ever acknowledged, and no `fdatasync` is retried on the same frames).
 
 use crate::apply::Notice;
 use crate::checkpoint::Checkpointer;
@@ -69,6 +71,9 @@ pub(crate) struct Round {
     /// Test hook: fail the next `fdatasync`.
     #[cfg(test)]
     pub fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
+    /// Test counter: successful `Async` flushes.
+    #[cfg(test)]
+    pub flushes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Round {
@@ -94,6 +99,8 @@ impl Round {
             oldest_dirty: 0,
             #[cfg(test)]
             fail_next_sync: Arc::default(),
+            #[cfg(test)]
+            flushes: Arc::default(),
         }
     }
 
@@ -144,20 +151,37 @@ impl Round {
         self.unsynced_since.map(|since| since + ASYNC_FLUSH)
     }
 
-    /// Under `Async`: syncs what was written since the last sync. A failure
-    /// is logged and retried a second later (those commits were acknowledged).
-    pub(crate) fn flush(&mut self) {
+    /// Under `Async`: syncs what was written since the last sync.
+    ///
+    /// # Errors
+    /// The failed `fdatasync`'s error. It is never retried on the same
+    /// frames: after a failed `fdatasync` Linux may mark the pages clean
+    /// without writing them, so a second call can report success for data
+    /// that is not on disk ("fsyncgate"). The writer then drops the chain
+    /// instead: those commits (acknowledged, and handed to the
+    /// checkpointer) are applied to the tables in a durable redb
+    /// transaction, and a new chain starts after them (`writer.rs`).
+    pub(crate) fn flush(&mut self) -> Result<(), JournalError> {
         if self.unsynced_since.is_none() {
-            return;
+            return Ok(());
         }
-        match self.sync(self.dirty, self.oldest_dirty) {
+        let result = self.sync(self.dirty, self.oldest_dirty);
+        // Synced, or never to be synced again (see above).
+        self.dirty = [false, false];
+        self.unsynced_since = None;
+        match result {
             Ok(()) => {
-                self.dirty = [false, false];
-                self.unsynced_since = None;
+                #[cfg(test)]
+                self.flushes
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
             }
             Err(e) => {
-                tracing::error!("journal durable commit failed (retrying in 1 s): {e}");
-                self.unsynced_since = Some(Instant::now());
+                tracing::error!(
+                    "journal durable commit failed: {e}; applying the acknowledged commits to \
+                     the tables and starting a new write-ahead log chain"
+                );
+                Err(e)
             }
         }
     }

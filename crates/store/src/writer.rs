@@ -17,11 +17,13 @@
 //! batch: after the appends before it are durable and applied, before those
 //! after it.
 //!
-//! If a batch fails (a WAL write or `fdatasync` fails), its requests get
-//! [`JournalError::Storage`] (or `Full`); before the next batch the writer
-//! has the checkpointer apply everything acknowledged, starts a new WAL
-//! chain after it (the failed frames never join one) and reloads its channel
-//! cache from the tables, so no seq is skipped or reused.
+//! If a batch fails (a WAL write or `fdatasync` fails, or under `Async` a
+//! flush's `fdatasync`), its requests get [`JournalError::Storage`] (or
+//! `Full`); at once the writer has the checkpointer apply everything
+//! acknowledged, starts a new WAL chain after it (the failed frames never
+//! join one, and a restart never replays them) and reloads its channel
+//! cache from the tables, so no seq is skipped or reused. If that recovery
+//! fails, it is tried again before the next batch and at shutdown.
 
 use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
@@ -68,6 +70,9 @@ pub(crate) struct Writer {
     /// Test hook: fail the next `fdatasync`.
     #[cfg(test)]
     pub(crate) fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
+    /// Test counter: successful `Async` flushes.
+    #[cfg(test)]
+    pub(crate) flushes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What [`Writer::start`] needs beyond the database.
@@ -102,6 +107,8 @@ impl Writer {
         );
         #[cfg(test)]
         let fail_next_sync = round.fail_next_sync.clone();
+        #[cfg(test)]
+        let flushes = round.flushes.clone();
         Ok(Writer {
             db,
             inbox: s.inbox,
@@ -121,6 +128,8 @@ impl Writer {
             fail_next_commit: Arc::default(),
             #[cfg(test)]
             fail_next_sync,
+            #[cfg(test)]
+            flushes,
         })
     }
 
@@ -137,7 +146,7 @@ impl Writer {
             match self.inbox.wait(self.round.flush_due()) {
                 Wait::Ready => {}
                 Wait::TimedOut => {
-                    self.round.flush();
+                    self.flush();
                     continue;
                 }
                 Wait::Closed => break,
@@ -148,6 +157,14 @@ impl Writer {
                 self.process(batch);
             }
             self.finish_round();
+            // A writer that never waits (requests always queued) syncs too.
+            if self
+                .round
+                .flush_due()
+                .is_some_and(|at| at <= std::time::Instant::now())
+            {
+                self.flush();
+            }
             if let Some(reply) = close {
                 let _ = reply.send(self.shutdown());
                 return;
@@ -160,10 +177,30 @@ impl Writer {
     }
 
     /// Makes what was written durable and completes it; after a failed
-    /// `fdatasync` the next batch first recovers.
+    /// `fdatasync` drops the chain ([`Writer::drop_chain`]).
     fn finish_round(&mut self) {
         if self.round.finish().is_err() {
-            self.cache = None;
+            self.drop_chain();
+        }
+    }
+
+    /// `Async`: syncs the WAL; after a failed `fdatasync` drops the chain
+    /// rather than syncing those frames again (`Round::flush`).
+    fn flush(&mut self) {
+        if self.round.flush().is_err() {
+            self.drop_chain();
+        }
+    }
+
+    /// After a failed WAL write or `fdatasync`: recovers at once (applies
+    /// what was acknowledged to the tables and starts a new chain after it,
+    /// [`Writer::recover`]), so no later restart replays a frame whose
+    /// commit failed. If that fails too, the next batch (or the shutdown)
+    /// tries again first.
+    fn drop_chain(&mut self) {
+        self.cache = None;
+        if let Err(e) = self.recover() {
+            tracing::error!("journal recovery after a failed commit failed (retried before the next batch): {e}");
         }
     }
 
@@ -249,10 +286,11 @@ impl Writer {
             }),
             Err(e) => {
                 tracing::error!("journal commit failed: {e}");
-                self.cache = None;
                 for (pending, _) in replies {
                     sync::reply(pending, Err(sync::copy(&e)));
                 }
+                // The frame may be partly (or wholly) written.
+                self.drop_chain();
             }
         }
     }
@@ -325,6 +363,9 @@ impl Writer {
             .fail_next_commit
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
+            // As a write error reported once the frame (or part of it) is
+            // in the file.
+            let _ = self.wal.append(records, self.checkpointer.applied());
             return Err(JournalError::Storage("injected commit failure".into()));
         }
         self.wal.append(records, self.checkpointer.applied())
@@ -462,8 +503,13 @@ impl Writer {
     /// then the checkpointer stops.
     fn shutdown(&mut self) -> Result<(), JournalError> {
         self.finish_round();
+        if self.cache.is_none() {
+            // A failed frame may still head the log: a new chain after what
+            // was acknowledged, or the next start would replay it.
+            self.recover()?;
+        }
         let result = self.checkpointer.apply_all(true).map(|_| ());
-        self.round.flush();
+        self.flush();
         self.checkpointer.stop();
         for thread in self.helpers.drain(..) {
             if thread.join().is_err() {

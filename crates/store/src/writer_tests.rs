@@ -239,3 +239,175 @@ fn a_crash_while_the_wal_is_emptied_at_open_does_not_block_the_next_start(
     assert_eq!(seqs, [1, 2, 3]);
     rt.block_on(j.close())
 }
+
+/// A writer over a new store in `dir`, not yet spawned.
+fn writer_in(
+    dir: &std::path::Path,
+    durability: Durability,
+) -> Result<(Arc<Database>, Arc<Inbox>, gapless_protocol::Epoch, Writer), JournalError> {
+    let db = Database::create(dir.join("j.redb")).map_err(crate::tables::storage)?;
+    let options = StoreOptions {
+        durability,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
+    };
+    let (epoch, _) = meta::init(&db, options.durability)?;
+    let cache = Channels::load(&db, &options.namespaces)?;
+    let db = Arc::new(db);
+    let inbox = Arc::new(Inbox::default());
+    let writer = Writer::start(
+        db.clone(),
+        Start {
+            inbox: inbox.clone(),
+            sink: Arc::new(NoSink),
+            epoch,
+            options,
+            cache,
+            overlay: Arc::new(Overlay::default()),
+            wal: wal::Wal::open(dir, 0, 1)?,
+            applied: 0,
+            checkpoint_bytes: 1 << 20,
+            epochs: Arc::default(),
+        },
+    )
+    .map_err(crate::tables::storage)?;
+    Ok((db, inbox, epoch, writer))
+}
+
+/// The events of `channel` in the tables after a restart's recovery.
+fn after_restart(
+    db: &Database,
+    dir: &std::path::Path,
+    epoch: gapless_protocol::Epoch,
+    channel: &str,
+) -> Result<Vec<u64>, JournalError> {
+    crate::checkpoint::recover(db, dir, false)?;
+    let bound = reader::Bound {
+        limit: 100,
+        max_bytes: usize::MAX,
+    };
+    let page = reader::page(db, &Overlay::default(), epoch, channel, 0, bound)?;
+    Ok(page.events.iter().map(|e| e.seq).collect())
+}
+
+/// A batch whose `fdatasync` failed (its publisher got an error) is not in
+/// the journal after a restart, even when the store stops right after it.
+#[test]
+fn a_batch_whose_fdatasync_failed_does_not_reappear_after_a_restart() -> Result<(), JournalError>
+{
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let (db, inbox, epoch, writer) = writer_in(dir.path(), Durability::Sync)?;
+    let fail = writer.fail_next_sync.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 1);
+    fail.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        append(&inbox, "a", None),
+        Err(JournalError::Storage(_))
+    ));
+    inbox.close();
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    assert_eq!(after_restart(&db, dir.path(), epoch, "a")?, [1]);
+    Ok(())
+}
+
+/// The same for a failed WAL write.
+#[test]
+fn a_batch_whose_wal_write_failed_does_not_reappear_after_a_restart() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let (db, inbox, epoch, writer) = writer_in(dir.path(), Durability::Sync)?;
+    let fail = writer.fail_next_commit.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 1);
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 2);
+    fail.store(true, Ordering::SeqCst);
+    assert!(append(&inbox, "a", None).is_err());
+    inbox.close();
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    assert_eq!(after_restart(&db, dir.path(), epoch, "a")?, [1, 2]);
+    Ok(())
+}
+
+/// Async: a failed flush `fdatasync` is not retried on the same frames (a
+/// retry may report success without writing them): the acknowledged
+/// commits go to the tables in a durable transaction instead.
+#[test]
+fn a_failed_async_flush_applies_the_commits_instead_of_retrying() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let (db, inbox, epoch, writer) = writer_in(dir.path(), Durability::Async)?;
+    let fail = writer.fail_next_sync.clone();
+    let flushes = writer.flushes.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    fail.store(true, Ordering::SeqCst);
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 1);
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 2);
+    // The flush (about a second later) fails; a retry would come a second
+    // after that.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fail.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(
+        flushes.load(Ordering::SeqCst),
+        0,
+        "the failed fdatasync was retried on the same frames"
+    );
+    assert!(
+        meta::wal_applied(&db)? >= 2,
+        "the acknowledged commits are in the tables"
+    );
+    // Appends go on, in a new chain.
+    assert_eq!(append(&inbox, "a", None)?.first_seq, 3);
+    inbox.close();
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    assert_eq!(after_restart(&db, dir.path(), epoch, "a")?, [1, 2, 3]);
+    Ok(())
+}
+
+/// Async: a writer that always finds requests queued (it never waits for
+/// the flush deadline) still syncs the WAL about once a second.
+#[test]
+fn a_saturated_async_writer_still_flushes() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let (_db, inbox, _epoch, writer) = writer_in(dir.path(), Durability::Async)?;
+    let flushes = writer.flushes.clone();
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut flushed_while_saturated = 0;
+    while std::time::Instant::now() < until {
+        // Keep the inbox from ever running dry (replies are not awaited).
+        while inbox.queued() < 2000 {
+            for _ in 0..100 {
+                let (reply, _) = oneshot::channel();
+                let request = Request::Append {
+                    channel: "a".into(),
+                    events: vec![NewEvent {
+                        event_type: None,
+                        data: "x".into(),
+                    }],
+                    key: None,
+                    reply,
+                };
+                inbox.send(request).map_err(|_| JournalError::Closed)?;
+            }
+        }
+        flushed_while_saturated = flushes.load(Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    inbox.close();
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    assert!(
+        flushed_while_saturated >= 1,
+        "no flush in 3 s of a saturated async writer"
+    );
+    Ok(())
+}
