@@ -18,7 +18,9 @@
 //! A failed checkpoint loses nothing (the frames are durable and the
 //! records stay pending); it is retried a second later. If checkpoints keep
 //! failing, the writer refuses appends once [`MAX_BACKLOG`] bytes are
-//! pending ([`Checkpointer::wait_backlog`]).
+//! pending ([`Checkpointer::wait_backlog`]). A checkpoint that panics does
+//! not stop the thread (the writer waits on it): it refuses every append
+//! from then on, and the next start applies the WAL.
 
 use crate::apply::Tables;
 use crate::log::Records;
@@ -30,6 +32,7 @@ use gapless_core::JournalError;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use redb::Database;
 use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -59,6 +62,10 @@ struct State {
     retry_at: Option<Instant>,
     /// The last failure, while checkpoints fail.
     failing: Option<String>,
+    /// A checkpoint panicked: no checkpoint is tried again in this process,
+    /// and appends are refused (the frames stay in the WAL, applied at the
+    /// next open).
+    broken: Option<String>,
     stop: bool,
 }
 
@@ -77,6 +84,9 @@ pub(crate) struct Checkpointer {
     overlay: Arc<Overlay>,
     /// `gapless_journal_checkpoint_seconds`, looked up once.
     seconds: metrics::Histogram,
+    /// Test hook: the next checkpoint panics.
+    #[cfg(test)]
+    panic_next: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpointer {
@@ -123,9 +133,13 @@ impl Checkpointer {
     /// Waits while more than [`MAX_BACKLOG`] bytes are pending.
     ///
     /// # Errors
-    /// [`JournalError::Storage`] while checkpoints fail with that much pending.
+    /// [`JournalError::Storage`] while checkpoints fail with that much
+    /// pending, and always once a checkpoint panicked.
     pub(crate) fn wait_backlog(&self) -> Result<(), JournalError> {
         let mut st = self.lock();
+        if let Some(why) = &st.broken {
+            return Err(broken(why));
+        }
         while st.bytes > MAX_BACKLOG {
             if let Some(why) = &st.failing {
                 return Err(JournalError::Storage(format!(
@@ -146,6 +160,14 @@ impl Checkpointer {
     }
 }
 
+/// The error of every append once a checkpoint panicked (`why`: the panic's text).
+fn broken(why: &str) -> JournalError {
+    JournalError::Storage(format!(
+        "the journal's checkpointer failed ({why}); appends are refused until the server \
+         restarts (the write-ahead log keeps every acknowledged commit, applied at the next start)"
+    ))
+}
+
 /// Starts the checkpointer over `db`, whose tables hold every frame up to
 /// `applied`.
 pub(crate) fn spawn(
@@ -161,6 +183,7 @@ pub(crate) fn spawn(
             waiters: Vec::new(),
             retry_at: None,
             failing: None,
+            broken: None,
             stop: false,
         }),
         work: Condvar::new(),
@@ -170,6 +193,8 @@ pub(crate) fn spawn(
         db,
         overlay,
         seconds: metrics::histogram!("gapless_journal_checkpoint_seconds"),
+        #[cfg(test)]
+        panic_next: std::sync::atomic::AtomicBool::new(false),
     });
     let shared = ck.clone();
     let handle = std::thread::Builder::new()
@@ -201,8 +226,25 @@ fn run(ck: &Checkpointer) {
         let bytes = std::mem::take(&mut st.bytes);
         let waiters = std::mem::take(&mut st.waiters);
         let clean = waiters.iter().any(|w| w.clean);
+        let broken_by = st.broken.clone();
         drop(st);
-        let outcome = apply(ck, &chunks, clean);
+        let outcome = match broken_by {
+            Some(why) => Err(broken(&why)),
+            // A panic here must not stop the thread: the writer waits on it
+            // (`wait_backlog`, `apply_all`).
+            None => catch_unwind(AssertUnwindSafe(|| apply(ck, &chunks, clean))).unwrap_or_else(
+                |panic| {
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "a checkpoint panicked".to_owned());
+                    tracing::error!("journal checkpoint panicked: {why}; appends are refused");
+                    ck.lock().broken = Some(why.clone());
+                    Err(broken(&why))
+                },
+            ),
+        };
         st = ck.lock();
         match &outcome {
             Ok(last) => {
@@ -235,6 +277,10 @@ fn run(ck: &Checkpointer) {
 /// shutdown) in one durable transaction, then trims the overlay. Returns
 /// the last lsn the tables hold.
 fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u64, JournalError> {
+    #[cfg(test)]
+    if ck.panic_next.swap(false, Ordering::SeqCst) {
+        panic!("injected checkpoint panic");
+    }
     let applied = ck.applied();
     if chunks.is_empty() && !clean {
         return Ok(applied);
@@ -326,4 +372,41 @@ pub(crate) fn recover(
         "applied the journal's write-ahead log to its tables"
     );
     Ok((last, log.generation))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panicking checkpoint neither stops the thread nor leaves the
+    /// writer waiting: appends are refused.
+    #[test]
+    fn a_panicking_checkpoint_refuses_appends_instead_of_hanging() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let db = Arc::new(Database::create(dir.path().join("j.redb")).map_err(storage)?);
+        let (ck, thread) =
+            spawn(db, Arc::new(Overlay::default()), 0, 0).map_err(storage)?;
+        ck.panic_next.store(true, Ordering::SeqCst);
+        assert!(ck.apply_all(false).is_err(), "the panicking checkpoint");
+        // More than the backlog bound pending, as appends go on.
+        ck.push(vec![(1, vec![0u8; MAX_BACKLOG + 1])]);
+        let (tx, rx) = mpsc::channel();
+        let waiter = ck.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.wait_backlog());
+        });
+        let waited = rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| storage("wait_backlog still waits 10 s after the checkpointer panicked"))?;
+        assert!(
+            matches!(&waited, Err(JournalError::Storage(m)) if m.contains("checkpointer failed")),
+            "{waited:?}"
+        );
+        assert!(ck.apply_all(false).is_err());
+        ck.stop();
+        thread
+            .join()
+            .map_err(|_| storage("the checkpointer thread panicked"))?;
+        Ok(())
+    }
 }
