@@ -199,6 +199,15 @@ impl EmbeddedJournal {
         self.epoch
     }
 
+    /// Where reads take a channel's epoch (under the overlay's lock, see
+    /// [`reader::EpochOf`]).
+    fn epoch_of(&self) -> reader::EpochOf {
+        reader::EpochOf {
+            epochs: Some(self.epochs.clone()),
+            store: self.epoch,
+        }
+    }
+
     /// Sends `request` to the writer and waits for its reply.
     async fn call<T>(&self, request: impl FnOnce(Reply<T>) -> Request) -> Result<T, JournalError> {
         let (reply, result) = oneshot::channel();
@@ -246,7 +255,7 @@ impl Journal for EmbeddedJournal {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         let bound = reader::Bound { limit, max_bytes };
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
@@ -261,7 +270,7 @@ impl Journal for EmbeddedJournal {
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         reader::state(&self.db, &self.overlay, epoch, channel)
     }
 
@@ -269,7 +278,7 @@ impl Journal for EmbeddedJournal {
     /// in memory, then at most about log2(retained events) row lookups in
     /// the tables (`reader::seek_time`).
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         reader::seek_time(&self.db, &self.overlay, epoch, channel, time_ms)
     }
 

@@ -24,7 +24,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 /// Per channel, the epoch its last purge began (shared by the writer, which
-/// sets it after the purge commits, and the readers).
+/// sets it after the purge commits and before it releases the overlay's
+/// write lock, and the readers, which look it up under the overlay's read
+/// lock: a read pairs the state and the epoch of the same side of a purge).
 #[derive(Debug, Default)]
 pub(crate) struct Epochs(RwLock<HashMap<Arc<str>, Epoch>>);
 
@@ -120,8 +122,11 @@ pub(crate) fn purge(
     // The tables held every earlier event already: the overlay has nothing
     // of the channel's left, but a tail of it must not outlive the purge.
     tails.remove(channel);
-    drop(tails);
     let name = ch.name.clone();
+    // Readers take the epoch under the overlay's read lock (`reader.rs`):
+    // the new one is in place before they can see the purged tables.
+    epochs.set(name.clone(), epoch);
+    drop(tails);
     ch.row.head = 0;
     ch.row.floor = 1;
     ch.epoch = Some(epoch);
@@ -129,6 +134,5 @@ pub(crate) fn purge(
         *sizes = crate::cache::Sizes::default();
     }
     cache.set_oldest(&name, None);
-    epochs.set(name, epoch);
     Ok(Some(ChannelState::empty(epoch)))
 }

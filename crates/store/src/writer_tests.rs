@@ -411,3 +411,72 @@ fn a_saturated_async_writer_still_flushes() -> Result<(), JournalError> {
     );
     Ok(())
 }
+
+/// A read racing a purge never pairs the channel's old epoch with its
+/// purged state (or the reverse): per epoch, the heads a reader sees never
+/// go down, and the store's epoch is never seen without its events.
+#[test]
+fn reads_racing_purges_pair_each_state_with_its_own_epoch() -> Result<(), JournalError> {
+    use crate::EmbeddedJournal;
+    use gapless_core::Journal;
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(crate::tables::storage)
+    };
+    let options = StoreOptions {
+        durability: Durability::Sync,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
+    };
+    let j = Arc::new(EmbeddedJournal::open(
+        dir.path(),
+        options,
+        Arc::new(NoSink),
+    )?);
+    let one = || {
+        vec![NewEvent {
+            event_type: None,
+            data: "x".into(),
+        }]
+    };
+    let main = rt()?;
+    main.block_on(j.append("a", one(), None))?;
+    let store = j.epoch();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (reader, done) = (j.clone(), stop.clone());
+    let watcher = std::thread::spawn(move || -> Result<Vec<String>, JournalError> {
+        let rt = rt()?;
+        let mut highest: HashMap<u64, u64> = HashMap::new();
+        let mut wrong = Vec::new();
+        while !done.load(Ordering::SeqCst) {
+            for page in [false, true] {
+                let (epoch, head) = if page {
+                    let p = rt.block_on(reader.read("a", 0, 10))?;
+                    (p.state.epoch, p.state.head)
+                } else {
+                    let s = rt.block_on(reader.state("a"))?;
+                    (s.epoch, s.head)
+                };
+                let seen = highest.entry(epoch.0).or_insert(head);
+                if head < *seen || (epoch == store && head == 0) {
+                    wrong.push(format!("epoch {} head {head} after head {seen}", epoch.0));
+                }
+                *seen = (*seen).max(head);
+            }
+        }
+        Ok(wrong)
+    });
+    for _ in 0..30 {
+        main.block_on(j.purge("a"))?;
+        main.block_on(j.append("a", one(), None))?;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let wrong = watcher
+        .join()
+        .map_err(|_| JournalError::Storage("reader panicked".into()))??;
+    assert!(wrong.is_empty(), "{wrong:?}");
+    main.block_on(j.close())
+}
