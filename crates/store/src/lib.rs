@@ -133,13 +133,14 @@ impl EmbeddedJournal {
         checkpoint_bytes: usize,
         wal_file_bytes: u64,
     ) -> Result<Self, JournalError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        create_dir(dir)?;
         let path = dir.join(FILE_NAME);
         let db = open::open_db(&path, options.cache_bytes)?;
         let (epoch, async_unclean) = meta::init(&db, options.durability)?;
         // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
+        // Format 2's log is applied: the store is format 3 from now on.
+        meta::finish_upgrade(&db)?;
         let (applied, generation) = checkpoint::recover(&db, dir, async_unclean)?;
         // The tables now hold every commit: each channel's retention applies
         // to them all (a limit lowered since they were appended).
@@ -342,6 +343,42 @@ impl Journal for EmbeddedJournal {
             other => other,
         }
     }
+}
+
+/// Creates the data directory `dir` if missing, durably: each directory
+/// created gets its entry synced in its parent (so a power loss cannot take
+/// away a directory whose files were already made durable).
+///
+/// # Errors
+/// [`JournalError::Storage`] naming the directory that cannot be created or synced.
+fn create_dir(dir: &Path) -> Result<(), JournalError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let fail = |what: &str, path: &Path, e: std::io::Error| {
+        JournalError::Storage(format!("cannot {what} {}: {e}", path.display()))
+    };
+    // The missing ancestors, outermost first.
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        if d.as_os_str().is_empty() || d.is_dir() {
+            break;
+        }
+        missing.push(d);
+        at = d.parent();
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail("create", dir, e))?;
+    for d in missing.into_iter().rev() {
+        let parent = match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(parent)
+            .and_then(|p| p.sync_all())
+            .map_err(|e| fail("sync", parent, e))?;
+    }
+    Ok(())
 }
 
 impl Drop for EmbeddedJournal {

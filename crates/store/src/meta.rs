@@ -53,13 +53,38 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<(Epoch, bool
             }
         };
         let async_open = u64::from(durability == Durability::Async);
-        meta.insert(META_FORMAT, FORMAT_VERSION).map_err(storage)?;
+        // An older format is upgraded once its steps succeed
+        // ([`finish_upgrade`]): until then an older build still opens it.
+        if get(META_FORMAT)?.is_none() {
+            meta.insert(META_FORMAT, FORMAT_VERSION).map_err(storage)?;
+        }
         meta.insert(META_EPOCH, epoch).map_err(storage)?;
         meta.insert(META_ASYNC_OPEN, async_open).map_err(storage)?;
         (Epoch(epoch), unclean)
     };
     txn.commit().map_err(storage)?;
     Ok((epoch, unclean))
+}
+
+/// Records, durably, that the store is of this build's format
+/// (`meta["format"]`), once the steps that upgrade an older one (applying a
+/// format-2 `log` table) have succeeded. Writes nothing if it already is.
+pub(crate) fn finish_upgrade(db: &Database) -> Result<(), JournalError> {
+    let stored = {
+        let txn = db.begin_read().map_err(storage)?;
+        let meta = txn.open_table(META).map_err(storage)?;
+        let stored = meta.get(META_FORMAT).map_err(storage)?.map(|g| g.value());
+        stored
+    };
+    if stored == Some(FORMAT_VERSION) {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(storage)?;
+    txn.open_table(META)
+        .map_err(storage)?
+        .insert(META_FORMAT, FORMAT_VERSION)
+        .map_err(storage)?;
+    txn.commit().map_err(storage)
 }
 
 /// Whether the last run had `Async` durability and did not shut down cleanly

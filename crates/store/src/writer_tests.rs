@@ -480,3 +480,50 @@ fn reads_racing_purges_pair_each_state_with_its_own_epoch() -> Result<(), Journa
     assert!(wrong.is_empty(), "{wrong:?}");
     main.block_on(j.close())
 }
+
+/// A format-2 store whose upgrade fails (its `log` table holds a record
+/// that does not apply) stays format 2, so a format-2 build still opens it.
+#[test]
+fn a_failed_upgrade_leaves_the_format_as_it_was() -> Result<(), JournalError> {
+    use crate::tables::{storage, LOG, META, META_FORMAT};
+    use redb::ReadableDatabase;
+    let dir = tempfile::tempdir().map_err(storage)?;
+    let path = dir.path().join(crate::FILE_NAME);
+    {
+        let db = Database::create(&path).map_err(storage)?;
+        let txn = db.begin_write().map_err(storage)?;
+        txn.open_table(META)
+            .map_err(storage)?
+            .insert(META_FORMAT, 2)
+            .map_err(storage)?;
+        txn.open_table(LOG)
+            .map_err(storage)?
+            .insert(1, &b"not a record"[..])
+            .map_err(storage)?;
+        txn.commit().map_err(storage)?;
+    }
+    let opened = crate::EmbeddedJournal::open(
+        dir.path(),
+        StoreOptions {
+            min_free_bytes: 0,
+            ..StoreOptions::default()
+        },
+        Arc::new(NoSink),
+    );
+    assert!(
+        matches!(&opened, Err(JournalError::Storage(m)) if m.contains("corrupt")),
+        "the log does not apply: {:?}",
+        opened.as_ref().err()
+    );
+    drop(opened);
+    let db = Database::open(&path).map_err(storage)?;
+    let txn = db.begin_read().map_err(storage)?;
+    let format = txn
+        .open_table(META)
+        .map_err(storage)?
+        .get(META_FORMAT)
+        .map_err(storage)?
+        .map(|g| g.value());
+    assert_eq!(format, Some(2));
+    Ok(())
+}
