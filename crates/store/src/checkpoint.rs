@@ -384,8 +384,7 @@ mod tests {
     fn a_panicking_checkpoint_refuses_appends_instead_of_hanging() -> Result<(), JournalError> {
         let dir = tempfile::tempdir().map_err(storage)?;
         let db = Arc::new(Database::create(dir.path().join("j.redb")).map_err(storage)?);
-        let (ck, thread) =
-            spawn(db, Arc::new(Overlay::default()), 0, 0).map_err(storage)?;
+        let (ck, thread) = spawn(db, Arc::new(Overlay::default()), 0, 0).map_err(storage)?;
         ck.panic_next.store(true, Ordering::SeqCst);
         assert!(ck.apply_all(false).is_err(), "the panicking checkpoint");
         // More than the backlog bound pending, as appends go on.
@@ -395,9 +394,9 @@ mod tests {
         std::thread::spawn(move || {
             let _ = tx.send(waiter.wait_backlog());
         });
-        let waited = rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| storage("wait_backlog still waits 10 s after the checkpointer panicked"))?;
+        let waited = rx.recv_timeout(Duration::from_secs(10)).map_err(|_| {
+            storage("wait_backlog still waits 10 s after the checkpointer panicked")
+        })?;
         assert!(
             matches!(&waited, Err(JournalError::Storage(m)) if m.contains("checkpointer failed")),
             "{waited:?}"

@@ -96,7 +96,10 @@ pub(crate) fn async_unclean(db: &Database) -> Result<bool, JournalError> {
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
         Err(e) => return Err(storage(e)),
     };
-    let open = meta.get(META_ASYNC_OPEN).map_err(storage)?.map(|g| g.value());
+    let open = meta
+        .get(META_ASYNC_OPEN)
+        .map_err(storage)?
+        .map(|g| g.value());
     Ok(open == Some(1))
 }
 

@@ -503,12 +503,14 @@ impl Writer {
     /// then the checkpointer stops.
     fn shutdown(&mut self) -> Result<(), JournalError> {
         self.finish_round();
-        if self.cache.is_none() {
-            // A failed frame may still head the log: a new chain after what
-            // was acknowledged, or the next start would replay it.
-            self.recover()?;
-        }
-        let result = self.checkpointer.apply_all(true).map(|_| ());
+        // A failed frame may still head the log: a new chain after what was
+        // acknowledged, or the next start would replay it.
+        let recovered = if self.cache.is_none() {
+            self.recover()
+        } else {
+            Ok(())
+        };
+        let result = recovered.and_then(|()| self.checkpointer.apply_all(true).map(|_| ()));
         self.flush();
         self.checkpointer.stop();
         for thread in self.helpers.drain(..) {

@@ -227,8 +227,8 @@ fn a_crash_while_the_wal_is_emptied_at_open_does_not_block_the_next_start(
     drop(j);
     {
         // As an unclean stop leaves it: the log marked live.
-        let db = Database::open(dir.path().join(crate::FILE_NAME))
-            .map_err(crate::tables::storage)?;
+        let db =
+            Database::open(dir.path().join(crate::FILE_NAME)).map_err(crate::tables::storage)?;
         meta::set_wal_live(&db)?;
     }
     wal::FAIL_OPEN_AFTER_EMPTYING.with(|f| f.set(true));
@@ -293,8 +293,7 @@ fn after_restart(
 /// A batch whose `fdatasync` failed (its publisher got an error) is not in
 /// the journal after a restart, even when the store stops right after it.
 #[test]
-fn a_batch_whose_fdatasync_failed_does_not_reappear_after_a_restart() -> Result<(), JournalError>
-{
+fn a_batch_whose_fdatasync_failed_does_not_reappear_after_a_restart() -> Result<(), JournalError> {
     let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
     let (db, inbox, epoch, writer) = writer_in(dir.path(), Durability::Sync)?;
     let fail = writer.fail_next_sync.clone();
