@@ -74,6 +74,9 @@ pub(crate) struct Round {
     /// Test counter: successful `Async` flushes.
     #[cfg(test)]
     pub flushes: Arc<std::sync::atomic::AtomicU64>,
+    /// Test record: the files synced, in order.
+    #[cfg(test)]
+    pub synced: parking_lot::Mutex<Vec<usize>>,
 }
 
 impl Round {
@@ -101,6 +104,8 @@ impl Round {
             fail_next_sync: Arc::default(),
             #[cfg(test)]
             flushes: Arc::default(),
+            #[cfg(test)]
+            synced: parking_lot::Mutex::default(),
         }
     }
 
@@ -200,6 +205,8 @@ impl Round {
         }
         for i in [first, 1 - first] {
             if which[i] {
+                #[cfg(test)]
+                self.synced.lock().push(i);
                 self.files[i]
                     .sync_data()
                     .map_err(|e| wal::sync_error(i, &e))?;
@@ -327,5 +334,49 @@ pub(crate) fn notify(sink: &dyn CommitSink, notice: &Notice) {
     }));
     if outcome.is_err() {
         tracing::error!("journal commit sink panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tables::storage;
+
+    /// Async: the file holding the older unsynced frames is synced first,
+    /// whichever index it has.
+    #[test]
+    fn a_flush_syncs_the_file_with_the_older_frames_first() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let db = Arc::new(redb::Database::create(dir.path().join("j.redb")).map_err(storage)?);
+        let overlay = Arc::new(Overlay::default());
+        let (checkpointer, thread) =
+            crate::checkpoint::spawn(db, overlay.clone(), 0, 1 << 20).map_err(storage)?;
+        let wal = wal::Wal::open(dir.path(), 0, 1)?;
+        let mut round = Round::new(
+            wal.files.clone(),
+            Durability::Async,
+            overlay,
+            Arc::new(gapless_core::journal::NoSink),
+            checkpointer.clone(),
+        );
+        let written = |lsn, file| Written {
+            lsn,
+            file: Some(file),
+            records: Vec::new(),
+            notices: Vec::new(),
+            replies: Vec::new(),
+        };
+        // Frame 1 in file 1, then frame 2 in file 0 (the writer moved on).
+        round.written.push(written(1, 1));
+        round.finish()?;
+        round.written.push(written(2, 0));
+        round.finish()?;
+        round.flush()?;
+        assert_eq!(*round.synced.lock(), [1, 0]);
+        checkpointer.stop();
+        thread
+            .join()
+            .map_err(|_| storage("checkpointer panicked"))?;
+        Ok(())
     }
 }
