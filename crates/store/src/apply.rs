@@ -1,15 +1,17 @@
 //! The write operations: an append is decided in memory (idempotency check,
 //! seq assignment, retention by count and bytes, each channel's own) and
-//! logged as a record (`log.rs`); a record is applied to the tables at a
-//! checkpoint; age eviction runs on the tables, at a checkpoint. Appends and
-//! evictions return what the sink must be told once the transaction commits.
-//! When the store opens, [`enforce`] applies each channel's count and byte
-//! limits to the events it already holds.
+//! logged as a record (`log.rs`) in a WAL frame (`wal.rs`); a record is
+//! applied to the tables at a checkpoint (`checkpoint.rs`); age eviction runs
+//! on the tables once everything is applied. Appends and evictions return
+//! what the sink must be told once they are durable. When the store opens,
+//! [`enforce`] applies each channel's count and byte limits to the events it
+//! already holds.
 
 use crate::cache::Channels;
 use crate::log::{self, Record};
 use crate::tables::{
-    encode_event_into, event_time, storage, ChannelRow, CHANNELS, EVENTS, KEYS, KEY_ORDER,
+    event_time, first_row, row_events, row_last, storage, ChannelRow, ChunkBuilder, CHANNELS,
+    EVENTS, KEYS, KEY_ORDER,
 };
 use gapless_core::journal::now_ms;
 use gapless_core::{Appended, ChannelState, JournalError};
@@ -46,8 +48,9 @@ pub(crate) struct Tables<'t> {
     events: Table<'t, (u64, u64), &'static [u8]>,
     keys: Table<'t, (u64, &'static str), (u64, u64)>,
     key_order: Table<'t, (u64, u64, &'static str), ()>,
-    /// Reused for encoding event rows.
-    buf: Vec<u8>,
+    /// The chunk row being built for each channel (by id), written when
+    /// full or at [`Tables::finish`].
+    chunks: HashMap<u64, ChunkBuilder>,
     /// Channel rows of the records applied since the last [`Tables::finish`],
     /// by id: `(name, row, floor before the first of those records)`.
     rows: HashMap<u64, (String, ChannelRow, u64)>,
@@ -70,7 +73,7 @@ impl<'t> Tables<'t> {
             events: txn.open_table(EVENTS).map_err(storage)?,
             keys: txn.open_table(KEYS).map_err(storage)?,
             key_order: txn.open_table(KEY_ORDER).map_err(storage)?,
-            buf: Vec::new(),
+            chunks: HashMap::new(),
             rows: HashMap::new(),
         })
     }
@@ -79,8 +82,11 @@ impl<'t> Tables<'t> {
     /// idempotency keys whose last event is below `to`.
     fn drop_below(&mut self, id: u64, from: u64, to: u64) -> Result<(), JournalError> {
         if from < to {
+            // Rows wholly below the new floor (a chunk reaching past it stays:
+            // readers skip its events below the floor). A row below `from`
+            // can only be such a chunk, left by an earlier floor.
             self.events
-                .retain_in((id, from)..(id, to), |_, _| false)
+                .retain_in((id, 0)..(id, to), |key, row| row_last(key.1, row) >= to)
                 .map_err(storage)?;
         }
         let below = (id, 0, "")..(id, to, "");
@@ -122,11 +128,17 @@ impl<'t> Tables<'t> {
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Result<(), JournalError> {
         let id = rec.id;
         let first_seq = rec.first_seq();
+        let chunk = self.chunks.entry(id).or_default();
         for (seq, (event_type, data, binary)) in (first_seq..).zip(&rec.events) {
-            encode_event_into(&mut self.buf, rec.time, *event_type, data, *binary);
-            self.events
-                .insert((id, seq), self.buf.as_slice())
-                .map_err(storage)?;
+            if !chunk.takes(seq) {
+                if chunk.n > 0 {
+                    self.events
+                        .insert((id, chunk.first), chunk.row.as_slice())
+                        .map_err(storage)?;
+                }
+                chunk.start(seq);
+            }
+            chunk.push(rec.time, *event_type, data, *binary);
         }
         if let Some(key) = rec.key {
             self.keys
@@ -152,9 +164,17 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Writes the channel rows of the records applied so far, and deletes
-    /// the events and keys that fell below their floors.
+    /// Writes the chunk rows and the channel rows of the records applied so
+    /// far, and deletes the events and keys that fell below their floors.
     pub(crate) fn finish(&mut self) -> Result<(), JournalError> {
+        for (id, chunk) in &mut self.chunks {
+            if chunk.n > 0 {
+                self.events
+                    .insert((*id, chunk.first), chunk.row.as_slice())
+                    .map_err(storage)?;
+                chunk.n = 0;
+            }
+        }
         for (id, (name, row, old_floor)) in std::mem::take(&mut self.rows) {
             self.channels
                 .insert(name.as_str(), row.to_tuple())
@@ -187,17 +207,24 @@ impl<'t> Tables<'t> {
             let (id, floor, head) = (ch.row.id, ch.row.floor, ch.row.head);
             let mut new_floor = head + 1;
             let mut oldest = None;
-            for item in self
+            let from = first_row(&self.events, id, floor)?;
+            'rows: for item in self
                 .events
-                .range((id, floor)..=(id, head))
+                .range((id, from)..=(id, head))
                 .map_err(storage)?
             {
                 let (key, row) = item.map_err(storage)?;
-                let time = event_time(row.value())?;
-                if time > cutoff {
-                    new_floor = key.value().1;
-                    oldest = Some(time);
-                    break;
+                for event in row_events(key.value().1, row.value()) {
+                    let (seq, event) = event?;
+                    if seq < floor {
+                        continue;
+                    }
+                    let time = event_time(event)?;
+                    if time > cutoff {
+                        new_floor = seq;
+                        oldest = Some(time);
+                        break 'rows;
+                    }
                 }
             }
             if new_floor > floor {
@@ -275,15 +302,21 @@ pub(crate) fn enforce(db: &Database, cache: &mut Channels) -> Result<usize, Jour
     Ok(due.len())
 }
 
-/// Idempotency keys as the writer sees them: those logged since the last
-/// checkpoint, then the `idempotency_keys` table.
+/// Idempotency keys as the writer sees them: those not yet applied to the
+/// tables, then the `idempotency_keys` table.
 #[derive(Default)]
 pub(crate) struct Keys {
-    /// `(channel id, key)` -> `(first_seq, last_seq)`, logged since the last checkpoint.
-    pub pending: HashMap<(u64, String), (u64, u64)>,
+    /// `(channel id, key)` -> `(first_seq, last_seq, lsn)`: keys of WAL
+    /// frames (lsn) the tables do not hold yet.
+    pub pending: HashMap<(u64, String), (u64, u64, u64)>,
 }
 
 impl Keys {
+    /// Forgets the keys the tables hold (their frames up to `applied`).
+    pub(crate) fn purge(&mut self, applied: u64) {
+        self.pending.retain(|_, &mut (_, _, lsn)| lsn > applied);
+    }
+
     /// The seqs of `key` on channel `id`, if it is known and its events are
     /// still retained (`last_seq >= floor`). `snapshot` reads the tables as
     /// of the last commit (opened on first use).
@@ -296,7 +329,7 @@ impl Keys {
         floor: u64,
     ) -> Result<Option<(u64, u64)>, JournalError> {
         let found = match self.pending.get(&(id, key.to_owned())) {
-            Some(&seqs) => Some(seqs),
+            Some(&(first, last, _)) => Some((first, last)),
             None => {
                 let txn = match snapshot {
                     Some(txn) => txn,
@@ -323,6 +356,8 @@ pub(crate) struct AppendCx<'a> {
     pub keys: &'a mut Keys,
     /// Where the append's record is written.
     pub record: &'a mut Vec<u8>,
+    /// The WAL frame the record goes to.
+    pub lsn: u64,
 }
 
 /// Decides an append to `channel` (see `Journal::append`): checks the
@@ -386,7 +421,7 @@ pub(crate) fn append(
     if let Some(key) = idempotency_key {
         ax.keys
             .pending
-            .insert((id, key.to_owned()), (first_seq, head));
+            .insert((id, key.to_owned()), (first_seq, head, ax.lsn));
     }
     ch.row.head = head;
     ch.row.floor = floor;

@@ -10,7 +10,9 @@
 //! store opens, and again after a failed commit, so it never runs ahead of
 //! what is on disk.
 
-use crate::tables::{data_len, event_time, storage, ChannelRow, CHANNELS, EVENTS};
+use crate::tables::{
+    data_len, event_at, event_time, first_row, row_events, storage, ChannelRow, CHANNELS, EVENTS,
+};
 use gapless_core::{ChannelState, JournalError, Namespaces, Retention};
 use gapless_protocol::Epoch;
 use redb::{Database, ReadableDatabase, ReadableTable};
@@ -125,21 +127,31 @@ impl Channels {
             let retention = namespaces.retention(&name);
             out.next_id = out.next_id.max(row.id + 1);
             let oldest = if retention.max_age_ms != 0 && row.floor <= row.head {
-                let first = events.get((row.id, row.floor)).map_err(storage)?;
+                // The floor's event may sit inside a chunk row (format 3).
+                let first = event_at(&events, row.id, row.floor)?;
                 // A missing row only makes the bound 0: eviction then rescans.
-                Some(first.map_or(Ok(0), |g| event_time(g.value()))?)
+                Some(first.map_or(Ok(0), |e| event_time(&e))?)
             } else {
                 None
             };
             let sizes = if retention.max_bytes != 0 {
                 let mut sizes = Sizes::default();
                 if row.floor <= row.head {
+                    // From the row holding the floor's event (a chunk row
+                    // may begin below the floor: its older events are not
+                    // retained), each retained event of each row.
+                    let from = first_row(&events, row.id, row.floor)?;
                     for item in events
-                        .range((row.id, row.floor)..=(row.id, row.head))
+                        .range((row.id, from)..=(row.id, row.head))
                         .map_err(storage)?
                     {
-                        let (_, v) = item.map_err(storage)?;
-                        sizes.push(data_len(v.value())?);
+                        let (key, v) = item.map_err(storage)?;
+                        for event in row_events(key.value().1, v.value()) {
+                            let (seq, event) = event?;
+                            if (row.floor..=row.head).contains(&seq) {
+                                sizes.push(data_len(event)?);
+                            }
+                        }
                     }
                 }
                 Some(sizes)

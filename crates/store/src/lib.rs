@@ -3,12 +3,14 @@
 //! [`EmbeddedJournal`] implements [`gapless_core::Journal`] over one
 //! [redb](https://www.redb.org) file, `DIR/journal.redb`:
 //!
-//! - writes go through one writer thread that group-commits everything
-//!   pending in one transaction (`writer.rs`; batches in `request.rs`, the
-//!   operations in `apply.rs`, the writer's channel cache in `cache.rs`), so
-//!   concurrent publishers share each fsync;
-//!   appends are committed as records in a log table and applied to the
-//!   indexed tables every so often (`log.rs`);
+//! - appends go through one writer thread that decides everything pending,
+//!   writes it as one frame of a write-ahead log beside the file, makes it
+//!   durable with one `fdatasync` and only then tells the sink and replies
+//!   (`writer.rs`, `wal.rs`, `sync.rs`; batches in `request.rs`, the
+//!   operations in `apply.rs`, the records in `log.rs`, the writer's channel
+//!   cache in `cache.rs`), so concurrent publishers share each fsync;
+//! - a checkpointer thread applies the records to the indexed tables of the
+//!   redb file every so often, off the replies' path (`checkpoint.rs`);
 //! - reads run in their own read transactions, concurrently with the writer,
 //!   and see what is not yet applied through an overlay (`reader.rs`,
 //!   `overlay.rs`);
@@ -17,12 +19,14 @@
 //!
 //! The store has one epoch, drawn at random when the file is created and kept
 //! in it, so reopening the directory (or a copy of it) resumes the same
-//! history. redb commits are atomic and checksummed: after a crash the file
-//! reopens at its last durable commit, which under [`Durability::Sync`]
-//! includes every acknowledged append.
+//! history. redb commits are atomic and checksummed, and so are WAL frames:
+//! after a crash the file reopens at its last durable checkpoint and the WAL
+//! frames after it are applied, which under [`Durability::Sync`] includes
+//! every acknowledged append.
 
 mod apply;
 mod cache;
+mod checkpoint;
 mod disk;
 mod log;
 mod meta;
@@ -32,7 +36,9 @@ mod overlay;
 mod purge;
 mod reader;
 mod request;
+mod sync;
 mod tables;
+mod wal;
 mod writer;
 
 pub use open::{check, CheckReport};
@@ -42,10 +48,9 @@ use async_trait::async_trait;
 use gapless_core::{Appended, ChannelState, CommitSink, Journal, JournalError, Page, TimeSeek};
 use gapless_protocol::{Epoch, NewEvent};
 use redb::Database;
-use request::{Reply, Request};
+use request::{Inbox, Reply, Request};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
@@ -58,7 +63,8 @@ pub const DIRECT_READ_LIMIT: usize = 64;
 /// Name of the database file inside the data directory.
 pub const FILE_NAME: &str = "journal.redb";
 
-/// The durable journal: a redb file written by one group-commit thread.
+/// The durable journal: a write-ahead log written by one group-commit
+/// thread, applied to a redb file by another.
 ///
 /// Dropping it without [`Journal::close`] also stops the writer after a final
 /// durable commit; the drop waits for that (one fsync at most).
@@ -75,8 +81,8 @@ pub struct EmbeddedJournal {
     overlay: Arc<overlay::Overlay>,
     /// Purged channels' epochs (`purge.rs`).
     epochs: Arc<purge::Epochs>,
-    /// `None` only while dropping.
-    tx: Option<mpsc::Sender<Request>>,
+    /// Where requests wait for the writer.
+    inbox: Arc<Inbox>,
     closed: AtomicBool,
     writer: Option<JoinHandle<()>>,
 }
@@ -110,12 +116,34 @@ impl EmbeddedJournal {
         sink: Arc<dyn CommitSink>,
         checkpoint_bytes: usize,
     ) -> Result<Self, JournalError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| JournalError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        Self::open_tuned(dir, options, sink, checkpoint_bytes, wal::FILE_BYTES)
+    }
+
+    /// [`EmbeddedJournal::open_with_checkpoint`] with write-ahead log files
+    /// of `wal_file_bytes` (the writer moves to the other file past it).
+    /// For tests of the log; the default suits every load.
+    ///
+    /// # Errors
+    /// As [`EmbeddedJournal::open`].
+    #[doc(hidden)]
+    pub fn open_tuned(
+        dir: &Path,
+        options: StoreOptions,
+        sink: Arc<dyn CommitSink>,
+        checkpoint_bytes: usize,
+        wal_file_bytes: u64,
+    ) -> Result<Self, JournalError> {
+        create_dir(dir)?;
         let path = dir.join(FILE_NAME);
         let db = open::open_db(&path, options.cache_bytes)?;
-        let epoch = meta::init(&db, options.durability)?;
+        let (epoch, async_unclean) = meta::init(&db, options.durability)?;
+        // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
+        // Format 2's log is applied: the store is format 3 from now on.
+        meta::finish_upgrade(&db)?;
+        let (applied, generation) = checkpoint::recover(&db, dir, async_unclean)?;
+        // The tables now hold every commit: each channel's retention applies
+        // to them all (a limit lowered since they were appended).
         let mut cache = cache::Channels::load(&db, &options.namespaces)?;
         let trimmed = apply::enforce(&db, &mut cache)?;
         if trimmed > 0 {
@@ -125,15 +153,33 @@ impl EmbeddedJournal {
             );
         }
         let epochs = Arc::new(purge::Epochs::load(&db)?);
+        let wal = wal::Wal::open_sized(dir, generation, applied + 1, wal_file_bytes)?;
+        // From now on the tables may lack commits only the log holds.
+        meta::set_wal_live(&db)?;
         let db = Arc::new(db);
         let (durability, min_free_bytes) = (options.durability, options.min_free_bytes);
         let overlay = Arc::new(overlay::Overlay::default());
-        let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(db.clone(), rx, sink, epoch, options, cache, overlay.clone())
-            .checkpoint_every(checkpoint_bytes)
-            .with_epochs(epochs.clone())
-            .spawn()
-            .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
+        let inbox = Arc::new(Inbox::default());
+        let thread_error = |e: std::io::Error| {
+            JournalError::Storage(format!("cannot start the writer thread: {e}"))
+        };
+        let writer = Writer::start(
+            db.clone(),
+            writer::Start {
+                inbox: inbox.clone(),
+                sink,
+                epoch,
+                options,
+                cache,
+                overlay: overlay.clone(),
+                wal,
+                applied,
+                checkpoint_bytes,
+                epochs: epochs.clone(),
+            },
+        )
+        .and_then(Writer::spawn)
+        .map_err(thread_error)?;
         Ok(EmbeddedJournal {
             durability,
             path: path.clone(),
@@ -142,7 +188,7 @@ impl EmbeddedJournal {
             db,
             overlay,
             epochs,
-            tx: Some(tx),
+            inbox,
             closed: AtomicBool::new(false),
             writer: Some(writer),
         })
@@ -154,11 +200,21 @@ impl EmbeddedJournal {
         self.epoch
     }
 
+    /// Where reads take a channel's epoch (under the overlay's lock, see
+    /// [`reader::EpochOf`]).
+    fn epoch_of(&self) -> reader::EpochOf {
+        reader::EpochOf {
+            epochs: Some(self.epochs.clone()),
+            store: self.epoch,
+        }
+    }
+
     /// Sends `request` to the writer and waits for its reply.
     async fn call<T>(&self, request: impl FnOnce(Reply<T>) -> Request) -> Result<T, JournalError> {
         let (reply, result) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or(JournalError::Closed)?;
-        tx.send(request(reply)).map_err(|_| JournalError::Closed)?;
+        self.inbox
+            .send(request(reply))
+            .map_err(|_| JournalError::Closed)?;
         // A dropped reply means the writer stopped before serving it.
         result.await.map_err(|_| JournalError::Closed)?
     }
@@ -200,7 +256,7 @@ impl Journal for EmbeddedJournal {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         let bound = reader::Bound { limit, max_bytes };
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) if limit > DIRECT_READ_LIMIT => handle,
@@ -215,7 +271,7 @@ impl Journal for EmbeddedJournal {
     }
 
     async fn state(&self, channel: &str) -> Result<ChannelState, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         reader::state(&self.db, &self.overlay, epoch, channel)
     }
 
@@ -223,7 +279,7 @@ impl Journal for EmbeddedJournal {
     /// in memory, then at most about log2(retained events) row lookups in
     /// the tables (`reader::seek_time`).
     async fn seek_time(&self, channel: &str, time_ms: u64) -> Result<TimeSeek, JournalError> {
-        let epoch = self.epochs.of(channel, self.epoch);
+        let epoch = self.epoch_of();
         reader::seek_time(&self.db, &self.overlay, epoch, channel, time_ms)
     }
 
@@ -289,10 +345,46 @@ impl Journal for EmbeddedJournal {
     }
 }
 
+/// Creates the data directory `dir` if missing, durably: each directory
+/// created gets its entry synced in its parent (so a power loss cannot take
+/// away a directory whose files were already made durable).
+///
+/// # Errors
+/// [`JournalError::Storage`] naming the directory that cannot be created or synced.
+fn create_dir(dir: &Path) -> Result<(), JournalError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let fail = |what: &str, path: &Path, e: std::io::Error| {
+        JournalError::Storage(format!("cannot {what} {}: {e}", path.display()))
+    };
+    // The missing ancestors, outermost first.
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        if d.as_os_str().is_empty() || d.is_dir() {
+            break;
+        }
+        missing.push(d);
+        at = d.parent();
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail("create", dir, e))?;
+    for d in missing.into_iter().rev() {
+        let parent = match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(parent)
+            .and_then(|p| p.sync_all())
+            .map_err(|e| fail("sync", parent, e))?;
+    }
+    Ok(())
+}
+
 impl Drop for EmbeddedJournal {
     fn drop(&mut self) {
-        // Disconnecting the channel makes the writer commit durably and stop.
-        self.tx = None;
+        // Closing the inbox makes the writer checkpoint durably and stop.
+        self.inbox.close();
         if let Some(writer) = self.writer.take() {
             if writer.thread().id() != std::thread::current().id() && writer.join().is_err() {
                 tracing::error!("journal writer thread panicked");

@@ -11,7 +11,7 @@
 //! also decodes every row and checks the `purged` table: the `gapless journal
 //! check` command.
 
-use crate::tables::{decode_event, CHANNELS, EVENTS, LOG, META, META_EPOCH, PURGED};
+use crate::tables::{decode_event, row_events, CHANNELS, EVENTS, LOG, META, META_EPOCH, PURGED};
 use gapless_core::JournalError;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -65,7 +65,8 @@ pub struct CheckReport {
     pub channels: u64,
     /// Retained events, all decoded.
     pub events: u64,
-    /// Commits logged but not yet applied to the tables (applied at the next open).
+    /// Commits logged but not yet applied to the tables (applied at the next
+    /// open): rows of a format-2 `log` table, and frames of the write-ahead log.
     pub logged_commits: u64,
     /// Channels purged at least once (rows of the `purged` table: each such
     /// channel has an epoch of its own).
@@ -74,7 +75,8 @@ pub struct CheckReport {
 
 /// Checks the journal in `dir` without serving it: the file opens, every
 /// page's checksum verifies, every event row decodes, every channel holds
-/// exactly the rows from its floor to its head (its log aside), and every
+/// exactly the events from its floor to its head (its log aside), the
+/// write-ahead log holds every commit after the tables' last, and every
 /// row of the `purged` table (channel -> the epoch its last purge began,
 /// `purge.rs`) names a channel of the `channels` table with an epoch of its
 /// own: not 0, not the store's (a purge always draws another).
@@ -91,9 +93,15 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
     }
     // Reading every row once gains nothing from a large cache.
     let db = open_db(&path, crate::options::DEFAULT_CACHE_BYTES)?;
-    let report = quietly(AssertUnwindSafe(|| rows(&db)))
+    let mut report = quietly(AssertUnwindSafe(|| rows(&db)))
         .map_err(|panic| damaged(&path, Found::Panic(panic)))?
         .map_err(|found| damaged(&path, found))?;
+    // The write-ahead log's commits after the tables' last: they must
+    // follow it without a gap.
+    let applied = crate::meta::wal_applied(&db)?;
+    let log = crate::wal::read(dir)?;
+    let lenient = crate::meta::async_unclean(&db)?;
+    report.logged_commits += log.after(applied, dir, lenient)?.len() as u64;
     Ok(report)
 }
 
@@ -124,22 +132,33 @@ fn rows(db: &Database) -> Result<CheckReport, Found> {
         let name = name.value().to_owned();
         report.channels += 1;
         let mut expect = floor;
-        for ev in events.range((id, 0)..=(id, u64::MAX)).map_err(engine)? {
-            let (key, bytes) = ev.map_err(engine)?;
-            let (_, seq) = key.value();
-            decode_event(bytes.value()).map_err(|e| {
-                Found::Content(format!(
-                    "the event at seq {seq} of channel {name:?} does not decode ({e})"
-                ))
-            })?;
-            if seq != expect {
-                return Err(Found::Content(format!(
-                    "the events of channel {name:?} have seq {seq} where {expect} was expected \
-                     (floor {floor}, head {head})"
-                )));
+        for row in events.range((id, 0)..=(id, u64::MAX)).map_err(engine)? {
+            let (key, bytes) = row.map_err(engine)?;
+            let (_, first) = key.value();
+            for event in row_events(first, bytes.value()) {
+                let (seq, event) = event.map_err(|e| {
+                    Found::Content(format!(
+                        "the row at seq {first} of channel {name:?} does not decode ({e})"
+                    ))
+                })?;
+                decode_event(event).map_err(|e| {
+                    Found::Content(format!(
+                        "the event at seq {seq} of channel {name:?} does not decode ({e})"
+                    ))
+                })?;
+                // A chunk may start below the floor: those events are gone.
+                if seq < floor {
+                    continue;
+                }
+                if seq != expect {
+                    return Err(Found::Content(format!(
+                        "the events of channel {name:?} have seq {seq} where {expect} was expected \
+                         (floor {floor}, head {head})"
+                    )));
+                }
+                expect += 1;
+                report.events += 1;
             }
-            expect += 1;
-            report.events += 1;
         }
         if logged_commits == 0 && expect != head + 1 {
             return Err(Found::Content(format!(

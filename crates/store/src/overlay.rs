@@ -83,3 +83,22 @@ pub(crate) fn add(
     tail.head = state.head;
     tail.events.extend(events.iter().cloned());
 }
+
+/// Drops from `tails` what a checkpoint applied to the tables: for each
+/// channel in `applied`, its events up to that head; a tail the tables now
+/// hold whole is removed.
+pub(crate) fn trim(tails: &mut HashMap<Arc<str>, Tail>, applied: &HashMap<String, u64>) {
+    for (name, &head) in applied {
+        let Some(tail) = tails.get_mut(name.as_str()) else {
+            continue;
+        };
+        if head > tail.base_head {
+            let n = usize::try_from(head - tail.base_head).unwrap_or(usize::MAX);
+            tail.events.drain(..n.min(tail.events.len()));
+            tail.base_head = head;
+        }
+        if tail.base_head >= tail.head {
+            tails.remove(name.as_str());
+        }
+    }
+}

@@ -2,16 +2,19 @@
 //! the channel gets an epoch of its own, kept in the `purged` table
 //! (channel name -> epoch; a channel without a row has the store's epoch).
 //!
-//! The writer thread runs a purge alone, between two batches, so an append
-//! is wholly before it (and purged) or wholly after it (in the new epoch).
-//! One durable transaction applies the `log` (a checkpoint), deletes the
-//! channel's events and idempotency keys, resets its row to `head 0, floor 1`
-//! (its `last_time` stays: times never decrease within a channel) and
-//! records the new epoch, so after a crash the purge either happened whole
-//! or not at all.
+//! The writer thread runs a purge alone, in its place among the requests,
+//! so an append is wholly before it (and purged) or wholly after it (in the
+//! new epoch). Before it, the writer makes every earlier commit durable and
+//! has the checkpointer apply them all to the tables (`writer.rs`): no event
+//! of the channel is left only in the write-ahead log or the overlay, and a
+//! restart replays no WAL frame from before the purge (`meta["wal_applied"]`
+//! is past them). Then one durable transaction deletes the channel's event
+//! rows (single events and chunk rows alike) and idempotency keys, resets
+//! its row to `head 0, floor 1` (its `last_time` stays: times never decrease
+//! within a channel) and records the new epoch, so after a crash the purge
+//! either happened whole or not at all.
 
 use crate::cache::Channels;
-use crate::log;
 use crate::overlay::Overlay;
 use crate::tables::{storage, CHANNELS, EVENTS, KEYS, KEY_ORDER, PURGED};
 use gapless_core::{ChannelState, JournalError};
@@ -21,7 +24,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 /// Per channel, the epoch its last purge began (shared by the writer, which
-/// sets it after the purge commits, and the readers).
+/// sets it after the purge commits and before it releases the overlay's
+/// write lock, and the readers, which look it up under the overlay's read
+/// lock: a read pairs the state and the epoch of the same side of a purge).
 #[derive(Debug, Default)]
 pub(crate) struct Epochs(RwLock<HashMap<Arc<str>, Epoch>>);
 
@@ -69,9 +74,9 @@ impl Epochs {
 }
 
 /// Purges `channel` in one durable transaction (see the module doc). The
-/// caller (the writer) has applied every earlier request; on success it
-/// forgets what it had logged (the log is empty now). Returns the channel's
-/// new state, `None` for a channel never appended to (nothing changes).
+/// caller (the writer) has made every earlier request durable and applied
+/// it to the tables. Returns the channel's new state, `None` for a channel
+/// never appended to (nothing changes).
 pub(crate) fn purge(
     db: &Database,
     overlay: &Overlay,
@@ -94,7 +99,6 @@ pub(crate) fn purge(
     let mut txn = db.begin_write().map_err(storage)?;
     txn.set_durability(redb::Durability::Immediate)
         .map_err(storage)?;
-    log::apply_logged(&txn)?;
     {
         let mut events = txn.open_table(EVENTS).map_err(storage)?;
         events
@@ -115,9 +119,14 @@ pub(crate) fn purge(
         purged.insert(channel, epoch.0).map_err(storage)?;
     }
     txn.commit().map_err(storage)?;
-    tails.clear();
-    drop(tails);
+    // The tables held every earlier event already: the overlay has nothing
+    // of the channel's left, but a tail of it must not outlive the purge.
+    tails.remove(channel);
     let name = ch.name.clone();
+    // Readers take the epoch under the overlay's read lock (`reader.rs`):
+    // the new one is in place before they can see the purged tables.
+    epochs.set(name.clone(), epoch);
+    drop(tails);
     ch.row.head = 0;
     ch.row.floor = 1;
     ch.epoch = Some(epoch);
@@ -125,6 +134,5 @@ pub(crate) fn purge(
         *sizes = crate::cache::Sizes::default();
     }
     cache.set_oldest(&name, None);
-    epochs.set(name, epoch);
     Ok(Some(ChannelState::empty(epoch)))
 }

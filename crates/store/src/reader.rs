@@ -4,25 +4,62 @@
 //! state and events always come from the same commit.
 
 use crate::overlay::Overlay;
-use crate::tables::{corrupt, decode_event, event_time, storage, ChannelRow, CHANNELS, EVENTS};
+use crate::purge::Epochs;
+use crate::tables::{
+    corrupt, decode_event, event_time, first_row, row_events, storage, ChannelRow, CHANNELS, EVENTS,
+};
 use gapless_core::{ChannelState, JournalError, Page, TimeSeek};
 use gapless_protocol::{Epoch, Event};
 use redb::{Database, ReadTransaction, ReadableDatabase};
 use std::sync::Arc;
 
+/// Where a read takes its channel's epoch: the purged channels' epochs
+/// (`purge.rs`), else the store's. It is looked up under the overlay's read
+/// lock, with the snapshot: a purge sets the new epoch before it releases
+/// the overlay's write lock, so a read never pairs an epoch with the state
+/// of another (the old epoch with the purged channel, or the reverse).
+#[derive(Clone)]
+pub(crate) struct EpochOf {
+    /// Purged channels' epochs (`None`: the store's for every channel).
+    pub epochs: Option<Arc<Epochs>>,
+    /// The store's epoch.
+    pub store: Epoch,
+}
+
+impl EpochOf {
+    /// The epoch of `channel`; call it under the overlay's read lock.
+    fn of(&self, channel: &str) -> Epoch {
+        match &self.epochs {
+            Some(epochs) => epochs.of(channel, self.store),
+            None => self.store,
+        }
+    }
+}
+
+impl From<Epoch> for EpochOf {
+    fn from(store: Epoch) -> Self {
+        EpochOf {
+            epochs: None,
+            store,
+        }
+    }
+}
+
 /// The channel's bounds (empty for a channel never appended to).
 pub(crate) fn state(
     db: &Database,
     overlay: &Overlay,
-    epoch: Epoch,
+    epoch: impl Into<EpochOf>,
     channel: &str,
 ) -> Result<ChannelState, JournalError> {
-    let txn = {
+    let epoch_of = epoch.into();
+    let (txn, epoch) = {
         let tails = overlay.read();
+        let epoch = epoch_of.of(channel);
         if let Some(tail) = tails.get(channel) {
             return Ok(tail.state(epoch));
         }
-        db.begin_read().map_err(storage)?
+        (db.begin_read().map_err(storage)?, epoch)
     };
     let channels = txn.open_table(CHANNELS).map_err(storage)?;
     let row = channels.get(channel).map_err(storage)?;
@@ -43,15 +80,17 @@ pub(crate) struct Bound {
 pub(crate) fn page(
     db: &Database,
     overlay: &Overlay,
-    epoch: Epoch,
+    epoch: impl Into<EpochOf>,
     channel: &str,
     after: u64,
     bound: Bound,
 ) -> Result<Page, JournalError> {
     let limit = bound.limit;
-    let (txn, tail) = {
+    let epoch_of = epoch.into();
+    let (txn, tail, epoch) = {
         let tails = overlay.read();
-        match tails.get(channel) {
+        let epoch = epoch_of.of(channel);
+        let (txn, tail) = match tails.get(channel) {
             Some(tail) => {
                 let state = tail.state(epoch);
                 let start = after.max(tail.floor.saturating_sub(1)).saturating_add(1);
@@ -84,7 +123,8 @@ pub(crate) fn page(
                 (txn, Some((tail.id, tail.base_head, start, state, mine)))
             }
             None => (db.begin_read().map_err(storage)?, None),
-        }
+        };
+        (txn, tail, epoch)
     };
     let name: Arc<str> = Arc::from(channel);
     if let Some((id, base_head, start, state, mine)) = tail {
@@ -135,25 +175,34 @@ fn read_events(
         return Ok(events);
     }
     let table = txn.open_table(EVENTS).map_err(storage)?;
-    let range = table.range((id, start)..=(id, end)).map_err(storage)?;
+    let from = first_row(&table, id, start)?;
+    let range = table.range((id, from)..=(id, end)).map_err(storage)?;
     let available = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
     events.reserve(limit.min(available));
-    for item in range.take(limit) {
-        let (key, value) = item.map_err(storage)?;
-        let (time, event_type, data) = decode_event(value.value())?;
-        bytes = bytes.saturating_add(data.len());
-        if !events.is_empty() && bytes > bound.max_bytes {
-            break;
+    'rows: for item in range {
+        let (key, row) = item.map_err(storage)?;
+        for event in row_events(key.value().1, row.value()) {
+            let (seq, event) = event?;
+            if seq < start {
+                continue;
+            }
+            if seq > end || events.len() >= limit {
+                break 'rows;
+            }
+            let (time, event_type, data) = decode_event(event)?;
+            bytes = bytes.saturating_add(data.len());
+            if !events.is_empty() && bytes > bound.max_bytes {
+                break 'rows;
+            }
+            events.push(Arc::new(Event::new(
+                name.clone(),
+                epoch,
+                seq,
+                event_type,
+                data,
+                time,
+            )));
         }
-        let seq = key.value().1;
-        events.push(Arc::new(Event::new(
-            name.clone(),
-            epoch,
-            seq,
-            event_type,
-            data,
-            time,
-        )));
     }
     Ok(events)
 }
@@ -166,13 +215,15 @@ fn read_events(
 pub(crate) fn seek_time(
     db: &Database,
     overlay: &Overlay,
-    epoch: Epoch,
+    epoch: impl Into<EpochOf>,
     channel: &str,
     time_ms: u64,
 ) -> Result<TimeSeek, JournalError> {
-    let (txn, overlaid) = {
+    let epoch_of = epoch.into();
+    let (txn, overlaid, epoch) = {
         let tails = overlay.read();
-        match tails.get(channel) {
+        let epoch = epoch_of.of(channel);
+        let (txn, overlaid) = match tails.get(channel) {
             Some(tail) => {
                 let state = tail.state(epoch);
                 let head_time = tail.events.last().map_or(0, |e| e.time);
@@ -196,7 +247,8 @@ pub(crate) fn seek_time(
                 (txn, Some((tail.id, tail.floor, tail.base_head, found)))
             }
             None => (db.begin_read().map_err(storage)?, None),
-        }
+        };
+        (txn, overlaid, epoch)
     };
     let (id, floor, end, found) = match overlaid {
         Some(o) => o,
@@ -228,11 +280,7 @@ pub(crate) fn seek_time(
     let (mut lo, mut hi) = (floor, end + 1);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        let row = table
-            .get((id, mid))
-            .map_err(storage)?
-            .ok_or_else(|| corrupt("a retained event is missing"))?;
-        if event_time(row.value())? < time_ms {
+        if time_at(&table, id, mid)? < time_ms {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -243,6 +291,27 @@ pub(crate) fn seek_time(
     } else {
         found
     })
+}
+
+/// The time of retained event `seq` of channel `id`, from the row that
+/// holds it: its own, or a chunk row that begins at or before it (format 3).
+fn time_at(
+    table: &redb::ReadOnlyTable<(u64, u64), &'static [u8]>,
+    id: u64,
+    seq: u64,
+) -> Result<u64, JournalError> {
+    let first = first_row(table, id, seq)?;
+    let row = table
+        .get((id, first))
+        .map_err(storage)?
+        .ok_or_else(|| corrupt("a retained event is missing"))?;
+    for event in row_events(first, row.value()) {
+        let (at, event) = event?;
+        if at == seq {
+            return event_time(event);
+        }
+    }
+    Err(corrupt("a retained event is missing"))
 }
 
 fn to_state(epoch: Epoch, row: ChannelRow) -> ChannelState {

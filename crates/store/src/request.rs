@@ -1,8 +1,10 @@
 //! What the journal sends its writer thread, and how the writer gathers
-//! pending requests into one batch (one transaction).
+//! pending requests into one batch (one group commit: one WAL frame).
 
 use gapless_core::{Appended, JournalError};
 use gapless_protocol::NewEvent;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use tokio::sync::oneshot;
 
 /// Most requests applied in one transaction.
@@ -33,8 +35,9 @@ pub(crate) enum Request {
         /// The result.
         reply: Reply<()>,
     },
-    /// Purge a channel (`purge.rs`): run alone, after what is queued before
-    /// it and before what comes after.
+    /// Purge a channel (`purge.rs`): run by the writer in its place in the
+    /// batch, after what is queued before it is durable and applied to the
+    /// tables, before what comes after.
     Purge {
         /// The channel.
         channel: String,
@@ -65,6 +68,11 @@ pub(crate) enum Op {
         /// The current time, Unix ms.
         now_ms: u64,
     },
+    /// See [`Request::Purge`].
+    Purge {
+        /// The channel.
+        channel: String,
+    },
 }
 
 /// Where a batched request's result goes.
@@ -73,6 +81,8 @@ pub(crate) enum Pending {
     Append(Reply<Appended>),
     /// An eviction's reply.
     Evict(Reply<()>),
+    /// A purge's reply.
+    Purge(Reply<gapless_core::ChannelState>),
 }
 
 /// Requests applied together in one transaction, in arrival order.
@@ -91,10 +101,9 @@ impl Batch {
     pub(crate) fn push(&mut self, request: Request) -> Option<Reply<()>> {
         match request {
             Request::Close { reply } => return Some(reply),
-            // The writer takes a purge before it reaches a batch.
-            Request::Purge { reply, .. } => {
-                let msg = "a purge reached a batch".to_owned();
-                let _ = reply.send(Err(JournalError::Storage(msg)));
+            Request::Purge { channel, reply } => {
+                self.ops.push(Op::Purge { channel });
+                self.pending.push(Pending::Purge(reply));
             }
             Request::Append {
                 channel,
@@ -125,5 +134,97 @@ impl Batch {
     /// True when no more requests should join this batch.
     pub(crate) fn is_full(&self) -> bool {
         self.ops.len() >= MAX_BATCH_REQUESTS || self.bytes >= MAX_BATCH_BYTES
+    }
+}
+
+/// What [`Inbox::wait`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Requests are queued.
+    Ready,
+    /// The deadline passed first.
+    TimedOut,
+    /// The inbox is closed and empty.
+    Closed,
+}
+
+/// Where requests wait for the writer thread: a queue the publishers push
+/// to, which wakes the writer only when it sleeps for want of requests.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    state: Mutex<InboxState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    requests: VecDeque<Request>,
+    /// The writer sleeps until a request arrives.
+    waiting: bool,
+    /// No more requests will come (the journal is gone).
+    closed: bool,
+}
+
+impl Inbox {
+    /// Queues `request`; gives it back once the inbox is closed.
+    pub(crate) fn send(&self, request: Request) -> Result<(), Request> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(request);
+        }
+        st.requests.push_back(request);
+        let wake = std::mem::take(&mut st.waiting);
+        drop(st);
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// No more requests: the writer stops once it has served the queue.
+    pub(crate) fn close(&self) {
+        self.state.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Waits until a request is queued, the inbox is closed and empty, or
+    /// `deadline` passes.
+    pub(crate) fn wait(&self, deadline: Option<std::time::Instant>) -> Wait {
+        let mut st = self.state.lock();
+        while st.requests.is_empty() {
+            if st.closed {
+                return Wait::Closed;
+            }
+            st.waiting = true;
+            match deadline {
+                Some(at) => {
+                    if self.ready.wait_until(&mut st, at).timed_out() && st.requests.is_empty() {
+                        st.waiting = false;
+                        return Wait::TimedOut;
+                    }
+                }
+                None => self.ready.wait(&mut st),
+            }
+        }
+        Wait::Ready
+    }
+
+    /// Requests queued (tests).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().requests.len()
+    }
+
+    /// Moves queued requests into `batch`, within its bounds; a
+    /// [`Request::Close`] ends the batch and is returned (its reply).
+    pub(crate) fn take(&self, batch: &mut Batch) -> Option<Reply<()>> {
+        let mut st = self.state.lock();
+        while !batch.is_full() {
+            let request = st.requests.pop_front()?;
+            if let Some(close) = batch.push(request) {
+                return Some(close);
+            }
+        }
+        None
     }
 }

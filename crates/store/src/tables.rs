@@ -6,7 +6,7 @@
 //! |----------------------|----------------------------|------------------------------------|
 //! | `meta`               | name (`format`, `epoch`, `async_open`) | `u64`                  |
 //! | `channels`           | channel name               | `(id, head, floor, last_time)`     |
-//! | `events`             | `(channel id, seq)`        | encoded event (see [`encode_event`]) |
+//! | `events`             | `(channel id, first seq)`  | one event, or a chunk of consecutive events ([`ChunkBuilder`]) |
 //! | `idempotency_keys`   | `(channel id, key)`        | `(first_seq, last_seq)`            |
 //! | `idempotency_order`  | `(channel id, last_seq, key)` | `()`                            |
 //! | `log`                | commit number              | the appends of one commit (see `log.rs`) |
@@ -17,22 +17,26 @@
 //! transaction that raises the floor; `idempotency_order` finds the keys whose
 //! events went with them.
 //!
-//! An append is first committed as a record in `log` (one row per commit,
-//! written at the end of the table, so a commit dirties a few pages whatever
-//! the number of channels it touches). Every so often the writer applies the
-//! logged records to the other tables and empties `log` in one transaction (a
-//! checkpoint); opening the store does the same with whatever a crash left
-//! there. See `log.rs`.
+//! An append is first committed as a record in a frame of the write-ahead
+//! log beside the file (`wal.rs`); the checkpointer applies the records to
+//! the other tables later (`checkpoint.rs`). Format 2 kept the records in
+//! the `log` table instead; opening a format-2 store applies whatever a
+//! crash left there (`log.rs`), and format 3 leaves it empty.
 
 use gapless_core::JournalError;
 use gapless_protocol::Payload;
-use redb::TableDefinition;
+use redb::{ReadableTable, TableDefinition};
 use std::fmt::Display;
 
-/// Version of this layout, stored under `meta["format"]`.
-pub(crate) const FORMAT_VERSION: u64 = 2;
-/// Older layout versions this build opens (format 1 is format 2 with an empty `log`).
-pub(crate) const FORMAT_COMPATIBLE: u64 = 1;
+/// Version of this layout, stored under `meta["format"]`: 3 is format 2
+/// with the write-ahead log beside the file (`wal.rs`),
+/// `meta["wal_applied"]`, and chunk rows in `events` ([`ChunkBuilder`]); an
+/// older build refuses it rather than miss the commits only the WAL holds or
+/// misread a chunk.
+pub(crate) const FORMAT_VERSION: u64 = 3;
+/// Older layout versions this build opens (format 1 is format 2 with an
+/// empty `log`; format 2 is format 3 with no WAL and no chunk row).
+pub(crate) const FORMAT_COMPATIBLE: [u64; 2] = [1, 2];
 
 /// `meta` key of the layout version.
 pub(crate) const META_FORMAT: &str = "format";
@@ -41,6 +45,12 @@ pub(crate) const META_EPOCH: &str = "epoch";
 /// `meta` key set to 1 while a process runs the store with `Durability::Async`
 /// and back to 0 by its final durable commit.
 pub(crate) const META_ASYNC_OPEN: &str = "async_open";
+/// `meta` key of the last write-ahead log frame applied to the tables (`wal.rs`).
+pub(crate) const META_WAL_APPLIED: &str = "wal_applied";
+/// `meta` key set to 1 once a process has its write-ahead log open, and back
+/// to 0 by its final checkpoint: at 1, the tables may lack commits only the
+/// log holds.
+pub(crate) const META_WAL_LIVE: &str = "wal_live";
 
 /// Store-wide values.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -124,6 +134,7 @@ pub(crate) fn encode_event(time: u64, event_type: Option<&str>, data: &Payload) 
 
 /// [`encode_event`] into `out` (cleared first), reusing its allocation; `data`
 /// is text's UTF-8 (`binary` false) or bytes.
+#[cfg(test)]
 pub(crate) fn encode_event_into(
     out: &mut Vec<u8>,
     time: u64,
@@ -132,6 +143,11 @@ pub(crate) fn encode_event_into(
     binary: bool,
 ) {
     out.clear();
+    append_event(out, time, event_type, data, binary);
+}
+
+/// [`encode_event`] at the end of `out`.
+fn append_event(out: &mut Vec<u8>, time: u64, event_type: Option<&str>, data: &[u8], binary: bool) {
     let type_len = event_type.map_or(0, str::len);
     out.reserve(HEADER + type_len + data.len());
     out.extend_from_slice(&time.to_le_bytes());
@@ -150,6 +166,161 @@ pub(crate) fn encode_event_into(
         out.extend_from_slice(&t.as_bytes()[..len as usize]);
     }
     out.extend_from_slice(data);
+}
+
+/// The time field of a chunk row: no event has it (times are Unix ms).
+const CHUNK: u64 = u64::MAX;
+/// Bytes before a chunk row's events: the marker and the count (u32 LE).
+const CHUNK_HEADER: usize = 12;
+/// Most events in one chunk row.
+pub(crate) const CHUNK_EVENTS: u32 = 64;
+/// A chunk row takes no more events once it holds this many bytes.
+pub(crate) const CHUNK_BYTES: usize = 16 << 10;
+
+/// A row of `events` holding events from the seq of its key on: one event
+/// ([`encode_event`], the only form before format 3), or a *chunk* of
+/// consecutive events: `u64::MAX LE | n: u32 LE | n × (len: u32 LE | one
+/// event's encoding, len bytes)`. A checkpoint writes each channel's new
+/// events as chunks of up to [`CHUNK_EVENTS`] events (or [`CHUNK_BYTES`]):
+/// one insert for many events.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkBuilder {
+    /// Seq of the first event.
+    pub first: u64,
+    /// Events so far.
+    pub n: u32,
+    /// The row.
+    pub row: Vec<u8>,
+}
+
+impl ChunkBuilder {
+    /// Whether the event at `seq`, `bytes` long, joins this chunk.
+    pub(crate) fn takes(&self, seq: u64) -> bool {
+        self.n > 0
+            && seq == self.first + u64::from(self.n)
+            && self.n < CHUNK_EVENTS
+            && self.row.len() < CHUNK_BYTES
+    }
+
+    /// Starts a new chunk at `seq` (the row's buffer is reused).
+    pub(crate) fn start(&mut self, seq: u64) {
+        self.first = seq;
+        self.n = 0;
+        self.row.clear();
+        self.row.extend_from_slice(&CHUNK.to_le_bytes());
+        self.row.extend_from_slice(&0u32.to_le_bytes());
+    }
+
+    /// Adds the next event.
+    pub(crate) fn push(&mut self, time: u64, event_type: Option<&str>, data: &[u8], binary: bool) {
+        let at = self.row.len();
+        self.row.extend_from_slice(&0u32.to_le_bytes());
+        append_event(&mut self.row, time, event_type, data, binary);
+        let len = u32::try_from(self.row.len() - at - 4).unwrap_or(u32::MAX);
+        self.row[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        self.n += 1;
+        self.row[8..12].copy_from_slice(&self.n.to_le_bytes());
+    }
+}
+
+/// The events of the row whose key's seq is `first`: `(seq, one event's
+/// encoding)`, in order.
+pub(crate) fn row_events(
+    first: u64,
+    row: &[u8],
+) -> impl Iterator<Item = Result<(u64, &[u8]), JournalError>> {
+    let chunk = row.len() >= CHUNK_HEADER && event_time(row).is_ok_and(|t| t == CHUNK);
+    let mut single = (!chunk).then_some(row);
+    let mut rest = if chunk { &row[CHUNK_HEADER..] } else { &[][..] };
+    let mut left = if chunk {
+        fixed::<4>(row, 8).map_or(0, u32::from_le_bytes)
+    } else {
+        0
+    };
+    let mut seq = first;
+    std::iter::from_fn(move || {
+        if let Some(one) = single.take() {
+            return Some(Ok((seq, one)));
+        }
+        if left == 0 {
+            return (!rest.is_empty()).then(|| {
+                rest = &[];
+                Err(corrupt("a chunk row holds more than its count"))
+            });
+        }
+        left -= 1;
+        let item = fixed::<4>(rest, 0)
+            .map(|b| u32::from_le_bytes(b) as usize)
+            .and_then(|len| {
+                rest.get(4..4 + len)
+                    .ok_or_else(|| corrupt("an event overruns its chunk row"))
+                    .map(|ev| (len, ev))
+            });
+        match item {
+            Ok((len, ev)) => {
+                rest = &rest[4 + len..];
+                let at = seq;
+                seq += 1;
+                Some(Ok((at, ev)))
+            }
+            Err(e) => {
+                left = 0;
+                rest = &[];
+                Some(Err(e))
+            }
+        }
+    })
+}
+
+/// The seq of the last event in the row whose key's seq is `first`.
+pub(crate) fn row_last(first: u64, row: &[u8]) -> u64 {
+    if row.len() >= CHUNK_HEADER && event_time(row).is_ok_and(|t| t == CHUNK) {
+        let n = fixed::<4>(row, 8).map_or(1, u32::from_le_bytes);
+        first + u64::from(n.max(1)) - 1
+    } else {
+        first
+    }
+}
+
+/// The key seq of the row holding event `seq` of channel `id`: a chunk that
+/// starts before it, or `seq` itself (whether or not a row has it).
+pub(crate) fn first_row(
+    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    id: u64,
+    seq: u64,
+) -> Result<u64, JournalError> {
+    let mut back = table.range((id, 0)..=(id, seq)).map_err(storage)?;
+    match back.next_back() {
+        Some(item) => {
+            let (key, row) = item.map_err(storage)?;
+            let first = key.value().1;
+            Ok(if row_last(first, row.value()) >= seq {
+                first
+            } else {
+                seq
+            })
+        }
+        None => Ok(seq),
+    }
+}
+
+/// The encoding of event `seq` of channel `id`, if a row holds it.
+pub(crate) fn event_at(
+    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    id: u64,
+    seq: u64,
+) -> Result<Option<Vec<u8>>, JournalError> {
+    let first = first_row(table, id, seq)?;
+    let Some(row) = table.get((id, first)).map_err(storage)? else {
+        return Ok(None);
+    };
+    for event in row_events(first, row.value()) {
+        let (at, event) = event?;
+        if at == seq {
+            return Ok(Some(event.to_vec()));
+        }
+    }
+    Ok(None)
 }
 
 /// A decoded event row: `(time, type, data)`.
@@ -290,5 +461,55 @@ mod tests {
         let mut row = encode_event(1, None, &"data".into());
         row[HEADER] = 0xff;
         assert!(decode_event(&row).is_err());
+    }
+
+    #[test]
+    fn chunk_rows_hold_consecutive_events_and_single_rows_one() -> Result<(), JournalError> {
+        let mut c = ChunkBuilder::default();
+        assert!(!c.takes(5));
+        c.start(5);
+        for (i, data) in ["a", "", "ccc"].iter().enumerate() {
+            assert!(i == 0 || c.takes(5 + i as u64));
+            c.push(
+                10 + i as u64,
+                (i == 1).then_some("t"),
+                data.as_bytes(),
+                false,
+            );
+        }
+        assert!(!c.takes(9), "not the next seq");
+        assert_eq!(row_last(5, &c.row), 7);
+        let events: Vec<(u64, DecodedEvent)> = row_events(5, &c.row)
+            .map(|e| e.and_then(|(seq, ev)| Ok((seq, decode_event(ev)?))))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(
+            events,
+            [
+                (5, (10, None, Payload::from("a"))),
+                (6, (11, Some("t".to_owned()), Payload::from(""))),
+                (7, (12, None, Payload::from("ccc"))),
+            ]
+        );
+        // A single-event row (formats 1 and 2) is a row of one.
+        let one = encode_event(3, None, &"x".into());
+        assert_eq!(row_last(9, &one), 9);
+        assert_eq!(row_events(9, &one).count(), 1);
+        // A chunk is full at 64 events.
+        c.start(1);
+        for _ in 0..CHUNK_EVENTS {
+            c.push(1, None, b"x", false);
+        }
+        assert!(!c.takes(1 + u64::from(CHUNK_EVENTS)));
+        // A count beyond the events, or bytes beyond the count: errors.
+        let mut row = c.row.clone();
+        row[8] = 65;
+        assert!(row_events(1, &row).any(|e| e.is_err()));
+        let mut row = c.row.clone();
+        row.push(0);
+        assert!(row_events(1, &row).any(|e| e.is_err()));
+        let mut row = c.row.clone();
+        row.truncate(row.len() - 1);
+        assert!(row_events(1, &row).any(|e| e.is_err()));
+        Ok(())
     }
 }

@@ -1,120 +1,140 @@
-//! The group-commit writer: one thread owns every write transaction.
+//! The group-commit writer: one thread decides and commits every append.
 //!
-//! Appends (and evictions) arrive over a channel. The writer takes everything
-//! pending (up to a bound, see `request.rs`), applies it in one transaction,
-//! commits once (one fsync for the whole batch under `Durability::Sync`), then
-//! tells the sink about every operation in order, then replies to each. While a commit is in progress
-//! the next batch queues up, so concurrent publishers share fsyncs.
+//! Appends (and evictions) wait in the [`Inbox`]. The writer takes
+//! everything pending (up to a bound, see `request.rs`), decides each
+//! append in memory (idempotency, seqs, time, retention by count and bytes:
+//! `apply.rs`),
+//! writes the batch's records as one frame of the write-ahead log (`wal.rs`,
+//! one `pwrite`), then makes it durable with one `fdatasync` and completes
+//! it: overlay, sink, replies (`sync.rs`). While it waits for the disk, new
+//! requests gather in the inbox, so the next batch holds everything that
+//! arrived meanwhile: concurrent publishers share each `fdatasync`. The
+//! checkpointer thread (`checkpoint.rs`) applies the records to the indexed
+//! tables later, off the replies' path.
 //!
-//! A commit writes its appends as one row of the `log` table; every
-//! [`CHECKPOINT_BYTES`] of logged records, a commit instead applies them (and
-//! its own appends) to the indexed tables and empties the log (see `log.rs`).
-//! A batch with an age eviction due is always a checkpoint.
+//! Age evictions run here, on the tables, once the checkpointer has applied
+//! every commit; so do purges (`purge.rs`), each alone, in its place in the
+//! batch: after the appends before it are durable and applied, before those
+//! after it.
 //!
-//! If anything in a batch fails, the transaction is rolled back, every request
-//! of the batch gets [`JournalError::Storage`], and before the next batch the
-//! log is applied from disk and the channel cache reloaded, so no seq is
-//! skipped or reused.
+//! If a batch fails (a WAL write or `fdatasync` fails, or under `Async` a
+//! flush's `fdatasync`), its requests get [`JournalError::Storage`] (or
+//! `Full`); at once the writer has the checkpointer apply everything
+//! acknowledged, starts a new WAL chain after it (the failed frames never
+//! join one, and a restart never replays them) and reloads its channel
+//! cache from the tables, so no seq is skipped or reused. If that recovery
+//! fails, it is tried again before the next batch and at shutdown.
 
 use crate::apply::{self, eviction_due, AppendCx, Ctx, Keys, Notice, Tables};
 use crate::cache::Channels;
-use crate::log::{self, CHECKPOINT_BYTES};
-use crate::meta;
-use crate::options::{Durability, StoreOptions};
-use crate::overlay::{self, Overlay};
-use crate::request::{Batch, Op, Pending, Request};
-use crate::tables::{storage, LOG};
+use crate::checkpoint::Checkpointer;
+use crate::options::StoreOptions;
+use crate::overlay::Overlay;
+use crate::purge::Epochs;
+use crate::request::{Batch, Inbox, Op, Pending, Wait};
+use crate::sync::{self, Round, Written};
+use crate::tables::storage;
+use crate::wal::Wal;
 use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-/// Capacity the writer's record buffers keep after a checkpoint (they grow
-/// with a batch, up to `MAX_BATCH_BYTES` and one request).
-const KEPT_BUFFER_BYTES: usize = 1 << 20;
-
-/// Under `Durability::Async`, the longest a commit stays non-durable.
-const ASYNC_FLUSH: Duration = Duration::from_secs(1);
 
 /// The writer thread's state.
 pub(crate) struct Writer {
     db: Arc<Database>,
-    rx: Receiver<Request>,
+    inbox: Arc<Inbox>,
     sink: Arc<dyn CommitSink>,
     epoch: Epoch,
     options: StoreOptions,
-    /// `None` after a failed batch, until recovered from disk.
+    /// `None` after a failed batch, until recovered from the tables.
     cache: Option<Channels>,
     /// What readers see beyond the tables (shared with them).
     overlay: Arc<Overlay>,
-    /// Records committed to `log` but not yet applied to the tables.
-    logged: Vec<u8>,
-    /// Idempotency keys of `logged`.
+    /// Idempotency keys not yet in the tables.
     keys: Keys,
-    /// Key of the next `log` row.
-    next_log: u64,
-    /// The current batch's records (reused).
-    record: Vec<u8>,
-    /// Logged bytes after which the next commit is a checkpoint.
-    checkpoint_bytes: usize,
-    /// When the oldest commit not yet durable was made (`Async` only).
-    unsynced_since: Option<Instant>,
+    /// The checkpointer's applied lsn when `keys` was last purged.
+    purged: u64,
+    wal: Wal,
+    /// The commits written and not yet durable, and how they are completed.
+    round: Round,
+    checkpointer: Arc<Checkpointer>,
+    /// The checkpointer's thread.
+    helpers: Vec<JoinHandle<()>>,
     /// Purged channels' epochs (shared with the readers, `purge.rs`).
-    epochs: Arc<crate::purge::Epochs>,
-    /// Test hook: fail the next commit after applying its batch.
+    epochs: Arc<Epochs>,
+    /// Test hook: fail the next WAL write after deciding its batch.
     #[cfg(test)]
-    fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) fail_next_commit: Arc<std::sync::atomic::AtomicBool>,
+    /// Test hook: fail the next `fdatasync`.
+    #[cfg(test)]
+    pub(crate) fail_next_sync: Arc<std::sync::atomic::AtomicBool>,
+    /// Test counter: successful `Async` flushes.
+    #[cfg(test)]
+    pub(crate) flushes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What [`Writer::start`] needs beyond the database.
+pub(crate) struct Start {
+    pub inbox: Arc<Inbox>,
+    pub sink: Arc<dyn CommitSink>,
+    pub epoch: Epoch,
+    pub options: StoreOptions,
+    pub cache: Channels,
+    pub overlay: Arc<Overlay>,
+    /// The WAL, its new chain started after `applied`.
+    pub wal: Wal,
+    /// The last WAL frame the tables hold.
+    pub applied: u64,
+    /// Pending record bytes that start a checkpoint.
+    pub checkpoint_bytes: usize,
+    /// Purged channels' epochs, shared with the readers.
+    pub epochs: Arc<Epochs>,
 }
 
 impl Writer {
-    /// A writer over `db`, fed by `rx`, starting from `cache`.
-    pub(crate) fn new(
-        db: Arc<Database>,
-        rx: Receiver<Request>,
-        sink: Arc<dyn CommitSink>,
-        epoch: Epoch,
-        options: StoreOptions,
-        cache: Channels,
-        overlay: Arc<Overlay>,
-    ) -> Self {
-        Writer {
+    /// The writer over `db`, with its checkpointer thread running.
+    pub(crate) fn start(db: Arc<Database>, s: Start) -> std::io::Result<Self> {
+        let (checkpointer, ck_thread) =
+            crate::checkpoint::spawn(db.clone(), s.overlay.clone(), s.applied, s.checkpoint_bytes)?;
+        let round = Round::new(
+            s.wal.files.clone(),
+            s.options.durability,
+            s.overlay.clone(),
+            s.sink.clone(),
+            checkpointer.clone(),
+        );
+        #[cfg(test)]
+        let fail_next_sync = round.fail_next_sync.clone();
+        #[cfg(test)]
+        let flushes = round.flushes.clone();
+        Ok(Writer {
             db,
-            rx,
-            sink,
-            epoch,
-            options,
-            cache: Some(cache),
-            overlay,
-            logged: Vec::new(),
+            inbox: s.inbox,
+            sink: s.sink,
+            epoch: s.epoch,
+            options: s.options,
+            cache: Some(s.cache),
+            overlay: s.overlay,
             keys: Keys::default(),
-            next_log: 0,
-            record: Vec::new(),
-            checkpoint_bytes: CHECKPOINT_BYTES,
-            unsynced_since: None,
-            epochs: Arc::default(),
+            purged: s.applied,
+            wal: s.wal,
+            round,
+            checkpointer,
+            helpers: vec![ck_thread],
+            epochs: s.epochs,
             #[cfg(test)]
             fail_next_commit: Arc::default(),
-        }
+            #[cfg(test)]
+            fail_next_sync,
+            #[cfg(test)]
+            flushes,
+        })
     }
 
-    /// Sets the logged bytes after which a commit is a checkpoint.
-    pub(crate) fn checkpoint_every(mut self, bytes: usize) -> Self {
-        self.checkpoint_bytes = bytes;
-        self
-    }
-
-    /// Shares the purged channels' epochs with the readers.
-    pub(crate) fn with_epochs(mut self, epochs: Arc<crate::purge::Epochs>) -> Self {
-        self.epochs = epochs;
-        self
-    }
-
-    /// Starts the writer thread. It stops on [`Request::Close`] or when every
-    /// sender is gone, after a final durable commit either way.
+    /// Starts the writer thread. It stops on [`crate::request::Request::Close`]
+    /// or when the inbox closes, after a final checkpoint either way.
     pub(crate) fn spawn(self) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("gapless-store-writer".into())
@@ -122,126 +142,293 @@ impl Writer {
     }
 
     fn run(mut self) {
-        // A purge that ended the previous batch, run before the next one.
-        let mut purge = None;
-        while let Some(first) = purge.take().or_else(|| self.next_request()) {
-            if let Request::Purge { channel, reply } = first {
-                let _ = reply.send(self.purge(&channel));
-                continue;
+        loop {
+            match self.inbox.wait(self.round.flush_due()) {
+                Wait::Ready => {}
+                Wait::TimedOut => {
+                    self.flush();
+                    continue;
+                }
+                Wait::Closed => break,
             }
             let mut batch = Batch::default();
-            let mut close = batch.push(first);
-            while close.is_none() && !batch.is_full() {
-                match self.rx.try_recv() {
-                    Ok(request @ Request::Purge { .. }) => {
-                        purge = Some(request);
-                        break;
-                    }
-                    Ok(request) => close = batch.push(request),
-                    Err(_) => break,
-                }
-            }
+            let close = self.inbox.take(&mut batch);
             if !batch.ops.is_empty() {
                 self.process(batch);
+            }
+            self.finish_round();
+            // A writer that never waits (requests always queued) syncs too.
+            if self
+                .round
+                .flush_due()
+                .is_some_and(|at| at <= std::time::Instant::now())
+            {
+                self.flush();
             }
             if let Some(reply) = close {
                 let _ = reply.send(self.shutdown());
                 return;
             }
         }
-        // Every sender is gone (the journal was dropped without close()).
+        // The journal was dropped without close().
         if let Err(e) = self.shutdown() {
             tracing::error!("journal final commit failed: {e}");
         }
     }
 
-    /// The next request, making pending `Async` commits durable when one is
-    /// due while idle. `None` when every sender is gone.
-    fn next_request(&mut self) -> Option<Request> {
-        loop {
-            let Some(since) = self.unsynced_since else {
-                return self.rx.recv().ok();
-            };
-            let wait = (since + ASYNC_FLUSH).saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(wait) {
-                Ok(request) => return Some(request),
-                Err(RecvTimeoutError::Timeout) => {
-                    if let Err(e) = self.flush() {
-                        tracing::error!("journal durable commit failed (retrying in 1 s): {e}");
-                        self.unsynced_since = Some(Instant::now());
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
+    /// Makes what was written durable and completes it; after a failed
+    /// `fdatasync` drops the chain ([`Writer::drop_chain`]).
+    fn finish_round(&mut self) {
+        if self.round.finish().is_err() {
+            self.drop_chain();
         }
     }
 
-    /// Applies a batch, then notifies the sink and replies.
+    /// `Async`: syncs the WAL; after a failed `fdatasync` drops the chain
+    /// rather than syncing those frames again (`Round::flush`).
+    fn flush(&mut self) {
+        if self.round.flush().is_err() {
+            self.drop_chain();
+        }
+    }
+
+    /// After a failed WAL write or `fdatasync`: recovers at once (applies
+    /// what was acknowledged to the tables and starts a new chain after it,
+    /// [`Writer::recover`]), so no later restart replays a frame whose
+    /// commit failed. If that fails too, the next batch (or the shutdown)
+    /// tries again first.
+    fn drop_chain(&mut self) {
+        self.cache = None;
+        if let Err(e) = self.recover() {
+            tracing::error!("journal recovery after a failed commit failed (retried before the next batch): {e}");
+        }
+    }
+
+    /// Commits a batch's appends, and runs its evictions and purges in
+    /// their place.
     fn process(&mut self, batch: Batch) {
         let Batch { ops, pending, .. } = batch;
-        match self.commit(ops) {
-            Ok((results, notices)) => {
-                for notice in notices {
-                    self.notify(notice);
-                }
-                for (pending, result) in pending.into_iter().zip(results) {
-                    match (pending, result) {
-                        (Pending::Append(reply), Some(appended)) => {
-                            let _ = reply.send(Ok(appended));
-                        }
-                        (Pending::Append(reply), None) => {
-                            let msg = "journal writer lost an append result".to_owned();
-                            let _ = reply.send(Err(JournalError::Storage(msg)));
-                        }
-                        (Pending::Evict(reply), _) => {
-                            let _ = reply.send(Ok(()));
-                        }
+        let mut appends = Vec::new();
+        for (op, pending) in ops.into_iter().zip(pending) {
+            match op {
+                Op::Evict { now_ms } => {
+                    if !appends.is_empty() {
+                        self.commit(std::mem::take(&mut appends));
                     }
+                    let result = self.evict(now_ms);
+                    sync::reply_unit(pending, result);
                 }
+                Op::Purge { channel } => {
+                    if !appends.is_empty() {
+                        self.commit(std::mem::take(&mut appends));
+                    }
+                    let result = self.purge(&channel);
+                    sync::reply_state(pending, result);
+                }
+                append @ Op::Append { .. } => appends.push((append, pending)),
             }
+        }
+        if !appends.is_empty() {
+            self.commit(appends);
+        }
+    }
+
+    /// Recovers from an earlier failure if need be, and waits while the
+    /// checkpointer is far behind.
+    fn ready(&mut self) -> Result<(), JournalError> {
+        if self.cache.is_none() {
+            self.recover()?;
+        }
+        self.checkpointer.wait_backlog()?;
+        let applied = self.checkpointer.applied();
+        if applied != self.purged {
+            self.keys.purge(applied);
+            self.purged = applied;
+        }
+        Ok(())
+    }
+
+    /// Decides `appends` and writes their frame (completed by the round).
+    fn commit(&mut self, appends: Vec<(Op, Pending)>) {
+        let mut replies: Vec<(Pending, Option<Appended>)> = Vec::with_capacity(appends.len());
+        let result = self.decide(appends, &mut replies);
+        let (records, notices) = match result {
+            Ok(x) => x,
             Err(e) => {
                 tracing::error!("journal commit failed: {e}");
-                // Heads in the cache may have advanced past what is on disk.
+                // Heads in the cache may have advanced past what is durable.
                 self.cache = None;
-                for pending in pending {
-                    let err = match &e {
-                        JournalError::Full(msg) => JournalError::Full(msg.clone()),
-                        JournalError::Storage(msg) => JournalError::Storage(msg.clone()),
-                        other => JournalError::Storage(other.to_string()),
-                    };
-                    let _ = match pending {
-                        Pending::Append(reply) => reply.send(Err(err)).is_ok(),
-                        Pending::Evict(reply) => reply.send(Err(err)).is_ok(),
-                    };
+                for (pending, _) in replies {
+                    sync::reply(pending, Err(sync::copy(&e)));
                 }
+                return;
+            }
+        };
+        if notices.is_empty() {
+            // Only duplicates: nothing to write, but the replies wait for
+            // the batches before (the originals may be among them).
+            self.round.written.push(Written {
+                lsn: 0,
+                file: None,
+                records: Vec::new(),
+                notices,
+                replies,
+            });
+            return;
+        }
+        match self.write(&records) {
+            Ok((lsn, file)) => self.round.written.push(Written {
+                lsn,
+                file: Some(file),
+                records,
+                notices,
+                replies,
+            }),
+            Err(e) => {
+                tracing::error!("journal commit failed: {e}");
+                for (pending, _) in replies {
+                    sync::reply(pending, Err(sync::copy(&e)));
+                }
+                // The frame may be partly (or wholly) written.
+                self.drop_chain();
             }
         }
     }
 
-    /// Applies whatever `log` holds on disk to the tables and reloads the
-    /// cache: the state after opening, or after a failed batch.
-    fn recover(&mut self) -> Result<(), JournalError> {
-        {
-            let mut tails = self.overlay.write();
-            log::recover(&self.db)?;
-            tails.clear();
+    /// Decides each append (see `apply::append`) into records and notices;
+    /// `replies` gets each request's reply and result.
+    fn decide(
+        &mut self,
+        appends: Vec<(Op, Pending)>,
+        replies: &mut Vec<(Pending, Option<Appended>)>,
+    ) -> Result<(Vec<u8>, Vec<Notice>), JournalError> {
+        let ready = self.ready();
+        let mut notices = Vec::with_capacity(appends.len());
+        // A record is its header (about 60 bytes and the names) and its events.
+        let mut records = Vec::with_capacity(records_size(&appends));
+        let mut failure = ready.err();
+        let lsn = self.wal.next_lsn();
+        let mut snapshot = None;
+        for (op, pending) in appends {
+            let Op::Append {
+                channel,
+                events,
+                key,
+            } = op
+            else {
+                replies.push((pending, None));
+                continue;
+            };
+            if failure.is_none() {
+                let Some(cache) = self.cache.as_mut() else {
+                    failure = Some(JournalError::Storage("journal cache not loaded".into()));
+                    replies.push((pending, None));
+                    continue;
+                };
+                let mut cx = Ctx {
+                    epoch: self.epoch,
+                    cache,
+                };
+                let mut ax = AppendCx {
+                    db: &self.db,
+                    snapshot: &mut snapshot,
+                    keys: &mut self.keys,
+                    record: &mut records,
+                    lsn,
+                };
+                match apply::append(&mut cx, &mut ax, &channel, events, key.as_deref()) {
+                    Ok((appended, notice)) => {
+                        replies.push((pending, Some(appended)));
+                        notices.extend(notice);
+                        continue;
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+            replies.push((pending, None));
         }
-        self.logged.clear();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((records, notices)),
+        }
+    }
+
+    /// Writes `records` as the next WAL frame.
+    fn write(&mut self, records: &[u8]) -> Result<(u64, usize), JournalError> {
+        self.round
+            .started
+            .get_or_insert_with(std::time::Instant::now);
+        #[cfg(test)]
+        if self
+            .fail_next_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            // As a write error reported once the frame (or part of it) is
+            // in the file.
+            let _ = self.wal.append(records, self.checkpointer.applied());
+            return Err(JournalError::Storage("injected commit failure".into()));
+        }
+        self.wal.append(records, self.checkpointer.applied())
+    }
+
+    /// After a failure: completes (or fails) what was written, has
+    /// everything acknowledged applied to the tables, starts a new WAL chain
+    /// after it, and reloads the cache.
+    fn recover(&mut self) -> Result<(), JournalError> {
+        // Written before the failure, in the chain about to be left:
+        // acknowledged (durable) now, or failed.
+        let _ = self.round.finish();
+        let applied = self.checkpointer.apply_all(false)?;
+        self.wal.rewind(applied + 1);
+        self.wal.restart_here()?;
         self.keys.pending.clear();
-        self.next_log = 0;
+        self.purged = applied;
+        // Every acknowledged event is in the tables now.
+        self.overlay.write().clear();
         self.cache = Some(Channels::load(&self.db, &self.options.namespaces)?);
         Ok(())
     }
 
-    /// Applies `ops` in one transaction and commits it. Returns each op's
-    /// result (`Some` for appends) and the sink notices, in order.
-    fn commit(
-        &mut self,
-        ops: Vec<Op>,
-    ) -> Result<(Vec<Option<Appended>>, Vec<Notice>), JournalError> {
+    /// Evicts events older than the retention age, on the tables, once
+    /// every batch so far is applied to them.
+    fn evict(&mut self, now_ms: u64) -> Result<(), JournalError> {
+        self.finish_round();
         if self.cache.is_none() {
             self.recover()?;
         }
+        let due = {
+            let Some(cache) = self.cache.as_mut() else {
+                return Err(JournalError::Storage("journal cache not loaded".into()));
+            };
+            let cx = Ctx {
+                epoch: self.epoch,
+                cache,
+            };
+            eviction_due(&cx, now_ms)
+        };
+        if !due {
+            return Ok(());
+        }
+        self.checkpointer.apply_all(false)?;
+        let result = self.evict_now(now_ms);
+        match result {
+            Ok(notices) => {
+                for notice in &notices {
+                    sync::notify(&*self.sink, notice);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("journal eviction failed: {e}");
+                // Floors in the cache may have advanced past the tables.
+                self.cache = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The eviction transaction (the overlay is empty: everything is applied).
+    fn evict_now(&mut self, now_ms: u64) -> Result<Vec<Notice>, JournalError> {
         let Some(cache) = self.cache.as_mut() else {
             return Err(JournalError::Storage("journal cache not loaded".into()));
         };
@@ -249,150 +436,36 @@ impl Writer {
             epoch: self.epoch,
             cache,
         };
-        let mut evict_due = false;
-        let mut appends = false;
-        for op in &ops {
-            match op {
-                Op::Append { .. } => appends = true,
-                Op::Evict { now_ms } => evict_due |= eviction_due(&cx, *now_ms),
-            }
-        }
-        if !appends && !evict_due {
-            return Ok((ops.iter().map(|_| None).collect(), Vec::new()));
-        }
-        let checkpoint = evict_due || self.logged.len() >= self.checkpoint_bytes;
-        let durable = match self.options.durability {
-            Durability::Sync => true,
-            Durability::Async => self
-                .unsynced_since
-                .is_some_and(|since| since.elapsed() >= ASYNC_FLUSH),
+        // Readers pair the overlay with a snapshot: both change together.
+        let mut tails = self.overlay.write();
+        let txn = self.db.begin_write().map_err(storage)?;
+        let notices = {
+            let mut tables = Tables::open(&txn)?;
+            let notices = tables.evict_expired(&mut cx, now_ms)?;
+            tables.finish()?;
+            notices
         };
-        let mut txn = self.db.begin_write().map_err(storage)?;
-        txn.set_durability(if durable {
-            redb::Durability::Immediate
-        } else {
-            redb::Durability::None
-        })
-        .map_err(storage)?;
-        let mut results = Vec::with_capacity(ops.len());
-        let mut notices = Vec::new();
-        let mut record = std::mem::take(&mut self.record);
-        record.clear();
-        let mut snapshot = None;
-        {
-            let mut tables = if checkpoint {
-                let mut tables = Tables::open(&txn)?;
-                log::apply_all(&mut tables, &self.logged)?;
-                Some(tables)
-            } else {
-                None
-            };
-            let mut ax = AppendCx {
-                db: &self.db,
-                snapshot: &mut snapshot,
-                keys: &mut self.keys,
-                record: &mut record,
-            };
-            for op in ops {
-                match op {
-                    Op::Append {
-                        channel,
-                        events,
-                        key,
-                    } => {
-                        let start = ax.record.len();
-                        let (appended, notice) =
-                            apply::append(&mut cx, &mut ax, &channel, events, key.as_deref())?;
-                        if let Some(tables) = tables.as_mut() {
-                            log::apply_all(tables, &ax.record[start..])?;
-                        }
-                        results.push(Some(appended));
-                        notices.extend(notice);
-                    }
-                    Op::Evict { now_ms } => {
-                        if let Some(tables) = tables.as_mut() {
-                            notices.extend(tables.evict_expired(&mut cx, now_ms)?);
-                        }
-                        results.push(None);
-                    }
-                }
-            }
-            if let Some(tables) = tables.as_mut() {
-                tables.finish()?;
-            }
-        }
-        drop(snapshot);
         if notices.is_empty() {
-            // Only duplicates, or nothing expired after all: nothing to commit.
-            self.record = record;
             txn.abort().map_err(storage)?;
-            return Ok((results, notices));
+            return Ok(notices);
         }
-        if checkpoint {
-            log::clear(&txn)?;
-        } else {
-            let mut log = txn.open_table(LOG).map_err(storage)?;
-            log.insert(self.next_log, record.as_slice())
-                .map_err(storage)?;
-        }
-        #[cfg(test)]
-        if self
-            .fail_next_commit
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(JournalError::Storage("injected commit failure".into()));
-        }
-        let started = std::time::Instant::now();
-        if checkpoint {
-            // Readers pair the overlay with a snapshot: both change together.
-            let mut tails = self.overlay.write();
-            txn.commit().map_err(storage)?;
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
-            tails.clear();
-            drop(tails);
-            self.logged.clear();
-            // A batch of large events grew these; an idle writer keeps no
-            // more than a checkpoint's worth.
-            self.logged
-                .shrink_to(self.checkpoint_bytes.max(KEPT_BUFFER_BYTES));
-            record.clear();
-            record.shrink_to(KEPT_BUFFER_BYTES);
-            self.keys.pending.clear();
-            self.next_log = 0;
-        } else {
-            txn.commit().map_err(storage)?;
-            metrics::histogram!("gapless_journal_commit_seconds").record(started.elapsed());
-            {
-                let mut tails = self.overlay.write();
-                for notice in &notices {
-                    if let Notice::Committed {
-                        channel,
-                        id,
-                        state,
-                        events,
-                    } = notice
-                    {
-                        overlay::add(&mut tails, channel, *id, *state, events);
-                    }
-                }
-            }
-            self.logged.extend_from_slice(&record);
-            self.next_log += 1;
-        }
-        self.record = record;
-        if durable {
-            self.unsynced_since = None;
-        } else {
-            self.unsynced_since.get_or_insert_with(Instant::now);
-        }
-        Ok((results, notices))
+        txn.commit().map_err(storage)?;
+        tails.clear();
+        Ok(notices)
     }
 
-    /// Purges `channel` (`purge.rs`) and tells the sink its new state.
+    /// Purges `channel` (`purge.rs`) once every batch so far is durable and
+    /// applied to the tables (nothing of it is left only in the WAL or the
+    /// overlay), and tells the sink its new state.
     fn purge(&mut self, channel: &str) -> Result<ChannelState, JournalError> {
+        self.finish_round();
         if self.cache.is_none() {
             self.recover()?;
         }
+        let applied = self.checkpointer.apply_all(false)?;
+        // The tables hold every idempotency key now.
+        self.keys.purge(applied);
+        self.purged = applied;
         let Some(cache) = self.cache.as_mut() else {
             return Err(JournalError::Storage("journal cache not loaded".into()));
         };
@@ -407,75 +480,68 @@ impl Writer {
         match purged {
             Ok(None) => Ok(ChannelState::empty(self.epoch)),
             Ok(Some(state)) => {
-                // The purge applied the log: nothing is logged any more, and
-                // its durable commit made every earlier one durable.
-                self.logged.clear();
-                self.keys.pending.clear();
-                self.next_log = 0;
-                self.unsynced_since = None;
-                self.notify(Notice::Evicted {
-                    channel: Arc::from(channel),
-                    state,
-                });
+                sync::notify(
+                    &*self.sink,
+                    &Notice::Evicted {
+                        channel: Arc::from(channel),
+                        state,
+                    },
+                );
                 Ok(state)
             }
             Err(e) => {
                 tracing::error!("journal purge failed: {e}");
+                // The cache may have changed past the tables.
                 self.cache = None;
                 Err(e)
             }
         }
     }
 
-    /// Tells the sink about one committed operation. A panicking sink is
-    /// logged, not allowed to stop the writer.
-    fn notify(&self, notice: Notice) {
-        let sink = &self.sink;
-        let outcome = catch_unwind(AssertUnwindSafe(|| match &notice {
-            Notice::Committed {
-                channel,
-                state,
-                events,
-                ..
-            } => sink.committed(channel, *state, events),
-            Notice::Evicted { channel, state } => sink.evicted(channel, *state),
-        }));
-        if outcome.is_err() {
-            tracing::error!("journal commit sink panicked");
-        }
-    }
-
-    /// Makes every commit so far durable, if some is not.
-    fn flush(&mut self) -> Result<(), JournalError> {
-        if self.unsynced_since.is_none() {
-            return Ok(());
-        }
-        let txn = self.db.begin_write().map_err(storage)?;
-        txn.commit().map_err(storage)?;
-        self.unsynced_since = None;
-        Ok(())
-    }
-
-    /// The final durable commit: applies the log to the tables, and records
-    /// a clean shutdown of an `Async` run.
+    /// The final checkpoint: everything completed goes to the tables, and a
+    /// clean shutdown is recorded (the log holds nothing the tables lack);
+    /// then the checkpointer stops.
     fn shutdown(&mut self) -> Result<(), JournalError> {
-        if self.options.durability == Durability::Sync && self.logged.is_empty() {
-            return self.flush();
+        self.finish_round();
+        // A failed frame may still head the log: a new chain after what was
+        // acknowledged, or the next start would replay it.
+        let recovered = if self.cache.is_none() {
+            self.recover()
+        } else {
+            Ok(())
+        };
+        let result = recovered.and_then(|()| self.checkpointer.apply_all(true).map(|_| ()));
+        self.flush();
+        self.checkpointer.stop();
+        for thread in self.helpers.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a journal thread panicked");
+            }
         }
-        // Readers pair the overlay with a snapshot: both change together.
-        let mut tails = self.overlay.write();
-        let txn = self.db.begin_write().map_err(storage)?;
-        log::apply_logged(&txn)?;
-        if self.options.durability == Durability::Async {
-            meta::mark_clean(&txn)?;
-        }
-        txn.commit().map_err(storage)?;
-        tails.clear();
-        self.logged.clear();
-        self.keys.pending.clear();
-        self.unsynced_since = None;
-        Ok(())
+        result
     }
+}
+
+/// About the bytes the records of `appends` take.
+fn records_size(appends: &[(Op, Pending)]) -> usize {
+    appends
+        .iter()
+        .map(|(op, _)| match op {
+            Op::Append {
+                channel,
+                events,
+                key,
+            } => {
+                64 + channel.len()
+                    + key.as_ref().map_or(0, String::len)
+                    + events
+                        .iter()
+                        .map(|e| 8 + e.data.len() + e.event_type.as_ref().map_or(0, String::len))
+                        .sum::<usize>()
+            }
+            Op::Evict { .. } | Op::Purge { .. } => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -29,6 +29,16 @@ fn opts(mode: &str) -> gapless_store::StoreOptions {
     options(10_000_000, 0, durability)
 }
 
+/// Opens the journal for `mode`: `sync-small` checkpoints every 2 KiB of
+/// records and moves between WAL files of 16 KiB, so a round crosses many
+/// checkpoints and file moves.
+fn open(dir: &Path, mode: &str) -> Result<EmbeddedJournal, gapless_core::JournalError> {
+    if mode == "sync-small" {
+        return EmbeddedJournal::open_tuned(dir, opts(mode), Arc::new(NoSink), 2048, 16 << 10);
+    }
+    EmbeddedJournal::open(dir, opts(mode), Arc::new(NoSink))
+}
+
 /// The child: does nothing unless run by [`run_round`] with `DIR_VAR` set.
 #[test]
 fn crash_child() {
@@ -43,8 +53,7 @@ fn crash_child() {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let j = EmbeddedJournal::open(Path::new(&dir), opts(&mode), Arc::new(NoSink))
-            .expect("child open");
+        let j = open(Path::new(&dir), &mode).expect("child open");
         println!("EPOCH {}", j.epoch().0);
         let j = Arc::new(j);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -133,7 +142,7 @@ fn verify(dir: &Path, mode: &str, acked: &[(String, u64, String)], check_acked: 
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let j = EmbeddedJournal::open(dir, opts(mode), Arc::new(NoSink)).expect("reopen");
+        let j = open(dir, mode).expect("reopen");
         let mut stored: HashMap<(String, u64), String> = HashMap::new();
         for c in 0..CHANNELS {
             let channel = format!("c{c}");
@@ -179,6 +188,16 @@ fn kill_9_loses_no_acknowledged_sync_append() {
         assert_eq!(*epoch.get_or_insert(child_epoch), child_epoch);
     }
     assert!(total >= 1200);
+}
+
+#[test]
+fn kill_9_across_checkpoints_and_wal_file_moves_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for round in 0..3 {
+        let (child_epoch, acked) = run_round(dir.path(), "sync-small", 400 + 200 * round);
+        let reopened = verify(dir.path(), "sync-small", &acked, true);
+        assert_eq!(reopened, child_epoch, "a Sync crash keeps the epoch");
+    }
 }
 
 #[test]

@@ -163,13 +163,16 @@ async fn a_reopen_applies_what_the_log_holds() -> R {
         // Forget the journal: no close, no drop, the log stays as it is.
         std::mem::forget(j);
     }
-    // The writer thread still holds the file; wait for nothing and copy it.
+    // The writer thread still holds the files; wait for nothing and copy
+    // the directory (the journal file and its write-ahead log).
     let copy = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(
-        dir.path().join(gapless_store::FILE_NAME),
-        copy.path().join(gapless_store::FILE_NAME),
-    )
-    .expect("copy journal");
+    for entry in std::fs::read_dir(dir.path()).expect("list") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy journal");
+    }
+    // Nothing is in the tables yet: `journal check` counts the log's commits.
+    let report = gapless_store::check(copy.path())?;
+    assert_eq!((report.events, report.logged_commits), (0, 10));
     let j = open(copy.path(), opts, usize::MAX);
     let page = j.read("a", 0, 100).await?;
     let data: Vec<&str> = page
@@ -220,5 +223,39 @@ async fn a_key_used_again_after_its_events_went_survives_the_checkpoint() -> R {
             "checkpoint {checkpoint}"
         );
     }
+    Ok(())
+}
+
+/// A copy of the journal file alone, taken while the store ran, lacks the
+/// commits only the write-ahead log holds: it is refused, not served short.
+#[tokio::test]
+async fn a_running_journal_file_without_its_log_is_refused() -> R {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = options(1000, 0, Durability::Sync);
+    let j = open(dir.path(), opts.clone(), usize::MAX);
+    j.append("a", vec![common::ev("1")], None).await?;
+    std::mem::forget(j);
+    let copy = tempfile::tempdir().expect("tempdir");
+    let file = gapless_store::FILE_NAME;
+    std::fs::copy(dir.path().join(file), copy.path().join(file)).expect("copy journal");
+    let err = EmbeddedJournal::open(copy.path(), opts.clone(), Arc::new(Recorder::default()))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("write-ahead log") && err.contains("missing"),
+        "{err}"
+    );
+    // Closed cleanly, the file alone is whole.
+    let other = tempfile::tempdir().expect("tempdir");
+    {
+        let j = open(other.path(), opts.clone(), usize::MAX);
+        j.append("a", vec![common::ev("1")], None).await?;
+        j.close().await?;
+    }
+    let copy = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(other.path().join(file), copy.path().join(file)).expect("copy journal");
+    let j = open(copy.path(), opts, usize::MAX);
+    assert_eq!(j.read("a", 0, 10).await?.events.len(), 1);
     Ok(())
 }

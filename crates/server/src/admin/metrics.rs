@@ -49,6 +49,8 @@ pub(crate) use crate::error::REFUSALS;
 pub(crate) const PUBLISH_SECONDS: &str = "gapless_publish_seconds";
 /// Time of one journal commit (with its fsync under `--durability sync`), in seconds.
 pub(crate) const JOURNAL_COMMIT_SECONDS: &str = "gapless_journal_commit_seconds";
+/// Time of one checkpoint of the embedded journal (records applied to its tables), in seconds.
+pub(crate) const JOURNAL_CHECKPOINT_SECONDS: &str = "gapless_journal_checkpoint_seconds";
 /// Time from an event's commit to its write to a subscriber, in seconds (per write step).
 pub(crate) const DELIVERY_LAG_SECONDS: &str = "gapless_delivery_lag_seconds";
 /// How many events a subscriber is still behind its channel's head after a write step.
@@ -186,7 +188,12 @@ fn describe() {
     describe_histogram!(
         JOURNAL_COMMIT_SECONDS,
         Unit::Seconds,
-        "One commit of the embedded journal in seconds (with its fsync under --durability sync)."
+        "One group commit of the embedded journal in seconds: its write-ahead log frame written (and its fdatasync under --durability sync)."
+    );
+    describe_histogram!(
+        JOURNAL_CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "One checkpoint of the embedded journal in seconds: committed records applied to its tables, off the publishers' path."
     );
     describe_histogram!(
         DELIVERY_LAG_SECONDS,

@@ -1,0 +1,626 @@
+//! The write-ahead log: how a commit becomes durable without a redb
+//! transaction.
+//!
+//! A group commit's append records (`log.rs`) are written as one *frame* to
+//! a WAL file with one `pwrite`, and made durable with one `fdatasync`
+//! (`sync.rs`); the records reach the indexed tables of `journal.redb`
+//! later, in a checkpoint of their own (`checkpoint.rs`), which also records
+//! the last frame it applied (`meta["wal_applied"]`) in the same
+//! transaction. Opening the store applies every frame after that one.
+//!
+//! Two files, [`FILE_NAMES`], used in turn. Each is emptied and zero-filled
+//! to [`FILE_BYTES`] when the store opens (after applying what they held),
+//! so a frame overwrites allocated blocks and its `fdatasync` flushes data
+//! only (a frame that does not fit extends the file, which is only slower). Layout, integers little-endian:
+//!
+//! - header, at offset 0, [`HEADER_LEN`] bytes: `magic 8 | generation u64 |
+//!   salt u64 | base lsn u64 | crc32 u32 | 0 u32`;
+//! - frames from [`HEADER_LEN`] on, each `magic u32 | len u32 | lsn u64 |
+//!   salt u64 | crc32 u32 | 0 u32` ([`FRAME_HEAD`] bytes) then `len` bytes of
+//!   records.
+//!
+//! A file's *chain* is its frames from the header on while each has the
+//! header's salt, the next lsn (the first: the base) and a crc32 (over lsn,
+//! salt, len and the records) that verifies; the first frame that does not
+//! (a torn write, zeros, an older frame left from an earlier use of the
+//! file) ends it. Lsns count frames over the store's life.
+//!
+//! The writer moves to the other file once the current one holds
+//! [`FILE_BYTES`], if every frame in the other is already applied to the
+//! tables: it writes the other file's new header (a new random salt, the
+//! next generation, base = the next lsn) with the first frame. A new
+//! salt and header are also written when the store opens (after applying
+//! everything) and after a failed write or `fdatasync` (after applying
+//! everything acknowledged): frames of an earlier use of a file never join
+//! a chain. Reading the log ([`read`]) takes the files in generation order;
+//! a later file's chain replaces whatever an earlier one holds from its base
+//! on (the frames a failure discarded).
+
+use crate::tables::storage;
+use gapless_core::JournalError;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The two WAL files, in the data directory.
+pub(crate) const FILE_NAMES: [&str; 2] = ["journal.wal.0", "journal.wal.1"];
+/// Bytes each WAL file is zero-filled to; the writer moves to the other file
+/// once the current one holds this much (8 MiB for both, written when the
+/// store opens).
+pub(crate) const FILE_BYTES: u64 = 4 << 20;
+/// Bytes of a file's header.
+pub(crate) const HEADER_LEN: usize = 40;
+/// Bytes of a frame's head.
+pub(crate) const FRAME_HEAD: usize = 32;
+
+const FILE_MAGIC: [u8; 8] = *b"GLSWAL\x00\x01";
+const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"GLFR");
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: the next [`Wal::open_sized`] on this thread fails once
+    /// both files are emptied, before either has a header (a crash there).
+    pub(crate) static FAIL_OPEN_AFTER_EMPTYING: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// A frame read back: its lsn and records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub lsn: u64,
+    pub records: Vec<u8>,
+}
+
+/// A file's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    generation: u64,
+    salt: u64,
+    base: u64,
+}
+
+fn crc(parts: &[&[u8]]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for p in parts {
+        h.update(p);
+    }
+    h.finalize()
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(x)
+}
+
+fn put_header(out: &mut Vec<u8>, h: Header) {
+    let start = out.len();
+    out.extend_from_slice(&FILE_MAGIC);
+    for v in [h.generation, h.salt, h.base] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let sum = crc(&[&out[start..]]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+fn header_of(b: &[u8]) -> Option<Header> {
+    if b.len() < HEADER_LEN || b[..8] != FILE_MAGIC || crc(&[&b[..32]]) != u32_at(b, 32) {
+        return None;
+    }
+    Some(Header {
+        generation: u64_at(b, 8),
+        salt: u64_at(b, 16),
+        base: u64_at(b, 24),
+    })
+}
+
+/// Appends frame `lsn` holding `records` to `out`.
+fn put_frame(out: &mut Vec<u8>, lsn: u64, salt: u64, records: &[u8]) {
+    let len = u32::try_from(records.len()).unwrap_or(u32::MAX);
+    let (lsn_b, salt_b, len_b) = (lsn.to_le_bytes(), salt.to_le_bytes(), len.to_le_bytes());
+    out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+    out.extend_from_slice(&len_b);
+    out.extend_from_slice(&lsn_b);
+    out.extend_from_slice(&salt_b);
+    out.extend_from_slice(&crc(&[&lsn_b, &salt_b, &len_b, records]).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(records);
+}
+
+/// The chain of a file's bytes: its header and frames (see the module doc).
+fn chain(bytes: &[u8]) -> Option<(Header, Vec<Frame>)> {
+    let header = header_of(bytes)?;
+    let mut frames = Vec::new();
+    let mut at = HEADER_LEN;
+    let mut lsn = header.base;
+    while bytes.len() >= at + FRAME_HEAD {
+        let head = &bytes[at..at + FRAME_HEAD];
+        let len = u32_at(head, 4) as usize;
+        if u32_at(head, 0) != FRAME_MAGIC
+            || u64_at(head, 8) != lsn
+            || u64_at(head, 16) != header.salt
+            || bytes.len() - at - FRAME_HEAD < len
+        {
+            break;
+        }
+        let records = &bytes[at + FRAME_HEAD..at + FRAME_HEAD + len];
+        if crc(&[&head[8..16], &head[16..24], &head[4..8], records]) != u32_at(head, 24) {
+            break;
+        }
+        frames.push(Frame {
+            lsn,
+            records: records.to_vec(),
+        });
+        at += FRAME_HEAD + len;
+        lsn += 1;
+    }
+    Some((header, frames))
+}
+
+/// What the WAL files of a directory hold.
+#[derive(Debug, Default)]
+pub(crate) struct Log {
+    /// The frames of the log, in lsn order, each lsn once (see [`read`]).
+    pub frames: Vec<Frame>,
+    /// The highest generation of a valid header (0: none).
+    pub generation: u64,
+}
+
+impl Log {
+    /// The frames after `applied`: those that follow it without a break in
+    /// the lsns (`applied + 1`, `applied + 2`, ...).
+    ///
+    /// A break (a missing lsn, then later frames) is what an `Async` run's
+    /// power loss can leave: the frames of one file were made durable
+    /// without the older frames of the other, as the kernel writes pages
+    /// back in any order. With `lenient` (the last run had
+    /// [`crate::Durability::Async`] and did not stop cleanly) the log is cut
+    /// there, like a torn tail: what follows the break is lost with it, the
+    /// documented "up to a second". Otherwise every frame after `applied`
+    /// was durable before it was acknowledged, and a break is damage.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when, without `lenient`, frames after
+    /// `applied` exist but do not all follow it without a break: commits
+    /// the log should hold are missing.
+    pub(crate) fn after(
+        &self,
+        applied: u64,
+        dir: &Path,
+        lenient: bool,
+    ) -> Result<&[Frame], JournalError> {
+        let start = self.frames.partition_point(|f| f.lsn <= applied);
+        let rest = &self.frames[start..];
+        let whole = rest
+            .iter()
+            .zip(applied + 1..)
+            .take_while(|(f, lsn)| f.lsn == *lsn)
+            .count();
+        let Some(next) = rest.get(whole) else {
+            return Ok(rest);
+        };
+        let missing = applied + 1 + whole as u64;
+        if lenient {
+            tracing::warn!(
+                missing,
+                found = next.lsn,
+                dropped = rest.len() - whole,
+                "the journal's write-ahead log has a break in its commits (a power loss under \
+                 async durability): it is cut there, like a torn tail"
+            );
+            return Ok(&rest[..whole]);
+        }
+        Err(JournalError::Storage(format!(
+            "the journal's write-ahead log in {} is damaged: commit {missing} is missing but \
+             commits from {} on follow it, and the journal needs every commit after {applied} \
+             (a WAL file was removed, overwritten or damaged?); restore the data directory from \
+             a backup",
+            dir.display(),
+            next.lsn
+        )))
+    }
+}
+
+/// Reads the WAL files in `dir` (missing ones are empty).
+///
+/// # Errors
+/// [`JournalError::Storage`] when a file exists but cannot be read.
+pub(crate) fn read(dir: &Path) -> Result<Log, JournalError> {
+    let mut files = Vec::new();
+    for name in FILE_NAMES {
+        let path = dir.join(name);
+        let mut bytes = Vec::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                f.read_to_end(&mut bytes)
+                    .map_err(|e| io_error("cannot read", &path, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_error("cannot open", &path, e)),
+        }
+        if let Some(c) = chain(&bytes) {
+            files.push(c);
+        }
+    }
+    files.sort_by_key(|(h, _)| h.generation);
+    let mut log = Log::default();
+    for (header, frames) in files {
+        log.generation = log.generation.max(header.generation);
+        log.frames.retain(|f| f.lsn < header.base);
+        log.frames.extend(frames);
+    }
+    Ok(log)
+}
+
+/// An I/O error on `path` (out of space: [`JournalError::Full`]).
+fn io_error(what: &str, path: &Path, e: io::Error) -> JournalError {
+    storage(format!("{what} {}: {e}", path.display()))
+}
+
+/// Where frames are written: both files, open, and the position in the
+/// current one. Owned by the writer thread.
+pub(crate) struct Wal {
+    /// The two files (see [`FILE_NAMES`]).
+    pub files: [Arc<File>; 2],
+    paths: [PathBuf; 2],
+    /// The file being written.
+    active: usize,
+    /// Where the next frame goes in it.
+    pos: u64,
+    salt: u64,
+    generation: u64,
+    /// The lsn of the next frame.
+    next_lsn: u64,
+    /// The last lsn written to each file since it got its current header
+    /// (0: none).
+    last_in: [u64; 2],
+    /// Frame bytes (reused).
+    buf: Vec<u8>,
+    /// Bytes after which the writer moves to the other file ([`FILE_BYTES`]).
+    file_bytes: u64,
+    /// Test hook: fail the next write.
+    #[cfg(test)]
+    pub fail_next: bool,
+}
+
+impl Wal {
+    /// Opens the files in `dir`, emptied and zero-filled (creating them if
+    /// needed), and starts a new chain in the first: generation
+    /// `after_generation + 1`, base `next_lsn`. Every frame already in the
+    /// files must be applied to the tables before this: they are erased.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when a file cannot be created, filled,
+    /// written or synced.
+    #[cfg(test)]
+    pub(crate) fn open(
+        dir: &Path,
+        after_generation: u64,
+        next_lsn: u64,
+    ) -> Result<Self, JournalError> {
+        Self::open_sized(dir, after_generation, next_lsn, FILE_BYTES)
+    }
+
+    /// [`Wal::open`] with files of `file_bytes` (tests of the move between files).
+    pub(crate) fn open_sized(
+        dir: &Path,
+        after_generation: u64,
+        next_lsn: u64,
+        file_bytes: u64,
+    ) -> Result<Self, JournalError> {
+        let paths = FILE_NAMES.map(|n| dir.join(n));
+        // Every frame in the files is applied: they are emptied and filled
+        // again, in page-sized writes (see `zero_fill`).
+        let open = |path: &Path| -> Result<Arc<File>, JournalError> {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+                .map_err(|e| io_error("cannot open", path, e))?;
+            zero_fill(&file, file_bytes).map_err(|e| io_error("cannot fill", path, e))?;
+            Ok(Arc::new(file))
+        };
+        let files = [open(&paths[0])?, open(&paths[1])?];
+        #[cfg(test)]
+        if FAIL_OPEN_AFTER_EMPTYING.with(|f| f.replace(false)) {
+            return Err(JournalError::Storage(
+                "injected failure after emptying the WAL".into(),
+            ));
+        }
+        // The files' directory entries, durably.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("cannot sync", dir, e))?;
+        let mut wal = Wal {
+            files,
+            paths,
+            active: 1,
+            pos: 0,
+            salt: 0,
+            generation: after_generation,
+            next_lsn,
+            last_in: [0, 0],
+            buf: Vec::with_capacity(64 << 10),
+            file_bytes,
+            #[cfg(test)]
+            fail_next: false,
+        };
+        wal.restart(0)?;
+        Ok(wal)
+    }
+
+    /// The lsn the next frame gets.
+    pub(crate) fn next_lsn(&self) -> u64 {
+        self.next_lsn
+    }
+
+    /// Starts a new chain in file `index` at the next lsn, durably, with
+    /// nothing in it yet. Every frame in either file must be applied (or
+    /// discarded) before this.
+    pub(crate) fn restart(&mut self, index: usize) -> Result<(), JournalError> {
+        self.buf.clear();
+        self.generation += 1;
+        self.salt = rand::random();
+        put_header(
+            &mut self.buf,
+            Header {
+                generation: self.generation,
+                salt: self.salt,
+                base: self.next_lsn,
+            },
+        );
+        let file = &self.files[index];
+        let path = &self.paths[index];
+        file.write_all_at(&self.buf, 0)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_error("cannot write", path, e))?;
+        self.active = index;
+        self.pos = HEADER_LEN as u64;
+        self.last_in = [0, 0];
+        Ok(())
+    }
+
+    /// Writes `records` as the next frame (not yet durable: see `sync.rs`).
+    /// `applied` is the last lsn the tables hold: the writer moves to the
+    /// other file when the current one is full and every frame in the other
+    /// is applied. Returns the frame's lsn and the file written.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the write fails; the frame may be
+    /// partly written, and the caller must [`restart`](Wal::restart) after
+    /// applying what was acknowledged.
+    pub(crate) fn append(
+        &mut self,
+        records: &[u8],
+        applied: u64,
+    ) -> Result<(u64, usize), JournalError> {
+        self.buf.clear();
+        let other = 1 - self.active;
+        if self.pos >= self.file_bytes && self.last_in[other] <= applied {
+            // The other file's frames are all in the tables: a new chain
+            // there, whose header goes with its first frame.
+            self.generation += 1;
+            self.salt = rand::random();
+            put_header(
+                &mut self.buf,
+                Header {
+                    generation: self.generation,
+                    salt: self.salt,
+                    base: self.next_lsn,
+                },
+            );
+            self.active = other;
+            self.pos = 0;
+        }
+        let lsn = self.next_lsn;
+        put_frame(&mut self.buf, lsn, self.salt, records);
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next) {
+            return Err(JournalError::Storage("injected WAL write failure".into()));
+        }
+        let (file, path) = (&self.files[self.active], &self.paths[self.active]);
+        file.write_all_at(&self.buf, self.pos)
+            .map_err(|e| io_error("cannot write", path, e))?;
+        self.pos += self.buf.len() as u64;
+        self.last_in[self.active] = lsn;
+        self.next_lsn += 1;
+        Ok((lsn, self.active))
+    }
+
+    /// [`Wal::restart`] in the file being written.
+    pub(crate) fn restart_here(&mut self) -> Result<(), JournalError> {
+        self.restart(self.active)
+    }
+
+    /// After a failure: the lsn of the next frame, all before it applied.
+    pub(crate) fn rewind(&mut self, next_lsn: u64) {
+        self.next_lsn = next_lsn;
+    }
+}
+
+/// Writes zeros to the empty `file` up to `len` bytes, then syncs it.
+///
+/// In writes of one 4 KiB page: the page cache keeps what a write fills in
+/// folios of that write's size, and writeback writes whole folios. Filled in
+/// large writes (or read back with readahead), a file sits in large folios,
+/// and every small frame written later dirties one: each `fdatasync` then
+/// wrote up to 1 MiB for a few KiB of frames (Linux 6.18, ext4).
+fn zero_fill(file: &File, len: u64) -> io::Result<()> {
+    const PAGE: usize = 4096;
+    let zeros = [0u8; PAGE];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(PAGE as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()
+}
+
+/// The storage error of a failed `fdatasync` of WAL file `index`.
+pub(crate) fn sync_error(index: usize, e: &io::Error) -> JournalError {
+    storage(format!(
+        "cannot make the write-ahead log durable ({}): {e}",
+        FILE_NAMES[index]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of(dir: &Path, i: usize) -> Vec<u8> {
+        std::fs::read(dir.join(FILE_NAMES[i])).expect("read")
+    }
+
+    #[test]
+    fn frames_round_trip_and_a_torn_frame_ends_the_chain() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 1)?;
+        assert_eq!(wal.append(b"one", 0)?, (1, 0));
+        assert_eq!(wal.append(b"", 0)?, (2, 0));
+        assert_eq!(wal.append(b"three", 0)?, (3, 0));
+        let log = read(dir.path())?;
+        let lsns: Vec<u64> = log.frames.iter().map(|f| f.lsn).collect();
+        assert_eq!(lsns, [1, 2, 3]);
+        assert_eq!(log.frames[2].records, b"three");
+        assert_eq!(log.after(1, dir.path(), false)?.len(), 2);
+        let b = bytes_of(dir.path(), 0);
+        let frames_of = |b: &[u8]| chain(b).map(|(_, f)| f.len());
+        assert_eq!(frames_of(&b), Some(3));
+        // Frame 3 starts after frames 1 (3 bytes) and 2 (none).
+        let third = HEADER_LEN + 2 * FRAME_HEAD + 3;
+        let mut flipped = b.clone();
+        flipped[third + FRAME_HEAD + 4] ^= 1;
+        assert_eq!(
+            frames_of(&flipped),
+            Some(2),
+            "a bit flipped in frame 3's records"
+        );
+        assert_eq!(
+            frames_of(&b[..third + FRAME_HEAD + 2]),
+            Some(2),
+            "frame 3 torn"
+        );
+        let mut flipped = b.clone();
+        flipped[third + 8] ^= 1;
+        assert_eq!(frames_of(&flipped), Some(2), "frame 3's lsn");
+        let mut flipped = b.clone();
+        flipped[HEADER_LEN + FRAME_HEAD] ^= 1;
+        assert_eq!(
+            frames_of(&flipped),
+            Some(0),
+            "a bit flipped in frame 1's records"
+        );
+        let mut flipped = b;
+        flipped[20] ^= 1;
+        assert_eq!(frames_of(&flipped), None, "the header's salt");
+        Ok(())
+    }
+
+    #[test]
+    fn a_new_chain_replaces_frames_from_its_base_on() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 10)?;
+        for i in 0..5u8 {
+            wal.append(&[i], 0)?;
+        }
+        // Frames 13 and 14 failed: a new chain from 13 in the other file.
+        wal.rewind(13);
+        wal.restart(1)?;
+        wal.append(b"new13", 0)?;
+        let log = read(dir.path())?;
+        let got: Vec<(u64, Vec<u8>)> = log
+            .frames
+            .iter()
+            .map(|f| (f.lsn, f.records.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10, vec![0]),
+                (11, vec![1]),
+                (12, vec![2]),
+                (13, b"new13".to_vec())
+            ]
+        );
+        assert_eq!(log.generation, 2);
+        // Frames from 12 on only: commit 11 is missing.
+        assert!(log.after(9, dir.path(), false).is_ok());
+        let mut broken = Log::default();
+        broken.frames.push(Frame {
+            lsn: 12,
+            records: Vec::new(),
+        });
+        assert!(broken.after(10, dir.path(), false).is_err());
+        assert!(broken.after(11, dir.path(), false).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_file_moves_on_only_once_the_other_is_applied() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 1)?;
+        let big = vec![7u8; (FILE_BYTES / 2) as usize];
+        assert_eq!(wal.append(&big, 0)?.1, 0);
+        assert_eq!(wal.append(&big, 0)?.1, 0);
+        // File 0 is full; file 1 holds nothing unapplied: move.
+        assert_eq!(wal.append(b"x", 0)?, (3, 1));
+        assert_eq!(wal.append(&big, 0)?.1, 1);
+        assert_eq!(wal.append(&big, 0)?.1, 1);
+        // File 1 is full, but file 0's frames (1, 2) are not applied yet.
+        assert_eq!(wal.append(b"y", 1)?, (6, 1));
+        assert_eq!(wal.append(b"z", 2)?, (7, 0));
+        let log = read(dir.path())?;
+        let lsns: Vec<u64> = log.frames.iter().map(|f| f.lsn).collect();
+        assert_eq!(lsns, [3, 4, 5, 6, 7]);
+        assert_eq!(log.after(2, dir.path(), false)?.len(), 5);
+        assert!(log.after(1, dir.path(), false).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_break_in_the_lsns_cuts_the_log_under_async_and_is_damage_under_sync(
+    ) -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 1)?;
+        for i in 0..5u8 {
+            wal.append(&[i], 0)?;
+        }
+        // File 1's chain starts at 8: frames 6 and 7 (the end of file 0)
+        // were lost, as an async power loss can leave it.
+        wal.rewind(8);
+        wal.restart(1)?;
+        wal.append(b"8", 0)?;
+        wal.append(b"9", 0)?;
+        let log = read(dir.path())?;
+        let lsns = |f: &[Frame]| f.iter().map(|f| f.lsn).collect::<Vec<u64>>();
+        assert_eq!(lsns(&log.frames), [1, 2, 3, 4, 5, 8, 9]);
+        assert_eq!(lsns(log.after(0, dir.path(), true)?), [1, 2, 3, 4, 5]);
+        assert_eq!(lsns(log.after(3, dir.path(), true)?), [4, 5]);
+        // The break right after `applied`: nothing follows it.
+        assert!(log.after(5, dir.path(), true)?.is_empty());
+        // Past the break, the frames follow `applied` again.
+        assert_eq!(lsns(log.after(7, dir.path(), true)?), [8, 9]);
+        for applied in [0, 3, 5] {
+            let refused = log.after(applied, dir.path(), false);
+            assert!(
+                matches!(&refused, Err(JournalError::Storage(m)) if m.contains("commit 6 is missing")),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(lsns(log.after(7, dir.path(), false)?), [8, 9]);
+        Ok(())
+    }
+}
