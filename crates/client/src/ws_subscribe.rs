@@ -239,6 +239,8 @@ fn subscribe_msg(i: usize, ch: &Chan) -> ClientMessage {
         channel: ch.name.clone(),
         cursor,
         since,
+        client_id: None,
+        presence: false,
     }
 }
 

@@ -97,6 +97,7 @@ async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<(
         shutdown: shutdown.clone(),
         sockets: tokio_util::task::TaskTracker::new(),
         publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
+        presence: Default::default(),
         auth,
     });
     println!("gapless listening on http://{addr} ({})", store.described);
