@@ -6,8 +6,11 @@
 //! move) and WebSocket (`{"op":"presence",…}`), a member's SSE and
 //! WebSocket connections counting as one member, and `presence_linger_ms`
 //! (the leave waits for it; a reconnect within it is neither a leave nor a
-//! join).
+//! join); and on the Redis journal with two nodes: the same presence on
+//! both, notices from either reaching both, and the members of a node that
+//! dies leaving within 30 s.
 
+use gapless_testkit::redis::Redis;
 use gapless_testkit::sse::{Item, Next, SseClient};
 use gapless_testkit::ws::{assert_error, Ws};
 use gapless_testkit::{eventually, Opts, Server};
@@ -353,4 +356,110 @@ async fn a_reconnect_within_the_linger_is_neither_a_leave_nor_a_join() {
     let (_bob, _) = s.subscribe("room:a", "client_id=bob").await;
     is_notice(&next_event(&mut watcher).await, "join", "room:a", "bob");
     sse_quiet(&mut plain, Duration::from_millis(300)).await;
+}
+
+// ---- the Redis journal, two nodes ----
+
+/// A node on `redis` whose namespace `room` has presence with
+/// `presence_linger_ms = linger_ms`.
+async fn node(redis: &Redis, dir: &tempfile::TempDir, linger_ms: u64) -> Server {
+    let p = dir.path().join("g.toml");
+    std::fs::write(
+        &p,
+        format!("[namespaces.room]\npresence = true\npresence_linger_ms = {linger_ms}\n"),
+    )
+    .expect("write config");
+    Server::with(Opts {
+        args: vec![
+            "--redis".into(),
+            redis.url(),
+            "--config".into(),
+            p.display().to_string(),
+        ],
+        ..Opts::default()
+    })
+    .await
+}
+
+/// The next SSE event within `within`, heartbeats skipped.
+async fn sse_event_within(c: &mut SseClient, within: Duration) -> gapless_testkit::sse::Event {
+    let until = Instant::now() + within;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match c.next_within(left).await {
+            Some(Next::Item(Item::Event(e))) => return e,
+            Some(Next::Item(_)) => {}
+            other => panic!("expected an event within {within:?}, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn on_two_nodes_presence_is_the_same_and_notices_reach_both() {
+    let Some(redis) = Redis::start_or_skip("presence on redis").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = node(&redis, &dir, 300).await;
+    let b = node(&redis, &dir, 300).await;
+    let (mut on_a, _) = a.subscribe("room:c", "presence=true").await;
+    let mut on_b = Ws::channels(&b).await;
+    ws_subscribe(&mut on_b, "room:c", json!({"presence": true})).await;
+    // Ana on node a: her join, on both nodes.
+    let (ana_a, _) = a.subscribe("room:c", "client_id=ana").await;
+    is_notice(&next_event(&mut on_a).await, "join", "room:c", "ana");
+    ws_notice(&mut on_b, "join", "room:c", "ana").await;
+    // Ana on node b too: one member, no second join; both nodes say so.
+    let mut ana_b = Ws::channels(&b).await;
+    ws_subscribe(&mut ana_b, "room:c", json!({"client_id": "ana"})).await;
+    for s in [&a, &b] {
+        eventually(
+            "both nodes count ana twice",
+            Duration::from_secs(10),
+            || async {
+                let p = presence(s, "room:c").await;
+                p["occupancy"] == 4 && members(&p) == vec![("ana".to_owned(), 2)]
+            },
+        )
+        .await;
+    }
+    // Gone from a, still on b: no leave.
+    drop(ana_a);
+    eventually(
+        "ana's stream on a is gone",
+        Duration::from_secs(10),
+        || async { members(&presence(&b, "room:c").await) == vec![("ana".to_owned(), 1)] },
+    )
+    .await;
+    sse_quiet(&mut on_a, Duration::from_millis(800)).await;
+    // Gone from b too: her leave, on both nodes.
+    ana_b.close().await;
+    is_notice(&next_event(&mut on_a).await, "leave", "room:c", "ana");
+    ws_notice(&mut on_b, "leave", "room:c", "ana").await;
+    for s in [&a, &b] {
+        let p = presence(s, "room:c").await;
+        assert_eq!(p["occupancy"], 2, "the two watchers: {p}");
+        assert_eq!(members(&p), vec![]);
+    }
+}
+
+#[tokio::test]
+async fn the_members_of_a_node_that_dies_leave_within_30_s() {
+    let Some(redis) = Redis::start_or_skip("presence on redis").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = node(&redis, &dir, 300).await;
+    let mut b = node(&redis, &dir, 300).await;
+    let (mut watcher, _) = a.subscribe("room:d", "presence=true").await;
+    let (_bob, _) = b.subscribe("room:d", "client_id=bob").await;
+    is_notice(&next_event(&mut watcher).await, "join", "room:d", "bob");
+    b.kill9().await;
+    let died = Instant::now();
+    let e = sse_event_within(&mut watcher, Duration::from_secs(30)).await;
+    is_notice(&e, "leave", "room:d", "bob");
+    eprintln!("bob left {:?} after his node died", died.elapsed());
+    let p = presence(&a, "room:d").await;
+    assert_eq!(p["occupancy"], 1, "the watcher: {p}");
+    assert_eq!(members(&p), vec![]);
 }

@@ -15,13 +15,19 @@
 //!   arrival (those before it are in [`get`]'s answer). A notice is not an
 //!   event: no seq, no cursor, never journaled.
 //!
-//! This node's connections only: in cluster mode each node knows its own.
+//! In cluster mode (a [`PresenceRegistry`], the Redis one) each node keeps
+//! its own connections and lingers, tells the registry of every change in
+//! order (one task per node, [`Presence::shared`]), and the registry decides
+//! the cluster-wide join and leave (a member's first node, its last one) and
+//! tells every node, which hands them to its connections that asked; the
+//! presence GET reads the registry.
 
 use crate::auth::{Action, Grant};
 use crate::error::ApiError;
 use crate::ops::names;
 use crate::App;
 use gapless_core::namespace::namespace_of;
+use gapless_core::presence::{PresenceChange, PresenceRegistry};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::presence::{
     check_client_id, PresenceAction, PresenceAnswer, PresenceMember, PresenceNotice,
@@ -49,6 +55,13 @@ struct Inner {
     rooms: Mutex<HashMap<String, Room>>,
     /// Ids of seats and of pending leaves.
     next: AtomicU64,
+    /// Cluster mode: the registry, and the queue of this node's changes to it.
+    shared: Option<Shared>,
+}
+
+struct Shared {
+    registry: Arc<dyn PresenceRegistry>,
+    changes: mpsc::UnboundedSender<PresenceChange>,
 }
 
 /// One channel's presence.
@@ -117,15 +130,105 @@ impl Inner {
             .is_some_and(|m| m.connections == 0 && m.leaving == leaving)
         {
             room.members.remove(id);
-            room.notify(PresenceAction::Leave, channel, id);
+            self.left(room, channel, id);
         }
         if room.is_empty() {
             rooms.remove(channel);
         }
     }
+
+    /// `id` joined `channel` on this node: its join (to this node's
+    /// listeners, or in cluster mode to the registry, which tells every
+    /// node when it is the cluster-wide join).
+    fn joined(&self, room: &mut Room, channel: &str, id: &str, since: u64) {
+        match &self.shared {
+            None => room.notify(PresenceAction::Join, channel, id),
+            Some(s) => {
+                let _ = s.changes.send(PresenceChange::Hold {
+                    channel: channel.to_owned(),
+                    member: id.to_owned(),
+                    since,
+                });
+            }
+        }
+    }
+
+    /// `id` left `channel` on this node (after its linger).
+    fn left(&self, room: &mut Room, channel: &str, id: &str) {
+        match &self.shared {
+            None => room.notify(PresenceAction::Leave, channel, id),
+            Some(s) => {
+                let _ = s.changes.send(PresenceChange::Release {
+                    channel: channel.to_owned(),
+                    member: id.to_owned(),
+                });
+            }
+        }
+    }
+
+    /// Cluster mode: a connection of `member` to `channel` came (+1) or went (-1).
+    fn counted(&self, channel: &str, member: Option<&String>, delta: i64) {
+        if let Some(s) = &self.shared {
+            let _ = s.changes.send(PresenceChange::Connections {
+                channel: channel.to_owned(),
+                member: member.cloned(),
+                delta,
+            });
+        }
+    }
+
+    /// A cluster-wide join or leave from the registry: to this node's
+    /// connections of `channel` that asked.
+    fn deliver(&self, channel: &str, join: bool, id: &str) {
+        let mut rooms = self.rooms();
+        if let Some(room) = rooms.get_mut(channel) {
+            let action = if join {
+                PresenceAction::Join
+            } else {
+                PresenceAction::Leave
+            };
+            room.notify(action, channel, id);
+        }
+    }
 }
 
 impl Presence {
+    /// Presence shared through `registry` (cluster mode): this node's
+    /// changes go to it in order, from one task on the current runtime
+    /// (a change the registry fails to take is retried, then dropped with
+    /// a warning: presence is best effort while the store is down), and its
+    /// notices reach this node's listeners.
+    pub fn shared(registry: Arc<dyn PresenceRegistry>) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<PresenceChange>();
+        let inner = Arc::new(Inner {
+            shared: Some(Shared {
+                registry: registry.clone(),
+                changes: tx,
+            }),
+            ..Inner::default()
+        });
+        let weak = Arc::downgrade(&inner);
+        registry.on_notice(Box::new(move |channel, join, id| {
+            if let Some(inner) = weak.upgrade() {
+                inner.deliver(channel, join, id);
+            }
+        }));
+        tokio::spawn(async move {
+            while let Some(change) = rx.recv().await {
+                let mut tries = 0;
+                while let Err(e) = registry.apply(&change).await {
+                    tries += 1;
+                    if tries >= 5 {
+                        tracing::warn!(error = %e, ?change, "presence: a change was not shared");
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                }
+            }
+        });
+        Presence { inner }
+    }
+
     /// A new seat for one connection (it holds no place until
     /// [`Seat::enter`]).
     pub fn seat(&self) -> Seat {
@@ -135,6 +238,28 @@ impl Presence {
             held: Vec::new(),
             queue: None,
         }
+    }
+
+    /// `channel`'s occupancy and members (sorted by id): this node's, or in
+    /// cluster mode the cluster's.
+    ///
+    /// # Errors
+    /// The registry's, in cluster mode (`unavailable`, …).
+    pub async fn read(&self, channel: &str) -> Result<(usize, Vec<PresenceMember>), ApiError> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(self.snapshot(channel));
+        };
+        let p = shared.registry.read(channel).await?;
+        let members = p
+            .members
+            .into_iter()
+            .map(|m| PresenceMember {
+                id: m.id,
+                connections: m.connections,
+                since: m.since,
+            })
+            .collect();
+        Ok((p.occupancy, members))
     }
 
     /// `channel`'s occupancy and members (sorted by id) on this node.
@@ -201,6 +326,7 @@ impl Seat {
             let mut rooms = self.inner.rooms();
             let room = rooms.entry(channel.to_owned()).or_default();
             room.connections += 1;
+            self.inner.counted(channel, member.as_ref(), 1);
             if let Some(id) = &member {
                 match room.members.get_mut(id) {
                     Some(m) => {
@@ -209,15 +335,16 @@ impl Seat {
                         m.leaving = 0;
                     }
                     None => {
+                        let since = now_ms();
                         room.members.insert(
                             id.clone(),
                             Member {
                                 connections: 1,
-                                since: now_ms(),
+                                since,
                                 leaving: 0,
                             },
                         );
-                        room.notify(PresenceAction::Join, channel, id);
+                        self.inner.joined(room, channel, id, since);
                     }
                 }
             }
@@ -248,6 +375,7 @@ impl Seat {
             return;
         };
         room.connections = room.connections.saturating_sub(1);
+        self.inner.counted(&held.channel, held.member.as_ref(), -1);
         if held.listening {
             room.listeners.retain(|(id, _)| *id != self.id);
         }
@@ -259,7 +387,7 @@ impl Seat {
                     match runtime.filter(|_| held.linger_ms > 0) {
                         None => {
                             room.members.remove(id);
-                            room.notify(PresenceAction::Leave, &held.channel, id);
+                            self.inner.left(room, &held.channel, id);
                         }
                         Some(rt) => {
                             let leaving = self.inner.next.fetch_add(1, Ordering::Relaxed) + 1;
@@ -427,12 +555,13 @@ pub fn linger_ms(app: &App, channel: &str) -> u64 {
 ///
 /// # Errors
 /// 400 `invalid_channel`; 401/403 without the subscribe right; 404
-/// `presence_disabled` ([`require`]).
-pub fn get(app: &App, grant: &Grant, channel: &str) -> Result<PresenceAnswer, ApiError> {
+/// `presence_disabled` ([`require`]); in cluster mode the registry's
+/// (503 `unavailable`, …).
+pub async fn get(app: &App, grant: &Grant, channel: &str) -> Result<PresenceAnswer, ApiError> {
     names::channel(channel)?;
     grant.require(Action::Subscribe, channel)?;
     require(app, channel)?;
-    let (occupancy, members) = app.presence.snapshot(channel);
+    let (occupancy, members) = app.presence.read(channel).await?;
     Ok(PresenceAnswer {
         channel: channel.to_owned(),
         occupancy,

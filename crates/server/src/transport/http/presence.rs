@@ -35,5 +35,5 @@ pub async fn presence(
     Access(grant): Access,
     Path(channel): Path<String>,
 ) -> Result<Json<PresenceAnswer>, ApiError> {
-    presence::get(&app, &grant, &channel).map(Json)
+    presence::get(&app, &grant, &channel).await.map(Json)
 }
