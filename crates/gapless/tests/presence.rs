@@ -358,6 +358,42 @@ async fn a_reconnect_within_the_linger_is_neither_a_leave_nor_a_join() {
     sse_quiet(&mut plain, Duration::from_millis(300)).await;
 }
 
+#[tokio::test]
+async fn a_multi_channel_stream_gets_the_notices_of_each_channel_and_a_resubscribe_keeps_its_place()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = server(&dir, 0, &[]).await;
+    let mut watcher = s
+        .sse(
+            "/v1/sse?channel=room:a&channel=news&channel=room:b&presence=true",
+            &[],
+        )
+        .await;
+    let pre = watcher.preamble().await;
+    let mut ana = Ws::channels(&s).await;
+    ws_subscribe(&mut ana, "room:b", json!({"client_id": "ana"})).await;
+    let e = next_event(&mut watcher).await;
+    is_notice(&e, "join", "room:b", "ana");
+    assert_eq!(e.last_event_id, pre.cursor, "a notice moves no cursor");
+    ws_subscribe(&mut ana, "room:a", json!({"client_id": "ana"})).await;
+    is_notice(&next_event(&mut watcher).await, "join", "room:a", "ana");
+    // Subscribing again to a followed channel (now asking for notices) keeps the place.
+    ws_subscribe(
+        &mut ana,
+        "room:b",
+        json!({"client_id": "ana", "presence": true}),
+    )
+    .await;
+    sse_quiet(&mut watcher, Duration::from_millis(300)).await;
+    assert_eq!(
+        members(&presence(&s, "room:b").await),
+        vec![("ana".to_owned(), 1)]
+    );
+    let (_bob, _) = s.subscribe("room:b", "client_id=bob").await;
+    is_notice(&next_event(&mut watcher).await, "join", "room:b", "bob");
+    ws_notice(&mut ana, "join", "room:b", "bob").await;
+}
+
 // ---- the Redis journal, two nodes ----
 
 /// A node on `redis` whose namespace `room` has presence with
