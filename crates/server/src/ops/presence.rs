@@ -38,8 +38,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Notices a connection may have waiting before more are dropped for it (a
-/// subscriber that reads this far behind loses notices, never events; the
+/// Notices a connection may have waiting; the notices that come while this
+/// many wait are dropped for it (it loses notices, never events; the
 /// presence GET still says who is there).
 pub const NOTICE_QUEUE: usize = 1024;
 
