@@ -28,7 +28,9 @@ cleanup() {
 trap cleanup EXIT
 
 # Port 0: gapless picks a free port and prints the address it bound.
-"$GAPLESS_BIN" serve --listen 127.0.0.1:0 --data-dir "$WORK/data" >"$WORK/server.log" 2>&1 &
+# The namespace `presence` has presence, for the `presence` scenario.
+printf '[namespaces.presence]\npresence = true\npresence_linger_ms = 0\n' >"$WORK/g.toml"
+"$GAPLESS_BIN" serve --listen 127.0.0.1:0 --data-dir "$WORK/data" --config "$WORK/g.toml" >"$WORK/server.log" 2>&1 &
 PID=$!
 ADDR=""
 for _ in $(seq 100); do
@@ -47,7 +49,7 @@ run() {
     echo "bench-smoke: FAILED: $*" >&2
     exit 1
   }
-  grep -E 'counts|deliveries |events_acked|events_read' "$WORK/out.txt" | sed 's/^ */   /'
+  grep -E 'counts|deliveries |events_acked|events_read|joins_delivered|leaves_delivered' "$WORK/out.txt" | sed 's/^ */   /'
 }
 
 run idle --subs 4 --hold-ms 50
@@ -59,6 +61,7 @@ run storm --subs 4 --behind 10 --linger-ms 100
 run publish --publishers 4 --events 40
 run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
+run presence --members 20 --duration-ms 500 --hold-ms 100 --watchers 2
 
 # The Durable Streams scenarios (--kind gapless-ds; electric and dsnode speak the same protocol):
 # streams created with PUT, SSE data/control events counted exactly, catch-up read paging on

@@ -21,6 +21,7 @@ import type {
   BatchItem,
   BatchPublished,
   ChannelInfo,
+  ChannelPresence,
   CursorStore,
   EphemeralDelivered,
   HistoryEvent,
@@ -266,6 +267,17 @@ export class Client {
   async purge(channel: string): Promise<void> {
     const res = await request(this.#core, { method: "DELETE", path: `/v1/channels/${segment(channel)}` });
     await res.body?.cancel().catch(() => {});
+  }
+
+  /**
+   * Who follows a channel (`GET /v1/channels/{channel}/presence`): its occupancy (connections,
+   * members' or not) and its members sorted by id. Needs the subscribe right; the channel's
+   * namespace must have presence.
+   * @throws {GaplessError} 404 `presence_disabled`, 400 `invalid_channel`, 401/403, `network`.
+   */
+  async presence(channel: string): Promise<ChannelPresence> {
+    return (await requestJson<ChannelPresence>(this.#core, { method: "GET", path: `/v1/channels/${segment(channel)}/presence` }))
+      .body;
   }
 
   /**

@@ -33,7 +33,8 @@ export type ServerErrorCode =
   | "resume_disabled"
   | "unauthorized"
   | "forbidden"
-  | "rate_limited";
+  | "rate_limited"
+  | "presence_disabled";
 
 /**
  * Codes the SDK itself uses, for failures that are not a server's JSON answer:

@@ -10,7 +10,7 @@
 import { GaplessError, errorFromResponse, isAbort, networkError } from "./errors.js";
 import { SseParser } from "./sse.js";
 import type { SseItem } from "./sse.js";
-import type { EphemeralUpdate, EventUpdate, GapUpdate } from "./types.js";
+import type { EphemeralUpdate, EventUpdate, GapUpdate, PresenceUpdate } from "./types.js";
 import { segment, withQuery } from "./internal.js";
 import { payloadOf, sinceParam } from "./internal.js";
 import type { Since } from "./internal.js";
@@ -22,6 +22,7 @@ export type RawGap = Omit<GapUpdate, "cursor">;
 export type Frame =
   | { t: "event"; u: EventUpdate }
   | { t: "ephemeral"; u: Omit<EphemeralUpdate, "cursor"> }
+  | { t: "presence"; u: Omit<PresenceUpdate, "cursor"> }
   | { t: "gap"; g: RawGap }
   | { t: "cursor"; cursor: string }
   | { t: "retry"; ms: number }
@@ -43,6 +44,18 @@ export interface LiveTarget {
   maxEventBytes: number;
   /** The caller's close. */
   signal: AbortSignal;
+  /** `?client_id=`: who the subscriber is for presence, on a server without keys. */
+  clientId?: string | undefined;
+  /** `?presence=true`: the join and leave notices of the channels' members. */
+  presence?: boolean | undefined;
+}
+
+/** The query parameters of a stream's presence options. @internal */
+export function presenceParams(clientId: string | undefined, presence: boolean | undefined): [string, string][] {
+  const extra: [string, string][] = [];
+  if (clientId !== undefined) extra.push(["client_id", clientId]);
+  if (presence) extra.push(["presence", "true"]);
+  return extra;
 }
 
 /** The URL of an SSE stream of `channels` (envelope format). @internal */
@@ -72,6 +85,22 @@ export function frameOf(item: SseItem): Frame | undefined {
     }
     const message = typeof body?.["message"] === "string" ? (body["message"] as string) : "token expired";
     return { t: "expired", error: new GaplessError({ code: "token_expired", message, status: 401, body }) };
+  }
+  if (item.type === "gapless.presence") {
+    let p: Record<string, unknown> | undefined;
+    try {
+      p = JSON.parse(item.data) as Record<string, unknown>;
+    } catch {
+      p = undefined;
+    }
+    const action = p?.["action"];
+    if (typeof p?.["channel"] !== "string" || typeof p["id"] !== "string" || (action !== "join" && action !== "leave")) {
+      throw new GaplessError({ code: "protocol", message: `malformed presence notice: ${item.data.slice(0, 200)}` });
+    }
+    return {
+      t: "presence",
+      u: { kind: "presence", channel: p["channel"], action, id: p["id"], type: "gapless.presence", data: item.data },
+    };
   }
   let v: Record<string, unknown>;
   try {
@@ -159,6 +188,7 @@ export class SseConnection {
     if (t.cursor !== undefined) headers["last-event-id"] = t.cursor;
     if (t.token !== undefined) headers["authorization"] = `Bearer ${t.token}`;
     const extra: [string, string][] = t.cursor === undefined && t.since !== "live" ? [["since", sinceParam(t.since)]] : [];
+    extra.push(...presenceParams(t.clientId, t.presence));
     const url = sseUrl(t.base, t.channels, extra);
     let timer: ReturnType<typeof setTimeout> | undefined;
     if (t.idleTimeoutMs > 0) timer = setTimeout(() => ctl.abort(), t.idleTimeoutMs);

@@ -24,10 +24,10 @@ import type { Core } from "./core.js";
 import { GaplessError, errorFromResponse, isAbort, networkError } from "./errors.js";
 import { payloadOf, sinceParam, sleep } from "./internal.js";
 import type { Since } from "./internal.js";
-import { SseConnection, frameOf, sseUrl } from "./live.js";
+import { SseConnection, frameOf, presenceParams, sseUrl } from "./live.js";
 import type { Frame } from "./live.js";
 import { UpdateStream } from "./stream.js";
-import type { CursorStore, EphemeralUpdate, EventUpdate, GapUpdate, Update } from "./types.js";
+import type { CursorStore, EphemeralUpdate, EventUpdate, GapUpdate, PresenceUpdate, Update } from "./types.js";
 import { WsConn, closeError, wsUrl } from "./ws.js";
 
 /** How a subscription talks to the server. */
@@ -75,6 +75,19 @@ export interface SubscribeOptions {
   storeKey?: string;
   /** Whether to reconnect after a drop (default true). Off, a clean close ends the iterator and a failure is thrown. */
   reconnect?: boolean;
+  /**
+   * On a server without keys, who this subscriber is for presence (1 to 128 characters of
+   * `A-Z a-z 0-9 . _ : @ -`): its connection to each channel whose namespace has presence makes
+   * it a member there. On a server with keys a member is its token's `sub`, and this is refused
+   * (`invalid_request`).
+   */
+  clientId?: string;
+  /**
+   * Also yield the join and leave of the channels' members ({@link PresenceUpdate}); default
+   * false. Over SSE, channels without presence give none (none with it: `presence_disabled`);
+   * over WebSocket every channel's namespace must have presence.
+   */
+  presence?: boolean;
 }
 
 /** A live subscription: an async iterable of {@link Update}s that resumes across drops. */
@@ -166,6 +179,8 @@ export class Subscription extends UpdateStream<Update> {
           idleTimeoutMs: core.idleTimeoutMs,
           maxEventBytes: core.maxEventBytes,
           signal,
+          clientId: this.#opts.clientId,
+          presence: this.#opts.presence,
         });
       } catch (e) {
         if (!(await retryAfterFailure(e, retrier, core, reconnect, signal))) return;
@@ -200,6 +215,8 @@ export class Subscription extends UpdateStream<Update> {
             update = f.u;
           } else if (f.t === "ephemeral") {
             update = { ...f.u, cursor: this.#cursor ?? null } as EphemeralUpdate;
+          } else if (f.t === "presence") {
+            update = { ...f.u, cursor: this.#cursor ?? null } as PresenceUpdate;
           } else {
             // The server follows a gap notice with an id:-only frame carrying the new position.
             let next = conn.takeCursor();
@@ -214,7 +231,9 @@ export class Subscription extends UpdateStream<Update> {
           // An id:-only frame right behind (as after a gap) takes effect with the update.
           const after = conn.takeCursor();
           if (after !== undefined) this.#cursor = after;
-          if (this.#cursor !== undefined && update.kind !== "ephemeral") await this.#persist(key, this.#cursor);
+          if (this.#cursor !== undefined && update.kind !== "ephemeral" && update.kind !== "presence") {
+            await this.#persist(key, this.#cursor);
+          }
           if (signal.aborted) return;
           yield update;
           if (signal.aborted) return;
@@ -263,6 +282,7 @@ export class Subscription extends UpdateStream<Update> {
       else if (this.#opts.since !== undefined && this.#opts.since !== "live") {
         extra.push(["since", sinceParam(this.#opts.since)]);
       }
+      extra.push(...presenceParams(this.#opts.clientId, this.#opts.presence));
       if (token !== undefined) extra.push(["access_token", token]);
       const url = sseUrl(core.base, [...this.channels], extra);
       const es = new ES(url, { withCredentials: core.withCredentials });
@@ -284,7 +304,8 @@ export class Subscription extends UpdateStream<Update> {
           push({ error: asError(e) });
         }
       };
-      for (const t of new Set(["message", "gap", "gapless.expired", ...(this.#opts.eventTypes ?? [])])) {
+      const presence = this.#opts.presence ? ["gapless.presence"] : [];
+      for (const t of new Set(["message", "gap", "gapless.expired", ...presence, ...(this.#opts.eventTypes ?? [])])) {
         es.addEventListener(t, onFrame(t));
       }
       es.addEventListener("open", () => {
@@ -383,6 +404,8 @@ export class Subscription extends UpdateStream<Update> {
         const msg: Record<string, unknown> = { op: "subscribe", id: i, channel: ch };
         if (c !== undefined) msg["cursor"] = c;
         else msg["since"] = since;
+        if (this.#opts.clientId !== undefined) msg["client_id"] = this.#opts.clientId;
+        if (this.#opts.presence) msg["presence"] = true;
         conn.send(msg);
       });
       const openedAt = Date.now();
@@ -454,6 +477,18 @@ export class Subscription extends UpdateStream<Update> {
               after: typeof m["after"] === "string" ? m["after"] : null,
               next,
               reason: typeof m["reason"] === "string" ? m["reason"] : "unknown",
+            };
+          } else if (op === "presence") {
+            const action = m["action"];
+            if ((action !== "join" && action !== "leave") || typeof m["id"] !== "string") continue;
+            update = {
+              kind: "presence",
+              channel: ch,
+              cursor: this.#wsCursors.get(ch) ?? null,
+              action,
+              id: m["id"],
+              type: "gapless.presence",
+              data: JSON.stringify({ action, channel: ch, id: m["id"] }),
             };
           } else if (op === "ephemeral") {
             update = {

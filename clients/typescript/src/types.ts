@@ -110,8 +110,51 @@ export interface GapUpdate {
   reason: GapReason;
 }
 
+/**
+ * A member joined or left a channel (only for a subscription with `presence: true`): not an
+ * event, no seq, never replayed; it does not move the cursor (docs/api.md, "Presence").
+ */
+export interface PresenceUpdate {
+  /** Discriminant. */
+  kind: "presence";
+  /** The channel. */
+  channel: string;
+  /** Always absent: presence notices have no position. */
+  seq?: undefined;
+  /** The subscription's position, unchanged by this update (`null` before any is known). */
+  cursor: string | null;
+  /** `"join"`: the member's first connection to the channel started; `"leave"`: its last one has been gone `presence_linger_ms`. */
+  action: "join" | "leave";
+  /** The member: a token's `sub`, or on a server without keys a subscriber's `clientId`. */
+  id: string;
+  /** Always `"gapless.presence"` (the SSE event type of the notice). */
+  type: "gapless.presence";
+  /** The notice as JSON text, `{"action","channel","id"}`. */
+  data: string;
+}
+
 /** What a subscription or join yields. */
-export type Update = EventUpdate | EphemeralUpdate | GapUpdate;
+export type Update = EventUpdate | EphemeralUpdate | GapUpdate | PresenceUpdate;
+
+/** One member of a channel, in {@link ChannelPresence}. */
+export interface PresenceMember {
+  /** The member: a token's `sub`, or a `clientId`. */
+  id: string;
+  /** Its connections to the channel now; 0 while its last one is gone for less than `presence_linger_ms`. */
+  connections: number;
+  /** When it joined, Unix milliseconds. */
+  since: number;
+}
+
+/** Who follows a channel (`GET /v1/channels/{channel}/presence`). */
+export interface ChannelPresence {
+  /** The channel. */
+  channel: string;
+  /** Connections to the channel now (SSE streams and WebSocket subscriptions), members' or not. */
+  occupancy: number;
+  /** Its members, sorted by id. */
+  members: PresenceMember[];
+}
 
 /** An event as history returns it. */
 export interface HistoryEvent {

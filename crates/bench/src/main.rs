@@ -14,6 +14,7 @@
 mod http;
 mod payload;
 mod plot;
+mod presence;
 mod procstat;
 mod publisher;
 mod report;
@@ -158,6 +159,9 @@ enum Command {
     Publish(scenario::PublishArgs),
     /// Page through a long channel's history: events/s.
     History(scenario::HistoryArgs),
+    /// Members join and leave a channel with presence while watchers follow the notices:
+    /// join/leave delivery latency and server CPU.
+    Presence(presence::PresenceArgs),
     /// Draw the percentile curve of the last result of each file as an SVG.
     Plot {
         /// The SVG file to write.
@@ -229,6 +233,7 @@ fn real_main() -> Result<bool> {
             Command::Storm(a) => scenario::storm(&ctx, a).await,
             Command::Publish(a) => scenario::publish(&ctx, a).await,
             Command::History(a) => scenario::history(&ctx, a).await,
+            Command::Presence(a) => presence::presence(&cli.common, a).await,
             Command::Compare { .. } | Command::Plot { .. } => unreachable!("handled above"),
         }
     })?;

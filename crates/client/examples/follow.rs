@@ -32,6 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Update::Event(e) => println!("#{} {}", e.seq, e.data),
             Update::Gap(g) => eprintln!("gap on {} ({:?}): up to {}", g.channel, g.reason, g.next),
             Update::Ephemeral(e) => println!("(live) {}", e.data),
+            Update::Presence(p) => println!("({:?}) {}", p.action, p.id),
         }
         if let Some(cursor) = sub.cursor() {
             std::fs::write(&saved, cursor.as_str())?;

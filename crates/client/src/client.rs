@@ -6,7 +6,8 @@ use crate::error::{ApiError, Error};
 use crate::join::JoinBuilder;
 use crate::subscribe::SubscribeBuilder;
 use crate::types::{
-    BatchPublished, ChannelInfo, Cursor, EphemeralDelivered, Event, HistoryPage, Published, Start,
+    BatchPublished, ChannelInfo, Cursor, EphemeralDelivered, Event, HistoryPage, PresenceAnswer,
+    Published, Start,
 };
 use crate::ws_subscribe::WsSubscribeBuilder;
 use futures::Stream;
@@ -274,6 +275,24 @@ impl Client {
         let (_, body) = self.call(req).await?;
         let a: answers::ChannelInfo = self.decode(&body)?;
         Ok(a.into())
+    }
+
+    /// Who follows `channel` (`GET /v1/channels/{channel}/presence`): its
+    /// occupancy (connections, members' or not) and its members sorted by
+    /// id, each with its connections and when it joined. Needs the
+    /// subscribe right; the channel's namespace must have presence.
+    ///
+    /// # Errors
+    /// [`Error::Api`] (400 `invalid_channel`, 401, 403, 404
+    /// `presence_disabled`, 503 in cluster mode while Redis is unreachable),
+    /// or a connection error.
+    pub async fn presence(&self, channel: &str) -> Result<PresenceAnswer, Error> {
+        let req = self
+            .inner
+            .http
+            .get(self.url(&format!("/v1/channels/{}/presence", segment(channel))));
+        let (_, body) = self.call(req).await?;
+        self.decode(&body)
     }
 
     /// Purges `channel` (`DELETE /v1/channels/{channel}`): removes every

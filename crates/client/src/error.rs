@@ -276,6 +276,7 @@ impl ApiError {
             "request_timeout" => C::RequestTimeout,
             "head_too_large" => C::HeadTooLarge,
             "journal_full" => C::JournalFull,
+            "presence_disabled" => C::PresenceDisabled,
             _ => return None,
         })
     }

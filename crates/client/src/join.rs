@@ -479,6 +479,8 @@ async fn open_live(
         resume: None,
         idle_timeout: opts.idle_timeout,
         max_event_bytes: opts.max_event_bytes,
+        client_id: None,
+        presence: false,
     })
     .await?;
     c.wait_preamble().await?;
@@ -541,6 +543,7 @@ fn pass(frame: Frame, last_seq: &mut u64) -> Pass {
         }
         Frame::Update(Update::Event(_)) | Frame::Cursor(_) => Pass::Skip,
         Frame::Update(Update::Ephemeral(x)) => Pass::Deliver(Update::Ephemeral(x)),
+        Frame::Update(Update::Presence(x)) => Pass::Deliver(Update::Presence(x)),
         Frame::Update(Update::Gap(_)) => Pass::Rewalk,
         Frame::Retry(d) => Pass::Retry(d),
     }

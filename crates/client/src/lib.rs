@@ -94,6 +94,7 @@
 //!         Update::Event(e) => println!("{} #{}: {}", e.channel, e.seq, e.data),
 //!         Update::Gap(g) => eprintln!("missed {:?} on {}: after {:?} up to {}", g.reason, g.channel, g.after, g.next),
 //!         Update::Ephemeral(e) => println!("{} (live only): {}", e.channel, e.data),
+//!         Update::Presence(p) => println!("{} {:?} {}", p.channel, p.action, p.id),
 //!     }
 //!     // Persist sub.cursor() to resume later with .after(cursor).
 //! }
@@ -152,6 +153,7 @@
 //!         Update::Event(e) => println!("{} #{}: {}", e.channel, e.seq, e.data),
 //!         Update::Gap(g) => eprintln!("missed {:?} on {}: up to {}", g.reason, g.channel, g.next),
 //!         Update::Ephemeral(e) => println!("{} (live only): {}", e.channel, e.data),
+//!         Update::Presence(p) => println!("{} {:?} {}", p.channel, p.action, p.id),
 //!     }
 //! }
 //! // Each channel's position, to resume later with .cursors(saved).
@@ -282,7 +284,8 @@ pub use session::{AppendRequest, AttachBuilder, SessionStream};
 pub use subscribe::{Reconnect, SubscribeBuilder, Subscription};
 pub use types::{
     BatchItem, BatchPublished, ChannelInfo, Cursor, Ephemeral, EphemeralDelivered, Event, Gap,
-    HistoryPage, Published, RetentionLimits, SessionAppended, SessionEvent, SessionInfo,
-    SessionStatus, SessionUpdate, Start, Update,
+    HistoryPage, PresenceAction, PresenceAnswer, PresenceMember, PresenceNotice, Published,
+    RetentionLimits, SessionAppended, SessionEvent, SessionInfo, SessionStatus, SessionUpdate,
+    Start, Update,
 };
 pub use ws_subscribe::{WsSubscribeBuilder, WsSubscription};

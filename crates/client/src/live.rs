@@ -32,6 +32,10 @@ pub(crate) struct Target<'a> {
     pub(crate) resume: Option<&'a Cursor>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_event_bytes: usize,
+    /// `?client_id=`, for presence.
+    pub(crate) client_id: Option<&'a str>,
+    /// `?presence=true`.
+    pub(crate) presence: bool,
 }
 
 /// An open SSE response and its parser.
@@ -72,6 +76,12 @@ pub(crate) async fn open(t: Target<'_>) -> Result<Connection, Error> {
             http.get(c.url("/v1/sse")).query(&q)
         }
     };
+    if let Some(id) = t.client_id {
+        req = req.query(&[("client_id", id)]);
+    }
+    if t.presence {
+        req = req.query(&[("presence", "true")]);
+    }
     req = req
         .query(&[("format", "envelope")])
         .header(reqwest::header::ACCEPT, "text/event-stream")
@@ -255,6 +265,11 @@ fn push_item(
             return;
         }
         Item::LastEventId(id) => Ok(Frame::Cursor(Cursor::from(id))),
+        Item::Event(e) if e.event_type == gapless_protocol::presence::SSE_EVENT => {
+            serde_json::from_str::<gapless_protocol::presence::PresenceNotice>(e.data)
+                .map(|n| Frame::Update(Update::Presence(n)))
+                .map_err(|err| Error::protocol(server, format!("malformed presence notice: {err}")))
+        }
         Item::Event(e) if e.event_type == "gap" => serde_json::from_str::<GapIn>(e.data)
             .map(|g| {
                 Frame::Update(Update::Gap(Gap {

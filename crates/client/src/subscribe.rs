@@ -55,6 +55,10 @@ pub(crate) struct StreamOptions {
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_event_bytes: usize,
     pub(crate) on_reconnect: Option<ReconnectHook>,
+    /// On an open server, who this subscriber is for presence (`client_id`).
+    pub(crate) client_id: Option<String>,
+    /// Whether to get the join and leave notices of the channels' members.
+    pub(crate) presence: bool,
 }
 
 impl StreamOptions {
@@ -65,6 +69,8 @@ impl StreamOptions {
             idle_timeout: Some(Duration::from_secs(45)),
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             on_reconnect: None,
+            client_id: None,
+            presence: false,
         }
     }
 
@@ -251,6 +257,26 @@ impl SubscribeBuilder {
         self
     }
 
+    /// On a server without keys, who this subscriber is for presence
+    /// (`?client_id=`: 1 to 128 characters of `A-Z a-z 0-9 . _ : @ -`); on
+    /// a server with keys a member is its token's `sub` and this is refused
+    /// (400 `invalid_request`). Its connection to each channel whose
+    /// namespace has presence makes it a member there (docs/api.md,
+    /// "Presence").
+    pub fn client_id(mut self, id: impl Into<String>) -> Self {
+        self.opts.client_id = Some(id.into());
+        self
+    }
+
+    /// Whether to get the join and leave of the channels' members as
+    /// [`Update::Presence`] (`?presence=true`; default false). A channel
+    /// whose namespace has no presence gives none; when none has it, the
+    /// connection is refused with 404 `presence_disabled`.
+    pub fn presence(mut self, on: bool) -> Self {
+        self.opts.presence = on;
+        self
+    }
+
     /// The subscription, not yet connected: it connects when first polled, and
     /// retries failed connections like later drops.
     pub fn open(self) -> Subscription {
@@ -273,6 +299,8 @@ impl SubscribeBuilder {
             resume: None,
             idle_timeout: self.opts.idle_timeout,
             max_event_bytes: self.opts.max_event_bytes,
+            client_id: self.opts.client_id.as_deref(),
+            presence: self.opts.presence,
         })
         .await?;
         conn.wait_preamble().await?;
@@ -359,6 +387,8 @@ fn run(
                         resume: if issued { cursor.as_ref() } else { None },
                         idle_timeout: opts.idle_timeout,
                         max_event_bytes: opts.max_event_bytes,
+                        client_id: opts.client_id.as_deref(),
+                        presence: opts.presence,
                     })
                     .await;
                     match opened {

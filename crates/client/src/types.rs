@@ -14,6 +14,9 @@
 use gapless_protocol::answers;
 pub use gapless_protocol::answers::{RetentionLimits, SessionInfo, SessionStatus};
 use gapless_protocol::codes::GapReason;
+pub use gapless_protocol::presence::{
+    PresenceAction, PresenceAnswer, PresenceMember, PresenceNotice,
+};
 use gapless_protocol::Since;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -144,6 +147,10 @@ pub enum Update {
     Gap(Gap),
     /// A live-only event.
     Ephemeral(Ephemeral),
+    /// A member joined or left a channel (only for a subscription that
+    /// asked: `presence(true)`). Not an event: no seq, no cursor, never
+    /// replayed (docs/api.md, "Presence").
+    Presence(PresenceNotice),
 }
 
 /// Maps a wire reason to [`GapReason`]. A reason this client does not know is

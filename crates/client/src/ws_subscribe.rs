@@ -175,6 +175,26 @@ impl WsSubscribeBuilder {
         self
     }
 
+    /// On a server without keys, who this subscriber is for presence (each
+    /// subscribe's `"client_id"`: 1 to 128 characters of
+    /// `A-Z a-z 0-9 . _ : @ -`); on a server with keys a member is its
+    /// token's `sub` and this is refused (`invalid_request`). Its
+    /// subscription to each channel whose namespace has presence makes it a
+    /// member there (docs/api.md, "Presence").
+    pub fn client_id(mut self, id: impl Into<String>) -> Self {
+        self.opts.client_id = Some(id.into());
+        self
+    }
+
+    /// Whether to get the join and leave of the channels' members as
+    /// [`Update::Presence`] (each subscribe's `"presence": true`; default
+    /// false). Every channel's namespace must then have presence: one
+    /// without is refused (`presence_disabled`).
+    pub fn presence(mut self, on: bool) -> Self {
+        self.opts.presence = on;
+        self
+    }
+
     /// The subscription, not yet connected: it connects when first polled, and
     /// retries failed connections like later drops.
     pub fn open(self) -> WsSubscription {
@@ -229,7 +249,7 @@ fn initial_channels(b: &WsSubscribeBuilder) -> Vec<Chan> {
 
 /// The `subscribe` request for channel number `i`: after its cursor, or
 /// from its original start when it has none.
-fn subscribe_msg(i: usize, ch: &Chan) -> ClientMessage {
+fn subscribe_msg(i: usize, ch: &Chan, opts: &StreamOptions) -> ClientMessage {
     let (cursor, since) = match (&ch.cursor, &ch.start) {
         (Some(c), _) | (None, Start::After(c)) => (Some(c.as_str().to_owned()), None),
         (None, start) => (None, start.since()),
@@ -239,6 +259,8 @@ fn subscribe_msg(i: usize, ch: &Chan) -> ClientMessage {
         channel: ch.name.clone(),
         cursor,
         since,
+        client_id: opts.client_id.clone(),
+        presence: opts.presence,
     }
 }
 
@@ -284,7 +306,7 @@ impl Conn {
         let mut socket =
             ws::open(client, "/v1/ws", opts.idle_timeout, opts.max_event_bytes).await?;
         for (i, ch) in chans.iter().enumerate() {
-            socket.feed(&subscribe_msg(i, ch)).await?;
+            socket.feed(&subscribe_msg(i, ch, opts)).await?;
         }
         socket.flush().await?;
         Ok(Conn {
@@ -503,6 +525,7 @@ fn step(
                 reason: parse_reason(&g.reason),
             }))
         }
+        ServerMsg::Presence(p) => Step::Deliver(Update::Presence(p)),
         ServerMsg::Ephemeral(e) => Step::Deliver(Update::Ephemeral(Ephemeral {
             channel: e.channel.into_owned(),
             event_type: e.event_type.map(|t| t.into_owned()),

@@ -99,12 +99,14 @@ pub struct Policy {
     /// token on a server with keys (`public`); publishing still does.
     /// Default false.
     pub public: bool,
-    /// Presence (`presence`): not built yet (issue 21, "Presence"); the
-    /// configuration refuses `true`. Default false.
+    /// Presence (`presence`): who follows each channel, and its members'
+    /// join and leave (issue 21, "Presence"; the server's `ops::presence`).
+    /// Default false.
     pub presence: bool,
     /// How long a member's last connection is gone before its leave, in
     /// milliseconds (`presence_linger_ms`, 0 to [`MAX_PRESENCE_LINGER_MS`]);
-    /// read and shown, used once presence is built. Default 5000.
+    /// a connection back within it is neither a leave nor a join. Default
+    /// 5000.
     pub presence_linger_ms: u64,
 }
 
@@ -141,7 +143,7 @@ pub struct Table {
     pub latest: Option<bool>,
     /// `public`: read without a token.
     pub public: Option<bool>,
-    /// `presence`: not built yet.
+    /// `presence`: presence on.
     pub presence: Option<bool>,
     /// `presence_linger_ms`.
     pub presence_linger_ms: Option<u64>,

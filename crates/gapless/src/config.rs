@@ -259,8 +259,7 @@ fn apply(
 
 /// Reads the file's `namespaces` value: a table of namespace tables, each
 /// named as a namespace ([`namespace::check_name`]) and holding only the keys
-/// of [`namespace::KEYS`], each of its type and range. `presence = true` is
-/// refused: presence is not built yet.
+/// of [`namespace::KEYS`], each of its type and range.
 ///
 /// # Errors
 /// One line naming the table and key at fault (and, for an unknown key,
@@ -322,15 +321,7 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
                 "ephemeral" => t.ephemeral = Some(flag()?),
                 "latest" => t.latest = Some(flag()?),
                 "public" => t.public = Some(flag()?),
-                "presence" => {
-                    if flag()? {
-                        return Err(format!(
-                            "{at}: `presence = true`: presence is not built yet (issue 21, \
-                             \"Presence\"); leave the key out or set it to false"
-                        ));
-                    }
-                    t.presence = Some(false);
-                }
+                "presence" => t.presence = Some(flag()?),
                 "presence_linger_ms" => {
                     t.presence_linger_ms = Some(whole(0, namespace::MAX_PRESENCE_LINGER_MS)?)
                 }
@@ -586,6 +577,6 @@ const NAMESPACE_EXAMPLE: &str = "
 # ephemeral = false            # ephemeral publishes refused (403 forbidden); default true
 # latest = false               # true: a subscriber giving no start position gets the newest event first
 # public = false               # true, with a key set: subscribe and history need no token (publish does)
-# presence = false             # presence is not built yet (issue 21): only false is accepted
+# presence = false             # true: who follows each channel (GET .../presence), join and leave notices
 # presence_linger_ms = 5000    # presence: a member's last connection gone this long before its leave
 ";

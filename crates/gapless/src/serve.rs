@@ -100,6 +100,10 @@ async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<(
         shutdown: shutdown.clone(),
         sockets: tokio_util::task::TaskTracker::new(),
         publish_limiter: PublishLimiter::new(args.publish_rate, args.publish_burst),
+        presence: match store.presence_registry {
+            Some(registry) => gapless_server::ops::presence::Presence::shared(registry),
+            None => Default::default(),
+        },
         auth,
     });
     println!("gapless listening on http://{addr} ({})", store.described);
@@ -118,6 +122,8 @@ struct Store {
     /// Cluster mode: the sessions' attach leases, in the journal's Redis
     /// (`None`: sessions keep who is attached in this process).
     session_registry: Option<Arc<dyn SessionRegistry>>,
+    /// Cluster mode: presence shared through the journal's Redis.
+    presence_registry: Option<Arc<dyn gapless_core::presence::PresenceRegistry>>,
     /// For the start line: `journal in Redis`, `in memory`, `journal in <dir>`.
     described: String,
     /// Cluster mode with the Durable Streams protocol on and no
@@ -139,6 +145,7 @@ async fn open_store(
         // The attach leases live in the same Redis, on the journal's
         // connection and bus (a takeover's kick arrives on it).
         let registry = gapless_redis::RedisSessions::new(&journal);
+        let presence = gapless_redis::RedisPresence::new(&journal);
         let ds_signing_key = if args.ds_prefix.is_empty() || args.ds_signing_key.is_some() {
             None
         } else {
@@ -147,6 +154,7 @@ async fn open_store(
         return Ok(Store {
             journal: Arc::new(journal),
             session_registry: Some(Arc::new(registry)),
+            presence_registry: Some(Arc::new(presence)),
             described: "journal in Redis".to_owned(),
             ds_signing_key,
         });
@@ -155,6 +163,7 @@ async fn open_store(
         return Ok(Store {
             journal: Arc::new(MemoryJournal::with_namespaces(namespaces.clone(), channels)),
             session_registry: None,
+            presence_registry: None,
             described: "in memory".to_owned(),
             ds_signing_key: None,
         });
@@ -177,6 +186,7 @@ async fn open_store(
     Ok(Store {
         journal: Arc::new(store),
         session_registry: None,
+        presence_registry: None,
         described: format!("journal in {}", args.data_dir.display()),
         ds_signing_key: None,
     })

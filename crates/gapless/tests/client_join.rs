@@ -24,7 +24,7 @@ async fn read_until(join: &mut Join, data: &str) -> Vec<(u64, String)> {
                     return got;
                 }
             }
-            Ok(Some(Ok(Update::Ephemeral(_)))) => {}
+            Ok(Some(Ok(Update::Ephemeral(_) | Update::Presence(_)))) => {}
             Ok(Some(Ok(Update::Gap(g)))) => panic!("unexpected gap {g:?}"),
             Ok(Some(Err(e))) => panic!("join failed: {e}"),
             Ok(None) => panic!("join ended early after {got:?}"),

@@ -101,8 +101,8 @@ fn bad_namespace_tables_are_refused_at_start_naming_the_key() {
             vec!["`presence_linger_ms`", "3600000"],
         ),
         (
-            "[namespaces.chat]\npresence = true\n",
-            vec!["presence", "not built yet", "issue 21"],
+            "[namespaces.chat]\npresence = \"yes\"\n",
+            vec!["`presence` must be true or false"],
         ),
         (
             "[namespaces.\"a:b\"]\nlatest = true\n",
@@ -130,12 +130,12 @@ fn bad_namespace_tables_are_refused_at_start_naming_the_key() {
             }
         }
     }
-    // `presence = false` and every other key are taken.
+    // `presence = true` and every other key are taken.
     let file = write(
         &dir,
         "[namespaces.chat]\nretention_events = 0\nretention_ms = 0\nretention_bytes = 0\n\
          max_event_bytes = 1\nephemeral = false\nlatest = true\npublic = false\n\
-         presence = false\npresence_linger_ms = 0\n[namespaces.default]\n",
+         presence = true\npresence_linger_ms = 0\n[namespaces.default]\n",
     );
     let out = gapless(&["config", "--config", &file]);
     assert!(out.status.success(), "{out:?}");

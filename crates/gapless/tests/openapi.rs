@@ -508,8 +508,8 @@ async fn streams_and_upgrades_answer_as_documented() {
         let event_types = &doc["components"]["schemas"]["SseEvent"]["oneOf"];
         assert_eq!(
             event_types.as_array().map(Vec::len),
-            Some(3),
-            "{event_types}"
+            Some(4),
+            "event, gap notice, presence notice, token expired: {event_types}"
         );
     }
 

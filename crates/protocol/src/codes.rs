@@ -71,6 +71,9 @@ pub enum ErrorCode {
     /// 507: the journal's disk is full or below `--min-free-disk-bytes`;
     /// nothing was stored. Publishing resumes once space is freed.
     JournalFull,
+    /// 404 / WebSocket error reply: presence asked of a channel whose
+    /// namespace has no `presence = true`.
+    PresenceDisabled,
 }
 
 impl ErrorCode {
@@ -105,6 +108,7 @@ impl ErrorCode {
         ErrorCode::RequestTimeout,
         ErrorCode::HeadTooLarge,
         ErrorCode::JournalFull,
+        ErrorCode::PresenceDisabled,
     ];
 
     /// The string used in the `error` field.
@@ -137,6 +141,7 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::HeadTooLarge => "head_too_large",
             ErrorCode::JournalFull => "journal_full",
+            ErrorCode::PresenceDisabled => "presence_disabled",
         }
     }
 
@@ -151,7 +156,7 @@ impl ErrorCode {
             | ErrorCode::InvalidMessage
             | ErrorCode::NotSubscribed
             | ErrorCode::ResumeDisabled => 400,
-            ErrorCode::NotFound | ErrorCode::SessionNotFound => 404,
+            ErrorCode::NotFound | ErrorCode::SessionNotFound | ErrorCode::PresenceDisabled => 404,
             ErrorCode::SessionExists | ErrorCode::SessionEnded | ErrorCode::SessionAttached => 409,
             ErrorCode::SessionNotRetained => 410,
             ErrorCode::MethodNotAllowed => 405,
@@ -289,9 +294,10 @@ mod tests {
                 ErrorCode::RequestTimeout => 24,
                 ErrorCode::HeadTooLarge => 25,
                 ErrorCode::JournalFull => 26,
+                ErrorCode::PresenceDisabled => 27,
             }
         }
-        const COUNT: usize = 27;
+        const COUNT: usize = 28;
         assert_eq!(ErrorCode::ALL.len(), COUNT);
         for (i, c) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(position(*c), i, "{c:?}");

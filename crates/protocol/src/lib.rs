@@ -16,6 +16,7 @@ pub mod cursor;
 pub mod event;
 pub mod name;
 pub mod object;
+pub mod presence;
 pub mod schema;
 pub mod since;
 pub mod sse;

@@ -39,6 +39,16 @@ pub enum ClientMessage {
         /// the server checks it even when a cursor wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         since: Option<String>,
+        /// On an open server, the subscriber's identity for presence: 1 to
+        /// 128 characters of `A-Z a-z 0-9 . _ : @ -`
+        /// ([`crate::presence::check_client_id`]); on a server with keys a
+        /// member is its token's `sub` and this is refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_id: Option<String>,
+        /// Whether to get the channel's join and leave notices
+        /// (`{"op":"presence",…}`); its namespace must have presence.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        presence: bool,
     },
     /// Stop following a channel.
     Unsubscribe {
@@ -217,6 +227,10 @@ pub enum ServerMessage<'a> {
     Published(PublishedMessage),
     /// A refusal.
     Error(ErrorMessage<'a>),
+    /// `{"op":"presence","action","channel","id"}`: a member joined or left
+    /// a channel the socket follows with `"presence": true` (no seq, no
+    /// cursor).
+    Presence(crate::presence::PresenceNotice),
     /// An `op` this side does not know (read only: never written).
     #[serde(other, skip_serializing)]
     Other,
@@ -231,6 +245,7 @@ impl ServerMessage<'_> {
             ServerMessage::Gap(m) => Some(&m.channel),
             ServerMessage::Subscribed(m) => Some(&m.channel),
             ServerMessage::Unsubscribed(m) => Some(&m.channel),
+            ServerMessage::Presence(m) => Some(&m.channel),
             ServerMessage::Published(
                 PublishedMessage::Journaled { channel, .. }
                 | PublishedMessage::Ephemeral { channel, .. },
@@ -397,10 +412,31 @@ mod tests {
             channel: "c".into(),
             cursor: None,
             since: Some("earliest".into()),
+            client_id: None,
+            presence: false,
         };
         round_trip(
             &m,
             r#"{"op":"subscribe","id":0,"channel":"c","since":"earliest"}"#,
+        );
+        round_trip(
+            &ClientMessage::Subscribe {
+                id: None,
+                channel: "c".into(),
+                cursor: None,
+                since: None,
+                client_id: Some("ana".into()),
+                presence: true,
+            },
+            r#"{"op":"subscribe","channel":"c","client_id":"ana","presence":true}"#,
+        );
+        round_trip(
+            &ServerMessage::Presence(crate::presence::PresenceNotice {
+                action: crate::presence::PresenceAction::Leave,
+                channel: "c".into(),
+                id: "ana".into(),
+            }),
+            r#"{"op":"presence","action":"leave","channel":"c","id":"ana"}"#,
         );
         assert!(serde_json::from_str::<ClientMessage>(
             r#"{"op":"subscribe","channel":"c","sinse":"earliest"}"#

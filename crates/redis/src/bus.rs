@@ -593,6 +593,21 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                         inner.on_ephemeral(rest);
                         continue;
                     }
+                    if let Some(rest) = msg
+                        .get_payload_bytes()
+                        .strip_prefix(crate::presence::PREFIX)
+                    {
+                        match (crate::presence::parse(rest), inner.presence.read().as_ref()) {
+                            (Some((channel, join, member)), Some(notice)) => {
+                                notice(channel, join, member)
+                            }
+                            (None, _) => {
+                                tracing::warn!("malformed presence notice on the bus; ignored")
+                            }
+                            _ => {}
+                        }
+                        continue;
+                    }
                     if let Some(holder) = msg.get_payload_bytes().strip_prefix(b"kick ") {
                         if let (Ok(holder), Some(kick)) =
                             (std::str::from_utf8(holder), inner.kick.read().as_ref())

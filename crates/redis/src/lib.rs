@@ -30,10 +30,12 @@ mod codec;
 mod conn;
 mod ephemeral;
 mod notification;
+mod presence;
 mod scripts;
 mod sessions;
 mod settings;
 
+pub use presence::RedisPresence;
 pub use sessions::RedisSessions;
 
 use async_trait::async_trait;
@@ -183,6 +185,8 @@ pub(crate) struct Inner {
     lineage: parking_lot::Mutex<std::collections::HashMap<String, (Epoch, Epoch, u64)>>,
     /// This node's name on the bus (random): it skips its own ephemeral messages.
     node: String,
+    /// Called with each presence notice on the bus (`presence.rs`).
+    presence: parking_lot::RwLock<Option<gapless_core::presence::NoticeFn>>,
 }
 
 type KickFn = Box<dyn Fn(&str) + Send + Sync>;
@@ -232,6 +236,7 @@ impl RedisJournal {
             kick: parking_lot::RwLock::new(None),
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
             node: format!("{:016x}", rand::random::<u64>()),
+            presence: parking_lot::RwLock::new(None),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));

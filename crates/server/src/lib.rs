@@ -50,6 +50,8 @@ pub struct App {
     pub auth: auth::Auth,
     /// The publish rate limit (`limits.rs`).
     pub publish_limiter: ops::limits::PublishLimiter,
+    /// Who follows each channel with presence (`ops/presence.rs`).
+    pub presence: ops::presence::Presence,
 }
 
 /// The client's address, put in every request's extensions by the

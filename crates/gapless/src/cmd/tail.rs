@@ -107,6 +107,8 @@ pub fn run(args: TailArgs) -> ExitCode {
                 None => break,
                 Some(Ok(Update::Event(e))) => output.event(&mut out, &e),
                 Some(Ok(Update::Ephemeral(e))) => output.ephemeral(&mut out, &e),
+                // `tail` does not ask for presence notices.
+                Some(Ok(Update::Presence(_))) => Ok(()),
                 Some(Ok(Update::Gap(g))) => {
                     let after = g.after.as_ref().map_or("an unreadable position".to_owned(), |a| a.to_string());
                     match g.reason {

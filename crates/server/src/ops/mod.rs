@@ -10,6 +10,8 @@
 //! - [`namespaces`]: the rules of a channel's namespace (its event size
 //!   limit, ephemeral publishes; `latest` is in [`start`], `public` in
 //!   `auth`);
+//! - [`presence`]: who follows each channel of a namespace with presence,
+//!   and the join and leave notices of its members;
 //! - [`limits`]: the publish rate per publisher, and a request body's pace;
 //! - [`sessions`]: a session's status on the wire and the answer of each
 //!   refusal;
@@ -27,6 +29,7 @@ pub mod history;
 pub mod limits;
 pub(crate) mod names;
 pub(crate) mod namespaces;
+pub mod presence;
 pub(crate) mod publish;
 pub(crate) mod sessions;
 pub(crate) mod start;

@@ -1,10 +1,11 @@
 //! The plain HTTP room: publish and batch ([`publish`]), history pages and a
-//! channel's bounds ([`history`]), purge ([`purge`]), and the producer side of sessions
+//! channel's bounds ([`history`]), purge ([`purge`]), presence ([`presence`]), and the producer side of sessions
 //! ([`sessions`]), as JSON answers. The rules are `ops::publish`,
 //! `ops::history` and `ops::sessions`; this room reads the request into
 //! them and writes their answers.
 
 pub mod history;
+pub mod presence;
 pub mod publish;
 pub mod purge;
 pub mod sessions;
@@ -27,6 +28,7 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(history::channel_info, purge::purge))
         .routes(routes!(publish::publish, history::history))
         .routes(routes!(publish::publish_batch))
+        .routes(routes!(presence::presence))
         .routes(routes!(sessions::create))
         .routes(routes!(sessions::info))
         .routes(routes!(sessions::append, sessions::history))

@@ -4,6 +4,7 @@
 
 use super::{SseEvent, SseFormat};
 use crate::admin::openapi::shared::{group, StreamForbidden, StreamShuttingDown, Unauthorized};
+use crate::error::ErrorBody;
 use gapless_protocol::Since;
 use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response};
@@ -23,6 +24,17 @@ pub struct SseQuery {
     /// `plain` (the default): `data` is the event's data; `envelope`: `data` is JSON `{"channel","seq","type","data","time"}` (schema `Envelope`); `message`: as `envelope`, and every event comes with no `event:` line, as the default type `message` (its type is the envelope's `type`), so an EventSource's `onmessage` sees every event whatever its type. Gap notices and `gapless.expired` keep their types in every format.
     #[param(value_type = Option<SseFormat>, nullable = false)]
     pub format: Option<String>,
+    /// On an open server, the subscriber's identity for presence (issue 21): 1 to 128 characters of `A-Z a-z 0-9 . _ : @ -`, else 400 `invalid_request`; the stream's connection to each of its channels whose namespace has presence is then this member's. On a server with keys a member is its token's `sub` and this is refused (400 `invalid_request`).
+    #[param(
+        nullable = false,
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9._:@-]+$"
+    )]
+    pub client_id: Option<String>,
+    /// `true`: also get the join and leave of the members of the stream's channels that have presence, as `event: gapless.presence` with data `PresenceNotice` and no `id:` line (not journaled, no cursor moves). 404 `presence_disabled` when none of its channels has presence; any value but `true` or `false` is 400 `invalid_request`.
+    #[param(value_type = Option<bool>, nullable = false)]
+    pub presence: Option<String>,
 }
 
 /// The header a reconnecting EventSource sends (both SSE operations).
@@ -51,5 +63,13 @@ group! {
     /// Every answer of both SSE operations but their 400: the stream, 401,
     /// 403, 503 `shutting_down` (the journal unreachable or failing at open
     /// is a 200 with `retry:` only, described with the stream).
-    SseAnswers = SseStream, Unauthorized, StreamForbidden, StreamShuttingDown
+    SseAnswers = SseStream, Unauthorized, StreamForbidden, StreamPresenceDisabled, StreamShuttingDown
 }
+
+/// 404 of both SSE operations.
+#[derive(IntoResponses)]
+#[response(
+    status = 404,
+    description = "`presence_disabled`: `presence=true` and none of the stream's channels is in a namespace with presence."
+)]
+pub struct StreamPresenceDisabled(pub ErrorBody);

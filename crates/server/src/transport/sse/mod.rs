@@ -29,6 +29,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
 use crate::net::liveness::Flushes;
 use crate::ops::names;
+use crate::ops::presence::{self, Seat};
 use crate::ops::start::{self, Resume};
 use crate::ops::stream::{self, End, EndSignal};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
@@ -50,7 +51,13 @@ use utoipa_axum::routes;
 
 /// The schemas of a stream that no operation names directly.
 #[derive(utoipa::OpenApi)]
-#[openapi(components(schemas(gapless_protocol::Since, SseFormat, ExpiredNotice, SseEvent)))]
+#[openapi(components(schemas(
+    gapless_protocol::Since,
+    SseFormat,
+    ExpiredNotice,
+    SseEvent,
+    gapless_protocol::presence::PresenceNotice
+)))]
 struct Schemas;
 
 /// The SSE routes, `GET /v1/channels/{channel}/sse` and `GET /v1/sse`, with
@@ -186,6 +193,19 @@ impl utoipa::PartialSchema for SseEvent {
                 ObjectBuilder::new()
                     .content_media_type(json)
                     .content_schema(Some(Ref::from_schema_name(<GapNotice as ToSchema>::name()))),
+            ))
+            .item(Self::variant(
+                "presence notice",
+                named(gapless_protocol::presence::SSE_EVENT).into(),
+                ObjectBuilder::new()
+                    .content_media_type(json)
+                    .content_schema(Some(Ref::from_schema_name(
+                        <gapless_protocol::presence::PresenceNotice as ToSchema>::name(),
+                    )))
+                    .description(Some(
+                        "With `presence=true`: a member joined or left a channel of the stream. \
+                         No `id:` line: not journaled, the cursor does not move.",
+                    )),
             ))
             .item(Self::variant(
                 "token expired",
@@ -379,6 +399,9 @@ async fn open(
         }
     };
     let format = StreamFormat { format, untyped };
+    let member = presence::member(&app, grant, q.get("client_id"))?;
+    let listen = presence::wanted(q.get("presence"))?;
+    presence::check_listen(&app, &channels, listen)?;
     let mut starts = starts(&channels, q, headers)?;
     // A namespace's `latest`: only for a client that gave no start at all.
     let given = q.get("since").is_some()
@@ -389,6 +412,7 @@ async fn open(
     for (start, channel) in starts.iter_mut().zip(&channels) {
         *start = start::or_latest(&app.config.namespaces, channel, given, *start);
     }
+    let followed = channels.clone();
     let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
         Ok(opened) => opened,
         Err(e) => {
@@ -414,7 +438,9 @@ async fn open(
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
     let expires = stream::expires_at(grant);
-    let feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
+    let seat = presence::stream_seat(&app, &followed, member, listen).map(Box::new);
+    let mut feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
+    feed.seat = seat;
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed
@@ -487,6 +513,24 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
     out.push(frame.clone());
 }
 
+/// The next presence notice of a stream's seat (never without one).
+async fn next_notice(seat: &mut Option<Box<Seat>>) -> gapless_protocol::presence::PresenceNotice {
+    match seat {
+        Some(seat) => seat.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `event: gapless.presence` with the notice as data and no `id:` line: a
+/// notice is not journaled and moves no cursor.
+fn presence_frame(notice: &gapless_protocol::presence::PresenceNotice) -> Bytes {
+    let data = serde_json::to_string(notice).unwrap_or_default();
+    Bytes::from(format!(
+        "event: {}\ndata: {data}\n\n",
+        gapless_protocol::presence::SSE_EVENT
+    ))
+}
+
 /// The last frame of a stream whose token expired: an event of the reserved
 /// type `gapless.expired`, with no `id:` (the client's cursor stays the last
 /// event's), after which the stream ends. The client reconnects with a fresh
@@ -518,6 +562,9 @@ pub(crate) struct Feed {
     expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
+    /// Its place in the presence of its channels that have it, and the
+    /// notices it asked for (`ops::presence`); left when the stream ends.
+    seat: Option<Box<Seat>>,
 }
 
 impl Drop for Feed {
@@ -546,6 +593,7 @@ impl Feed {
             format,
             head: Some(head),
             beat: None,
+            seat: None,
         }
     }
 
@@ -572,6 +620,10 @@ impl Feed {
                 return self.finish(end, out);
             }
             item = self.sub.next() => item,
+            notice = next_notice(&mut self.seat) => {
+                out.push(presence_frame(&notice));
+                return Flow::More;
+            }
             _ = std::future::poll_fn(|cx| beat.poll_tick(cx)), if tick_ms > 0 => {
                 if heartbeat_ms > 0 {
                     out.push(Bytes::from_static(sse::HEARTBEAT));

@@ -13,6 +13,7 @@ use crate::admin::openapi::shared::HandshakeForbidden;
 use crate::auth::{Action, Grant};
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::names;
+use crate::ops::presence::{self, Seat};
 use crate::ops::publish::{self as op, KeyName};
 use crate::ops::start::{self, Resume};
 use crate::ops::stream::{self, Expiry};
@@ -96,6 +97,10 @@ struct Conn {
     errors_in_row: u32,
     /// What the socket sent and why it ended, for its log line.
     tally: Tally,
+    /// Its places in the presence of the channels it follows that have it,
+    /// and the notices it asked for (`ops::presence`); left when the socket
+    /// ends.
+    seat: Seat,
 }
 
 impl Drop for Conn {
@@ -164,6 +169,7 @@ async fn run(
     let mut expiry = Expiry::new(&grant);
     let mut conn = Conn {
         sub: app.hub.empty_subscription(app.config.read_batch),
+        seat: app.presence.seat(),
         grant,
         peer,
         app,
@@ -201,6 +207,12 @@ async fn run(
                 },
                 Err(e) => Flow::Close(code::GOING_AWAY, format!("journal read failed: {e}")),
             },
+            notice = conn.seat.next() => {
+                match socket.send(json(&ServerMessage::Presence(notice))).await {
+                    Ok(()) => Flow::Continue,
+                    Err(_) => return conn.tally.ended_by(Ended::WriteFailed),
+                }
+            }
             beat = hb.tick() => match beat {
                 Beat::Ping => match ping(&mut socket, &mut hb).await {
                     Ok(()) => Flow::Continue,
@@ -277,9 +289,17 @@ impl Conn {
                 channel,
                 cursor,
                 since,
+                client_id,
+                presence,
             } => {
                 match self
-                    .subscribe(id.clone(), channel, cursor, since, socket)
+                    .subscribe(
+                        id.clone(),
+                        channel,
+                        (cursor, since),
+                        (client_id, presence),
+                        socket,
+                    )
                     .await?
                 {
                     Ok(()) => None,
@@ -290,6 +310,7 @@ impl Conn {
                 if let Some(reply) = self.settle(&channel) {
                     socket.send(json(&reply)).await.map_err(|_| ())?;
                 }
+                self.seat.exit(&channel);
                 if self.sub.unfollow(&channel) {
                     Some(ServerMessage::Unsubscribed(Unsubscribed { id, channel }))
                 } else {
@@ -358,8 +379,8 @@ impl Conn {
         &mut self,
         id: Option<Value>,
         channel: String,
-        cursor: Option<String>,
-        since: Option<String>,
+        (cursor, since): (Option<String>, Option<String>),
+        (client_id, listen): (Option<String>, bool),
         socket: &mut WebSocket,
     ) -> Result<Result<(), ApiError>, ()> {
         if let Err(e) = name::validate_channel(&channel) {
@@ -367,6 +388,15 @@ impl Conn {
         }
         if let Err(e) = self.grant.require(Action::Subscribe, &channel) {
             return Ok(Err(e));
+        }
+        let member = match presence::member(&self.app, &self.grant, client_id.as_deref()) {
+            Ok(member) => member,
+            Err(e) => return Ok(Err(e)),
+        };
+        if listen {
+            if let Err(e) = presence::require(&self.app, &channel) {
+                return Ok(Err(e));
+            }
         }
         let max = self.app.config.max_subscription_channels;
         if self.sub.index_of(&channel).is_none() && self.sub.len() >= max {
@@ -407,6 +437,10 @@ impl Conn {
             Err(e) => return Ok(Err(e.into())),
         };
         self.pending.retain(|p| p.channel != channel);
+        if presence::enabled(&self.app, &channel) {
+            let linger_ms = presence::linger_ms(&self.app, &channel);
+            self.seat.enter(&channel, member, listen, linger_ms);
+        }
         if let Some(g) = &followed.gap {
             self.tally.gaps(1);
             socket.send(json(&messages::gap(g))).await.map_err(|_| ())?;

@@ -1,0 +1,87 @@
+//! Presence shared between nodes (cluster mode; issue 21, "Presence"): what
+//! the server's presence (`ops::presence` of the server crate) tells the
+//! other nodes, and reads back. Each node keeps its own connections and
+//! the linger of its members; a [`PresenceRegistry`] (the Redis one in
+//! cluster mode) adds them up across nodes, decides the cluster-wide join
+//! and leave of each member (its first node holding it, its last one
+//! letting go), tells every node of them, and lets the members of a node
+//! that stopped go.
+
+use crate::JournalError;
+
+/// One change of this node's presence on a channel, applied in the order
+/// the node made them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresenceChange {
+    /// This node's connections to `channel` changed by `delta` (a
+    /// connection came or went), `member`'s (`None`: a connection with no
+    /// identity).
+    Connections {
+        /// The channel.
+        channel: String,
+        /// Whose connection, if anyone's.
+        member: Option<String>,
+        /// +1 or -1.
+        delta: i64,
+    },
+    /// `member` is now on this node (its first connection here; it was not
+    /// lingering): the cluster-wide join when no other node holds it.
+    Hold {
+        /// The channel.
+        channel: String,
+        /// The member.
+        member: String,
+        /// When it joined here, Unix ms (kept when it is the first node).
+        since: u64,
+    },
+    /// `member` left this node (its last connection here gone
+    /// `presence_linger_ms`): the cluster-wide leave when no other node
+    /// holds it.
+    Release {
+        /// The channel.
+        channel: String,
+        /// The member.
+        member: String,
+    },
+}
+
+/// One member of a channel across the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedMember {
+    /// The member.
+    pub id: String,
+    /// Its connections on every node (0 while it lingers everywhere).
+    pub connections: usize,
+    /// When it joined, Unix ms.
+    pub since: u64,
+}
+
+/// A channel's presence across the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedPresence {
+    /// Connections on every node, members' or not.
+    pub occupancy: usize,
+    /// Its members, sorted by id.
+    pub members: Vec<SharedMember>,
+}
+
+/// Called with `(channel, join, member)` for each cluster-wide join
+/// (`join` true) or leave, on every node.
+pub type NoticeFn = Box<dyn Fn(&str, bool, &str) + Send + Sync>;
+
+/// Presence shared between nodes.
+#[async_trait::async_trait]
+pub trait PresenceRegistry: Send + Sync + 'static {
+    /// Applies one change of this node's presence.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn apply(&self, change: &PresenceChange) -> Result<(), JournalError>;
+    /// `channel`'s presence across the cluster.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the shared store fails.
+    async fn read(&self, channel: &str) -> Result<SharedPresence, JournalError>;
+    /// Sets what to call with each cluster-wide join and leave.
+    fn on_notice(&self, notice: NoticeFn);
+}

@@ -1,0 +1,421 @@
+//! Presence in Redis (cluster mode; issue 21, "Presence"): the
+//! [`PresenceRegistry`] every node shares, [`RedisPresence`], built beside
+//! the journal on its connection and bus.
+//!
+//! Per channel four keys, with the channel's hash tag (one slot):
+//!
+//! - `gapless:{<channel>}:pp`, a set of `<member> LF <node>`: which node
+//!   holds which member (from the member's first connection on the node to
+//!   its leave there, after its linger);
+//! - `gapless:{<channel>}:pm`, a hash member → how many nodes hold it; the
+//!   first node is its cluster-wide join, the last one letting go its
+//!   leave, each published on the bus as `pres j <channel> <member>` /
+//!   `pres l <channel> <member>` to every node (this one too);
+//! - `gapless:{<channel>}:ps`, a hash member → when it joined (Unix ms);
+//! - `gapless:{<channel>}:pc`, a hash `<node>` → that node's connections
+//!   and `<node> LF <member>` → the member's connections there.
+//!
+//! Each node keeps `gapless:presence:node:<node>` alive (a key with a TTL
+//! of [`NODE_TTL_MS`], set every [`BEAT_MS`]), lists itself in
+//! `gapless:presence:nodes` and the channels it touched in
+//! `gapless:presence:node:<node>:ch`. Every node looks at the list every
+//! [`BEAT_MS`]: a node whose key is gone has stopped, and its members and
+//! counts are taken out of each of its channels (its members leave, each
+//! once, whichever node does it): within `NODE_TTL_MS + BEAT_MS`, 13 s.
+
+use crate::{Inner, RedisJournal, BUS_CHANNEL};
+use async_trait::async_trait;
+use gapless_core::presence::{
+    NoticeFn, PresenceChange, PresenceRegistry, SharedMember, SharedPresence,
+};
+use gapless_core::JournalError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The prefix of a presence notice on the bus.
+pub(crate) const PREFIX: &[u8] = b"pres ";
+
+/// How long a node's liveness key lives without renewal, ms.
+pub const NODE_TTL_MS: u64 = 10_000;
+
+/// How often a node renews its key and looks for stopped nodes, ms.
+pub const BEAT_MS: u64 = 3_000;
+
+const NODES: &str = "gapless:presence:nodes";
+
+fn node_key(node: &str) -> String {
+    format!("gapless:presence:node:{node}")
+}
+
+fn node_channels(node: &str) -> String {
+    format!("gapless:presence:node:{node}:ch")
+}
+
+fn keys(channel: &str) -> [String; 4] {
+    ["pm", "ps", "pp", "pc"].map(|k| format!("gapless:{{{channel}}}:{k}"))
+}
+
+/// Lets `member` go from `node` (KEYS = pm, ps, pp, pc; ARGV[3] = bus,
+/// ARGV[4] = channel).
+const RELEASE_FN: &str = r#"
+local function release(node, member)
+  if redis.call('SREM', KEYS[3], member .. '\n' .. node) == 1 then
+    if redis.call('HINCRBY', KEYS[1], member, -1) <= 0 then
+      redis.call('HDEL', KEYS[1], member)
+      redis.call('HDEL', KEYS[2], member)
+      redis.call('PUBLISH', ARGV[3], 'pres l ' .. ARGV[4] .. ' ' .. member)
+    end
+  end
+end
+"#;
+
+/// KEYS = pm, ps, pp, pc; ARGV = node, member, bus, channel, since.
+const HOLD: &str = r#"
+if redis.call('SADD', KEYS[3], ARGV[2] .. '\n' .. ARGV[1]) == 1 then
+  if redis.call('HINCRBY', KEYS[1], ARGV[2], 1) == 1 then
+    redis.call('HSET', KEYS[2], ARGV[2], ARGV[5])
+    redis.call('PUBLISH', ARGV[3], 'pres j ' .. ARGV[4] .. ' ' .. ARGV[2])
+  end
+end
+return 1
+"#;
+
+/// KEYS = pm, ps, pp, pc; ARGV = node, member, bus, channel.
+const RELEASE: &str = r#"
+release(ARGV[1], ARGV[2])
+return 1
+"#;
+
+/// A stopped node: all of it. KEYS = pm, ps, pp, pc; ARGV = node, "", bus, channel.
+const REAP: &str = r#"
+for _, pair in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local m, n = string.match(pair, '^(.*)\n([^\n]*)$')
+  if n == ARGV[1] then release(n, m) end
+end
+local prefix = ARGV[1] .. '\n'
+for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
+  if f == ARGV[1] or string.sub(f, 1, #prefix) == prefix then
+    redis.call('HDEL', KEYS[4], f)
+  end
+end
+return 1
+"#;
+
+/// KEYS = pc; ARGV = node, member ("" for none), delta.
+const CONNECTIONS: &str = r#"
+local function add(f)
+  if redis.call('HINCRBY', KEYS[1], f, tonumber(ARGV[3])) <= 0 then
+    redis.call('HDEL', KEYS[1], f)
+  end
+end
+add(ARGV[1])
+if ARGV[2] ~= '' then add(ARGV[1] .. '\n' .. ARGV[2]) end
+return 1
+"#;
+
+/// KEYS = pc, ps. Returns {HGETALL pc, HGETALL ps}.
+const READ: &str = r#"
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
+"#;
+
+struct Scripts {
+    hold: redis::Script,
+    release: redis::Script,
+    reap: redis::Script,
+    connections: redis::Script,
+    read: redis::Script,
+}
+
+/// Presence in the Redis of a [`RedisJournal`], on its connection and its
+/// bus (see the module doc).
+pub struct RedisPresence {
+    inner: Arc<Inner>,
+    scripts: Arc<Scripts>,
+}
+
+impl RedisPresence {
+    /// The registry in `journal`'s Redis; starts this node's liveness beat
+    /// (and its search for stopped nodes) on the current runtime, until the
+    /// journal closes. Notices reach this node through `journal`'s
+    /// notification listener.
+    pub fn new(journal: &RedisJournal) -> Self {
+        let scripts = Arc::new(Scripts {
+            hold: redis::Script::new(&format!("{RELEASE_FN}{HOLD}")),
+            release: redis::Script::new(&format!("{RELEASE_FN}{RELEASE}")),
+            reap: redis::Script::new(&format!("{RELEASE_FN}{REAP}")),
+            connections: redis::Script::new(CONNECTIONS),
+            read: redis::Script::new(READ),
+        });
+        let me = RedisPresence {
+            inner: journal.inner.clone(),
+            scripts,
+        };
+        let (inner, scripts, cancel) =
+            (me.inner.clone(), me.scripts.clone(), journal.tasks.clone());
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(Duration::from_millis(BEAT_MS));
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = beat.tick() => {}
+                }
+                if let Err(e) = alive_and_reap(&inner, &scripts).await {
+                    tracing::debug!(error = %e, "presence: the node beat failed");
+                }
+            }
+        });
+        me
+    }
+}
+
+/// Renews this node's key, then takes the stopped nodes out.
+async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<(), JournalError> {
+    let me = inner.node.clone();
+    let key = node_key(&me);
+    inner
+        .conn
+        .run(|mut c| {
+            let (key, me) = (key.clone(), me.clone());
+            async move {
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(NODE_TTL_MS)
+                    .ignore()
+                    .cmd("SADD")
+                    .arg(NODES)
+                    .arg(&me)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            }
+        })
+        .await?;
+    let nodes: Vec<String> = inner
+        .conn
+        .run(|mut c| async move { redis::cmd("SMEMBERS").arg(NODES).query_async(&mut c).await })
+        .await?;
+    for node in nodes.into_iter().filter(|n| *n != me) {
+        let k = node_key(&node);
+        let alive: bool = inner
+            .conn
+            .run(|mut c| {
+                let k = k.clone();
+                async move { redis::cmd("EXISTS").arg(&k).query_async(&mut c).await }
+            })
+            .await?;
+        if alive {
+            continue;
+        }
+        let ch_key = node_channels(&node);
+        let channels: Vec<String> = inner
+            .conn
+            .run(|mut c| {
+                let ch_key = ch_key.clone();
+                async move {
+                    redis::cmd("SMEMBERS")
+                        .arg(&ch_key)
+                        .query_async(&mut c)
+                        .await
+                }
+            })
+            .await?;
+        tracing::info!(
+            node,
+            channels = channels.len(),
+            "presence: a node stopped; its members leave"
+        );
+        for channel in &channels {
+            let ks = keys(channel);
+            let s = &scripts.reap;
+            let _: i64 = inner
+                .conn
+                .run(|mut c| {
+                    let mut inv = s.prepare_invoke();
+                    for k in &ks {
+                        inv.key(k);
+                    }
+                    inv.arg(&node).arg("").arg(BUS_CHANNEL).arg(channel);
+                    async move { inv.invoke_async(&mut c).await }
+                })
+                .await?;
+        }
+        inner
+            .conn
+            .run(|mut c| {
+                let (ch_key, node) = (ch_key.clone(), node.clone());
+                async move {
+                    redis::pipe()
+                        .cmd("DEL")
+                        .arg(&ch_key)
+                        .ignore()
+                        .cmd("SREM")
+                        .arg(NODES)
+                        .arg(&node)
+                        .ignore()
+                        .query_async::<()>(&mut c)
+                        .await
+                }
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl PresenceRegistry for RedisPresence {
+    async fn apply(&self, change: &PresenceChange) -> Result<(), JournalError> {
+        let node = self.inner.node.clone();
+        match change {
+            PresenceChange::Connections {
+                channel,
+                member,
+                delta,
+            } => {
+                if *delta > 0 {
+                    // Listed before anything of the channel is kept, so a
+                    // stop of this node is cleaned up everywhere it was.
+                    let ch_key = node_channels(&node);
+                    self.inner
+                        .conn
+                        .run(|mut c| {
+                            let (ch_key, channel) = (ch_key.clone(), channel.clone());
+                            async move {
+                                redis::cmd("SADD")
+                                    .arg(&ch_key)
+                                    .arg(&channel)
+                                    .query_async::<()>(&mut c)
+                                    .await
+                            }
+                        })
+                        .await?;
+                }
+                let [_, _, _, pc] = keys(channel);
+                let s = &self.scripts.connections;
+                let mut inv = s.prepare_invoke();
+                inv.key(&pc)
+                    .arg(&node)
+                    .arg(member.as_deref().unwrap_or(""))
+                    .arg(*delta);
+                // Not idempotent: never sent twice.
+                let _: i64 = self
+                    .inner
+                    .conn
+                    .run_unrepeatable(|mut c| async move { inv.invoke_async(&mut c).await })
+                    .await?;
+            }
+            PresenceChange::Hold {
+                channel,
+                member,
+                since,
+            } => {
+                let ks = keys(channel);
+                let s = &self.scripts.hold;
+                let _: i64 = self
+                    .inner
+                    .conn
+                    .run(|mut c| {
+                        let mut inv = s.prepare_invoke();
+                        for k in &ks {
+                            inv.key(k);
+                        }
+                        inv.arg(&node)
+                            .arg(member)
+                            .arg(BUS_CHANNEL)
+                            .arg(channel)
+                            .arg(*since);
+                        async move { inv.invoke_async(&mut c).await }
+                    })
+                    .await?;
+            }
+            PresenceChange::Release { channel, member } => {
+                let ks = keys(channel);
+                let s = &self.scripts.release;
+                let _: i64 = self
+                    .inner
+                    .conn
+                    .run(|mut c| {
+                        let mut inv = s.prepare_invoke();
+                        for k in &ks {
+                            inv.key(k);
+                        }
+                        inv.arg(&node).arg(member).arg(BUS_CHANNEL).arg(channel);
+                        async move { inv.invoke_async(&mut c).await }
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn read(&self, channel: &str) -> Result<SharedPresence, JournalError> {
+        let [_, ps, _, pc] = keys(channel);
+        let s = &self.scripts.read;
+        let (counts, since): (Vec<String>, Vec<String>) = self
+            .inner
+            .conn
+            .run(|mut c| {
+                let mut inv = s.prepare_invoke();
+                inv.key(&pc).key(&ps);
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+        let mut out = SharedPresence::default();
+        let mut members: BTreeMap<String, SharedMember> = BTreeMap::new();
+        for pair in since.chunks_exact(2) {
+            members.insert(
+                pair[0].clone(),
+                SharedMember {
+                    id: pair[0].clone(),
+                    connections: 0,
+                    since: pair[1].parse().unwrap_or(0),
+                },
+            );
+        }
+        for pair in counts.chunks_exact(2) {
+            let n = usize::try_from(pair[1].parse::<i64>().unwrap_or(0)).unwrap_or(0);
+            match pair[0].split_once('\n') {
+                None => out.occupancy += n,
+                Some((_, member)) => {
+                    if let Some(m) = members.get_mut(member) {
+                        m.connections += n;
+                    }
+                }
+            }
+        }
+        out.members = members.into_values().collect();
+        Ok(out)
+    }
+
+    fn on_notice(&self, notice: NoticeFn) {
+        *self.inner.presence.write() = Some(notice);
+    }
+}
+
+/// Parses what follows [`PREFIX`]: `(channel, join, member)`.
+pub(crate) fn parse(rest: &[u8]) -> Option<(&str, bool, &str)> {
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (action, rest) = rest.split_once(' ')?;
+    let (channel, member) = rest.split_once(' ')?;
+    let join = match action {
+        "j" => true,
+        "l" => false,
+        _ => return None,
+    };
+    Some((channel, join, member))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn notices_parse() {
+        assert_eq!(super::parse(b"j room:1 ana"), Some(("room:1", true, "ana")));
+        assert_eq!(super::parse(b"l c b:c"), Some(("c", false, "b:c")));
+        assert_eq!(super::parse(b"x c b"), None);
+        assert_eq!(super::parse(b"j c"), None);
+    }
+}
