@@ -74,10 +74,8 @@ async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<(
     let auth = auth(&args)?.public_reads(namespaces.clone());
     let mut config = server_config(&args, cors_origins(&args, &auth)?);
     config.namespaces = namespaces;
-    config.ds_signing_key = match store.ds_signing_key {
-        Some(key) => Some(key),
-        None => ds_signing_key(&args)?,
-    };
+    config.ds_signing_key = ds_signing_key(&args)?;
+    config.ds_shared_signing_key = store.ds_shared_signing_key;
     let listener = bind(args.listen).with_context(|| {
         format!(
             "listening on {} (is another server on that port? pass another --listen, e.g. 127.0.0.1:0 for a free port)",
@@ -128,8 +126,8 @@ struct Store {
     described: String,
     /// Cluster mode with the Durable Streams protocol on and no
     /// `--ds-signing-key`: the webhook signing key every node shares, kept
-    /// in Redis (made by the first node that starts).
-    ds_signing_key: Option<gapless_server::config::DsSigningKey>,
+    /// in Redis (made by the first node that needs it).
+    ds_shared_signing_key: Option<Arc<dyn gapless_server::config::SharedSigningKey>>,
 }
 
 /// Opens the journal `args` name: Redis (`--redis-url`), memory
@@ -146,17 +144,20 @@ async fn open_store(
         // connection and bus (a takeover's kick arrives on it).
         let registry = gapless_redis::RedisSessions::new(&journal);
         let presence = gapless_redis::RedisPresence::new(&journal);
-        let ds_signing_key = if args.ds_prefix.is_empty() || args.ds_signing_key.is_some() {
-            None
-        } else {
-            Some(shared_signing_key(&journal).await?)
-        };
+        let ds_shared_signing_key: Option<Arc<dyn gapless_server::config::SharedSigningKey>> =
+            if args.ds_prefix.is_empty() || args.ds_signing_key.is_some() {
+                None
+            } else {
+                Some(Arc::new(SharedSigningKey(
+                    gapless_redis::SharedValues::new(&journal),
+                )))
+            };
         return Ok(Store {
             journal: Arc::new(journal),
             session_registry: Some(Arc::new(registry)),
             presence_registry: Some(Arc::new(presence)),
             described: "journal in Redis".to_owned(),
-            ds_signing_key,
+            ds_shared_signing_key,
         });
     }
     if args.memory {
@@ -165,7 +166,7 @@ async fn open_store(
             session_registry: None,
             presence_registry: None,
             described: "in memory".to_owned(),
-            ds_signing_key: None,
+            ds_shared_signing_key: None,
         });
     }
     let durability = match args.durability {
@@ -188,33 +189,40 @@ async fn open_store(
         session_registry: None,
         presence_registry: None,
         described: format!("journal in {}", args.data_dir.display()),
-        ds_signing_key: None,
+        ds_shared_signing_key: None,
     })
 }
 
 /// The Durable Streams webhook signing key of a cluster started without
 /// `--ds-signing-key`: one key for every node, its 32-byte seed kept in
-/// Redis (`gapless:{shared/ds-signing-key}`), made by the first node to ask.
-///
-/// # Errors
-/// Redis cannot be reached, or holds a value there that is not a seed.
-async fn shared_signing_key(
-    journal: &gapless_redis::RedisJournal,
-) -> anyhow::Result<gapless_server::config::DsSigningKey> {
-    let seed = journal
-        .shared_value(
-            "ds-signing-key",
-            &gapless_server::config::DsSigningKey::generate().0,
-        )
-        .await
-        .context("reading the cluster's Durable Streams signing key from Redis")?;
-    let seed: [u8; 32] = seed.as_slice().try_into().map_err(|_| {
-        anyhow::anyhow!(
-            "Redis key gapless:{{shared/ds-signing-key}} holds {} bytes, not a 32-byte Ed25519 seed; delete it to have a new key made, or give every node --ds-signing-key",
-            seed.len()
-        )
-    })?;
-    Ok(gapless_server::config::DsSigningKey(seed))
+/// Redis (`gapless:{shared/ds-signing-key}`), made by the first node to ask;
+/// read when first needed, so a Redis unreachable at start does not stop
+/// the server.
+#[derive(Debug)]
+struct SharedSigningKey(gapless_redis::SharedValues);
+
+impl gapless_server::config::SharedSigningKey for SharedSigningKey {
+    fn get(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<gapless_server::config::DsSigningKey, String>> {
+        Box::pin(async move {
+            let seed = self
+                .0
+                .get_or_set(
+                    "ds-signing-key",
+                    &gapless_server::config::DsSigningKey::generate().0,
+                )
+                .await
+                .map_err(|e| format!("reading it from Redis: {e}"))?;
+            let seed: [u8; 32] = seed.as_slice().try_into().map_err(|_| {
+                format!(
+                    "Redis key gapless:{{shared/ds-signing-key}} holds {} bytes, not a 32-byte Ed25519 seed; delete it to have a new key made, or give every node --ds-signing-key",
+                    seed.len()
+                )
+            })?;
+            Ok(gapless_server::config::DsSigningKey(seed))
+        })
+    }
 }
 
 /// The origins allowed by CORS: `--cors-origin`, or, without it, `*` on an
@@ -252,8 +260,8 @@ fn cors_origins(args: &ServeArgs, auth: &Auth) -> anyhow::Result<Vec<String>> {
 /// The webhook signing key of Durable Streams subscriptions: the
 /// `--ds-signing-key` file (which must exist), else `ds-signing-key.pem` in
 /// the data directory (made at the first start), else none (`--memory`: a
-/// key per process). Cluster mode without the setting shares one key
-/// through Redis ([`shared_signing_key`]). Nothing when the protocol is off.
+/// key per process; cluster mode: one key shared through Redis,
+/// [`SharedSigningKey`]). Nothing when the protocol is off.
 fn ds_signing_key(
     args: &ServeArgs,
 ) -> anyhow::Result<Option<gapless_server::config::DsSigningKey>> {
@@ -271,7 +279,8 @@ fn ds_signing_key(
         }
         return Ok(Some(DsSigningKey::load(path).context("--ds-signing-key")?));
     }
-    if args.memory {
+    if args.memory || args.redis.url.is_some() {
+        // Cluster mode: the key every node shares ([`SharedSigningKey`]).
         return Ok(None);
     }
     let path = args.data_dir.join("ds-signing-key.pem");

@@ -271,42 +271,6 @@ impl RedisJournal {
         }
     }
 
-    /// A value every node of the cluster shares, made by whichever node asks
-    /// first: `SET gapless:{shared/<name>} <candidate> NX`, then `GET` (one
-    /// script, so every node reads the same bytes). Used for the Durable
-    /// Streams webhook signing key of a cluster started without
-    /// `--ds-signing-key` (docs/durable-streams.md, "Signing key"): one JWK
-    /// Set on every node, kept across restarts as long as Redis keeps it.
-    ///
-    /// # Errors
-    /// [`JournalError::Unavailable`] when Redis cannot be reached.
-    pub async fn shared_value(
-        &self,
-        name: &str,
-        candidate: &[u8],
-    ) -> Result<Vec<u8>, JournalError> {
-        const SHARED: &str = r#"
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-return redis.call('GET', KEYS[1])
-"#;
-        let key = format!("gapless:{{shared/{name}}}");
-        let candidate = candidate.to_vec();
-        self.inner
-            .conn
-            .run(|mut c| {
-                let key = key.clone();
-                let candidate = candidate.clone();
-                async move {
-                    redis::Script::new(SHARED)
-                        .key(key)
-                        .arg(candidate)
-                        .invoke_async::<Vec<u8>>(&mut c)
-                        .await
-                }
-            })
-            .await
-    }
-
     fn fresh_epoch() -> String {
         (rand::random::<u64>() | 1).to_string()
     }
@@ -782,5 +746,58 @@ impl Journal for RedisJournal {
 impl Drop for RedisJournal {
     fn drop(&mut self) {
         self.tasks.cancel();
+    }
+}
+
+/// Values every node of the cluster shares, made by whichever node asks
+/// first (built beside the journal, on its connection): `SET
+/// gapless:{shared/<name>} <candidate> NX`, then `GET`, in one script, so
+/// every node reads the same bytes. Used for the Durable Streams webhook
+/// signing key of a cluster started without `--ds-signing-key`
+/// (docs/durable-streams.md, "Signing key").
+#[derive(Clone)]
+pub struct SharedValues {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SharedValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedValues")
+    }
+}
+
+impl SharedValues {
+    /// The shared values of `journal`'s Redis.
+    pub fn new(journal: &RedisJournal) -> Self {
+        SharedValues {
+            inner: journal.inner.clone(),
+        }
+    }
+
+    /// The value of `name`: `candidate` when no node set it before.
+    ///
+    /// # Errors
+    /// [`JournalError::Unavailable`] when Redis cannot be reached.
+    pub async fn get_or_set(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>, JournalError> {
+        const SHARED: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+"#;
+        let key = format!("gapless:{{shared/{name}}}");
+        let candidate = candidate.to_vec();
+        self.inner
+            .conn
+            .run(|mut c| {
+                let key = key.clone();
+                let candidate = candidate.clone();
+                async move {
+                    redis::Script::new(SHARED)
+                        .key(key)
+                        .arg(candidate)
+                        .invoke_async::<Vec<u8>>(&mut c)
+                        .await
+                }
+            })
+            .await
     }
 }

@@ -130,6 +130,11 @@ pub struct ServerConfig {
     /// process (`--memory`, or cluster mode without the setting), so a
     /// restart publishes a new JWK Set. Default none.
     pub ds_signing_key: Option<DsSigningKey>,
+    /// Cluster mode without `--ds-signing-key`: where the key every node
+    /// shares is read, at its first use (a Redis that cannot be reached at
+    /// start does not stop the server). Used when [`Self::ds_signing_key`]
+    /// is `None`.
+    pub ds_shared_signing_key: Option<std::sync::Arc<dyn SharedSigningKey>>,
     /// Cluster mode: other servers share the journal (`--redis`). Durable
     /// Streams subscriptions then follow each other's records and share
     /// their delivery through a lease in the journal
@@ -174,6 +179,7 @@ impl Default for ServerConfig {
             ds_webhook_timeout_ms: 10_000,
             ds_max_subscriptions: 1000,
             ds_signing_key: None,
+            ds_shared_signing_key: None,
             cluster: false,
             namespaces: Arc::default(),
         }
@@ -228,6 +234,18 @@ impl std::fmt::Debug for DsSigningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DsSigningKey(<secret>)")
     }
+}
+
+/// A webhook signing key kept outside the process and shared by every node
+/// of a cluster (in Redis: `gapless-redis`'s `SharedValues`), read when the
+/// key is first needed.
+pub trait SharedSigningKey: Send + Sync + std::fmt::Debug {
+    /// The shared key, made now if no node made it before.
+    ///
+    /// # Errors
+    /// Why it cannot be read now (the store unreachable, a value that is
+    /// not a key); asked again at the next use.
+    fn get(&self) -> futures::future::BoxFuture<'_, Result<DsSigningKey, String>>;
 }
 
 /// Why a webhook signing key file cannot be used (at start).

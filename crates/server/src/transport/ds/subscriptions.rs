@@ -50,7 +50,7 @@ use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts a change of a subscription ([`Tx::begin`]), or returns the
@@ -183,19 +183,29 @@ pub struct Sub {
 pub struct Subscriptions {
     /// The subscriptions, read from their records.
     pub log: sub_meta::Log,
-    signer: OnceLock<Signer>,
+    signer: tokio::sync::OnceCell<Signer>,
     started: AtomicBool,
 }
 
 impl Subscriptions {
     /// The webhook signing key: `--ds-signing-key` (or the data
-    /// directory's), else one made for this process.
-    fn signer(&self, app: &App) -> &Signer {
+    /// directory's); in cluster mode without one, the key every node shares
+    /// (read at its first use, and asked again after a failure); else one
+    /// made for this process (`--memory`).
+    ///
+    /// # Errors
+    /// The shared key cannot be read now (Redis unreachable).
+    async fn signer(&self, app: &App) -> Result<&Signer, String> {
+        let config = &app.config;
         self.signer
-            .get_or_init(|| match &app.config.ds_signing_key {
-                Some(k) => Signer::from_bytes(&k.0),
-                None => Signer::generate(),
+            .get_or_try_init(|| async {
+                match (&config.ds_signing_key, &config.ds_shared_signing_key) {
+                    (Some(k), _) => Ok(Signer::from_bytes(&k.0)),
+                    (None, Some(shared)) => shared.get().await.map(|k| Signer::from_bytes(&k.0)),
+                    (None, None) => Ok(Signer::generate()),
+                }
             })
+            .await
     }
 }
 
@@ -254,7 +264,17 @@ pub async fn handle(
                 "the JWK Set answers GET",
             );
         }
-        let mut r = json_answer(StatusCode::OK, &ds.subs.signer(app).jwks());
+        let signer = match ds.subs.signer(app).await {
+            Ok(s) => s,
+            Err(e) => {
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "UNAVAILABLE",
+                    format!("the cluster's webhook signing key cannot be read now: {e}"),
+                )
+            }
+        };
+        let mut r = json_answer(StatusCode::OK, &signer.jwks());
         let h = r.headers_mut();
         h.insert(
             axum::http::header::CONTENT_TYPE,
@@ -722,12 +742,13 @@ async fn view(app: &App, ds: &Ds, s: &Sub) -> Value {
         };
         streams.push(json!({ "path": path, "link_type": l.link_type(), "acked_offset": acked }));
     }
+    let kid = ds.subs.signer(app).await.ok().map(|s| s.kid.clone());
     let webhook = s.config.webhook_url.as_ref().map(|u| {
         json!({
             "url": u,
             "signing": {
                 "alg": "ed25519",
-                "kid": ds.subs.signer(app).kid,
+                "kid": kid,
                 "jwks_url": format!("{}/__ds/jwks.json", s.base_url),
             }
         })
@@ -1182,10 +1203,12 @@ async fn append_wake(
 async fn send(app: &App, ds: &Ds, k: &Key, url: &str, body: Value, generation: u64, wake: &str) {
     let bytes = body.to_string().into_bytes();
     let t = now_ms() / 1000;
-    let sig = ds.subs.signer(app).signature(t, &bytes);
     let cfg = &app.config;
-    let res = match url::Url::parse(url) {
-        Ok(u) => {
+    let signer = ds.subs.signer(app).await;
+    let res = match (url::Url::parse(url), signer) {
+        (_, Err(e)) => Err(format!("no signing key: {e}")),
+        (Ok(u), Ok(signer)) => {
+            let sig = signer.signature(t, &bytes);
             webhook::deliver(
                 &u,
                 bytes,
@@ -1195,7 +1218,7 @@ async fn send(app: &App, ds: &Ds, k: &Key, url: &str, body: Value, generation: u
             )
             .await
         }
-        Err(e) => Err(e.to_string()),
+        (Err(e), Ok(_)) => Err(e.to_string()),
     };
     let recorded = async {
         let mut tx = Tx::begin(app, ds, k.clone()).await?;
