@@ -92,9 +92,9 @@ impl Ctx {
             sub = match c.kind {
                 Kind::Gapless => format!("http://{a}/v1/ws"),
                 Kind::Nchan => format!("http://{a}/ws/{{channel}}"),
-                Kind::Electric | Kind::Dsnode | Kind::GaplessDs => bail!(
-                    "--transport ws: the Durable Streams kinds have no WebSocket subscribers"
-                ),
+                Kind::Electric | Kind::Dsnode | Kind::GaplessDs => {
+                    bail!("--transport ws: the Durable Streams kinds have no WebSocket subscribers")
+                }
             };
         }
         let wire = match (ds, c.ds_type) {

@@ -687,7 +687,8 @@ async fn run_ws(
     if head.status != 101 {
         bail!("WebSocket handshake answered {}", head.status);
     }
-    let mut mask_state = payload::now_us() ^ (tracker.id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut mask_state =
+        payload::now_us() ^ (tracker.id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let mut out: Vec<u8> = Vec::new();
     let mut permit = Some(permit);
     if let WsSub::Gapless { channel } = mode {
@@ -696,7 +697,12 @@ async fn run_ws(
             msg["cursor"] = serde_json::Value::from(c.as_str());
         }
         let text = msg.to_string();
-        ws::client_frame(op::TEXT, text.as_bytes(), ws::next_mask(&mut mask_state), &mut out);
+        ws::client_frame(
+            op::TEXT,
+            text.as_bytes(),
+            ws::next_mask(&mut mask_state),
+            &mut out,
+        );
         conn.send(&out).await?;
         out.clear();
     } else {

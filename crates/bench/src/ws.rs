@@ -200,7 +200,12 @@ mod tests {
             }
             assert_eq!(
                 got,
-                [(op::TEXT, 5), (op::TEXT, 300), (op::BINARY, 70_000), (op::PING, 1)],
+                [
+                    (op::TEXT, 5),
+                    (op::TEXT, 300),
+                    (op::BINARY, 70_000),
+                    (op::PING, 1)
+                ],
                 "split at {split}"
             );
             assert_eq!(pos, wire.len());
@@ -209,7 +214,10 @@ mod tests {
 
     #[test]
     fn frames_a_server_must_not_send_are_refused() {
-        assert!(parse_frame(&[0x81, 0x81, 1, 2, 3, 4, b'a']).is_err(), "masked");
+        assert!(
+            parse_frame(&[0x81, 0x81, 1, 2, 3, 4, b'a']).is_err(),
+            "masked"
+        );
         assert!(parse_frame(&[0xC1, 0x00]).is_err(), "reserved bit");
         assert!(parse_frame(&[0x83, 0x00]).is_err(), "unknown opcode");
         assert!(parse_frame(&[0x09, 0x00]).is_err(), "fragmented ping");
