@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gapless-bench scenario at tiny sizes against gapless only (its own
-# API, its Durable Streams paths under /ds, and a two-node cluster), so the
+# API over SSE and over WebSocket, its Durable Streams paths under /ds, and a
+# two-node cluster), so the
 # harness cannot rot. Checks counts (nothing lost, nothing duplicated), never
 # speed: gapless-bench exits 2 when a count is not exact. Builds nothing.
 #
@@ -63,6 +64,15 @@ run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
 run presence --members 20 --duration-ms 500 --hold-ms 100 --watchers 2
 
+# WebSocket subscribers (--transport ws: /v1/ws, one subscribe each, event messages counted
+# exactly; storm resumes from each subscriber's last event cursor).
+run --transport ws idle --subs 4 --hold-ms 50
+run --transport ws idle --subs 4 --one-channel --hold-ms 50
+run --transport ws fanout --subs 4 --events 25 --bytes 100
+run --transport ws fanout --subs 3 --events 20 --rate 200 --publishers 2
+run --transport ws channels --channels 3 --subs-per-channel 2 --events 30 --publishers 2
+run --transport ws storm --subs 4 --behind 10 --linger-ms 100
+
 # The Durable Streams scenarios (--kind gapless-ds; electric and dsnode speak the same protocol):
 # streams created with PUT, SSE data/control events counted exactly, catch-up read paging on
 # Stream-Next-Offset.
@@ -94,4 +104,5 @@ start_node n1 PID ADDR
 start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
-echo "bench-smoke: 18 scenario runs exact"
+run --transport ws fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
+echo "bench-smoke: 25 scenario runs exact"

@@ -288,7 +288,7 @@ impl Conn {
             self.start = 0;
         }
         if self.end == self.buf.len() {
-            bail!("response head larger than the read buffer");
+            bail!("a response head or WebSocket frame larger than the read buffer (--read-buffer)");
         }
         let n = self
             .stream
@@ -411,6 +411,33 @@ impl Conn {
         }
         // Anything left after the body's end is ignored; the stream is over.
         Ok(true)
+    }
+}
+
+impl Conn {
+    /// Reads raw bytes after a response head (a WebSocket's frames): calls `take` with
+    /// every byte buffered and not yet taken, and moves past the count it returns; waits
+    /// for more bytes when nothing is buffered or `take` took nothing (an incomplete
+    /// frame). Returns false at end of stream.
+    ///
+    /// # Errors
+    /// The read failed, `take` failed, or an incomplete frame fills the whole buffer.
+    pub async fn read_raw(
+        &mut self,
+        take: &mut impl FnMut(&[u8]) -> Result<usize>,
+    ) -> Result<bool> {
+        loop {
+            if self.start < self.end {
+                let used = take(&self.buf[self.start..self.end])?;
+                self.start += used.min(self.end - self.start);
+                if used > 0 {
+                    return Ok(true);
+                }
+            }
+            if self.fill().await? == 0 {
+                return Ok(false);
+            }
+        }
     }
 }
 

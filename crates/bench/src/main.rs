@@ -20,6 +20,7 @@ mod publisher;
 mod report;
 mod scenario;
 mod sub;
+mod ws;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -85,6 +86,28 @@ pub enum DsType {
     Text,
 }
 
+/// How subscribers follow their channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Server-Sent Events: one HTTP GET per subscriber (gapless `/v1/channels/{channel}/sse`,
+    /// Nchan `nchan_subscriber eventsource` at `/sub/{channel}`).
+    Sse,
+    /// WebSocket: one socket per subscriber. gapless: `/v1/ws` with subprotocol
+    /// `gapless.v1`, one `subscribe` message, `event` messages (docs/protocol.md); Nchan:
+    /// `nchan_subscriber websocket` at `/ws/{channel}`, one text frame per message.
+    Ws,
+}
+
+impl Transport {
+    /// The name used in results (`sse`, `ws`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Sse => "sse",
+            Transport::Ws => "ws",
+        }
+    }
+}
+
 /// Options every scenario takes.
 #[derive(Debug, Args)]
 pub struct Common {
@@ -95,6 +118,13 @@ pub struct Common {
     /// read back with `GET ?offset=-1` paging on `Stream-Next-Offset`.
     #[arg(long, global = true, value_enum, default_value_t = Kind::Gapless)]
     pub kind: Kind,
+    /// How subscribers follow (idle, fanout, channels, storm): `sse`, or `ws` (gapless's
+    /// WebSocket API with `--kind gapless`, Nchan's WebSocket subscriber with `--kind nchan`;
+    /// the Durable Streams kinds have none). With `--sub-url`, the template is the socket's
+    /// URL. Storm over `ws` resumes from each subscriber's last event cursor (gapless only:
+    /// Nchan's frames carry no message id).
+    #[arg(long, global = true, value_enum, default_value_t = Transport::Sse)]
+    pub transport: Transport,
     /// Content type of the Durable Streams streams (Durable Streams kinds only).
     #[arg(long, global = true, value_enum, default_value_t = DsType::Json)]
     pub ds_type: DsType,
@@ -147,7 +177,7 @@ pub struct Common {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// N idle SSE subscribers: server RSS per connection and connect time.
+    /// N idle subscribers (SSE or WebSocket): server RSS per connection and connect time.
     Idle(scenario::IdleArgs),
     /// N subscribers on one channel, M events of B bytes at R/s (0 = max).
     Fanout(scenario::FanoutArgs),

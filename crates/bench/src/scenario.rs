@@ -18,7 +18,7 @@ use crate::procstat::{self, Meter, Usage};
 use crate::publisher::{self, Outcome, Plan};
 use crate::report::{histogram, Record};
 use crate::sub::{self, Board, Tracker};
-use crate::{Common, DsType, Kind};
+use crate::{Common, DsType, Kind, Transport};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
@@ -46,6 +46,10 @@ pub struct Ctx {
     wire: Wire,
     /// A Durable Streams target: streams are created before a run, followed from an offset.
     ds: bool,
+    /// How subscribers follow; with `Ws`, `sub` is the socket's URL (gapless: no `{channel}`).
+    transport: Transport,
+    /// The gapless WebSocket protocol (`--kind gapless`), else one message per frame.
+    ws_gapless: bool,
     /// Cluster mode: every node's address and `Host` (the first is `--addr`);
     /// empty: the templates' own address.
     nodes: Vec<(std::net::SocketAddr, String)>,
@@ -58,7 +62,7 @@ impl Ctx {
     /// A template is malformed.
     pub fn new(c: &Common) -> Result<Self> {
         let a = &c.addr;
-        let (sub, publ, history, info) = match c.kind {
+        let (mut sub, publ, history, info) = match c.kind {
             Kind::Gapless => (
                 format!("http://{a}/v1/channels/{{channel}}/sse"),
                 format!("http://{a}/v1/channels/{{channel}}/events"),
@@ -84,6 +88,15 @@ impl Ctx {
             }
         };
         let ds = c.kind.ds_prefix().is_some();
+        if c.transport == Transport::Ws {
+            sub = match c.kind {
+                Kind::Gapless => format!("http://{a}/v1/ws"),
+                Kind::Nchan => format!("http://{a}/ws/{{channel}}"),
+                Kind::Electric | Kind::Dsnode | Kind::GaplessDs => {
+                    bail!("--transport ws: the Durable Streams kinds have no WebSocket subscribers")
+                }
+            };
+        }
         let wire = match (ds, c.ds_type) {
             (false, _) => Wire::Raw,
             (true, DsType::Json) => Wire::JsonString,
@@ -116,6 +129,8 @@ impl Ctx {
             read_buffer: c.read_buffer,
             wire,
             ds,
+            transport: c.transport,
+            ws_gapless: c.kind == Kind::Gapless,
             nodes: if c.nodes.is_empty() {
                 Vec::new()
             } else {
@@ -197,6 +212,12 @@ impl Ctx {
     fn record(&self, scenario: &str, params: String) -> Record {
         Record::new(scenario, &self.label, params)
     }
+
+    /// A record of a scenario with subscribers: its parameters name the transport.
+    fn sub_record(&self, scenario: &str, params: String) -> Record {
+        let params = format!("{params} transport={}", self.transport.name());
+        Record::new(scenario, &self.label, params)
+    }
 }
 
 /// A set of subscriber tasks and their board.
@@ -222,7 +243,16 @@ impl Group {
                     0 => (ctx.sub.addr, &ctx.sub.host),
                     n => (ctx.nodes[i % n].0, &ctx.nodes[i % n].1),
                 };
-                let target = if ctx.ds {
+                let target = if ctx.transport == Transport::Ws {
+                    let mode = if ctx.ws_gapless {
+                        sub::WsSub::Gapless {
+                            channel: names[t.channel].clone(),
+                        }
+                    } else {
+                        sub::WsSub::Raw
+                    };
+                    sub::Target::ws(addr, host, &path, mode, last.as_deref(), ctx.read_buffer)
+                } else if ctx.ds {
                     // Resuming uses the tracker's last control offset (run() reads it).
                     sub::Target::ds(addr, host, &path, ctx.wire, ctx.read_buffer)
                 } else {
@@ -459,7 +489,7 @@ pub struct IdleArgs {
 /// # Errors
 /// Subscribers could not attach.
 pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
-    let mut r = ctx.record(
+    let mut r = ctx.sub_record(
         "idle",
         format!(
             "subs={} channels={}",
@@ -628,7 +658,7 @@ async fn spread(
     publishers: usize,
     max_secs: Option<f64>,
 ) -> Result<Record> {
-    let mut r = ctx.record(scenario, params);
+    let mut r = ctx.sub_record(scenario, params);
     let names = ctx.streams("f", channels).await?;
     let paths = ctx.pub_paths(&names);
     let subs = channels * subs_per_channel;
@@ -720,7 +750,10 @@ pub struct StormArgs {
 /// # Errors
 /// Subscribers could not attach or warm up.
 pub async fn storm(ctx: &Ctx, a: &StormArgs) -> Result<Record> {
-    let mut r = ctx.record(
+    if ctx.transport == Transport::Ws && !ctx.ws_gapless {
+        bail!("storm --transport ws needs --kind gapless: Nchan's WebSocket frames carry no message id to resume from");
+    }
+    let mut r = ctx.sub_record(
         "storm",
         format!("subs={} behind={} bytes={}", a.subs, a.behind, a.bytes),
     );

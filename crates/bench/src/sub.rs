@@ -9,6 +9,12 @@
 //! (the protocol's collapsing) it reconnects from the last control offset, so
 //! a long run sees every append once.
 //!
+//! A WebSocket subscriber (`Target::ws`, `--transport ws`) reads frames with
+//! [`crate::ws`] over the same raw connection: gapless's `event` messages
+//! (JSON, the data in `data`, the cursor kept for a resume) or, for a server
+//! that sends each message as one frame (Nchan), the frame itself. It answers
+//! pings with pongs, so a server's heartbeat does not close it.
+//!
 //! Tasks report progress through a shared [`Board`]: attached count, warm-up
 //! numbers seen, unique deliveries, the time of the latest one, and latency
 //! histograms (sharded, recorded once per socket read; with several nodes
@@ -18,6 +24,7 @@
 use crate::http::{request, Conn};
 use crate::payload::{self, Payload, Wire};
 use crate::report::histogram;
+use crate::ws::{self, op};
 use anyhow::{bail, Result};
 use gapless_client::sse::{Item, Parser};
 use hdrhistogram::Histogram;
@@ -114,6 +121,33 @@ impl Board {
         self.nodes
     }
 
+    /// Counts a subscriber attached after `since` (its connect time).
+    fn attached(&self, since: Instant) {
+        self.connect
+            .lock()
+            .saturating_record(since.elapsed().as_micros() as u64);
+        self.connected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Publishes what one read brought: `latencies` (µs, cleared) into the shard of
+    /// subscriber `id`, `fresh` first-time deliveries read at `now` (Unix µs).
+    fn settle(&self, id: usize, latencies: &mut Vec<u64>, fresh: u64, now: u64) {
+        if !latencies.is_empty() {
+            if self.record_latency.load(Ordering::Relaxed) {
+                let mut h = self.latency[id % self.latency.len()].lock();
+                for &l in latencies.iter() {
+                    h.saturating_record(l);
+                }
+            }
+            latencies.clear();
+        }
+        if fresh > 0 {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.last_delivery_us.fetch_max(now, Ordering::Relaxed);
+            self.delivered.fetch_add(fresh, Ordering::Release);
+        }
+    }
+
     /// Clears the latency histograms.
     pub fn reset_latency(&self) {
         for s in &self.latency {
@@ -196,7 +230,8 @@ pub struct Tracker {
     /// Events whose data is not ours.
     pub foreign: u64,
     /// The parser's last event ID when the connection was dropped; for a Durable
-    /// Streams subscriber, the offset of the last `control` event.
+    /// Streams subscriber, the offset of the last `control` event; for a WebSocket
+    /// subscriber of gapless, the cursor of the last event.
     pub last_event_id: String,
     /// Durable Streams: `data` events that were not of the wire's shape.
     pub malformed: u64,
@@ -269,6 +304,8 @@ pub struct Target {
     pub last_event_id: Option<String>,
     /// Durable Streams: the wire of the stream's messages; `None` for plain SSE.
     pub ds: Option<Wire>,
+    /// A WebSocket subscriber: what it speaks after the handshake; `None` for SSE.
+    pub ws: Option<WsSub>,
     /// Read buffer size.
     pub buf_size: usize,
 }
@@ -288,6 +325,7 @@ impl Target {
             path: path.to_owned(),
             last_event_id: last_event_id.map(str::to_owned),
             ds: None,
+            ws: None,
             buf_size,
         }
     }
@@ -301,6 +339,28 @@ impl Target {
             path: path.to_owned(),
             last_event_id: None,
             ds: Some(wire),
+            ws: None,
+            buf_size,
+        }
+    }
+
+    /// A WebSocket to `path` speaking `mode`; a gapless subscriber resumes after `cursor`
+    /// when given (its `subscribe` carries it).
+    pub fn ws(
+        addr: SocketAddr,
+        host: &str,
+        path: &str,
+        mode: WsSub,
+        cursor: Option<&str>,
+        buf_size: usize,
+    ) -> Self {
+        Target {
+            addr,
+            host: host.to_owned(),
+            path: path.to_owned(),
+            last_event_id: cursor.map(str::to_owned),
+            ds: None,
+            ws: Some(mode),
             buf_size,
         }
     }
@@ -321,6 +381,21 @@ impl Target {
     }
 }
 
+/// What a WebSocket subscriber speaks after the handshake.
+#[derive(Debug, Clone)]
+pub enum WsSub {
+    /// gapless `/v1/ws` (docs/protocol.md): subprotocol `gapless.v1`, one `subscribe` for
+    /// `channel` (with `cursor` when resuming), then `event` messages whose `data` is the
+    /// event data. Attached at `subscribed`; a `gap` or an `error` ends the subscriber.
+    Gapless {
+        /// The channel to follow.
+        channel: String,
+    },
+    /// A server that sends each message's data as one message (Nchan's
+    /// `nchan_subscriber websocket`). Attached at the handshake's 101.
+    Raw,
+}
+
 /// Starts one subscriber task; it returns its tracker when `stop` fires or
 /// its stream ends.
 pub fn spawn(
@@ -332,9 +407,17 @@ pub fn spawn(
 ) -> JoinHandle<Tracker> {
     tokio::spawn(async move {
         let mut tracker = tracker;
-        let mut parser = Parser::new();
+        let mut parser = None;
         let result = tokio::select! {
-            r = run(&target, &mut tracker, &mut parser, &board, &gate) => r,
+            r = async {
+                match &target.ws {
+                    Some(mode) => run_ws(&target, mode, &mut tracker, &board, &gate).await,
+                    None => {
+                        let p = parser.insert(Parser::new());
+                        run(&target, &mut tracker, p, &board, &gate).await
+                    }
+                }
+            } => r,
             _ = stop.cancelled() => Ok(()),
         };
         let result = result.and_then(|()| match tracker.malformed {
@@ -349,8 +432,8 @@ pub fn spawn(
             board.first_error.lock().get_or_insert_with(|| msg.clone());
             tracker.error = Some(msg);
         }
-        if target.ds.is_none() {
-            tracker.last_event_id = parser.last_event_id().to_owned();
+        if let (None, Some(p)) = (target.ds, &parser) {
+            tracker.last_event_id = p.last_event_id().to_owned();
         }
         tracker
     })
@@ -443,11 +526,7 @@ async fn run(
         }
         drop(permit);
         if first {
-            board
-                .connect
-                .lock()
-                .saturating_record(t0.elapsed().as_micros() as u64);
-            board.connected.fetch_add(1, Ordering::Relaxed);
+            board.attached(t0);
             first = false;
         } else {
             board.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -470,7 +549,6 @@ async fn follow(
     parser: &mut Parser,
     board: &Board,
 ) -> Result<()> {
-    let shard = &board.latency[tracker.id % board.latency.len()];
     let warm = &board.warm[tracker.id];
     let mut latencies: Vec<u64> = Vec::with_capacity(64);
     loop {
@@ -515,22 +593,188 @@ async fn follow(
         if let Some(e) = too_large {
             return Err(e.into());
         }
-        if !latencies.is_empty() {
-            if board.record_latency.load(Ordering::Relaxed) {
-                let mut h = shard.lock();
-                for &l in &latencies {
-                    h.saturating_record(l);
-                }
-            }
-            latencies.clear();
-        }
-        if fresh > 0 {
-            board.reads.fetch_add(1, Ordering::Relaxed);
-            board.last_delivery_us.fetch_max(now, Ordering::Relaxed);
-            board.delivered.fetch_add(fresh, Ordering::Release);
-        }
+        board.settle(tracker.id, &mut latencies, fresh, now);
         if !more {
             return Ok(());
+        }
+    }
+}
+
+/// A gapless WebSocket message (the fields used here).
+#[derive(serde::Deserialize)]
+struct WsMessage<'a> {
+    #[serde(borrow)]
+    op: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    data: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cursor: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// One whole WebSocket message; sets `subscribed` at gapless's `subscribed`.
+fn ws_message(
+    mode: &WsSub,
+    payload: &[u8],
+    intake: &mut Intake<'_>,
+    subscribed: &mut bool,
+) -> Result<()> {
+    match mode {
+        WsSub::Raw => match std::str::from_utf8(payload) {
+            Ok(data) => intake.data(data),
+            Err(_) => intake.tracker.foreign += 1,
+        },
+        WsSub::Gapless { .. } => {
+            let m: WsMessage<'_> = serde_json::from_slice(payload).map_err(|e| {
+                anyhow::anyhow!(
+                    "gapless sent a message that is not one: {e}: {}",
+                    String::from_utf8_lossy(payload)
+                )
+            })?;
+            match &*m.op {
+                "event" => {
+                    match &m.data {
+                        Some(d) => intake.data(d),
+                        None => intake.tracker.foreign += 1,
+                    }
+                    if let Some(c) = &m.cursor {
+                        intake.tracker.last_event_id.clear();
+                        intake.tracker.last_event_id.push_str(c);
+                    }
+                }
+                "subscribed" => *subscribed = true,
+                "gap" | "error" => {
+                    bail!("gapless sent {}", String::from_utf8_lossy(payload))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The text of a close frame's payload: its code and reason.
+fn describe_close(payload: &[u8]) -> String {
+    match payload {
+        [a, b, reason @ ..] => format!(
+            "{} {}",
+            u16::from_be_bytes([*a, *b]),
+            String::from_utf8_lossy(reason)
+        ),
+        _ => "without a code".to_owned(),
+    }
+}
+
+/// One WebSocket subscriber: handshake, subscribe (gapless), then frames until the
+/// connection fails or ends (which is an error: we never close first).
+async fn run_ws(
+    target: &Target,
+    mode: &WsSub,
+    tracker: &mut Tracker,
+    board: &Board,
+    gate: &Semaphore,
+) -> Result<()> {
+    let permit = gate.acquire().await?;
+    let t0 = Instant::now();
+    let mut conn = Conn::connect(target.addr, target.buf_size).await?;
+    let gapless = matches!(mode, WsSub::Gapless { .. });
+    conn.send(&ws::handshake(
+        &target.host,
+        &target.path,
+        gapless.then_some("gapless.v1"),
+    ))
+    .await?;
+    let head = conn.read_head().await?;
+    if head.status != 101 {
+        bail!("WebSocket handshake answered {}", head.status);
+    }
+    let mut mask_state =
+        payload::now_us() ^ (tracker.id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut out: Vec<u8> = Vec::new();
+    let mut permit = Some(permit);
+    if let WsSub::Gapless { channel } = mode {
+        let mut msg = serde_json::json!({"op": "subscribe", "id": 1, "channel": channel});
+        if let Some(c) = &target.last_event_id {
+            msg["cursor"] = serde_json::Value::from(c.as_str());
+        }
+        let text = msg.to_string();
+        ws::client_frame(
+            op::TEXT,
+            text.as_bytes(),
+            ws::next_mask(&mut mask_state),
+            &mut out,
+        );
+        conn.send(&out).await?;
+        out.clear();
+    } else {
+        board.attached(t0);
+        permit = None;
+    }
+    let warm = &board.warm[tracker.id];
+    let mut latencies: Vec<u64> = Vec::with_capacity(64);
+    // A fragmented message being put together: its opcode and the bytes so far.
+    let mut fragment: Option<Vec<u8>> = None;
+    loop {
+        let mut subscribed = false;
+        let mut intake = Intake {
+            tracker: &mut *tracker,
+            warm,
+            latencies: &mut latencies,
+            fresh: 0,
+            now: 0,
+            data_events: 0,
+            control_events: 0,
+        };
+        let more = conn
+            .read_raw(&mut |buf: &[u8]| {
+                if intake.now == 0 {
+                    intake.now = payload::now_us();
+                }
+                let mut used = 0;
+                while let Some((f, n)) = ws::parse_frame(&buf[used..])? {
+                    used += n;
+                    match f.opcode {
+                        op::PING => ws::client_frame(
+                            op::PONG,
+                            f.payload,
+                            ws::next_mask(&mut mask_state),
+                            &mut out,
+                        ),
+                        op::PONG => {}
+                        op::CLOSE => bail!(
+                            "the server closed the WebSocket: {}",
+                            describe_close(f.payload)
+                        ),
+                        op::CONTINUATION => {
+                            let Some(whole) = fragment.as_mut() else {
+                                bail!("WebSocket continuation frame outside a message");
+                            };
+                            whole.extend_from_slice(f.payload);
+                            if f.fin {
+                                let whole = fragment.take().unwrap_or_default();
+                                ws_message(mode, &whole, &mut intake, &mut subscribed)?;
+                            }
+                        }
+                        _ if fragment.is_some() => {
+                            bail!("WebSocket message started inside a fragmented one")
+                        }
+                        _ if f.fin => ws_message(mode, f.payload, &mut intake, &mut subscribed)?,
+                        _ => fragment = Some(f.payload.to_vec()),
+                    }
+                }
+                Ok(used)
+            })
+            .await?;
+        let (fresh, now) = (intake.fresh, intake.now);
+        if !out.is_empty() {
+            conn.send(&out).await?;
+            out.clear();
+        }
+        if subscribed && permit.take().is_some() {
+            board.attached(t0);
+        }
+        board.settle(tracker.id, &mut latencies, fresh, now);
+        if !more {
+            bail!("the server ended the WebSocket without a close frame");
         }
     }
 }
