@@ -79,6 +79,73 @@ async fn a_stream_is_a_channel_read_and_written_by_both_apis() {
     assert_eq!(body, json!([{"a":4}]));
 }
 
+/// Events published over gapless's own API into a JSON stream's channel
+/// cannot forge or break the array's message boundaries: data that is not
+/// exactly one JSON value (`5,6`, `7]`, bytes that are not UTF-8) is served
+/// as one string element, in catch-up reads and over live SSE alike.
+#[tokio::test]
+async fn gapless_publishes_into_a_json_stream_stay_one_element_each() {
+    let s = Server::memory(&[]).await;
+    assert_eq!(
+        s.request("PUT", "/ds/inj/j", &[JSON], "[1]").await.status,
+        201
+    );
+    let sse = {
+        let url = s.url("/ds/inj/j?offset=-1&live=sse");
+        let http = s.http.clone();
+        tokio::spawn(async move {
+            let r = http.get(url).send().await.expect("sse");
+            let mut body = String::new();
+            let mut stream = r;
+            while let Ok(Some(chunk)) = stream.chunk().await {
+                body.push_str(&String::from_utf8_lossy(&chunk));
+                if body.contains("\"7]\"") {
+                    break;
+                }
+            }
+            body
+        })
+    };
+    s.publish("inj~j", "5,6").await;
+    s.publish("inj~j", "7]").await;
+    let raw = s
+        .http
+        .post(s.url("/v1/channels/inj~j/events"))
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'a', 0xFF])
+        .send()
+        .await
+        .expect("publish bytes");
+    assert!(raw.status().is_success(), "{}", raw.status());
+    let read = s.request("GET", "/ds/inj/j?offset=-1", &[], "").await;
+    assert_eq!(read.status, 200, "{}", read.text);
+    assert_eq!(
+        read.json,
+        json!([1, "5,6", "7]", "a\u{FFFD}"]),
+        "{}",
+        read.text
+    );
+    let live = tokio::time::timeout(Duration::from_secs(20), sse)
+        .await
+        .expect("the SSE read sees them")
+        .expect("task");
+    let data: Vec<Value> = live
+        .split("\n\n")
+        .filter(|f| f.contains("event: data") || f.contains("event:data"))
+        .flat_map(|f| {
+            let text: String = f
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|l| l.strip_prefix(' ').unwrap_or(l))
+                .collect::<Vec<_>>()
+                .join("\n");
+            serde_json::from_str::<Vec<Value>>(&text)
+                .unwrap_or_else(|e| panic!("a data event is a JSON array ({e}): {text}"))
+        })
+        .collect();
+    assert_eq!(data[..3], [json!(1), json!("5,6"), json!("7]")], "{live}");
+}
+
 /// Gapless tokens guard streams: reads need `subscribe`, writes `publish`,
 /// on the mapped channel; no token is 401.
 #[tokio::test]

@@ -331,9 +331,13 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
                     lines.push(b",");
                 }
                 let bytes = e.data.as_bytes();
-                match std::str::from_utf8(bytes) {
-                    Ok(_) => lines.push(bytes),
-                    Err(_) => lines.push(String::from_utf8_lossy(bytes).as_bytes()),
+                if json {
+                    lines.push(&super::read::json_element(bytes));
+                } else {
+                    match std::str::from_utf8(bytes) {
+                        Ok(_) => lines.push(bytes),
+                        Err(_) => lines.push(String::from_utf8_lossy(bytes).as_bytes()),
+                    }
                 }
             }
             if json {

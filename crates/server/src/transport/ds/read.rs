@@ -108,7 +108,7 @@ fn body_of(meta: &Meta, events: &[Arc<Event>]) -> Vec<u8> {
             if i > 0 {
                 s.push(b',');
             }
-            s.extend_from_slice(e.data.as_bytes());
+            s.extend_from_slice(&json_element(e.data.as_bytes()));
         }
         s.push(b']');
     } else {
@@ -117,6 +117,21 @@ fn body_of(meta: &Meta, events: &[Arc<Event>]) -> Vec<u8> {
         }
     }
     s
+}
+
+/// One event as one element of a JSON stream's array: its data as it is
+/// when it is exactly one JSON value (every append over Durable Streams:
+/// JSON mode checks and splits them), else its text as a JSON string (an
+/// event published over gapless's own API into the stream's channel, with
+/// data such as `5,6` or `7]` that would forge or break the array's
+/// message boundaries; bytes that are not UTF-8 lossily). See
+/// docs/durable-streams.md, "JSON mode".
+pub(super) fn json_element(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok() {
+        return std::borrow::Cow::Borrowed(data);
+    }
+    let text = String::from_utf8_lossy(data);
+    std::borrow::Cow::Owned(serde_json::to_vec(&text).unwrap_or_else(|_| b"\"\"".to_vec()))
 }
 
 fn cache_control(ctx: &Ctx) -> &'static str {
