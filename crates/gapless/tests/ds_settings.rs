@@ -285,3 +285,21 @@ async fn catch_up_reads_are_private_once_tokens_are_on() {
         );
     }
 }
+
+/// Retention below what the Durable Streams records need is warned about at
+/// start (streams and subscriptions would be forgotten at a restart), and
+/// the defaults are not.
+#[tokio::test]
+async fn retention_too_low_for_the_records_is_warned_at_start() {
+    let low = Server::start(&["--retention-events", "20"]).await;
+    let fine = Server::start(&[]).await;
+    let off = Server::start(&["--retention-events", "20", "--ds-prefix", ""]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        low.log().contains("below what its records need"),
+        "{}",
+        low.log()
+    );
+    assert!(!fine.log().contains("below what its records need"));
+    assert!(!off.log().contains("below what its records need"));
+}

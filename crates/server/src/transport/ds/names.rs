@@ -17,7 +17,9 @@ pub struct BadPath(pub String);
 /// joined by [`SEPARATOR`]. `rooms/42/chat` maps to `rooms~42~chat`.
 ///
 /// # Errors
-/// [`BadPath`] for an empty path or segment, a segment holding `~`, bytes that
+/// [`BadPath`] for an empty path or segment, a `.` or `..` segment (clients
+/// resolve them away), a `__ds` segment (percent-encoded: the literal one
+/// routes to the subscription APIs), a segment holding `~`, bytes that
 /// are not UTF-8 once decoded, or a channel name its rules refuse
 /// (`gapless_protocol::name`: 1 to 200 of `A-Z a-z 0-9 _ - . : @ ~`).
 pub fn channel_of(path: &str) -> Result<String, BadPath> {
@@ -36,6 +38,19 @@ pub fn channel_of(path: &str) -> Result<String, BadPath> {
         if seg.is_empty() {
             return Err(BadPath(format!(
                 "stream path {path:?} has an empty segment (a leading, trailing or doubled `/`)"
+            )));
+        }
+        if seg == "." || seg == ".." {
+            return Err(BadPath(format!(
+                "stream path {path:?} has a `{seg}` segment: URL libraries and browsers resolve \
+                 dot segments before sending (RFC 3986 5.2.4), so such a path would name another \
+                 stream for them"
+            )));
+        }
+        if seg == "__ds" {
+            return Err(BadPath(format!(
+                "stream path {path:?} has a `__ds` segment (here percent-encoded): `__ds` is \
+                 reserved for the subscription APIs and never names a stream"
             )));
         }
         if seg.contains(SEPARATOR) || seg.contains('/') {
@@ -185,7 +200,22 @@ mod tests {
         assert_eq!(path_of("v1~stream~a-1"), "v1/stream/a-1");
         assert_eq!(channel_of("a%3Ab").as_deref(), Ok("a:b"));
         for bad in [
-            "", "a//b", "a/", "/a", "a~b", "a%2Fb", "a b", "a%20b", "%ff",
+            "",
+            "a//b",
+            "a/",
+            "/a",
+            "a~b",
+            "a%2Fb",
+            "a b",
+            "a%20b",
+            "%ff",
+            "a/../b",
+            "a/.",
+            "./a",
+            "a/%2e%2e/b",
+            "a/%2E/b",
+            "%5F_ds/x",
+            "a/%5f%5fds",
         ] {
             assert!(channel_of(bad).is_err(), "{bad:?} is refused");
         }

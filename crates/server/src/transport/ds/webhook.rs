@@ -92,7 +92,10 @@ fn loopback_host(host: &url::Host<&str>) -> bool {
 /// Whether `ip` is not a public internet address: loopback, private
 /// (RFC 1918, IPv6 unique local), link-local, shared (100.64/10),
 /// unspecified, broadcast, multicast, documentation, benchmarking or
-/// reserved ranges, and IPv4 addresses mapped into IPv6.
+/// reserved ranges, and IPv6 forms that reach an IPv4 address inside
+/// (mapped `::ffff:0:0/96`, the deprecated compatible `::/96`, 6to4
+/// `2002::/16`, NAT64 `64:ff9b::/96`) when that address is internal; 6to4
+/// and compatible forms are refused whatever they embed.
 pub fn internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => internal_v4(v4),
@@ -101,7 +104,14 @@ pub fn internal(ip: IpAddr) -> bool {
                 return internal_v4(v4);
             }
             let s = v6.segments();
-            v6.is_loopback()
+            // `::a.b.c.d` (RFC 4291 2.5.5.1, deprecated) and 6to4
+            // `2002:AABB:CCDD::/48` (RFC 3056) carry an IPv4 address that
+            // some stacks and relays reach: never a webhook target.
+            let compatible = s[..6].iter().all(|&x| x == 0) && (s[6] != 0 || s[7] > 1);
+            let six_to_four = s[0] == 0x2002;
+            compatible
+                || six_to_four
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00 // fc00::/7 unique local
@@ -267,6 +277,9 @@ mod tests {
             "https://169.254.169.254/latest/meta-data",
             "https://[fd00::1]/",
             "https://[::ffff:10.0.0.1]/",
+            "https://[2002:7f00:1::]/",
+            "https://[::127.0.0.1]/",
+            "https://[::10.0.0.1]/",
             "https://100.64.0.1/",
             "https://0.0.0.0/",
             "http://example.com/hook",
