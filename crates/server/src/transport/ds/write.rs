@@ -356,7 +356,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
                             StatusCode::CONFLICT,
                             "stream_exists",
                             format!(
-                                "the stream at {} was deleted but its forks still read it; the                                  path cannot be used until they are gone",
+                                "the stream at {} was deleted but its forks still read it; the path cannot be used until they are gone",
                                 ctx.url_path
                             ),
                         );
