@@ -252,3 +252,75 @@ async fn journal_check_knows_purged_channels() {
     );
     assert!(out.contains(", 1 purged channel"), "{out}");
 }
+
+/// A copy of `dir` (the journal file and its write-ahead log) in a new
+/// directory, with `damage` applied to the copy of `journal.wal.0`.
+fn copy_damaged(dir: &Path, damage: &dyn Fn(&mut Vec<u8>)) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().expect("tempdir");
+    for name in ["journal.redb", "journal.wal.0", "journal.wal.1"] {
+        let mut bytes = std::fs::read(dir.join(name)).expect("read data file");
+        if name == "journal.wal.0" {
+            damage(&mut bytes);
+        }
+        std::fs::write(copy.path().join(name), bytes).expect("write copy");
+    }
+    copy
+}
+
+/// After a `kill -9` (the commits only in the write-ahead log), a byte
+/// flipped in the log's header, or in a frame with acknowledged frames of
+/// the log after it, makes `journal check` exit non-zero with the same
+/// refusal the start gives; a torn last frame is accepted by both.
+#[tokio::test]
+async fn journal_check_and_the_start_agree_on_a_damaged_write_ahead_log() {
+    let mut s = Server::start(&[]).await;
+    let data = |i: u64| format!("wal-commit-{i}-{}", "z".repeat(100));
+    for i in 1..=4 {
+        s.publish("c0", &data(i)).await;
+    }
+    s.kill9().await;
+    let dir = s.data_dir();
+    let at = |i: u64| {
+        move |b: &mut Vec<u8>| {
+            let needle = data(i);
+            let p = b
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .expect("the commit's data in journal.wal.0");
+            b[p + 40] ^= 0x10;
+        }
+    };
+    let header = |b: &mut Vec<u8>| b[20] ^= 0x10;
+    let mid = at(2);
+    for (what, damage, words) in [
+        (
+            "the header",
+            &header as &dyn Fn(&mut Vec<u8>),
+            "write-ahead log (journal.wal.0 and journal.wal.1) is missing",
+        ),
+        ("commit 2 of 4", &mid, "journal.wal.0 is damaged at byte"),
+    ] {
+        let (whole, said) = check(copy_damaged(&dir, damage).path());
+        assert!(!whole, "{what}: check must refuse: {said}");
+        assert!(said.contains(words), "{what}: {said}");
+        let refused = serve(copy_damaged(&dir, damage).path())
+            .await
+            .expect_err("the start refuses");
+        assert!(refused.contains(words), "{what}: {refused}");
+    }
+    let torn = at(4);
+    let (whole, said) = check(copy_damaged(&dir, &torn).path());
+    assert!(
+        whole && said.contains("3 logged commits to apply"),
+        "{said}"
+    );
+    let got = serve(copy_damaged(&dir, &torn).path())
+        .await
+        .expect("served");
+    let want: Vec<(u64, String)> = (1..=3).map(|i| (i, data(i))).collect();
+    assert_eq!(
+        got.get("c0"),
+        Some(&want),
+        "the commits before the torn frame"
+    );
+}

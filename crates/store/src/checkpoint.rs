@@ -337,17 +337,8 @@ pub(crate) fn recover(
 ) -> Result<(u64, u64), JournalError> {
     let applied = meta::wal_applied(db)?;
     let log = wal::read(dir)?;
-    if log.generation == 0 && meta::wal_live(db)? {
-        return Err(JournalError::Storage(format!(
-            "the journal in {} was not closed cleanly and its write-ahead log ({} and {}) is \
-             missing: the commits after its last checkpoint would be lost; restore the whole \
-             data directory from a backup (a copy of journal.redb alone is not one)",
-            dir.display(),
-            wal::FILE_NAMES[0],
-            wal::FILE_NAMES[1]
-        )));
-    }
-    let frames = log.after(applied, dir, lenient)?;
+    let live = log.generation == 0 && meta::wal_live(db)?;
+    let frames = log.pending(applied, live, dir, lenient)?;
     let Some(last) = frames.last().map(|f| f.lsn) else {
         // Nothing to apply, but the files are about to be emptied
         // (`wal::Wal::open_sized`): a crash then must not find

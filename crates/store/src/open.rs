@@ -97,11 +97,13 @@ pub fn check(dir: &Path) -> Result<CheckReport, JournalError> {
         .map_err(|panic| damaged(&path, Found::Panic(panic)))?
         .map_err(|found| damaged(&path, found))?;
     // The write-ahead log's commits after the tables' last: they must
-    // follow it without a gap.
+    // follow it without a gap, refused exactly as the start refuses them
+    // (`checkpoint::recover`).
     let applied = crate::meta::wal_applied(&db)?;
     let log = crate::wal::read(dir)?;
     let lenient = crate::meta::async_unclean(&db)?;
-    report.logged_commits += log.after(applied, dir, lenient)?.len() as u64;
+    let live = log.generation == 0 && crate::meta::wal_live(&db)?;
+    report.logged_commits += log.pending(applied, live, dir, lenient)?.len() as u64;
     Ok(report)
 }
 

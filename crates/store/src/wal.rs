@@ -136,34 +136,86 @@ fn put_frame(out: &mut Vec<u8>, lsn: u64, salt: u64, records: &[u8]) {
     out.extend_from_slice(records);
 }
 
-/// The chain of a file's bytes: its header and frames (see the module doc).
-fn chain(bytes: &[u8]) -> Option<(Header, Vec<Frame>)> {
+/// The frame at `at` in `bytes` if it is whole: magic, length within
+/// `bytes`, salt `salt`, and a crc32 that verifies. Returns its lsn and
+/// records, whatever its lsn.
+fn frame_at(bytes: &[u8], at: usize, salt: u64) -> Option<(u64, &[u8])> {
+    let head = bytes.get(at..at.checked_add(FRAME_HEAD)?)?;
+    let len = u32_at(head, 4) as usize;
+    if u32_at(head, 0) != FRAME_MAGIC || u64_at(head, 16) != salt {
+        return None;
+    }
+    let records = bytes.get(at + FRAME_HEAD..(at + FRAME_HEAD).checked_add(len)?)?;
+    if crc(&[&head[8..16], &head[16..24], &head[4..8], records]) != u32_at(head, 24) {
+        return None;
+    }
+    Some((u64_at(head, 8), records))
+}
+
+/// A file's chain that ends at a bad frame although a whole frame of the
+/// same chain (its salt, a later lsn) lies further on: the bad frame was
+/// damaged after it was written, not torn by a crash (see [`Log::after`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Damage {
+    /// The file's name ([`FILE_NAMES`]).
+    pub file: &'static str,
+    /// Byte offset in the file where the chain ends (the bad frame).
+    pub offset: usize,
+    /// The lsn the bad frame should have: the first commit the chain lacks.
+    pub missing: u64,
+    /// The highest lsn of a whole frame of the chain after the bad one.
+    pub found: u64,
+    /// The byte offset of that frame.
+    pub found_at: usize,
+}
+
+/// The whole frames of the chain with `salt` after offset `from` (where its
+/// chain ended, at a frame that should have had lsn `missing`) with an lsn of
+/// `missing` or more: the highest such lsn and its offset. A torn tail has
+/// none: under `Sync` a frame is written only once every earlier one is
+/// durable, so a crash tears the last frames written and nothing after them.
+fn later_frame(bytes: &[u8], from: usize, salt: u64, missing: u64) -> Option<(u64, usize)> {
+    let magic = FRAME_MAGIC.to_le_bytes();
+    let mut best = None;
+    let mut at = from + 1;
+    while at + FRAME_HEAD <= bytes.len() {
+        if bytes[at..at + 4] == magic {
+            if let Some((lsn, _)) = frame_at(bytes, at, salt) {
+                if lsn >= missing && best.is_none_or(|(b, _)| lsn > b) {
+                    best = Some((lsn, at));
+                }
+            }
+        }
+        at += 1;
+    }
+    best
+}
+
+/// The chain of a file's bytes: its header and frames (see the module doc),
+/// and where it ended: the offset of the first byte after its last frame.
+fn chain_ending(bytes: &[u8]) -> Option<(Header, Vec<Frame>, usize)> {
     let header = header_of(bytes)?;
     let mut frames = Vec::new();
     let mut at = HEADER_LEN;
     let mut lsn = header.base;
-    while bytes.len() >= at + FRAME_HEAD {
-        let head = &bytes[at..at + FRAME_HEAD];
-        let len = u32_at(head, 4) as usize;
-        if u32_at(head, 0) != FRAME_MAGIC
-            || u64_at(head, 8) != lsn
-            || u64_at(head, 16) != header.salt
-            || bytes.len() - at - FRAME_HEAD < len
-        {
-            break;
-        }
-        let records = &bytes[at + FRAME_HEAD..at + FRAME_HEAD + len];
-        if crc(&[&head[8..16], &head[16..24], &head[4..8], records]) != u32_at(head, 24) {
+    while let Some((got, records)) = frame_at(bytes, at, header.salt) {
+        if got != lsn {
             break;
         }
         frames.push(Frame {
             lsn,
             records: records.to_vec(),
         });
-        at += FRAME_HEAD + len;
+        at += FRAME_HEAD + records.len();
         lsn += 1;
     }
-    Some((header, frames))
+    Some((header, frames, at))
+}
+
+/// The chain of a file's bytes: its header and frames (see the module doc).
+#[cfg(test)]
+fn chain(bytes: &[u8]) -> Option<(Header, Vec<Frame>)> {
+    chain_ending(bytes).map(|(h, f, _)| (h, f))
 }
 
 /// What the WAL files of a directory hold.
@@ -173,6 +225,9 @@ pub(crate) struct Log {
     pub frames: Vec<Frame>,
     /// The highest generation of a valid header (0: none).
     pub generation: u64,
+    /// Chains that end at a damaged frame (see [`Damage`]), in generation
+    /// order.
+    pub damage: Vec<Damage>,
 }
 
 impl Log {
@@ -188,16 +243,41 @@ impl Log {
     /// documented "up to a second". Otherwise every frame after `applied`
     /// was durable before it was acknowledged, and a break is damage.
     ///
+    /// A chain that ends at a bad frame with a whole frame of the same chain
+    /// after it ([`Damage`]) is damage too when that frame is not yet in the
+    /// tables (its lsn is above `applied`): under `Sync` a frame is written
+    /// only once the round before it is durable, so the bad frame was
+    /// durable, and acknowledged, before something overwrote it. A crash
+    /// tears only the last frames written, with nothing of the chain after
+    /// them: that torn tail ends the log without an error. With `lenient`
+    /// the frames after the bad one may be what a power loss wrote back out
+    /// of order, so the log is cut there, as at a break.
+    ///
     /// # Errors
     /// [`JournalError::Storage`] when, without `lenient`, frames after
-    /// `applied` exist but do not all follow it without a break: commits
-    /// the log should hold are missing.
+    /// `applied` exist but do not all follow it without a break, or a chain
+    /// ends at a damaged frame with a frame after `applied` behind it:
+    /// commits the log should hold are missing. The message names the file,
+    /// the byte offsets and the lsns, and says what to do.
     pub(crate) fn after(
         &self,
         applied: u64,
         dir: &Path,
         lenient: bool,
     ) -> Result<&[Frame], JournalError> {
+        if let Some(d) = self.damage.iter().find(|d| d.found > applied) {
+            if !lenient {
+                return Err(damaged_frame(d, applied, dir));
+            }
+            tracing::warn!(
+                file = d.file,
+                offset = d.offset,
+                missing = d.missing,
+                found = d.found,
+                "a frame of the journal's write-ahead log does not verify but later frames do \
+                 (a power loss under async durability): the log is cut there, like a torn tail"
+            );
+        }
         let start = self.frames.partition_point(|f| f.lsn <= applied);
         let rest = &self.frames[start..];
         let whole = rest
@@ -230,6 +310,60 @@ impl Log {
     }
 }
 
+impl Log {
+    /// [`Log::after`], once the log is known to be there at all: with
+    /// `wal_live` (a process had it open and did not stop cleanly) files
+    /// without a valid header lose every commit after the tables' last. The
+    /// start (`checkpoint::recover`) and `gapless journal check` both call
+    /// this, so they refuse the same logs.
+    ///
+    /// # Errors
+    /// As [`Log::after`], and [`JournalError::Storage`] when `wal_live` and
+    /// neither file has a valid header.
+    pub(crate) fn pending(
+        &self,
+        applied: u64,
+        wal_live: bool,
+        dir: &Path,
+        lenient: bool,
+    ) -> Result<&[Frame], JournalError> {
+        if self.generation == 0 && wal_live {
+            return Err(JournalError::Storage(format!(
+                "the journal in {} was not closed cleanly and its write-ahead log ({} and {}) is \
+                 missing: the commits after its last checkpoint would be lost; restore the whole \
+                 data directory from a backup (a copy of journal.redb alone is not one)",
+                dir.display(),
+                FILE_NAMES[0],
+                FILE_NAMES[1]
+            )));
+        }
+        self.after(applied, dir, lenient)
+    }
+}
+
+/// The refusal of a log whose chain ends at damage `d` with commits after
+/// `applied` behind it.
+fn damaged_frame(d: &Damage, applied: u64, dir: &Path) -> JournalError {
+    let path = dir.join(d.file);
+    let lost = d.missing.max(applied + 1);
+    JournalError::Storage(format!(
+        "the journal's write-ahead log file {} is damaged at byte {}: the frame of commit {} \
+         there does not verify, but a whole frame of commit {} of the same log follows at byte \
+         {}, so it was overwritten after it was written (a crash tears only the last frames), \
+         and the acknowledged commits {lost} to {} would be lost. With the server stopped: \
+         restore the data directory from a backup; or, to accept losing the commits from {lost} \
+         on, keep a copy of the file and cut it at the damage (`truncate -s {} {}`)",
+        path.display(),
+        d.offset,
+        d.missing,
+        d.found,
+        d.found_at,
+        d.found,
+        d.offset,
+        path.display()
+    ))
+}
+
 /// Reads the WAL files in `dir` (missing ones are empty).
 ///
 /// # Errors
@@ -247,16 +381,26 @@ pub(crate) fn read(dir: &Path) -> Result<Log, JournalError> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io_error("cannot open", &path, e)),
         }
-        if let Some(c) = chain(&bytes) {
-            files.push(c);
+        if let Some((header, frames, end)) = chain_ending(&bytes) {
+            let missing = header.base + frames.len() as u64;
+            let damage =
+                later_frame(&bytes, end, header.salt, missing).map(|(found, found_at)| Damage {
+                    file: name,
+                    offset: end,
+                    missing,
+                    found,
+                    found_at,
+                });
+            files.push((header, frames, damage));
         }
     }
-    files.sort_by_key(|(h, _)| h.generation);
+    files.sort_by_key(|(h, _, _)| h.generation);
     let mut log = Log::default();
-    for (header, frames) in files {
+    for (header, frames, damage) in files {
         log.generation = log.generation.max(header.generation);
         log.frames.retain(|f| f.lsn < header.base);
         log.frames.extend(frames);
+        log.damage.extend(damage);
     }
     Ok(log)
 }
@@ -621,6 +765,106 @@ mod tests {
             );
         }
         assert_eq!(lsns(log.after(7, dir.path(), false)?), [8, 9]);
+        Ok(())
+    }
+
+    /// A WAL with frames 1..=4 (records `frame-1` .. `frame-4`, 64 bytes
+    /// each) in file 0, and the offset of frame `n`.
+    fn four_frames(dir: &Path) -> Result<impl Fn(usize) -> usize, JournalError> {
+        let mut wal = Wal::open(dir, 0, 1)?;
+        for i in 1..=4 {
+            wal.append(format!("frame-{i}-{}", "x".repeat(56)).as_bytes(), 0)?;
+        }
+        Ok(|n: usize| HEADER_LEN + (n - 1) * (FRAME_HEAD + 64))
+    }
+
+    fn flip(dir: &Path, at: usize) {
+        let path = dir.join(FILE_NAMES[0]);
+        let mut b = std::fs::read(&path).expect("read");
+        b[at] ^= 0x40;
+        std::fs::write(&path, b).expect("write");
+    }
+
+    /// A frame in the middle of the log that does not verify, with whole
+    /// frames of the same chain after it, is damage (acknowledged commits
+    /// behind it), not a torn tail: refused, naming the file, the offset and
+    /// the lsns; cut only after an unclean async run; harmless once the
+    /// frames behind it are in the tables.
+    #[test]
+    fn a_damaged_frame_with_later_frames_of_its_chain_is_refused() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let offset = four_frames(dir.path())?;
+        flip(dir.path(), offset(2) + FRAME_HEAD + 10);
+        let log = read(dir.path())?;
+        let refused = log.after(0, dir.path(), false);
+        let said = match &refused {
+            Err(JournalError::Storage(m)) => m.clone(),
+            other => panic!("a damaged frame 2 with frames 3 and 4 after it: {other:?}"),
+        };
+        let path = dir.path().join(FILE_NAMES[0]);
+        for part in [
+            format!("{} is damaged at byte {}", path.display(), offset(2)),
+            "the frame of commit 2".to_owned(),
+            format!("commit 4 of the same log follows at byte {}", offset(4)),
+            "commits 2 to 4 would be lost".to_owned(),
+            "backup".to_owned(),
+            format!("truncate -s {} ", offset(2)),
+        ] {
+            assert!(said.contains(&part), "{part:?} in {said}");
+        }
+        // The same through `pending`, as the start and `journal check` call it.
+        assert!(log.pending(1, true, dir.path(), false).is_err());
+        // Commits 2 to 4 in the tables already: nothing is lost.
+        assert!(log.after(4, dir.path(), false)?.is_empty());
+        // After an unclean async run: cut at the bad frame.
+        assert_eq!(log.after(0, dir.path(), true)?.len(), 1);
+        // A damaged frame head (its lsn) is found the same way.
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let offset = four_frames(dir.path())?;
+        flip(dir.path(), offset(3) + 8);
+        let log = read(dir.path())?;
+        let refused = log.after(0, dir.path(), false);
+        assert!(
+            matches!(&refused, Err(JournalError::Storage(m)) if m.contains("the frame of commit 3")),
+            "{refused:?}"
+        );
+        Ok(())
+    }
+
+    /// A torn tail (the last frame damaged, garbage or zeros after it) and
+    /// frames of an earlier chain (another salt) after the chain's end are
+    /// no damage: the log ends there, as before.
+    #[test]
+    fn a_torn_tail_and_an_earlier_chains_frames_end_the_log_quietly() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let offset = four_frames(dir.path())?;
+        flip(dir.path(), offset(4) + FRAME_HEAD + 3);
+        let path = dir.path().join(FILE_NAMES[0]);
+        let mut b = std::fs::read(&path).map_err(storage)?;
+        let end = offset(5);
+        for (i, x) in b[end..end + 500].iter_mut().enumerate() {
+            *x = (i * 7 + 3) as u8;
+        }
+        std::fs::write(&path, b).map_err(storage)?;
+        let log = read(dir.path())?;
+        assert_eq!(log.after(0, dir.path(), false)?.len(), 3);
+        // A new chain over the first frames of an earlier one: the earlier
+        // chain's frames behind it have another salt.
+        let dir = tempfile::tempdir().map_err(storage)?;
+        let mut wal = Wal::open(dir.path(), 0, 1)?;
+        for i in 1..=4u8 {
+            wal.append(&[i; 64], 0)?;
+        }
+        wal.rewind(3);
+        wal.restart_here()?;
+        wal.append(b"3", 0)?;
+        let log = read(dir.path())?;
+        let lsns: Vec<u64> = log
+            .after(2, dir.path(), false)?
+            .iter()
+            .map(|f| f.lsn)
+            .collect();
+        assert_eq!(lsns, [3]);
         Ok(())
     }
 }
