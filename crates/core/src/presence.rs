@@ -43,6 +43,27 @@ pub enum PresenceChange {
         /// The member.
         member: String,
     },
+    /// All of this node's presence, to replace what the shared store holds
+    /// of it: sent when the store may have lost or dropped some of this
+    /// node's changes (its liveness lapsed, so other nodes took its members
+    /// out; or a change could not be shared). Joins and leaves follow only
+    /// from what differs.
+    Resync {
+        /// Every channel this node holds a place in.
+        rooms: Vec<RoomState>,
+    },
+}
+
+/// One channel's presence on this node, for [`PresenceChange::Resync`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomState {
+    /// The channel.
+    pub channel: String,
+    /// Connections to it on this node, members' or not.
+    pub connections: usize,
+    /// Its members here: id, connections (0 while it lingers), since
+    /// (Unix ms).
+    pub members: Vec<(String, usize, u64)>,
 }
 
 /// One member of a channel across the cluster.
@@ -84,4 +105,10 @@ pub trait PresenceRegistry: Send + Sync + 'static {
     async fn read(&self, channel: &str) -> Result<SharedPresence, JournalError>;
     /// Sets what to call with each cluster-wide join and leave.
     fn on_notice(&self, notice: NoticeFn);
+    /// Sets what to call when the store needs all of this node's presence
+    /// again (the caller then sends a [`PresenceChange::Resync`]).
+    fn on_resync(&self, resync: ResyncFn);
 }
+
+/// Called when the shared store needs this node's whole presence again.
+pub type ResyncFn = Box<dyn Fn() + Send + Sync>;

@@ -499,3 +499,41 @@ async fn the_members_of_a_node_that_dies_leave_within_30_s() {
     assert_eq!(p["occupancy"], 1, "the watcher: {p}");
     assert_eq!(members(&p), vec![]);
 }
+
+/// A node cut off long enough for the others to take its members out (here
+/// paused with SIGSTOP past its liveness TTL) sends its whole presence
+/// again when it comes back: its member that is still connected joins
+/// again, and presence is the same on every node.
+#[tokio::test]
+async fn a_node_back_after_its_liveness_lapsed_sends_its_presence_again() {
+    let Some(redis) = Redis::start_or_skip("presence resync").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = node(&redis, &dir, 300).await;
+    let b = node(&redis, &dir, 300).await;
+    let (mut watcher, _) = a.subscribe("room:r", "presence=true").await;
+    let (_bob, _) = b.subscribe("room:r", "client_id=bob").await;
+    is_notice(&next_event(&mut watcher).await, "join", "room:r", "bob");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &b.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    // B's key lives 10 s; A looks every 3 s: bob leaves within 13 s.
+    let e = sse_event_within(&mut watcher, Duration::from_secs(30)).await;
+    signal("-CONT");
+    is_notice(&e, "leave", "room:r", "bob");
+    // B's next beat finds its key lapsed and sends its presence again.
+    let e = sse_event_within(&mut watcher, Duration::from_secs(20)).await;
+    is_notice(&e, "join", "room:r", "bob");
+    for s in [&a, &b] {
+        let p = presence(s, "room:r").await;
+        assert_eq!(p["occupancy"], 2, "the watcher and bob: {p}");
+        assert_eq!(p["members"][0]["id"], "bob", "{p}");
+        assert_eq!(p["members"][0]["connections"], 1, "{p}");
+    }
+}

@@ -102,6 +102,53 @@ end
 return 1
 "#;
 
+/// This node's whole presence in one channel, replacing what Redis holds of
+/// it (`PresenceChange::Resync`): members it no longer has are let go,
+/// members Redis lacks are held (joins and leaves only for what differs),
+/// and its counts are set. KEYS = pm, ps, pp, pc; ARGV = node, "", bus,
+/// channel, connections, then member, connections, since for each member.
+const RESYNC: &str = r#"
+local node = ARGV[1]
+local want = {}
+local i = 6
+while i + 2 <= #ARGV do
+  want[ARGV[i]] = {tonumber(ARGV[i + 1]), ARGV[i + 2]}
+  i = i + 3
+end
+for _, pair in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local m, n = string.match(pair, '^(.*)\n([^\n]*)$')
+  if n == node and not want[m] then release(n, m) end
+end
+for m, v in pairs(want) do
+  if redis.call('SADD', KEYS[3], m .. '\n' .. node) == 1 then
+    if redis.call('HINCRBY', KEYS[1], m, 1) == 1 then
+      redis.call('HSET', KEYS[2], m, v[2])
+      redis.call('PUBLISH', ARGV[3], 'pres j ' .. ARGV[4] .. ' ' .. m)
+    end
+  end
+end
+local prefix = node .. '\n'
+for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
+  if f == node or string.sub(f, 1, #prefix) == prefix then
+    redis.call('HDEL', KEYS[4], f)
+  end
+end
+if tonumber(ARGV[5]) > 0 then redis.call('HSET', KEYS[4], node, ARGV[5]) end
+for m, v in pairs(want) do
+  if v[1] > 0 then redis.call('HSET', KEYS[4], prefix .. m, v[1]) end
+end
+return 1
+"#;
+
+/// Renews a node's liveness key. KEYS = the key; ARGV = its TTL in ms.
+/// Returns 1 when the key was still there (0: it lapsed, and other nodes
+/// may have taken this node's members out).
+const BEAT: &str = r#"
+local was = redis.call('EXISTS', KEYS[1])
+redis.call('SET', KEYS[1], 1, 'PX', ARGV[1])
+return was
+"#;
+
 /// KEYS = pc; ARGV = node, member ("" for none), delta.
 const CONNECTIONS: &str = r#"
 local function add(f)
@@ -123,6 +170,8 @@ struct Scripts {
     hold: redis::Script,
     release: redis::Script,
     reap: redis::Script,
+    resync: redis::Script,
+    beat: redis::Script,
     connections: redis::Script,
     read: redis::Script,
 }
@@ -132,6 +181,8 @@ struct Scripts {
 pub struct RedisPresence {
     inner: Arc<Inner>,
     scripts: Arc<Scripts>,
+    /// What to call when this node's whole presence is needed again.
+    resync: Arc<parking_lot::RwLock<Option<gapless_core::presence::ResyncFn>>>,
 }
 
 impl RedisPresence {
@@ -144,52 +195,74 @@ impl RedisPresence {
             hold: redis::Script::new(&format!("{RELEASE_FN}{HOLD}")),
             release: redis::Script::new(&format!("{RELEASE_FN}{RELEASE}")),
             reap: redis::Script::new(&format!("{RELEASE_FN}{REAP}")),
+            resync: redis::Script::new(&format!("{RELEASE_FN}{RESYNC}")),
+            beat: redis::Script::new(BEAT),
             connections: redis::Script::new(CONNECTIONS),
             read: redis::Script::new(READ),
         });
         let me = RedisPresence {
             inner: journal.inner.clone(),
             scripts,
+            resync: Arc::default(),
         };
-        let (inner, scripts, cancel) =
-            (me.inner.clone(), me.scripts.clone(), journal.tasks.clone());
+        let (inner, scripts, cancel, resync) = (
+            me.inner.clone(),
+            me.scripts.clone(),
+            journal.tasks.clone(),
+            me.resync.clone(),
+        );
         tokio::spawn(async move {
             let mut beat = tokio::time::interval(Duration::from_millis(BEAT_MS));
             beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut first = true;
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     _ = beat.tick() => {}
                 }
-                if let Err(e) = alive_and_reap(&inner, &scripts).await {
-                    tracing::debug!(error = %e, "presence: the node beat failed");
+                match alive_and_reap(&inner, &scripts).await {
+                    // This node's key had lapsed (a pause, a partition from
+                    // Redis): other nodes may have taken its members out.
+                    Ok(false) if !first => {
+                        tracing::info!(
+                            "presence: this node's liveness had lapsed; its presence is sent again"
+                        );
+                        if let Some(f) = resync.read().as_ref() {
+                            f();
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "presence: the node beat failed"),
                 }
+                first = false;
             }
         });
         me
     }
 }
 
-/// Renews this node's key, then takes the stopped nodes out.
-async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<(), JournalError> {
+/// Renews this node's key, then takes the stopped nodes out. Returns
+/// whether this node's key was still there before the renewal.
+async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<bool, JournalError> {
     let me = inner.node.clone();
     let key = node_key(&me);
+    let s = &scripts.beat;
+    let was: i64 = inner
+        .conn
+        .run(|mut c| {
+            let mut inv = s.prepare_invoke();
+            inv.key(&key).arg(NODE_TTL_MS);
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
     inner
         .conn
         .run(|mut c| {
-            let (key, me) = (key.clone(), me.clone());
+            let me = me.clone();
             async move {
-                redis::pipe()
-                    .cmd("SET")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("PX")
-                    .arg(NODE_TTL_MS)
-                    .ignore()
-                    .cmd("SADD")
+                redis::cmd("SADD")
                     .arg(NODES)
                     .arg(&me)
-                    .ignore()
                     .query_async::<()>(&mut c)
                     .await
             }
@@ -263,7 +336,7 @@ async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<(), Jou
             })
             .await?;
     }
-    Ok(())
+    Ok(was == 1)
 }
 
 #[async_trait]
@@ -348,6 +421,7 @@ impl PresenceRegistry for RedisPresence {
                     })
                     .await?;
             }
+            PresenceChange::Resync { rooms } => self.resync(rooms).await?,
         }
         Ok(())
     }
@@ -393,6 +467,93 @@ impl PresenceRegistry for RedisPresence {
 
     fn on_notice(&self, notice: NoticeFn) {
         *self.inner.presence.write() = Some(notice);
+    }
+
+    fn on_resync(&self, resync: gapless_core::presence::ResyncFn) {
+        *self.resync.write() = Some(resync);
+    }
+}
+
+impl RedisPresence {
+    /// Replaces what Redis holds of this node with `rooms`: the channels it
+    /// listed and no longer holds are reaped (for this node only), the
+    /// others set by [`RESYNC`]. Idempotent.
+    async fn resync(
+        &self,
+        rooms: &[gapless_core::presence::RoomState],
+    ) -> Result<(), JournalError> {
+        let node = self.inner.node.clone();
+        let ch_key = node_channels(&node);
+        let listed: Vec<String> = self
+            .inner
+            .conn
+            .run(|mut c| {
+                let ch_key = ch_key.clone();
+                async move {
+                    redis::cmd("SMEMBERS")
+                        .arg(&ch_key)
+                        .query_async(&mut c)
+                        .await
+                }
+            })
+            .await?;
+        for channel in listed
+            .iter()
+            .filter(|c| !rooms.iter().any(|r| &r.channel == *c))
+        {
+            let ks = keys(channel);
+            let s = &self.scripts.reap;
+            let _: i64 = self
+                .inner
+                .conn
+                .run(|mut c| {
+                    let mut inv = s.prepare_invoke();
+                    for k in &ks {
+                        inv.key(k);
+                    }
+                    inv.arg(&node).arg("").arg(BUS_CHANNEL).arg(channel);
+                    async move { inv.invoke_async(&mut c).await }
+                })
+                .await?;
+        }
+        for room in rooms {
+            let channel = &room.channel;
+            self.inner
+                .conn
+                .run(|mut c| {
+                    let (ch_key, channel) = (ch_key.clone(), channel.clone());
+                    async move {
+                        redis::cmd("SADD")
+                            .arg(&ch_key)
+                            .arg(&channel)
+                            .query_async::<()>(&mut c)
+                            .await
+                    }
+                })
+                .await?;
+            let ks = keys(channel);
+            let s = &self.scripts.resync;
+            let _: i64 = self
+                .inner
+                .conn
+                .run(|mut c| {
+                    let mut inv = s.prepare_invoke();
+                    for k in &ks {
+                        inv.key(k);
+                    }
+                    inv.arg(&node)
+                        .arg("")
+                        .arg(BUS_CHANNEL)
+                        .arg(channel)
+                        .arg(room.connections);
+                    for (id, connections, since) in &room.members {
+                        inv.arg(id).arg(*connections).arg(*since);
+                    }
+                    async move { inv.invoke_async(&mut c).await }
+                })
+                .await?;
+        }
+        Ok(())
     }
 }
 

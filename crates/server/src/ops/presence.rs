@@ -27,7 +27,7 @@ use crate::error::ApiError;
 use crate::ops::names;
 use crate::App;
 use gapless_core::namespace::namespace_of;
-use gapless_core::presence::{PresenceChange, PresenceRegistry};
+use gapless_core::presence::{PresenceChange, PresenceRegistry, RoomState};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::presence::{
     check_client_id, PresenceAction, PresenceAnswer, PresenceMember, PresenceNotice,
@@ -177,6 +177,28 @@ impl Inner {
         }
     }
 
+    /// Cluster mode: queues all of this node's presence for the registry
+    /// ([`PresenceChange::Resync`]), built under the rooms' lock so that it
+    /// comes after every change made before it and before every later one.
+    fn resync(&self) {
+        if let Some(s) = &self.shared {
+            let rooms = self.rooms();
+            let state = rooms
+                .iter()
+                .map(|(channel, room)| RoomState {
+                    channel: channel.clone(),
+                    connections: room.connections,
+                    members: room
+                        .members
+                        .iter()
+                        .map(|(id, m)| (id.clone(), m.connections, m.since))
+                        .collect(),
+                })
+                .collect();
+            let _ = s.changes.send(PresenceChange::Resync { rooms: state });
+        }
+    }
+
     /// A cluster-wide join or leave from the registry: to this node's
     /// connections of `channel` that asked.
     fn deliver(&self, channel: &str, join: bool, id: &str) {
@@ -213,13 +235,34 @@ impl Presence {
                 inner.deliver(channel, join, id);
             }
         }));
+        let weak = Arc::downgrade(&inner);
+        registry.on_resync(Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.resync();
+            }
+        }));
+        let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
             while let Some(change) = rx.recv().await {
                 let mut tries = 0;
                 while let Err(e) = registry.apply(&change).await {
                     tries += 1;
                     if tries >= 5 {
-                        tracing::warn!(error = %e, ?change, "presence: a change was not shared");
+                        // The store may now hold less or more than this
+                        // node has: send it all again, once it can take it
+                        // (one Resync replaces any number of lost changes).
+                        let resync = matches!(change, PresenceChange::Resync { .. });
+                        if !resync {
+                            tracing::warn!(error = %e, ?change, "presence: a change was not shared; all of this node's presence is sent again");
+                        }
+                        // A dropped Resync is queued again only when nothing
+                        // else waits (the store is still down: one retry
+                        // every few seconds, not a pile).
+                        if !resync || rx.is_empty() {
+                            if let Some(inner) = weak.upgrade() {
+                                inner.resync();
+                            }
+                        }
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(200 * tries)).await;
