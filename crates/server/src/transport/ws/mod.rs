@@ -105,7 +105,7 @@ pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
     ws.protocols([SUBPROTOCOL])
         .max_message_size(max)
         .max_frame_size(max)
-        .read_buffer_size(16 * 1024)
+        .read_buffer_size(4 * 1024)
         .write_buffer_size(64 * 1024)
         .max_write_buffer_size(max.saturating_mul(2).max(8 << 20))
 }
