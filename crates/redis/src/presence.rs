@@ -241,6 +241,50 @@ impl RedisPresence {
     }
 }
 
+/// Lists `channel` among the channels `node` holds presence in
+/// (`gapless:presence:node:<node>:ch`), so a stop of the node is cleaned up
+/// there.
+async fn list_channel(inner: &Inner, node: &str, channel: &str) -> Result<(), JournalError> {
+    let ch_key = node_channels(node);
+    inner
+        .conn
+        .run(|mut c| {
+            let (ch_key, channel) = (ch_key.clone(), channel.to_owned());
+            async move {
+                redis::cmd("SADD")
+                    .arg(&ch_key)
+                    .arg(&channel)
+                    .query_async::<()>(&mut c)
+                    .await
+            }
+        })
+        .await
+}
+
+/// Takes all of `node` out of `channel`'s presence ([`REAP`]): its members
+/// leave (each once, cluster-wide), its counts go.
+async fn reap(
+    inner: &Inner,
+    scripts: &Scripts,
+    node: &str,
+    channel: &str,
+) -> Result<(), JournalError> {
+    let ks = keys(channel);
+    let s = &scripts.reap;
+    let _: i64 = inner
+        .conn
+        .run(|mut c| {
+            let mut inv = s.prepare_invoke();
+            for k in &ks {
+                inv.key(k);
+            }
+            inv.arg(node).arg("").arg(BUS_CHANNEL).arg(channel);
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
+    Ok(())
+}
+
 /// Renews this node's key, then takes the stopped nodes out. Returns
 /// whether this node's key was still there before the renewal.
 async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<bool, JournalError> {
@@ -303,19 +347,7 @@ async fn alive_and_reap(inner: &Arc<Inner>, scripts: &Scripts) -> Result<bool, J
             "presence: a node stopped; its members leave"
         );
         for channel in &channels {
-            let ks = keys(channel);
-            let s = &scripts.reap;
-            let _: i64 = inner
-                .conn
-                .run(|mut c| {
-                    let mut inv = s.prepare_invoke();
-                    for k in &ks {
-                        inv.key(k);
-                    }
-                    inv.arg(&node).arg("").arg(BUS_CHANNEL).arg(channel);
-                    async move { inv.invoke_async(&mut c).await }
-                })
-                .await?;
+            reap(inner, scripts, &node, channel).await?;
         }
         inner
             .conn
@@ -352,20 +384,7 @@ impl PresenceRegistry for RedisPresence {
                 if *delta > 0 {
                     // Listed before anything of the channel is kept, so a
                     // stop of this node is cleaned up everywhere it was.
-                    let ch_key = node_channels(&node);
-                    self.inner
-                        .conn
-                        .run(|mut c| {
-                            let (ch_key, channel) = (ch_key.clone(), channel.clone());
-                            async move {
-                                redis::cmd("SADD")
-                                    .arg(&ch_key)
-                                    .arg(&channel)
-                                    .query_async::<()>(&mut c)
-                                    .await
-                            }
-                        })
-                        .await?;
+                    list_channel(&self.inner, &node, channel).await?;
                 }
                 let [_, _, _, pc] = keys(channel);
                 let s = &self.scripts.connections;
@@ -501,36 +520,11 @@ impl RedisPresence {
             .iter()
             .filter(|c| !rooms.iter().any(|r| &r.channel == *c))
         {
-            let ks = keys(channel);
-            let s = &self.scripts.reap;
-            let _: i64 = self
-                .inner
-                .conn
-                .run(|mut c| {
-                    let mut inv = s.prepare_invoke();
-                    for k in &ks {
-                        inv.key(k);
-                    }
-                    inv.arg(&node).arg("").arg(BUS_CHANNEL).arg(channel);
-                    async move { inv.invoke_async(&mut c).await }
-                })
-                .await?;
+            reap(&self.inner, &self.scripts, &node, channel).await?;
         }
         for room in rooms {
             let channel = &room.channel;
-            self.inner
-                .conn
-                .run(|mut c| {
-                    let (ch_key, channel) = (ch_key.clone(), channel.clone());
-                    async move {
-                        redis::cmd("SADD")
-                            .arg(&ch_key)
-                            .arg(&channel)
-                            .query_async::<()>(&mut c)
-                            .await
-                    }
-                })
-                .await?;
+            list_channel(&self.inner, &node, channel).await?;
             let ks = keys(channel);
             let s = &self.scripts.resync;
             let _: i64 = self
