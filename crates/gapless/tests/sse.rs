@@ -300,6 +300,12 @@ async fn max_subscription_channels_defaults_to_64() {
     assert_eq!(sub.body_json().await["error"], "invalid_request");
     let mut sub = s.sse(&format!("/v1/sse?{}", names(64)), &[]).await;
     sub.preamble().await;
+    // Repeats count as given (the OpenAPI document's `maxItems`): 65
+    // parameters naming one channel are refused too.
+    let repeated = vec!["channel=same"; 65].join("&");
+    let mut sub = s.sse(&format!("/v1/sse?{repeated}"), &[]).await;
+    assert_eq!(sub.status, 400);
+    assert_eq!(sub.body_json().await["error"], "invalid_request");
 }
 
 #[tokio::test]

@@ -346,6 +346,19 @@ pub(crate) async fn multi_sse(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref());
+    // The limit counts `channel` parameters as given, repeats included (the
+    // OpenAPI document's `maxItems`), so a request the document calls
+    // invalid is refused.
+    let named = q.all("channel").len();
+    let max = app.config.max_subscription_channels;
+    if named > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "a subscription may follow at most {max} channels (--max-subscription-channels); {named} were named"
+            ),
+        ));
+    }
     let mut channels: Vec<String> = Vec::new();
     for c in q.all("channel") {
         if !channels.iter().any(|x| x == c) {
