@@ -217,11 +217,20 @@ impl Inbox {
 
     /// Moves queued requests into `batch`, within its bounds; a
     /// [`Request::Close`] ends the batch and is returned (its reply).
+    ///
+    /// A close also closes the inbox: requests queued behind it (sent by a
+    /// caller that checked the journal open just before `close`) are
+    /// dropped, so their callers get `Closed` instead of waiting forever on
+    /// a writer that has stopped.
     pub(crate) fn take(&self, batch: &mut Batch) -> Option<Reply<()>> {
         let mut st = self.state.lock();
         while !batch.is_full() {
             let request = st.requests.pop_front()?;
             if let Some(close) = batch.push(request) {
+                st.closed = true;
+                let behind = std::mem::take(&mut st.requests);
+                drop(st);
+                drop(behind);
                 return Some(close);
             }
         }

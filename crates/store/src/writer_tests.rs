@@ -526,3 +526,39 @@ fn a_failed_upgrade_leaves_the_format_as_it_was() -> Result<(), JournalError> {
     assert_eq!(format, Some(2));
     Ok(())
 }
+
+/// An append queued behind a close (its caller saw the journal open just
+/// before `close`) is answered `Closed`, not left waiting on a writer that
+/// has stopped. CI once hung here: the journal contract's `close` test.
+#[test]
+fn an_append_queued_behind_a_close_is_refused() -> Result<(), JournalError> {
+    let dir = tempfile::tempdir().map_err(crate::tables::storage)?;
+    let (_db, inbox, _epoch, writer) = writer_in(dir.path(), Durability::Sync)?;
+    let (close, closed) = oneshot::channel();
+    assert!(inbox.send(Request::Close { reply: close }).is_ok());
+    let (reply, late) = oneshot::channel::<Result<Appended, JournalError>>();
+    let request = Request::Append {
+        channel: "a".into(),
+        events: vec![NewEvent {
+            event_type: None,
+            data: "late".into(),
+        }],
+        key: None,
+        reply,
+    };
+    assert!(inbox.send(request).is_ok());
+    let handle = writer.spawn().map_err(crate::tables::storage)?;
+    handle
+        .join()
+        .map_err(|_| JournalError::Storage("writer panicked".into()))?;
+    assert!(matches!(closed.blocking_recv(), Ok(Ok(()))));
+    // The reply was dropped unanswered: the caller maps that to `Closed`.
+    assert!(late.blocking_recv().is_err());
+    // And nothing more is queued.
+    assert!(inbox
+        .send(Request::Close {
+            reply: oneshot::channel().0
+        })
+        .is_err());
+    Ok(())
+}
