@@ -85,9 +85,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn(transport::ws::get_only))
-        .layer(axum::middleware::map_response(error::json_errors))
-        .layer(axum::middleware::from_fn(transport::sse::busy::busy))
+        .layer(axum::middleware::from_fn(edge))
         .with_state(app);
     let router = match cors {
         Some(layer) => router.layer(layer),
@@ -99,6 +97,27 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ds,
         transport::ds::intercept,
     ))
+}
+
+/// The request edge: the rules every request meets before routing, in one
+/// middleware (each layer of its own costs a boxed future and a move of
+/// the whole handler future per request):
+/// 1. a request of a refused connection gets its busy answer
+///    (`transport/sse/busy.rs`);
+/// 2. a WebSocket route takes `GET` only (405 otherwise, `transport/ws`);
+/// 3. every 4xx/5xx answer that is not JSON yet (axum's own rejections,
+///    the fallbacks) is turned into the JSON error shape ([`error::json_errors`]).
+async fn edge(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(resp) = transport::sse::busy::refusal(&req) {
+        return resp;
+    }
+    if let Some(resp) = transport::ws::wrong_method(&req) {
+        return error::json_errors(resp).await;
+    }
+    error::json_errors(next.run(req).await).await
 }
 
 /// The CORS layer for `--cors-origin` (see [`ServerConfig::cors_origins`]):

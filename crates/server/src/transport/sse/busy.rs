@@ -20,20 +20,18 @@ use crate::error::ApiError;
 use crate::net::listener::Refused;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gapless_protocol::codes::ErrorCode;
 
-/// Middleware: answers requests of refused connections (see the module doc);
-/// passes every other request on.
-pub async fn busy(req: Request, next: Next) -> Response {
-    let Some(Refused { why, close }) = req.extensions().get::<Refused>().cloned() else {
-        return next.run(req).await;
-    };
+/// The answer owed to a request of a refused connection (see the module
+/// doc), or `None` for every other request and for the probes, which are
+/// served as usual. Called by the server's request edge (`lib.rs`).
+pub(crate) fn refusal(req: &Request) -> Option<Response> {
+    let Refused { why, close } = req.extensions().get::<Refused>()?.clone();
     if crate::admin::PROBES.contains(&req.uri().path()) {
-        return next.run(req).await;
+        return None;
     }
-    let mut resp = if req.method() == Method::GET && wants_sse(&req) {
+    let mut resp = if req.method() == Method::GET && wants_sse(req) {
         let retry_ms = rand::random_range(1_000..=10_000u64);
         crate::transport::sse::retry_later(retry_ms, &format!("busy: {why}"))
     } else {
@@ -45,7 +43,7 @@ pub async fn busy(req: Request, next: Next) -> Response {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    resp
+    Some(resp)
 }
 
 /// An SSE URL, or a request that accepts `text/event-stream`.

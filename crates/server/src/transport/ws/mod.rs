@@ -51,17 +51,15 @@ pub(crate) fn is_ws_path(path: &str) -> bool {
             .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
-/// Middleware: a WebSocket route takes `GET` only, the one method of a
-/// handshake (RFC 6455 section 4.1); any other method, `HEAD` included (which
-/// the router would otherwise hand to the `GET` handler), is answered
-/// `405 method_not_allowed` with `Allow: GET` (RFC 9110 section 15.5.6: a
-/// 405 lists the methods the route takes) before routing.
-pub(crate) async fn get_only(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+/// A WebSocket route takes `GET` only, the one method of a handshake (RFC
+/// 6455 section 4.1): any other method, `HEAD` included (which the router
+/// would otherwise hand to the `GET` handler), is answered `405
+/// method_not_allowed` with `Allow: GET` (RFC 9110 section 15.5.6: a 405
+/// lists the methods the route takes) before routing. `None`: not a
+/// WebSocket route, or a `GET`. Called by the server's request edge (`lib.rs`).
+pub(crate) fn wrong_method(req: &axum::extract::Request) -> Option<Response> {
     if req.method() == axum::http::Method::GET || !is_ws_path(req.uri().path()) {
-        return next.run(req).await;
+        return None;
     }
     let mut resp = crate::error::method_not_allowed_error(
         req.method(),
@@ -73,7 +71,7 @@ pub(crate) async fn get_only(
         axum::http::header::ALLOW,
         axum::http::HeaderValue::from_static("GET"),
     );
-    resp
+    Some(resp)
 }
 
 /// Refuses a handshake that offers subprotocols, none of which is [`SUBPROTOCOL`].
