@@ -63,6 +63,12 @@ run publish --publishers 4 --events 40
 run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
 run presence --members 20 --duration-ms 500 --hold-ms 100 --watchers 2
+# Scale and growth: several channels per connection (every event of every channel once, in
+# order per channel), the same split one connection per channel, and events published one at
+# a time to many subscribers.
+run multi --subs 3 --channels-per-sub 4 --events 40 --hold-ms 50
+run multi --subs 3 --channels-per-sub 3 --channels 5 --events 30 --hold-ms 50 --split
+run burst --subs 5 --events 3 --pause-ms 20
 
 # WebSocket subscribers (--transport ws: /v1/ws, one subscribe each, event messages counted
 # exactly; storm resumes from each subscriber's last event cursor).
@@ -105,4 +111,4 @@ start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
 run --transport ws fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
-echo "bench-smoke: 25 scenario runs exact"
+echo "bench-smoke: 28 scenario runs exact"

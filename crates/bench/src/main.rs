@@ -18,6 +18,7 @@ mod presence;
 mod procstat;
 mod publisher;
 mod report;
+mod scale;
 mod scenario;
 mod sub;
 mod ws;
@@ -192,6 +193,13 @@ enum Command {
     /// Members join and leave a channel with presence while watchers follow the notices:
     /// join/leave delivery latency and server CPU.
     Presence(presence::PresenceArgs),
+    /// S subscribers each following C channels on one SSE connection (or, with `--split`,
+    /// one connection per channel): RSS per followed channel, CPU per delivery, exact
+    /// counts per channel.
+    Multi(scale::MultiArgs),
+    /// N subscribers of one channel; E events, each published alone once all have the one
+    /// before: time until the last subscriber has it, p50/p99 across subscribers.
+    Burst(scale::BurstArgs),
     /// Draw the percentile curve of the last result of each file as an SVG.
     Plot {
         /// The SVG file to write.
@@ -264,6 +272,8 @@ fn real_main() -> Result<bool> {
             Command::Publish(a) => scenario::publish(&ctx, a).await,
             Command::History(a) => scenario::history(&ctx, a).await,
             Command::Presence(a) => presence::presence(&cli.common, a).await,
+            Command::Multi(a) => scale::multi(&ctx, a).await,
+            Command::Burst(a) => scale::burst(&ctx, a).await,
             Command::Compare { .. } | Command::Plot { .. } => unreachable!("handled above"),
         }
     })?;
