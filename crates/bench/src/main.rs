@@ -21,6 +21,7 @@ mod report;
 mod scale;
 mod scenario;
 mod sub;
+mod sweep;
 mod ws;
 
 use anyhow::{Context, Result};
@@ -215,6 +216,32 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Draw one figure against another over many runs (a sweep, e.g. bench/sweep.sh), one
+    /// line per target, as an SVG; print the points as a Markdown table. A figure is a
+    /// metric name or `param:NAME` (a number in the runs' parameters, e.g. `param:subs`).
+    PlotSweep {
+        /// The SVG file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The x figure, e.g. `param:subs` or `publish_per_s`.
+        #[arg(long)]
+        x: String,
+        /// The y figure, e.g. `server_cpu_us_per_delivery` or `latency_p99_ms`.
+        #[arg(long)]
+        y: String,
+        /// Only runs of this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Logarithmic x axis.
+        #[arg(long)]
+        log_x: bool,
+        /// The chart's title.
+        #[arg(long, default_value = "")]
+        title: String,
+        /// Results files (JSON lines), any number of runs each.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Print the results of JSON-lines files side by side with the ratio of the first to
     /// each other (the median of each figure when a file holds several runs).
     Compare {
@@ -252,6 +279,26 @@ fn real_main() -> Result<bool> {
             plot::plot(out, curve, title, files)?;
             return Ok(true);
         }
+        Command::PlotSweep {
+            out,
+            x,
+            y,
+            scenario,
+            log_x,
+            title,
+            files,
+        } => {
+            let spec = sweep::Spec {
+                out,
+                x,
+                y,
+                scenario: scenario.as_deref(),
+                log_x: *log_x,
+                title,
+            };
+            sweep::plot_sweep(&spec, files)?;
+            return Ok(true);
+        }
         _ => {}
     }
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
@@ -274,7 +321,9 @@ fn real_main() -> Result<bool> {
             Command::Presence(a) => presence::presence(&cli.common, a).await,
             Command::Multi(a) => scale::multi(&ctx, a).await,
             Command::Burst(a) => scale::burst(&ctx, a).await,
-            Command::Compare { .. } | Command::Plot { .. } => unreachable!("handled above"),
+            Command::Compare { .. } | Command::Plot { .. } | Command::PlotSweep { .. } => {
+                unreachable!("handled above")
+            }
         }
     })?;
     record.print();

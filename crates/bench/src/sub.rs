@@ -877,7 +877,7 @@ mod tests {
             control_events: 0,
         };
         let mut buf = Vec::new();
-        let mut feed = |intake: &mut Intake<'_>, buf: &[u8]| {
+        let feed = |intake: &mut Intake<'_>, buf: &[u8]| {
             intake.data(std::str::from_utf8(buf).expect("ascii"));
         };
         payload::encode_warm(&mut buf, 1, 4);
