@@ -22,6 +22,9 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(0xff, 0x7f, 0x0e),
 ];
 
+/// One target's points: its label and (x, y) pairs sorted by x.
+pub type Line = (String, Vec<(f64, f64)>);
+
 /// What to draw.
 #[derive(Debug)]
 pub struct Spec<'a> {
@@ -67,12 +70,7 @@ fn median(v: &mut [f64]) -> f64 {
 ///
 /// # Errors
 /// A file cannot be read or holds something other than records.
-pub fn series(
-    files: &[PathBuf],
-    x: &str,
-    y: &str,
-    scenario: Option<&str>,
-) -> Result<Vec<(String, Vec<(f64, f64)>)>> {
+pub fn series(files: &[PathBuf], x: &str, y: &str, scenario: Option<&str>) -> Result<Vec<Line>> {
     let mut order: Vec<String> = Vec::new();
     let mut points: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for f in files {
@@ -199,7 +197,7 @@ pub fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
 }
 
 /// The points as a Markdown table: x, then one column per target.
-fn print_table(spec: &Spec<'_>, lines: &[(String, Vec<(f64, f64)>)]) {
+fn print_table(spec: &Spec<'_>, lines: &[Line]) {
     let mut xs: Vec<f64> = lines
         .iter()
         .flat_map(|(_, p)| p.iter().map(|q| q.0))
