@@ -15,6 +15,8 @@
 #           into one connection per channel (16,000): the cost of a followed channel
 #   burst   one channel with 10,000 subscribers, 5 events each published alone:
 #           time until the last subscriber has it
+#   plots   only draws the subs and rates plots again from the results in OUTDIR
+# summary.md (appended to) collects every point's table and every plot's points.
 # Environment:
 #   TARGETS     servers (default "gapless nchan electric"; bench/compare's names)
 #   SUBS        subscriber counts (default "100 1000 5000 15000")
@@ -37,6 +39,7 @@ RUN=${RUN:-sweep-$(date -u +%Y%m%dT%H%M%SZ)}
 OUTDIR=${OUTDIR:-$ROOT/bench/results/$RUN}
 mkdir -p "$OUTDIR"
 GROUPS_TO_RUN=${*:-subs rates multi burst}
+# (plots is not in the default: subs and rates draw their own)
 TARGETS=${TARGETS:-gapless nchan electric}
 SUBS=${SUBS:-100 1000 5000 15000}
 RATES=${RATES:-10 100 200 1000 0}
@@ -77,6 +80,23 @@ draw() { # FILE TITLE --x X --y Y [--scenario S] [--log-x] -- GLOB...
   echo "plot: $OUTDIR/$file"
 }
 
+draw_subs() { # the subscriber sweep's plots, from OUTDIR/subs-*
+  draw rss-per-sub.svg "Server RSS per idle SSE subscriber (one channel)" \
+    --x param:subs --y server_rss_per_sub_kb --scenario idle --log-x -- "$OUTDIR"/subs-*-idle/*.jsonl
+  draw connect-p99.svg "Connect time p99 (idle subscribers)" \
+    --x param:subs --y connect_p99_ms --scenario idle --log-x -- "$OUTDIR"/subs-*-idle/*.jsonl
+  draw cpu-per-delivery.svg "Server CPU per delivery (µs), one channel, max rate" \
+    --x param:subs --y server_cpu_us_per_delivery --scenario fanout --log-x -- "$OUTDIR"/subs-*-fanout/*.jsonl
+}
+
+draw_rates() { # the rate sweep's plots, from OUTDIR/rate-*
+  draw p99-vs-rate.svg "Delivery latency p99 (ms), $RATE_SUBS subscribers, against events/s reached" \
+    --x publish_per_s --y latency_p99_ms --scenario fanout --log-x --table-key rate -- "$OUTDIR"/rate-*/*.jsonl
+  draw cpu-vs-rate.svg "Server CPU per delivery (µs), $RATE_SUBS subscribers, against events/s reached" \
+    --x publish_per_s --y server_cpu_us_per_delivery --scenario fanout --log-x --table-key rate \
+    -- "$OUTDIR"/rate-*/*.jsonl
+}
+
 {
   echo "# Sweep $RUN"
   echo
@@ -84,7 +104,7 @@ draw() { # FILE TITLE --x X --y Y [--scenario S] [--log-x] -- GLOB...
   echo "tree: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) with $(git -C "$ROOT" status --short --untracked-files=no 2>/dev/null | wc -l) modified files"
   echo "machine: $(nproc) cores, $(uname -sr); load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
   echo
-} >"$SUMMARY"
+} >>"$SUMMARY"
 
 for g in $GROUPS_TO_RUN; do
   case $g in
@@ -94,12 +114,7 @@ for g in $GROUPS_TO_RUN; do
       events=$((DELIVERIES / n)); [ "$events" -ge 20 ] || events=20
       point "subs-$n-fanout" "$TARGETS" -- fanout --subs "$n" --events "$events" --bytes 100 --max-secs 30
     done
-    draw rss-per-sub.svg "Server RSS per idle SSE subscriber (one channel)" \
-      --x param:subs --y server_rss_per_sub_kb --scenario idle --log-x -- "$OUTDIR"/subs-*-idle/*.jsonl
-    draw connect-p99.svg "Connect time p99 (idle subscribers)" \
-      --x param:subs --y connect_p99_ms --scenario idle --log-x -- "$OUTDIR"/subs-*-idle/*.jsonl
-    draw cpu-per-delivery.svg "Server CPU per delivery (µs), one channel, max rate" \
-      --x param:subs --y server_cpu_us_per_delivery --scenario fanout --log-x -- "$OUTDIR"/subs-*-fanout/*.jsonl
+    draw_subs
     ;;
   rates)
     for r in $RATES; do
@@ -111,10 +126,7 @@ for g in $GROUPS_TO_RUN; do
           --max-secs $((SECS * 3))
       fi
     done
-    draw p99-vs-rate.svg "Delivery latency p99 (ms), $RATE_SUBS subscribers, against events/s reached" \
-      --x publish_per_s --y latency_p99_ms --scenario fanout --log-x -- "$OUTDIR"/rate-*/*.jsonl
-    draw cpu-vs-rate.svg "Server CPU per delivery (µs), $RATE_SUBS subscribers, against events/s reached" \
-      --x publish_per_s --y server_cpu_us_per_delivery --scenario fanout --log-x -- "$OUTDIR"/rate-*/*.jsonl
+    draw_rates
     ;;
   multi)
     # The Durable Streams kinds follow one stream per URL: they run split either way,
@@ -125,6 +137,10 @@ for g in $GROUPS_TO_RUN; do
       --channels-per-sub "$MULTI_PER" --events "$MULTI_EVENTS" --bytes 100 --max-secs 30 --hold-ms "$HOLD_MS"
     point "multi-split" "$TARGETS" -- multi --subs "$MULTI_SUBS" --channels-per-sub "$MULTI_PER" \
       --events "$MULTI_EVENTS" --bytes 100 --max-secs 30 --hold-ms "$HOLD_MS" --split
+    ;;
+  plots)
+    draw_subs
+    draw_rates
     ;;
   burst)
     point "burst" "$TARGETS" -- burst --subs "$BURST_SUBS" --events "$BURST_EVENTS" --bytes 100

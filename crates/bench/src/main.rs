@@ -238,6 +238,10 @@ enum Command {
         /// The chart's title.
         #[arg(long, default_value = "")]
         title: String,
+        /// Table rows by this parameter as written (e.g. `rate`, with its `max`), each cell
+        /// `y @ x`; default: one row per x.
+        #[arg(long)]
+        table_key: Option<String>,
         /// Results files (JSON lines), any number of runs each.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -286,6 +290,7 @@ fn real_main() -> Result<bool> {
             scenario,
             log_x,
             title,
+            table_key,
             files,
         } => {
             let spec = sweep::Spec {
@@ -295,6 +300,7 @@ fn real_main() -> Result<bool> {
                 scenario: scenario.as_deref(),
                 log_x: *log_x,
                 title,
+                table_key: table_key.as_deref(),
             };
             sweep::plot_sweep(&spec, files)?;
             return Ok(true);

@@ -40,16 +40,22 @@ pub struct Spec<'a> {
     pub log_x: bool,
     /// The chart's title.
     pub title: &'a str,
+    /// Rows of the printed table by this parameter's value as written (e.g. `rate`, whose
+    /// `max` is no number), each cell `y @ x`; default: one row per x.
+    pub table_key: Option<&'a str>,
+}
+
+/// The value of parameter `name` in `r`'s parameters, as written.
+fn param<'r>(r: &'r Record, name: &str) -> Option<&'r str> {
+    r.params
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// The value of figure `name` in `r`: a metric, or `param:NAME` from the parameters.
 fn figure(r: &Record, name: &str) -> Option<f64> {
     match name.strip_prefix("param:") {
-        Some(p) => r
-            .params
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(p)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok()),
+        Some(p) => param(r, p).and_then(|v| v.parse().ok()),
         None => r.metrics.iter().find(|(k, _)| k == name).map(|(_, v)| *v),
     }
 }
@@ -160,7 +166,9 @@ pub fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
                 .configure_mesh()
                 .x_desc(x_desc)
                 .y_desc(spec.y)
-                .x_label_formatter(&|v| fmt_num(*v))
+                .light_line_style(TRANSPARENT)
+                .x_labels(8)
+                .x_label_formatter(&|v| axis_num(*v))
                 .y_label_formatter(&|v| fmt_num(*v))
                 .draw()
                 .map_err(|x| e(&x))?;
@@ -192,8 +200,80 @@ pub fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
     }
     root.present()
         .map_err(|x| anyhow!("write {}: {x}", spec.out.display()))?;
-    print_table(spec, &lines);
+    match spec.table_key {
+        Some(key) => print_keyed_table(spec, key, files)?,
+        None => print_table(spec, &lines),
+    }
     Ok(())
+}
+
+/// The points as a Markdown table with one row per value of parameter `key` (in the order
+/// numbers first, ascending, then words such as `max`) and one column per target, each
+/// cell `y @ x` (the last record's, for repeats).
+fn print_keyed_table(spec: &Spec<'_>, key: &str, files: &[PathBuf]) -> Result<()> {
+    let mut targets: Vec<String> = Vec::new();
+    let mut cells: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut keys: Vec<String> = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let r: Record =
+                serde_json::from_str(line).with_context(|| format!("parse {}", f.display()))?;
+            if spec.scenario.is_some_and(|s| s != r.scenario) {
+                continue;
+            }
+            let (Some(k), Some(x), Some(y)) =
+                (param(&r, key), figure(&r, spec.x), figure(&r, spec.y))
+            else {
+                continue;
+            };
+            if !targets.contains(&r.target) {
+                targets.push(r.target.clone());
+            }
+            if !keys.iter().any(|q| q == k) {
+                keys.push(k.to_owned());
+            }
+            cells.insert(
+                (k.to_owned(), r.target.clone()),
+                format!("{} @ {}", fmt_num(y), fmt_num(x)),
+            );
+        }
+    }
+    keys.sort_by(|a, b| match (a.parse::<f64>(), b.parse::<f64>()) {
+        (Ok(x), Ok(y)) => x.total_cmp(&y),
+        (Ok(_), Err(_)) => std::cmp::Ordering::Less,
+        (Err(_), Ok(_)) => std::cmp::Ordering::Greater,
+        (Err(_), Err(_)) => a.cmp(b),
+    });
+    let x_name = spec.x.strip_prefix("param:").unwrap_or(spec.x);
+    println!("#### {} @ {x_name}, by {key}", spec.y);
+    println!();
+    let mut head = format!("| {key} |");
+    let mut rule = "|---:|".to_owned();
+    for t in &targets {
+        head.push_str(&format!(" {t} |"));
+        rule.push_str("---:|");
+    }
+    println!("{head}\n{rule}");
+    for k in &keys {
+        let mut row = format!("| {k} |");
+        for t in &targets {
+            let c = cells.get(&(k.clone(), t.clone()));
+            row.push_str(&format!(" {} |", c.map_or("", String::as_str)));
+        }
+        println!("{row}");
+    }
+    println!();
+    Ok(())
+}
+
+/// An axis label: whole numbers without decimals, others as in the tables.
+fn axis_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        fmt_num(v)
+    }
 }
 
 /// The points as a Markdown table: x, then one column per target.
@@ -268,6 +348,7 @@ mod tests {
             scenario: Some("fanout"),
             log_x: true,
             title: "t",
+            table_key: None,
         };
         plot_sweep(&spec, &[f]).expect("plot");
         let svg = std::fs::read_to_string(&out).expect("svg");
