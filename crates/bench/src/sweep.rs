@@ -147,7 +147,8 @@ pub fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
     if spec.log_x && x0 <= 0.0 {
         bail!("--log-x: {} has a value of {x0}, not above 0", spec.x);
     }
-    let y_max = (y1 * 1.1).max(1e-9);
+    // Headroom above the highest point for the legend (upper left).
+    let y_max = (y1 * 1.35).max(1e-9);
     let x_desc = spec.x.strip_prefix("param:").unwrap_or(spec.x);
     let root = SVGBackend::new(spec.out, (800, 480)).into_drawing_area();
     let e = |e: &dyn std::fmt::Display| anyhow!("draw {}: {e}", spec.out.display());
