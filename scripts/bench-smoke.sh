@@ -78,6 +78,7 @@ run --transport ws fanout --subs 4 --events 25 --bytes 100
 run --transport ws fanout --subs 3 --events 20 --rate 200 --publishers 2
 run --transport ws channels --channels 3 --subs-per-channel 2 --events 30 --publishers 2
 run --transport ws storm --subs 4 --behind 10 --linger-ms 100
+run --transport ws burst --subs 4 --events 3 --pause-ms 20
 
 # The Durable Streams scenarios (--kind gapless-ds; electric and dsnode speak the same protocol):
 # streams created with PUT, SSE data/control events counted exactly, catch-up read paging on
@@ -147,4 +148,4 @@ start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
 run --transport ws fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
-echo "bench-smoke: 28 scenario runs and a 12-run sweep exact"
+echo "bench-smoke: 29 scenario runs and a 12-run sweep exact"
