@@ -32,29 +32,29 @@ use tokio_util::sync::CancellationToken;
 
 /// Everything a scenario needs besides its own arguments.
 pub struct Ctx {
-    pub(crate) label: String,
-    pub(crate) sub: UrlTemplate,
+    label: String,
+    sub: UrlTemplate,
     pub(crate) publ: UrlTemplate,
-    pub(crate) history: Option<UrlTemplate>,
-    pub(crate) info: Option<UrlTemplate>,
+    history: Option<UrlTemplate>,
+    info: Option<UrlTemplate>,
     pub(crate) server: procstat::Server,
-    pub(crate) prefix: String,
-    pub(crate) gate: Arc<Semaphore>,
+    prefix: String,
+    gate: Arc<Semaphore>,
     pub(crate) timeout: Duration,
-    pub(crate) read_buffer: usize,
+    read_buffer: usize,
     /// How event data travels (`Raw` for gapless and Nchan).
     pub(crate) wire: Wire,
     /// A Durable Streams target: streams are created before a run, followed from an offset.
-    pub(crate) ds: bool,
+    ds: bool,
     /// How subscribers follow; with `Ws`, `sub` is the socket's URL (gapless: no `{channel}`).
     pub(crate) transport: Transport,
     /// The gapless WebSocket protocol (`--kind gapless`), else one message per frame.
-    pub(crate) ws_gapless: bool,
+    ws_gapless: bool,
     /// Cluster mode: every node's address and `Host` (the first is `--addr`);
     /// empty: the templates' own address.
-    pub(crate) nodes: Vec<(std::net::SocketAddr, String)>,
+    nodes: Vec<(std::net::SocketAddr, String)>,
     /// The target's kind (for the multi-channel subscribe path).
-    pub(crate) kind: Kind,
+    kind: Kind,
 }
 
 impl Ctx {
@@ -228,7 +228,7 @@ impl Ctx {
         }
     }
 
-    pub(crate) fn record(&self, scenario: &str, params: String) -> Record {
+    fn record(&self, scenario: &str, params: String) -> Record {
         Record::new(scenario, &self.label, params)
     }
 
