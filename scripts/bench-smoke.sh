@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gapless-bench scenario at tiny sizes against gapless only (its own
 # API over SSE and over WebSocket, its Durable Streams paths under /ds, and a
-# two-node cluster), so the
+# two-node cluster), and the sweep driver bench/sweep.sh at two points, so the
 # harness cannot rot. Checks counts (nothing lost, nothing duplicated), never
 # speed: gapless-bench exits 2 when a count is not exact. Builds nothing.
 #
@@ -63,6 +63,12 @@ run publish --publishers 4 --events 40
 run publish --publishers 3 --events 30 --one-channel
 run history --events 120 --page 25 --publishers 4
 run presence --members 20 --duration-ms 500 --hold-ms 100 --watchers 2
+# Scale and growth: several channels per connection (every event of every channel once, in
+# order per channel), the same split one connection per channel, and events published one at
+# a time to many subscribers.
+run multi --subs 3 --channels-per-sub 4 --events 40 --hold-ms 50
+run multi --subs 3 --channels-per-sub 3 --channels 5 --events 30 --hold-ms 50 --split
+run burst --subs 5 --events 3 --pause-ms 20
 
 # WebSocket subscribers (--transport ws: /v1/ws, one subscribe each, event messages counted
 # exactly; storm resumes from each subscriber's last event cursor).
@@ -72,6 +78,7 @@ run --transport ws fanout --subs 4 --events 25 --bytes 100
 run --transport ws fanout --subs 3 --events 20 --rate 200 --publishers 2
 run --transport ws channels --channels 3 --subs-per-channel 2 --events 30 --publishers 2
 run --transport ws storm --subs 4 --behind 10 --linger-ms 100
+run --transport ws burst --subs 4 --events 3 --pause-ms 20
 
 # The Durable Streams scenarios (--kind gapless-ds; electric and dsnode speak the same protocol):
 # streams created with PUT, SSE data/control events counted exactly, catch-up read paging on
@@ -83,6 +90,42 @@ run --kind gapless-ds --ds-type text channels --channels 2 --subs-per-channel 2 
 run --kind gapless-ds storm --subs 3 --behind 10 --linger-ms 100
 run --kind gapless-ds publish --publishers 4 --events 40
 run --kind gapless-ds history --events 120 --publishers 4
+
+# The sweep driver (bench/sweep.sh, via bench/compare: a fresh server per point) at two points
+# per sweep, on gapless's own API and its Durable Streams paths: every point's counts exact, and
+# each plot a well-formed SVG with one line per target.
+echo "== bench/sweep.sh subs rates (2 points each; gapless, gapless-ds)"
+env GAPLESS_BIN="$GAPLESS_BIN" GAPLESS_BENCH="$GAPLESS_BENCH" TARGETS="gapless gapless-ds" SUBS="3 6" \
+  RATES="50 0" RATE_SUBS=3 SECS=1 MAX_EVENTS=50 DELIVERIES=60 HOLD_MS=50 OUTDIR="$WORK/sweep" \
+  timeout 120 bench/sweep.sh subs rates >"$WORK/sweep.txt" 2>&1 || {
+  cat "$WORK/sweep.txt" "$WORK/sweep/sweep.log"
+  echo "bench-smoke: FAILED: bench/sweep.sh" >&2
+  exit 1
+}
+python3 - "$WORK/sweep" <<'PY'
+import glob, json, os, sys
+import xml.etree.ElementTree as ET
+d = sys.argv[1]
+ns = "{http://www.w3.org/2000/svg}"
+runs = 0
+for f in glob.glob(os.path.join(d, "*", "*.jsonl")):
+    for line in open(f):
+        r = json.loads(line)
+        assert r["exact"], (f, r["problems"])
+        runs += 1
+assert runs == 12, f"{runs} runs, expected 12 (6 points x 2 targets)"
+svgs = sorted(glob.glob(os.path.join(d, "*.svg")))
+assert len(svgs) == 5, svgs
+for f in svgs:
+    root = ET.parse(f).getroot()
+    # Series lines are drawn 2 wide, axes, mesh and legend marks 1 wide.
+    lines = [p for p in root.iter(ns + "polyline") if p.get("stroke-width") == "2"]
+    strokes = {p.get("stroke") for p in lines}
+    texts = {(t.text or "").strip() for t in root.iter(ns + "text")}
+    assert len(lines) == 2 and len(strokes) == 2, (f, len(lines), strokes)
+    assert {"gapless", "gapless-ds"} <= texts, (f, texts)
+print(f"   sweep: {runs} runs exact, {len(svgs)} SVG plots with one line per target")
+PY
 
 # Cluster mode (--nodes): two nodes on one Redis, subscribers and publishers spread over both.
 REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -105,4 +148,4 @@ start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
 run --transport ws fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
-echo "bench-smoke: 25 scenario runs exact"
+echo "bench-smoke: 29 scenario runs and a 12-run sweep exact"

@@ -18,8 +18,10 @@ mod presence;
 mod procstat;
 mod publisher;
 mod report;
+mod scale;
 mod scenario;
 mod sub;
+mod sweep;
 mod ws;
 
 use anyhow::{Context, Result};
@@ -192,6 +194,13 @@ enum Command {
     /// Members join and leave a channel with presence while watchers follow the notices:
     /// join/leave delivery latency and server CPU.
     Presence(presence::PresenceArgs),
+    /// S subscribers each following C channels on one SSE connection (or, with `--split`,
+    /// one connection per channel): RSS per followed channel, CPU per delivery, exact
+    /// counts per channel.
+    Multi(scale::MultiArgs),
+    /// N subscribers of one channel; E events, each published alone once all have the one
+    /// before: time until the last subscriber has it, p50/p99 across subscribers.
+    Burst(scale::BurstArgs),
     /// Draw the percentile curve of the last result of each file as an SVG.
     Plot {
         /// The SVG file to write.
@@ -204,6 +213,36 @@ enum Command {
         #[arg(long, default_value = "")]
         title: String,
         /// Results files (JSON lines), one line each.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Draw one figure against another over many runs (a sweep, e.g. bench/sweep.sh), one
+    /// line per target, as an SVG; print the points as a Markdown table. A figure is a
+    /// metric name or `param:NAME` (a number in the runs' parameters, e.g. `param:subs`).
+    PlotSweep {
+        /// The SVG file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The x figure, e.g. `param:subs` or `publish_per_s`.
+        #[arg(long)]
+        x: String,
+        /// The y figure, e.g. `server_cpu_us_per_delivery` or `latency_p99_ms`.
+        #[arg(long)]
+        y: String,
+        /// Only runs of this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Logarithmic x axis.
+        #[arg(long)]
+        log_x: bool,
+        /// The chart's title.
+        #[arg(long, default_value = "")]
+        title: String,
+        /// Table rows by this parameter as written (e.g. `rate`, with its `max`), each cell
+        /// `y @ x`; default: one row per x.
+        #[arg(long)]
+        table_key: Option<String>,
+        /// Results files (JSON lines), any number of runs each.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -244,6 +283,28 @@ fn real_main() -> Result<bool> {
             plot::plot(out, curve, title, files)?;
             return Ok(true);
         }
+        Command::PlotSweep {
+            out,
+            x,
+            y,
+            scenario,
+            log_x,
+            title,
+            table_key,
+            files,
+        } => {
+            let spec = sweep::Spec {
+                out,
+                x,
+                y,
+                scenario: scenario.as_deref(),
+                log_x: *log_x,
+                title,
+                table_key: table_key.as_deref(),
+            };
+            sweep::plot_sweep(&spec, files)?;
+            return Ok(true);
+        }
         _ => {}
     }
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
@@ -264,7 +325,11 @@ fn real_main() -> Result<bool> {
             Command::Publish(a) => scenario::publish(&ctx, a).await,
             Command::History(a) => scenario::history(&ctx, a).await,
             Command::Presence(a) => presence::presence(&cli.common, a).await,
-            Command::Compare { .. } | Command::Plot { .. } => unreachable!("handled above"),
+            Command::Multi(a) => scale::multi(&ctx, a).await,
+            Command::Burst(a) => scale::burst(&ctx, a).await,
+            Command::Compare { .. } | Command::Plot { .. } | Command::PlotSweep { .. } => {
+                unreachable!("handled above")
+            }
         }
     })?;
     record.print();

@@ -3,7 +3,11 @@
 //! size, where SEQ is the event's number in its channel (from 1) and MICROS the
 //! publish time (Unix microseconds, taken just before the request is written).
 //! Warm-up events, used to learn that every subscriber is attached, are
-//! `wN:MICROS:`. Latency is the subscriber's read time minus MICROS.
+//! `wN:MICROS:cK:`. Latency is the subscriber's read time minus MICROS.
+//! A channel tag `cK:` after MICROS (K the channel's index in the run) tells a
+//! subscriber that follows several channels on one connection which channel
+//! an event came from ([`channel_tag`]); warm-up events always carry it,
+//! measured events when the scenario asks (`multi`).
 //!
 //! How the data travels in a request body and comes back in a read is the
 //! [`Wire`]: as is (gapless, Nchan), or wrapped for a Durable Streams stream so
@@ -101,24 +105,57 @@ impl Wire {
 
 /// Writes a measured event's data into `out` (cleared first).
 pub fn encode(out: &mut Vec<u8>, seq: u64, sent_us: u64, bytes: usize) {
+    encode_tagged(out, seq, sent_us, None, bytes);
+}
+
+/// Writes a measured event's data into `out` (cleared first), with the channel tag
+/// `cK:` after the publish time when `channel` is given.
+pub fn encode_tagged(
+    out: &mut Vec<u8>,
+    seq: u64,
+    sent_us: u64,
+    channel: Option<usize>,
+    bytes: usize,
+) {
     out.clear();
     push_u64(out, seq);
     out.push(b':');
     push_u64(out, sent_us);
     out.push(b':');
+    if let Some(c) = channel {
+        out.push(b'c');
+        push_u64(out, c as u64);
+        out.push(b':');
+    }
     if out.len() < bytes {
         out.resize(bytes, b'x');
     }
 }
 
-/// Writes warm-up event `n`'s data into `out` (cleared first).
-pub fn encode_warm(out: &mut Vec<u8>, n: u64) {
+/// Writes warm-up event `n`'s data for channel `channel` (its index in the run) into
+/// `out` (cleared first).
+pub fn encode_warm(out: &mut Vec<u8>, n: u64, channel: usize) {
     out.clear();
     out.push(b'w');
     push_u64(out, n);
     out.push(b':');
     push_u64(out, now_us());
     out.push(b':');
+    out.push(b'c');
+    push_u64(out, channel as u64);
+    out.push(b':');
+}
+
+/// The channel tag of event data (`SEQ:MICROS:cK:…` or `wN:MICROS:cK:…`): K, the
+/// channel's index in the run; `None` when the data carries none.
+pub fn channel_tag(data: &str) -> Option<usize> {
+    let b = data.as_bytes();
+    let c1 = memchr::memchr(b':', b)?;
+    let rest = &b[c1 + 1..];
+    let c2 = memchr::memchr(b':', rest)?;
+    let tag = rest[c2 + 1..].strip_prefix(b"c")?;
+    let end = memchr::memchr(b':', tag)?;
+    parse_u64(&tag[..end]).map(|k| k as usize)
 }
 
 fn push_u64(out: &mut Vec<u8>, mut v: u64) {
@@ -185,11 +222,23 @@ mod tests {
         );
         encode(&mut buf, 7, 0, 1);
         assert_eq!(buf, b"7:0:");
-        encode_warm(&mut buf, 3);
+        encode_warm(&mut buf, 3, 12);
+        let warm = std::str::from_utf8(&buf).expect("ascii");
+        assert_eq!(parse(warm), Payload::Warm(3));
+        assert_eq!(channel_tag(warm), Some(12));
+        encode_tagged(&mut buf, 5, 77, Some(3), 40);
+        assert_eq!(buf.len(), 40);
+        let tagged = std::str::from_utf8(&buf).expect("ascii");
         assert_eq!(
-            parse(std::str::from_utf8(&buf).expect("ascii")),
-            Payload::Warm(3)
+            parse(tagged),
+            Payload::Event {
+                seq: 5,
+                sent_us: 77
+            }
         );
+        assert_eq!(channel_tag(tagged), Some(3));
+        encode(&mut buf, 5, 77, 40);
+        assert_eq!(channel_tag(std::str::from_utf8(&buf).expect("ascii")), None);
         assert_eq!(parse("hello"), Payload::Foreign);
         encode(&mut buf, 9, 5, 6);
         Wire::JsonString.wrap(&mut buf);

@@ -37,6 +37,9 @@ pub struct Plan {
     pub publishers: usize,
     /// How the data travels in the body (and its `Content-Type`).
     pub wire: Wire,
+    /// Tag each event with its channel's index (`cK:`, for subscribers that follow several
+    /// channels on one connection).
+    pub tag: bool,
 }
 
 /// What a publishing run did.
@@ -141,7 +144,8 @@ async fn publisher(plan: Plan, shared: Arc<Shared>, t0: Instant) -> One {
         }
         let c = (i % n) as usize;
         let seq = shared.counters[c].fetch_add(1, Ordering::Relaxed) + 1;
-        payload::encode(&mut data, seq, payload::now_us(), plan.bytes);
+        let tag = plan.tag.then_some(c);
+        payload::encode_tagged(&mut data, seq, payload::now_us(), tag, plan.bytes);
         plan.wire.wrap(&mut data);
         let req = request(
             "POST",
@@ -175,7 +179,8 @@ async fn publisher(plan: Plan, shared: Arc<Shared>, t0: Instant) -> One {
     one
 }
 
-/// Publishes warm-up event `n` to every channel (16 connections at most).
+/// Publishes warm-up event `n` to every channel (16 connections at most), each tagged
+/// with its channel's index in `paths`.
 ///
 /// # Errors
 /// A warm-up publish failed.
@@ -195,8 +200,8 @@ pub async fn warm_round(
                 let mut client = Client::new(addr);
                 let mut data = Vec::new();
                 let mut body = Vec::new();
-                for path in paths.iter().skip(lane).step_by(lanes) {
-                    payload::encode_warm(&mut data, n);
+                for (c, path) in paths.iter().enumerate().skip(lane).step_by(lanes) {
+                    payload::encode_warm(&mut data, n, c);
                     wire.wrap(&mut data);
                     let req = request(
                         "POST",

@@ -34,25 +34,27 @@ use tokio_util::sync::CancellationToken;
 pub struct Ctx {
     label: String,
     sub: UrlTemplate,
-    publ: UrlTemplate,
+    pub(crate) publ: UrlTemplate,
     history: Option<UrlTemplate>,
     info: Option<UrlTemplate>,
-    server: procstat::Server,
+    pub(crate) server: procstat::Server,
     prefix: String,
     gate: Arc<Semaphore>,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     read_buffer: usize,
     /// How event data travels (`Raw` for gapless and Nchan).
-    wire: Wire,
+    pub(crate) wire: Wire,
     /// A Durable Streams target: streams are created before a run, followed from an offset.
     ds: bool,
     /// How subscribers follow; with `Ws`, `sub` is the socket's URL (gapless: no `{channel}`).
-    transport: Transport,
+    pub(crate) transport: Transport,
     /// The gapless WebSocket protocol (`--kind gapless`), else one message per frame.
     ws_gapless: bool,
     /// Cluster mode: every node's address and `Host` (the first is `--addr`);
     /// empty: the templates' own address.
     nodes: Vec<(std::net::SocketAddr, String)>,
+    /// The target's kind (for the multi-channel subscribe path).
+    kind: Kind,
 }
 
 impl Ctx {
@@ -142,12 +144,28 @@ impl Ctx {
                     })
                     .collect::<Result<Vec<_>>>()?
             },
+            kind: c.kind,
         })
+    }
+
+    /// The subscribe path that follows every channel of `names` on one SSE connection:
+    /// gapless `/v1/sse?channel=A&channel=B…` (docs/protocol.md), Nchan `/msub/A,B,…`
+    /// (`nchan_channel_id_split_delimiter ","`, up to 255 channels; bench/nchan/nginx.conf.in);
+    /// `None` for a target that follows one stream per URL (the Durable Streams kinds).
+    pub(crate) fn multi_path(&self, names: &[&str]) -> Option<String> {
+        match self.kind {
+            Kind::Gapless => {
+                let q: Vec<String> = names.iter().map(|n| format!("channel={n}")).collect();
+                Some(format!("/v1/sse?{}", q.join("&")))
+            }
+            Kind::Nchan => Some(format!("/msub/{}", names.join(","))),
+            Kind::Electric | Kind::Dsnode | Kind::GaplessDs => None,
+        }
     }
 
     /// The names of `n` channels (streams) for this run; on a Durable Streams target each
     /// stream is created (`PUT` with the wire's content type, 16 at a time) first.
-    async fn streams(&self, tag: &str, n: usize) -> Result<Vec<String>> {
+    pub(crate) async fn streams(&self, tag: &str, n: usize) -> Result<Vec<String>> {
         let names: Vec<String> = (0..n).map(|i| format!("{}{tag}{i}", self.prefix)).collect();
         if !self.ds {
             return Ok(names);
@@ -182,11 +200,11 @@ impl Ctx {
         Ok(names)
     }
 
-    fn pub_paths(&self, names: &[String]) -> Arc<Vec<String>> {
+    pub(crate) fn pub_paths(&self, names: &[String]) -> Arc<Vec<String>> {
         Arc::new(names.iter().map(|n| self.publ.path_for(n, 0)).collect())
     }
 
-    fn plan(
+    pub(crate) fn plan(
         &self,
         paths: Arc<Vec<String>>,
         total: u64,
@@ -206,6 +224,7 @@ impl Ctx {
             bytes,
             publishers,
             wire: self.wire,
+            tag: false,
         }
     }
 
@@ -214,15 +233,15 @@ impl Ctx {
     }
 
     /// A record of a scenario with subscribers: its parameters name the transport.
-    fn sub_record(&self, scenario: &str, params: String) -> Record {
+    pub(crate) fn sub_record(&self, scenario: &str, params: String) -> Record {
         let params = format!("{params} transport={}", self.transport.name());
         Record::new(scenario, &self.label, params)
     }
 }
 
 /// A set of subscriber tasks and their board.
-struct Group {
-    board: Arc<Board>,
+pub(crate) struct Group {
+    pub(crate) board: Arc<Board>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<Tracker>>,
 }
@@ -230,14 +249,25 @@ struct Group {
 impl Group {
     /// Subscribes tracker `i` to channel `names[trackers[i].channel]`, resuming
     /// after the tracker's last event ID when `resume` is set.
-    fn spawn(ctx: &Ctx, names: &[String], trackers: Vec<Tracker>, resume: bool) -> Group {
+    pub(crate) fn spawn(
+        ctx: &Ctx,
+        names: &[String],
+        trackers: Vec<Tracker>,
+        resume: bool,
+    ) -> Group {
         let board = Board::new(trackers.len(), ctx.nodes.len());
         let stop = CancellationToken::new();
         let tasks = trackers
             .into_iter()
             .enumerate()
             .map(|(i, t)| {
-                let path = ctx.sub.path_for(&names[t.channel], 0);
+                let path = if t.follows.is_empty() {
+                    ctx.sub.path_for(&names[t.channel], 0)
+                } else {
+                    let followed: Vec<&str> = t.follows.iter().map(|&c| &*names[c]).collect();
+                    // multi() checks that the target has a multi-channel path first.
+                    ctx.multi_path(&followed).unwrap_or_default()
+                };
                 let last = (resume && !t.last_event_id.is_empty()).then(|| t.last_event_id.clone());
                 let (addr, host) = match ctx.nodes.len() {
                     0 => (ctx.sub.addr, &ctx.sub.host),
@@ -264,12 +294,12 @@ impl Group {
         Group { board, stop, tasks }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tasks.len()
     }
 
     /// Drops every connection and returns the trackers.
-    async fn finish(self) -> Result<Vec<Tracker>> {
+    pub(crate) async fn finish(self) -> Result<Vec<Tracker>> {
         self.stop.cancel();
         let mut out = Vec::with_capacity(self.tasks.len());
         for t in self.tasks {
@@ -280,7 +310,7 @@ impl Group {
 
     /// Publishes warm-up rounds until every subscriber has received one, then
     /// waits until all have the last round. Returns the last round's number.
-    async fn warm_up(&self, ctx: &Ctx, paths: &Arc<Vec<String>>) -> Result<u64> {
+    pub(crate) async fn warm_up(&self, ctx: &Ctx, paths: &Arc<Vec<String>>) -> Result<u64> {
         let start = Instant::now();
         let all_at_least = |n: u64| {
             self.board
@@ -317,7 +347,7 @@ impl Group {
         Ok(n)
     }
 
-    fn check_alive(&self) -> Result<()> {
+    pub(crate) fn check_alive(&self) -> Result<()> {
         let failed = self.board.failed.load(Ordering::Relaxed);
         if failed > 0 {
             bail!(
@@ -329,11 +359,11 @@ impl Group {
     }
 }
 
-fn ms(us: u64) -> f64 {
+pub(crate) fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-fn per_s(n: u64, d: Duration) -> f64 {
+pub(crate) fn per_s(n: u64, d: Duration) -> f64 {
     if d.is_zero() {
         0.0
     } else {
@@ -342,7 +372,7 @@ fn per_s(n: u64, d: Duration) -> f64 {
 }
 
 /// Adds server and load-tool CPU figures, per `unit` (deliveries, events).
-fn cpu_metrics(r: &mut Record, usage: &Usage, count: u64, unit: &str) {
+pub(crate) fn cpu_metrics(r: &mut Record, usage: &Usage, count: u64, unit: &str) {
     let n = count.max(1) as f64;
     if let Some(s) = usage.server {
         r.metric(
@@ -381,7 +411,7 @@ fn cpu_metrics(r: &mut Record, usage: &Usage, count: u64, unit: &str) {
 
 /// Durable Streams SSE figures: `data` and `control` events (with the SSE's measured
 /// deliveries per `data` event in the run) and reconnects after the server ended a response.
-fn ds_metrics(ctx: &Ctx, r: &mut Record, board: &Board) {
+pub(crate) fn ds_metrics(ctx: &Ctx, r: &mut Record, board: &Board) {
     if !ctx.ds {
         return;
     }
@@ -399,7 +429,7 @@ fn ds_metrics(ctx: &Ctx, r: &mut Record, board: &Board) {
     );
 }
 
-fn publish_problems(r: &mut Record, o: &Outcome) {
+pub(crate) fn publish_problems(r: &mut Record, o: &Outcome) {
     if o.failed > 0 {
         r.problem(format!(
             "{} publish(es) failed; first: {}",
@@ -411,7 +441,7 @@ fn publish_problems(r: &mut Record, o: &Outcome) {
 
 /// Checks every tracker against the number of events its channel got.
 /// Returns the total duplicates.
-fn delivery_problems(
+pub(crate) fn delivery_problems(
     r: &mut Record,
     trackers: &[Tracker],
     expected: impl Fn(&Tracker) -> u64,

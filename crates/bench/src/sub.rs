@@ -237,6 +237,12 @@ pub struct Tracker {
     pub malformed: u64,
     /// Why the connection ended, when not by our choice.
     pub error: Option<String>,
+    /// A subscriber that follows several channels on one connection: the indexes of its
+    /// channels (`channel` is then the first); empty for a one-channel subscriber.
+    pub follows: Vec<usize>,
+    /// With `follows`: one tracker per followed channel, in the same order (each with
+    /// that channel as `channel`); events are told apart by their channel tag.
+    pub per: Vec<Tracker>,
 }
 
 impl Tracker {
@@ -267,6 +273,30 @@ impl Tracker {
         }
         self.max_seq = self.max_seq.max(seq);
         true
+    }
+
+    /// A tracker for subscriber `id` following `follows` (channel indexes, at least one)
+    /// on one connection.
+    pub fn multi(id: usize, follows: Vec<usize>) -> Self {
+        Tracker {
+            id,
+            channel: follows.first().copied().unwrap_or(0),
+            per: follows.iter().map(|&c| Tracker::new(id, c)).collect(),
+            follows,
+            ..Tracker::default()
+        }
+    }
+
+    /// The per-channel trackers of a multi-channel subscriber (its error and foreign
+    /// events carried by the first), or the tracker itself.
+    pub fn flatten(mut self) -> Vec<Tracker> {
+        if self.per.is_empty() {
+            return vec![self];
+        }
+        let mut per = std::mem::take(&mut self.per);
+        per[0].error = self.error.take();
+        per[0].foreign += self.foreign;
+        per
     }
 
     /// How many of events `1..=expected` never arrived.
@@ -453,6 +483,9 @@ struct Intake<'a> {
 impl Intake<'_> {
     /// One event's data (one message).
     fn data(&mut self, data: &str) {
+        if !self.tracker.per.is_empty() {
+            return self.multi_data(data);
+        }
         match payload::parse(data) {
             Payload::Event { seq, sent_us } => {
                 if self.tracker.event(seq) {
@@ -466,6 +499,39 @@ impl Intake<'_> {
                 } else {
                     self.tracker.warm_max = n;
                     self.warm.fetch_max(n, Ordering::Relaxed);
+                }
+            }
+            Payload::Foreign => self.tracker.foreign += 1,
+        }
+    }
+
+    /// One event's data at a subscriber that follows several channels: counted by the
+    /// tracker of the channel its tag names (an untagged event, or one of a channel not
+    /// followed, is foreign). The subscriber's warm-up number is the lowest over its
+    /// channels, so it is attached once every channel has brought one.
+    fn multi_data(&mut self, data: &str) {
+        let p = payload::parse(data);
+        let k = payload::channel_tag(data)
+            .and_then(|c| self.tracker.follows.iter().position(|&f| f == c));
+        let (Some(k), false) = (k, p == Payload::Foreign) else {
+            self.tracker.foreign += 1;
+            return;
+        };
+        let t = &mut self.tracker.per[k];
+        match p {
+            Payload::Event { seq, sent_us } => {
+                if t.event(seq) {
+                    self.fresh += 1;
+                    self.latencies.push(self.now.saturating_sub(sent_us));
+                }
+            }
+            Payload::Warm(n) => {
+                if n <= t.warm_max {
+                    t.warm_duplicates += 1;
+                } else {
+                    t.warm_max = n;
+                    let lowest = self.tracker.per.iter().map(|t| t.warm_max).min();
+                    self.warm.fetch_max(lowest.unwrap_or(0), Ordering::Relaxed);
                 }
             }
             Payload::Foreign => self.tracker.foreign += 1,
@@ -794,5 +860,51 @@ mod tests {
         assert_eq!(t.out_of_order, 1);
         assert_eq!(t.missing(5), 1);
         assert_eq!(t.unexpected(5), 1);
+    }
+
+    #[test]
+    fn multi_subscriber_counts_each_channel_by_its_tag() {
+        let mut t = Tracker::multi(0, vec![4, 9]);
+        let warm = AtomicU64::new(0);
+        let mut latencies = Vec::new();
+        let mut intake = Intake {
+            tracker: &mut t,
+            warm: &warm,
+            latencies: &mut latencies,
+            fresh: 0,
+            now: 1,
+            data_events: 0,
+            control_events: 0,
+        };
+        let mut buf = Vec::new();
+        let feed = |intake: &mut Intake<'_>, buf: &[u8]| {
+            intake.data(std::str::from_utf8(buf).expect("ascii"));
+        };
+        payload::encode_warm(&mut buf, 1, 4);
+        feed(&mut intake, &buf);
+        assert_eq!(
+            warm.load(Ordering::Relaxed),
+            0,
+            "channel 9 has no warm-up yet"
+        );
+        payload::encode_warm(&mut buf, 1, 9);
+        feed(&mut intake, &buf);
+        assert_eq!(warm.load(Ordering::Relaxed), 1);
+        // The same numbers on both channels are distinct events; a repeat is a duplicate.
+        for (seq, c) in [(1, 4), (1, 9), (2, 9), (2, 4), (2, 4)] {
+            payload::encode_tagged(&mut buf, seq, 0, Some(c), 0);
+            feed(&mut intake, &buf);
+        }
+        // Untagged data, and a channel not followed, are foreign.
+        payload::encode(&mut buf, 3, 0, 0);
+        feed(&mut intake, &buf);
+        payload::encode_tagged(&mut buf, 3, 0, Some(5), 0);
+        feed(&mut intake, &buf);
+        assert_eq!(intake.fresh, 4);
+        let per = t.flatten();
+        assert_eq!((per[0].unique, per[0].duplicates), (2, 1));
+        assert_eq!((per[1].unique, per[1].duplicates), (2, 0));
+        assert_eq!(per[0].foreign, 2);
+        assert_eq!(per[0].out_of_order + per[1].out_of_order, 0);
     }
 }
