@@ -62,6 +62,7 @@ pub async fn handler(
     RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,
     tcp: Option<Extension<crate::net::tcp_info::Peer>>,
+    fanout: Option<Extension<crate::net::conn::Fanout>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -72,9 +73,12 @@ pub async fn handler(
     let peer = peer.map(|Extension(p)| p.0.ip());
     let tcp = tcp.map(|Extension(t)| t);
     Ok(match access {
-        Ok(grant) => {
-            ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer, tcp)))
-        }
+        Ok(grant) => ws.on_upgrade(move |socket| {
+            super::on_fanout(
+                fanout,
+                sockets.track_future(run(app, socket, grant, peer, tcp)),
+            )
+        }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
 }

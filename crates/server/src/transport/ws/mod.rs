@@ -110,6 +110,26 @@ pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
         .max_write_buffer_size(max.saturating_mul(2).max(8 << 20))
 }
 
+/// Runs an upgraded socket's task (`task`, already tracked by
+/// [`App::sockets`]) on the fan-out runtime when the connection names it
+/// ([`crate::net::conn::Fanout`]: every connection hyper serves), else
+/// where the upgrade completed. On the fan-out runtime a socket's deliveries
+/// do not share the main runtime's threads with publishing and the other
+/// requests: a publish is acknowledged without waiting for a round of
+/// deliveries, and events published while a round runs go out together in
+/// the next (one write per socket), as on the SSE streams.
+pub(crate) fn on_fanout(
+    fanout: Option<axum::extract::Extension<crate::net::conn::Fanout>>,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    async move {
+        match fanout {
+            Some(axum::extract::Extension(f)) => drop(f.0.spawn(task)),
+            None => task.await,
+        }
+    }
+}
+
 /// A text message from pre-encoded JSON bytes.
 pub(crate) fn text(bytes: Bytes) -> Message {
     match Utf8Bytes::try_from(bytes) {
