@@ -134,6 +134,7 @@ pub(crate) fn on_fanout(
     fanout: Option<axum::extract::Extension<crate::net::conn::Fanout>>,
     task: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    tracing::trace!(bytes = std::mem::size_of_val(&task), "a WebSocket's task");
     async move {
         match fanout {
             Some(axum::extract::Extension(f)) => drop(f.0.spawn(task)),
