@@ -1186,8 +1186,10 @@ async fn a_burst_to_one_socket_arrives_whole_in_order_once_among_replies_notices
     assert_eq!(ids, (0..OWN as u64).collect::<Vec<_>>());
     // The replayed subscribe: its events, then its one reply, between the others.
     assert_eq!(seqs(&msgs, "room:old"), (1..=OLD).collect::<Vec<_>>());
-    let at = |f: &dyn Fn(&Value) -> bool| msgs.iter().position(|m| f(m));
-    let reply = at(&|m| m["op"] == "subscribed").expect("subscribed");
+    let reply = msgs
+        .iter()
+        .position(|m| m["op"] == "subscribed")
+        .expect("subscribed");
     let last_old = msgs
         .iter()
         .rposition(|m| m["channel"] == "room:old" && m["op"] == "event")
