@@ -1059,3 +1059,156 @@ async fn a_slow_reader_passed_by_retention_gets_an_evicted_gap_naming_the_hole()
         "a reader 2800 events behind a 200-event retention must be told"
     );
 }
+
+// ---- a burst to one socket, among everything else it is sent ----
+
+/// Many events published quickly to one socket all arrive, once and in
+/// order, while the same socket is sent publish replies, a replayed
+/// subscribe's events and reply, presence notices and pings in between.
+/// The socket's task runs on the fan-out runtime and writes every event
+/// ready at a step in one flush (`transport/ws/channels.rs`): nothing else
+/// it sends may be lost, doubled, or break a replay's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_to_one_socket_arrives_whole_in_order_once_among_replies_notices_and_pings() {
+    const BATCHES: usize = 20;
+    const PER: usize = 50;
+    const OWN: usize = 40;
+    const OLD: u64 = 5;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("g.toml");
+    std::fs::write(
+        &config,
+        "[namespaces.room]\npresence = true\npresence_linger_ms = 0\n",
+    )
+    .expect("write config");
+    let s = gapless_testkit::Server::with(gapless_testkit::Opts {
+        args: vec![
+            "--config".to_owned(),
+            config.display().to_string(),
+            "--heartbeat-ms".to_owned(),
+            "300".to_owned(),
+        ],
+        ..gapless_testkit::Opts::default()
+    })
+    .await;
+    publish_n(&s, "room:old", "o", OLD as usize).await;
+    let mut ws = Ws::channels(&s).await;
+    ws.subscribe(json!("b"), "room:b", json!({"presence": true}))
+        .await;
+    ws.expect_op("subscribed").await;
+
+    // Over HTTP: batches of PER events, a little apart, so the burst spans
+    // several heartbeats.
+    let publisher = {
+        let (http, url) = (s.http.clone(), s.url("/v1/channels/room:b/batch"));
+        tokio::spawn(async move {
+            for b in 0..BATCHES {
+                let items: Vec<Value> = (0..PER)
+                    .map(|i| json!({"data": format!("h{}", b * PER + i)}))
+                    .collect();
+                let r = http
+                    .post(&url)
+                    .body(Value::Array(items).to_string())
+                    .send()
+                    .await
+                    .expect("publish");
+                assert_eq!(r.status().as_u16(), 201);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // Over the socket itself, meanwhile: publishes, a replayed subscribe
+    // half way, and a member who joins and leaves. The client reads only
+    // afterwards, while the HTTP publisher may still run: it must not stay
+    // silent for two heartbeats (it would be closed 4408).
+    for i in 0..OWN {
+        ws.send(&json!({"op": "publish", "id": i, "channel": "room:b", "data": format!("w{i}")}))
+            .await;
+        if i == OWN / 2 {
+            ws.subscribe(json!("old"), "room:old", json!({"since": "earliest"}))
+                .await;
+            let mut ana = Ws::channels(&s).await;
+            ana.subscribe(json!(1), "room:b", json!({"client_id": "ana"}))
+                .await;
+            ana.expect_op("subscribed").await;
+            ana.close().await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let total = (BATCHES * PER + OWN) as u64;
+    let mut msgs = Vec::new();
+    let mut seen_b = 0u64;
+    let mut replies = 0;
+    let mut notices = 0;
+    let mut old_reply = false;
+    while seen_b < total || replies < OWN || notices < 2 || !old_reply {
+        match ws.recv(Duration::from_secs(20)).await {
+            Some(Msg::Json(v)) => {
+                match v["op"].as_str() {
+                    Some("event") if v["channel"] == "room:b" => seen_b += 1,
+                    Some("published") => replies += 1,
+                    Some("presence") => notices += 1,
+                    Some("subscribed") => old_reply = true,
+                    _ => {}
+                }
+                msgs.push(v);
+            }
+            other => panic!(
+                "after {} messages ({seen_b} of {total} events, {replies} replies, \
+                 {notices} notices): got {other:?}",
+                msgs.len()
+            ),
+        }
+    }
+    publisher.await.expect("publisher");
+    // The quiet wait spans a heartbeat: a ping is read (and answered) meanwhile.
+    ws.expect_quiet(Duration::from_millis(400)).await;
+
+    // Every event of room:b once, in seq order, each publish's data once.
+    let got = seqs(&msgs, "room:b");
+    assert_eq!(got, (1..=total).collect::<Vec<_>>(), "in order, once each");
+    let mut data = datas(&msgs, "room:b");
+    data.sort();
+    let mut want: Vec<String> = (0..BATCHES * PER)
+        .map(|k| format!("h{k}"))
+        .chain((0..OWN).map(|i| format!("w{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(data, want, "every publish's event once");
+    // One reply per publish over the socket, each naming its request.
+    let mut ids: Vec<u64> = msgs
+        .iter()
+        .filter(|m| m["op"] == "published")
+        .map(|m| m["id"].as_u64().expect("id"))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..OWN as u64).collect::<Vec<_>>());
+    // The replayed subscribe: its events, then its one reply, between the others.
+    assert_eq!(seqs(&msgs, "room:old"), (1..=OLD).collect::<Vec<_>>());
+    let reply = msgs
+        .iter()
+        .position(|m| m["op"] == "subscribed")
+        .expect("subscribed");
+    let last_old = msgs
+        .iter()
+        .rposition(|m| m["channel"] == "room:old" && m["op"] == "event")
+        .expect("old events");
+    assert!(
+        last_old < reply,
+        "the reply after its replay: {:?}",
+        ops(&msgs)
+    );
+    assert_eq!(msgs[reply]["replayed"], OLD);
+    assert_eq!(msgs.iter().filter(|m| m["op"] == "subscribed").count(), 1);
+    // The member's join, then its leave.
+    let notices: Vec<&Value> = msgs.iter().filter(|m| m["op"] == "presence").collect();
+    assert_eq!(notices.len(), 2, "{notices:?}");
+    assert_eq!(
+        (&notices[0]["action"], &notices[1]["action"]),
+        (&json!("join"), &json!("leave"))
+    );
+    assert_eq!(notices[0]["id"], "ana");
+    // The heartbeat kept pinging through the burst (the client answered).
+    assert!(ws.pings >= 1, "no ping in {} messages", msgs.len());
+}

@@ -225,11 +225,12 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) -> std::io::Result<()> 
     drop(shared);
     connections.close();
     connections.wait().await;
-    // Every stream has ended (they are tracked above): nothing runs on it now.
-    drop(fanout);
     ticker.abort();
+    // WebSockets run on the fan-out runtime (`transport::ws`): their close frames first.
     sockets.close();
     sockets.wait().await;
+    // Every stream and socket has ended (they are tracked above): nothing runs on it now.
+    drop(fanout);
     Ok(())
 }
 

@@ -209,6 +209,14 @@ pub(crate) fn body<F: Frames>(
     })
 }
 
+/// The fan-out runtime, in the extensions of every request hyper serves
+/// here: an upgraded WebSocket runs its socket's task there (the
+/// `transport::ws` delivery), beside the SSE streams, so that a publish on
+/// the main runtime never waits behind a round of WebSocket deliveries, and
+/// the events published meanwhile go out together (one write each).
+#[derive(Clone)]
+pub(crate) struct Fanout(pub tokio::runtime::Handle);
+
 /// Whether a request target (path and query) is served by the fan-out
 /// writer when it is a connection's first request (see [`Shared::direct`]).
 pub type Direct = Arc<dyn Fn(&str) -> bool + Send + Sync>;
@@ -935,6 +943,7 @@ async fn serve_http(
     // every head of the connection, so later heads get the same, shorter, limit.
     let header_timeout = first_head_timeout.max(Duration::from_millis(1));
     let router = shared.router.clone();
+    let fanout = Fanout(shared.fanout.clone());
     // A refused connection carries one request (`busy.rs`), then closes.
     let keep_alive = refused.is_none();
     let service = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
@@ -960,6 +969,7 @@ async fn serve_http(
             req.extensions_mut().insert(t);
         }
         req.extensions_mut().insert(flushes.clone());
+        req.extensions_mut().insert(fanout.clone());
         let (req, read) = ReadToEnd::track(req);
         let answer = router.clone().oneshot(req);
         async move {

@@ -62,6 +62,7 @@ pub async fn handler(
     RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,
     tcp: Option<Extension<crate::net::tcp_info::Peer>>,
+    fanout: Option<Extension<crate::net::conn::Fanout>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -72,9 +73,12 @@ pub async fn handler(
     let peer = peer.map(|Extension(p)| p.0.ip());
     let tcp = tcp.map(|Extension(t)| t);
     Ok(match access {
-        Ok(grant) => {
-            ws.on_upgrade(move |socket| sockets.track_future(run(app, socket, grant, peer, tcp)))
-        }
+        Ok(grant) => ws.on_upgrade(move |socket| {
+            super::on_fanout(
+                fanout,
+                sockets.track_future(run(app, socket, grant, peer, tcp)),
+            )
+        }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
 }
@@ -194,14 +198,20 @@ async fn run(
                 },
                 Some(Ok(msg)) => {
                     hb.alive();
-                    match conn.on_message(msg, &mut socket).await {
+                    // Boxed: a message's handling (a subscribe's journal
+                    // read, a publish) is large and rare; unboxed, its
+                    // state would stay allocated in every socket's task.
+                    match Box::pin(conn.on_message(msg, &mut socket)).await {
                         Ok(flow) => flow,
                         Err(()) => return conn.tally.ended_by(Ended::WriteFailed),
                     }
                 }
             },
             item = conn.sub.next() => match item {
-                Ok(item) => match deliver_beating(&mut conn, &mut socket, &mut hb, item).await {
+                // Boxed as well: one small allocation per step (a step
+                // carries every event ready), rather than the delivery's
+                // state in every idle socket's task.
+                Ok(item) => match Box::pin(deliver_beating(&mut conn, &mut socket, &mut hb, item)).await {
                     Ok(()) => Flow::Continue,
                     Err(why) => return conn.tally.ended_by(why),
                 },
@@ -229,7 +239,7 @@ async fn run(
                 code::HEARTBEAT_TIMEOUT => Ended::HeartbeatTimeout,
                 _ => Ended::ProtocolError,
             });
-            close(&mut socket, c, &reason).await;
+            Box::pin(close(&mut socket, c, &reason)).await;
             return;
         }
     }

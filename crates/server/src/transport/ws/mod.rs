@@ -97,15 +97,48 @@ pub(crate) fn check_subprotocol(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Bytes tungstenite reads from a socket at a time, and what it allocates
+/// per socket for reading: 1 KiB. It zeroes that much before every read
+/// attempt (tungstenite 0.29 `FrameCodec::read_in`), which a socket's task
+/// makes once per wake-up, whether or not the client sent anything; and the
+/// buffer stays allocated (and touched) for the socket's life. A client
+/// message of any size up to `--ws-max-message-bytes` is still read: the
+/// buffer grows to a frame's length, filled in reads of this size. Client
+/// messages are small (subscribe, publish of an event); a larger one takes
+/// one read per KiB. (16 KiB cost 24.5 KB per idle socket, 4 KiB 8.6 KB:
+/// docs/performance.md.)
+const READ_BUFFER_BYTES: usize = 1024;
+
 /// Applies the subprotocol and the socket limits to an upgrade.
 pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
     let max = app.config.ws_max_message_bytes;
     ws.protocols([SUBPROTOCOL])
         .max_message_size(max)
         .max_frame_size(max)
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(64 * 1024)
         .max_write_buffer_size(max.saturating_mul(2).max(8 << 20))
+}
+
+/// Runs an upgraded socket's task (`task`, already tracked by
+/// [`App::sockets`]) on the fan-out runtime when the connection names it
+/// ([`crate::net::conn::Fanout`]: every connection hyper serves), else
+/// where the upgrade completed. On the fan-out runtime a socket's deliveries
+/// do not share the main runtime's threads with publishing and the other
+/// requests: a publish is acknowledged without waiting for a round of
+/// deliveries, and events published while a round runs go out together in
+/// the next (one write per socket), as on the SSE streams.
+pub(crate) fn on_fanout(
+    fanout: Option<axum::extract::Extension<crate::net::conn::Fanout>>,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    tracing::trace!(bytes = std::mem::size_of_val(&task), "a WebSocket's task");
+    async move {
+        match fanout {
+            Some(axum::extract::Extension(f)) => drop(f.0.spawn(task)),
+            None => task.await,
+        }
+    }
 }
 
 /// A text message from pre-encoded JSON bytes.

@@ -73,6 +73,7 @@ pub async fn handler(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     tcp: Option<Extension<crate::net::tcp_info::Peer>>,
+    fanout: Option<Extension<crate::net::conn::Fanout>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -89,7 +90,10 @@ pub async fn handler(
     let tcp = tcp.map(|Extension(t)| t);
     Ok(match grant {
         Ok(grant) => ws.on_upgrade(move |socket| {
-            sockets.track_future(run(app, socket, id, last_seq, takeover, grant, tcp))
+            super::on_fanout(
+                fanout,
+                sockets.track_future(run(app, socket, id, last_seq, takeover, grant, tcp)),
+            )
         }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })
