@@ -613,26 +613,25 @@ fn stream<F: Frames>(
     async move {
         // Held (moved into the task) until the stream ends.
         let _place = &place;
-        let tcp = &tcp;
         let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
-        let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
+        let bound = crate::net::tcp_info::Peer::take_over_bound(&tcp, bound_ms);
         // Whether the response head is still to be written (it is `out[0]`).
         let mut first = true;
         // Bytes of the client's read and dropped while watching for its close.
-        let mut discarded = 0usize;
+        let mut discarded = 0u32;
         loop {
             let flow = tokio::select! {
                 biased;
                 flow = feed.next(&mut out) => flow,
-                () = std::future::poll_fn(|cx| poll_peer_closed(tcp, &mut discarded, cx)) => {
+                () = std::future::poll_fn(|cx| poll_peer_closed(&tcp, &mut discarded, cx)) => {
                     feed.client_gone(Gone::Closed);
                     return;
                 }
             };
-            if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
+            if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(&tcp)) {
                 tracing::debug!("an SSE client stopped acknowledging: dropped");
                 feed.client_gone(Gone::Vanished);
-                abort(tcp);
+                abort(&tcp);
                 return;
             }
             let skip = usize::from(first);
@@ -658,14 +657,14 @@ fn stream<F: Frames>(
             );
             let ticks = bound.is_some();
             let written =
-                write_frames(tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
+                write_frames(&tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
             out = Vec::new();
             match (flow, written) {
                 (_, Err(e)) => {
                     tracing::debug!(error = %e, "an SSE client went away");
                     if e.kind() == io::ErrorKind::TimedOut {
                         feed.client_gone(Gone::Vanished);
-                        abort(tcp);
+                        abort(&tcp);
                     } else {
                         feed.client_gone(Gone::WriteFailed);
                     }
@@ -673,7 +672,7 @@ fn stream<F: Frames>(
                 }
                 (Flow::More | Flow::Tick, Ok(())) => {}
                 (Flow::End, Ok(())) => {
-                    shut_write(tcp);
+                    shut_write(&tcp);
                     return;
                 }
                 (Flow::Fail(e), Ok(())) => {
@@ -683,7 +682,7 @@ fn stream<F: Frames>(
                     // clean end. A FIN after the data, never a reset: that would
                     // drop what the socket still holds for a slow reader.
                     tracing::warn!(error = %e, "breaking off a stream: journal read failed");
-                    shut_write(tcp);
+                    shut_write(&tcp);
                     return;
                 }
             }
@@ -752,13 +751,13 @@ fn chunk_line(n: usize) -> Bytes {
 /// and its read buffer lives on the stack only during the call.
 fn poll_peer_closed(
     tcp: &TcpStream,
-    discarded: &mut usize,
+    discarded: &mut u32,
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<()> {
     use std::task::Poll;
     // At most a few reads per poll, so a sender cannot hold the thread.
     for _ in 0..4 {
-        if *discarded >= DISCARD_MAX {
+        if *discarded as usize >= DISCARD_MAX {
             return Poll::Pending;
         }
         match tcp.poll_read_ready(cx) {
@@ -771,7 +770,7 @@ fn poll_peer_closed(
         let mut scratch = [0u8; 4096];
         match tcp.try_read(&mut scratch) {
             Ok(0) => return Poll::Ready(()),
-            Ok(n) => *discarded += n,
+            Ok(n) => *discarded = discarded.saturating_add(u32::try_from(n).unwrap_or(u32::MAX)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return Poll::Ready(()),
         }

@@ -366,7 +366,9 @@ pub struct Detached {
 /// the socket holds it: a [`Conn`] without its read-back buffer, which a
 /// stream never reads (32 bytes less in every stream's task).
 pub struct Place {
-    _slot: Slot,
+    _permit: OwnedSemaphorePermit,
+    /// Admitted connections only (a refused one is answered, never streamed).
+    _ip: IpGuard,
     _proxied: Option<Proxied>,
 }
 
@@ -379,9 +381,17 @@ impl Detached {
     pub fn attach_stream(self) -> io::Result<(TcpStream, Place)> {
         Ok((
             TcpStream::from_std(self.tcp)?,
-            Place {
-                _slot: self.slot,
-                _proxied: self.proxied,
+            match self.slot {
+                Slot::Admitted { _permit, _ip } => Place {
+                    _permit,
+                    _ip,
+                    _proxied: self.proxied,
+                },
+                Slot::Refused { _permit, .. } => Place {
+                    _permit,
+                    _ip: IpGuard(None),
+                    _proxied: self.proxied,
+                },
             },
         ))
     }

@@ -452,9 +452,8 @@ async fn open(
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
     let expires = stream::expires_at(grant);
-    let seat = presence::stream_seat(&app, &followed, member, listen).map(Box::new);
-    let mut feed = Feed::new(app, sub, format, head, expires, gaps.len());
-    feed.seat = seat;
+    let seat = presence::stream_seat(&app, &followed, member, listen);
+    let feed = Feed::new(app, sub, format, head, expires, seat, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed
@@ -560,12 +559,9 @@ pub(crate) struct Feed {
     /// shuts down ([`stream::SHUT`]). The clock is shared by every stream,
     /// so an idle one holds no timer or end signal of its own.
     ticks: u64,
-    /// When the token that opened the stream stops being honoured.
-    deadline: Deadline,
-    /// The wait on the clock of a writer blocked on a full socket
-    /// ([`Feed::poll_blocked`]): made when a write blocks, dropped when it
-    /// wakes, so an idle stream does not hold it.
-    blocked: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// What few streams need (a token's expiry, presence, a blocked
+    /// write's wait), out of line: 8 bytes in every stream instead of 40.
+    rare: Option<Box<Rare>>,
     /// The stream ended (shutdown or expiry seen): nothing is polled again.
     ended: bool,
     /// The token expired while a writer waited for a full socket
@@ -574,9 +570,41 @@ pub(crate) struct Feed {
     expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
+}
+
+/// The parts of a [`Feed`] that few streams need, made only for those.
+#[derive(Default)]
+struct Rare {
+    /// When the token that opened the stream stops being honoured.
+    deadline: Deadline,
     /// Its place in the presence of its channels that have it, and the
     /// notices it asked for (`ops::presence`); left when the stream ends.
-    seat: Option<Box<Seat>>,
+    seat: Option<Seat>,
+    /// The wait on the clock of a writer blocked on a full socket
+    /// ([`Feed::poll_blocked`]): made when a write blocks, dropped when it
+    /// wakes or the next call begins.
+    blocked: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+/// What a [`Rare`] part of a stream asks for.
+enum RareEvent {
+    /// The token expired.
+    Expired,
+    /// A presence notice.
+    Notice(gapless_protocol::presence::PresenceNotice),
+}
+
+impl Rare {
+    /// The token's expiry, or the next presence notice (never without either).
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<RareEvent> {
+        if self.deadline.poll(cx).is_ready() {
+            return std::task::Poll::Ready(RareEvent::Expired);
+        }
+        match &mut self.seat {
+            Some(seat) => seat.poll_next(cx).map(RareEvent::Notice),
+            None => std::task::Poll::Pending,
+        }
+    }
 }
 
 impl Drop for Feed {
@@ -589,7 +617,9 @@ impl Drop for Feed {
 /// The expiry of the token that opened a stream: none, the instant (its
 /// timer is made when first polled, on the runtime that drives the stream,
 /// and only for a stream whose token expires), or that timer.
+#[derive(Default)]
 enum Deadline {
+    #[default]
     Never,
     At(std::time::Instant),
     Timer(Pin<Box<tokio::time::Sleep>>),
@@ -607,10 +637,6 @@ impl Deadline {
             _ => std::task::Poll::Pending,
         }
     }
-
-    fn is_set(&self) -> bool {
-        !matches!(self, Deadline::Never)
-    }
 }
 
 impl Feed {
@@ -620,12 +646,19 @@ impl Feed {
         format: StreamFormat,
         head: Vec<u8>,
         expires: Option<std::time::Instant>,
+        seat: Option<Seat>,
         gaps: usize,
     ) -> Self {
+        let rare = (expires.is_some() || seat.is_some()).then(|| {
+            Box::new(Rare {
+                deadline: expires.map_or(Deadline::Never, Deadline::At),
+                seat,
+                blocked: None,
+            })
+        });
         Feed {
             ticks: stream::Clock::now(&app),
-            deadline: expires.map_or(Deadline::Never, Deadline::At),
-            blocked: None,
+            rare,
             ended: false,
             expired_while_blocked: false,
             tally: Tally::new(gaps),
@@ -633,7 +666,6 @@ impl Feed {
             sub,
             format,
             head: Some(head.into_boxed_slice()),
-            seat: None,
         }
     }
 
@@ -642,87 +674,99 @@ impl Feed {
     /// up to `read_batch` (from the journal, also about 1 MiB), so a reader
     /// that fell behind catches up in few writes. Cancel-safe: dropping the
     /// future loses nothing.
-    pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
-        if let Some(head) = self.head.take() {
-            out.push(Bytes::from(head));
-            return Flow::More;
-        }
-        if self.expired_while_blocked {
-            return self.finish(End::Expired, out);
-        }
-        self.blocked = None;
-        // The clock is looked at first (shutdown ends even a busy stream)
-        // and again after the subscription's wait is registered: a tick
-        // wakes every subscriber ([`stream::Clock`]) after moving the count.
-        if let Some(flow) = self.clock(out) {
-            return flow;
-        }
-        let (deadline, ended, seat) = (&mut self.deadline, self.ended, &mut self.seat);
-        let item = tokio::select! {
-            biased;
-            () = std::future::poll_fn(|cx| deadline.poll(cx)), if !ended && deadline.is_set() => {
-                self.ended = true;
-                return self.finish(End::Expired, out);
-            }
-            item = self.sub.next() => item,
-            notice = std::future::poll_fn(|cx| match seat {
-                Some(seat) => seat.poll_next(cx),
-                None => std::task::Poll::Pending,
-            }) => {
-                out.push(presence_frame(&notice));
+    ///
+    /// An `async` block over `self` and `out`, not an `async fn`, which
+    /// would keep both twice in the future (16 bytes of every stream's task).
+    pub fn next<'s, 'o>(
+        &'s mut self,
+        out: &'o mut Vec<Bytes>,
+    ) -> impl Future<Output = Flow> + Send + use<'s, 'o> {
+        async move {
+            if let Some(head) = self.head.take() {
+                out.push(Bytes::from(head));
                 return Flow::More;
             }
-            () = std::future::poll_fn(|_| {
-                if stream::Clock::ticks(&self.app.clock) == self.ticks {
-                    std::task::Poll::Pending
-                } else {
-                    std::task::Poll::Ready(())
-                }
-            }), if !ended => {
-                return self.clock(out).unwrap_or(Flow::More);
+            if self.expired_while_blocked {
+                return self.finish(End::Expired, out);
             }
-        };
-        match item {
-            Err(e) => {
-                self.ended_by(Ended::JournalFailed);
-                let log = e.to_string();
-                // What an open answers while the journal fails: the cause
-                // (the code and message a request would get) and a `retry:`
-                // of 1 to 5 s, drawn for each stream, so an EventSource (which
-                // cannot tell a broken body from a clean end) waits too and
-                // a node's pages do not all come back at once.
-                let e = ApiError::from(e);
-                out.push(retry_frame(
-                    rand::random_range(UNAVAILABLE_RETRY_MS),
-                    &format!("{}: {}", e.code.as_str(), e.message),
-                ));
-                Flow::Fail(log)
+            if let Some(rare) = &mut self.rare {
+                rare.blocked = None;
             }
-            Ok(Item::Events { index, events }) => {
-                stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
-                let StreamFormat { format, untyped } = self.format;
-                if self.sub.len() == 1 {
-                    for e in &events {
-                        push_frame(out, e.sse_frame(format), untyped);
+            // The clock is looked at first (shutdown ends even a busy stream)
+            // and again after the subscription's wait is registered: a tick
+            // wakes every subscriber ([`stream::Clock`]) after moving the count.
+            if let Some(flow) = self.clock(out) {
+                return flow;
+            }
+            let (rare, ended) = (&mut self.rare, self.ended);
+            let item = tokio::select! {
+                biased;
+                event = std::future::poll_fn(|cx| match rare {
+                    Some(rare) => rare.poll(cx),
+                    None => std::task::Poll::Pending,
+                }), if !ended && rare.is_some() => match event {
+                    RareEvent::Expired => {
+                        self.ended = true;
+                        return self.finish(End::Expired, out);
                     }
-                } else {
-                    for e in &events {
-                        out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
-                        push_frame(out, e.sse_body(format), untyped);
+                    RareEvent::Notice(notice) => {
+                        out.push(presence_frame(&notice));
+                        return Flow::More;
                     }
+                },
+                item = self.sub.next() => item,
+                () = std::future::poll_fn(|_| {
+                    if stream::Clock::ticks(&self.app.clock) == self.ticks {
+                        std::task::Poll::Pending
+                    } else {
+                        std::task::Poll::Ready(())
+                    }
+                }), if !ended => {
+                    return self.clock(out).unwrap_or(Flow::More);
                 }
-                Flow::More
-            }
-            Ok(Item::Gap(g)) => {
-                self.tally.gaps(1);
-                out.push(g.sse_frame());
-                out.push(sse::id_frame(&self.sub.cursor().encode()));
-                Flow::More
-            }
-            Ok(Item::Ephemeral(e)) => {
-                self.tally.events(1);
-                push_frame(out, e.sse_frame(self.format.format), self.format.untyped);
-                Flow::More
+            };
+            match item {
+                Err(e) => {
+                    self.ended_by(Ended::JournalFailed);
+                    let log = e.to_string();
+                    // What an open answers while the journal fails: the cause
+                    // (the code and message a request would get) and a `retry:`
+                    // of 1 to 5 s, drawn for each stream, so an EventSource (which
+                    // cannot tell a broken body from a clean end) waits too and
+                    // a node's pages do not all come back at once.
+                    let e = ApiError::from(e);
+                    out.push(retry_frame(
+                        rand::random_range(UNAVAILABLE_RETRY_MS),
+                        &format!("{}: {}", e.code.as_str(), e.message),
+                    ));
+                    Flow::Fail(log)
+                }
+                Ok(Item::Events { index, events }) => {
+                    stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
+                    let StreamFormat { format, untyped } = self.format;
+                    if self.sub.len() == 1 {
+                        for e in &events {
+                            push_frame(out, e.sse_frame(format), untyped);
+                        }
+                    } else {
+                        for e in &events {
+                            out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
+                            push_frame(out, e.sse_body(format), untyped);
+                        }
+                    }
+                    Flow::More
+                }
+                Ok(Item::Gap(g)) => {
+                    self.tally.gaps(1);
+                    out.push(g.sse_frame());
+                    out.push(sse::id_frame(&self.sub.cursor().encode()));
+                    Flow::More
+                }
+                Ok(Item::Ephemeral(e)) => {
+                    self.tally.events(1);
+                    push_frame(out, e.sse_frame(self.format.format), self.format.untyped);
+                    Flow::More
+                }
             }
         }
     }
@@ -783,11 +827,12 @@ impl Feed {
         if self.ended {
             return Poll::Ready(Waited::Ended);
         }
-        if !self.expired_while_blocked && self.deadline.poll(cx).is_ready() {
+        let rare = self.rare.get_or_insert_with(Box::default);
+        if !self.expired_while_blocked && rare.deadline.poll(cx).is_ready() {
             // From now on only shutdown cuts the write.
+            rare.deadline = Deadline::Never;
             self.expired_while_blocked = true;
             self.ended_by(Ended::TokenExpired);
-            self.deadline = Deadline::Never;
         }
         // The clock's wait is made the first time a write blocks, and
         // replaced by a fresh one each time it wakes (after reading the
@@ -805,11 +850,12 @@ impl Feed {
                 return Poll::Ready(Waited::Tick);
             }
             let app = &self.app;
-            let wait = self.blocked.get_or_insert_with(|| app.clock.changed());
+            let rare = self.rare.get_or_insert_with(Box::default);
+            let wait = rare.blocked.get_or_insert_with(|| app.clock.changed());
             if wait.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            self.blocked = None;
+            rare.blocked = None;
         }
     }
 
@@ -910,11 +956,11 @@ mod tests {
             println!("{name}: {bytes} bytes");
         }
         // tokio allocates a task as one cell: 32 bytes of header, 16 of
-        // scheduler and id, the future, 48 of trailer (and the stage's 8),
-        // rounded up to 128 (its alignment). At most 664 bytes of future
-        // keep the cell at 768 bytes, a jemalloc size class; 8 more make it 896.
+        // scheduler and id, the future and the stage's 8, 48 of trailer,
+        // rounded up to 128 (its alignment). At most 536 bytes of future
+        // keep the cell at 640 bytes, a jemalloc size class; 8 more make it 768.
         let task = sizes[0].1;
-        assert!(task <= 664, "a stream's task future is {task} bytes");
+        assert!(task <= 536, "a stream's task future is {task} bytes");
     }
 
     #[test]
