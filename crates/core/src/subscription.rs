@@ -322,6 +322,8 @@ impl Subscription {
     ///
     /// (An `async` block over `self`, not an `async fn`, which would keep
     /// `self` twice in the future every idle subscriber's task holds.)
+    // Not `async fn`: see above. `next` as before (not an iterator).
+    #[allow(clippy::manual_async_fn, clippy::should_implement_trait)]
     pub fn next(&mut self) -> impl Future<Output = Result<Item, JournalError>> + Send + '_ {
         async move {
             if self.follows.is_empty() {

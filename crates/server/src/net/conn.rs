@@ -600,6 +600,8 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// The task is an `async move` block over the arguments, used in place: an
 /// `async fn` keeps its arguments and the locals they move into side by
 /// side for the task's life (288 bytes more per stream).
+// Not `async fn`: see above (clippy would have it so).
+#[allow(clippy::manual_async_fn)]
 fn stream<F: Frames>(
     (tcp, place): (TcpStream, crate::net::listener::Place),
     mut feed: F,
