@@ -775,15 +775,20 @@ impl Feed {
     /// What the stream clock asks, if it moved since last seen: the end
     /// (shutdown), or a tick (with heartbeats on, its frame appended).
     fn clock(&mut self, out: &mut Vec<Bytes>) -> Option<Flow> {
-        let now = self.app.clock.ticks();
-        if now == self.ticks || self.ended {
+        if self.ended {
             return None;
         }
-        self.ticks = now;
+        let now = self.app.clock.ticks();
+        // Whatever was seen before: a stream opened while the server began
+        // to shut down (after `stream::open`'s check) ends too.
         if now == stream::SHUT {
             self.ended = true;
             return Some(self.finish(End::Shutdown, out));
         }
+        if now == self.ticks {
+            return None;
+        }
+        self.ticks = now;
         if self.app.config.heartbeat_ms > 0 {
             out.push(Bytes::from_static(sse::HEARTBEAT));
         }
