@@ -512,6 +512,12 @@ pub struct IdleArgs {
     /// How long to hold the connections before reading RSS, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub hold_ms: u64,
+    /// After the RSS reading, hold the connections this much longer (ms) and
+    /// meter the server's CPU over it: what idle subscribers cost while the
+    /// server sends only its heartbeats (`idle_server_cpu_us_per_sub_s`).
+    /// 0 = not measured.
+    #[arg(long, default_value_t = 0)]
+    pub idle_cpu_ms: u64,
 }
 
 /// N idle subscribers: server RSS per connection, connect time.
@@ -543,6 +549,14 @@ pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
     let rss1 = ctx.server.rss_kb()?;
     let own1 = procstat::rss_kb(None)?;
     group.check_alive()?;
+    let idle = if a.idle_cpu_ms > 0 {
+        let meter = Meter::start(&ctx.server)?;
+        tokio::time::sleep(Duration::from_millis(a.idle_cpu_ms)).await;
+        group.check_alive()?;
+        Some(meter.stop()?)
+    } else {
+        None
+    };
     let connect = group.board.connect_times();
     let n = a.subs.max(1) as f64;
     r.metric("subscribers", a.subs as f64);
@@ -560,6 +574,21 @@ pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
         );
     }
     r.metric("bench_rss_per_sub_kb", own1.saturating_sub(own0) as f64 / n);
+    if let Some(u) = idle {
+        // Server CPU while only heartbeats flow, per subscriber and second.
+        if let Some(s) = u.server {
+            r.metric("idle_server_cpu_ms", ms(s.total_us()));
+            r.metric(
+                "idle_server_cpu_us_per_sub_s",
+                s.total_us() as f64 / n / u.wall_s.max(1e-9),
+            );
+        }
+        let others = u
+            .machine_us
+            .saturating_sub(u.own.total_us() + u.server.map_or(0, |s| s.total_us()));
+        r.metric("idle_s", u.wall_s);
+        r.metric("other_cpu_cores", others as f64 / 1e6 / u.wall_s.max(1e-9));
+    }
     ds_metrics(ctx, &mut r, &group.board);
     let trackers = group.finish().await?;
     delivery_problems(&mut r, &trackers, |_| 0, false);

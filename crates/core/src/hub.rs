@@ -604,6 +604,17 @@ impl Hub {
         Ok(Followed { gap, head: st.head })
     }
 
+    /// Wakes every subscriber of every followed channel: each one's wait
+    /// ([`Subscription::next`]) returns at once and, finding nothing new,
+    /// waits again, so the task that drives it is polled. A server's stream
+    /// clock ticks this way: its streams hold no timer or waker of their
+    /// own, and look at the clock whenever they are polled.
+    pub fn wake_all(&self) {
+        for cell in self.channels.map.read().values() {
+            cell.head_tx.send_modify(|_| {});
+        }
+    }
+
     /// Periodic work: evicts expired events and forgets idle cells. The server
     /// calls it about every 250 ms.
     ///

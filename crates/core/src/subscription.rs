@@ -227,8 +227,11 @@ impl std::fmt::Debug for Ephemeral {
 pub struct Subscription {
     follows: Vec<Follow>,
     journal: Arc<dyn Journal>,
-    batch: usize,
-    rr: usize,
+    /// Most events one [`Subscription::next`] returns (`u32`, as is `rr`:
+    /// 8 bytes less in every subscriber, whose stream holds it).
+    batch: u32,
+    /// The channel looked at first by the next call (round robin).
+    rr: u32,
 }
 
 impl Subscription {
@@ -236,7 +239,7 @@ impl Subscription {
         Subscription {
             follows,
             journal,
-            batch: batch.max(1),
+            batch: u32::try_from(batch.max(1)).unwrap_or(u32::MAX),
             rr: 0,
         }
     }
@@ -316,25 +319,32 @@ impl Subscription {
     ///
     /// # Errors
     /// [`JournalError`] when a read from the journal fails.
-    pub async fn next(&mut self) -> Result<Item, JournalError> {
-        if self.follows.is_empty() {
-            return std::future::pending().await;
-        }
-        loop {
-            let n = self.follows.len();
-            for k in 0..n {
-                let i = (self.rr + k) % n;
-                if let Some(item) = self.poll_follow(i).await? {
-                    self.rr = (i + 1) % n;
-                    return Ok(item);
-                }
+    ///
+    /// (An `async` block over `self`, not an `async fn`, which would keep
+    /// `self` twice in the future every idle subscriber's task holds.)
+    // Not `async fn`: see above. `next` as before (not an iterator).
+    #[allow(clippy::manual_async_fn, clippy::should_implement_trait)]
+    pub fn next(&mut self) -> impl Future<Output = Result<Item, JournalError>> + Send + '_ {
+        async move {
+            if self.follows.is_empty() {
+                return std::future::pending().await;
             }
-            self.wait().await;
+            loop {
+                let n = self.follows.len();
+                for k in 0..n {
+                    let i = (self.rr as usize + k) % n;
+                    if let Some(item) = self.poll_follow(i).await? {
+                        self.rr = ((i + 1) % n) as u32;
+                        return Ok(item);
+                    }
+                }
+                self.wait().await;
+            }
         }
     }
 
     async fn poll_follow(&mut self, i: usize) -> Result<Option<Item>, JournalError> {
-        let batch = self.batch;
+        let batch = self.batch as usize;
         let f = &mut self.follows[i];
         f.head_rx.borrow_and_update();
         if let Some((n, e)) = f.cell.ephemeral_after(f.eph_seen) {
@@ -358,32 +368,41 @@ impl Subscription {
                 let fork = self.journal.fork_of(f.cell.name(), f.epoch, st.epoch);
                 Some(epoch_changed(f, st, fork))
             }
-            Pending::Behind => {
-                let page = self
-                    .journal
-                    .read_bounded(f.cell.name(), f.pos, batch, READ_BYTES)
-                    .await?;
-                if page.state.epoch != f.epoch
-                    && self
-                        .journal
-                        .continues(f.cell.name(), f.epoch, f.pos, page.state.epoch)
-                {
-                    f.epoch = page.state.epoch;
-                    return Box::pin(self.poll_follow(i)).await;
-                }
-                if page.state.epoch != f.epoch {
-                    let fork = self
-                        .journal
-                        .fork_of(f.cell.name(), f.epoch, page.state.epoch);
-                    Some(epoch_changed(f, page.state, fork))
-                } else if f.pos + 1 < page.state.floor {
-                    Some(evicted(f, page.state))
-                } else {
-                    advance(f, i, page.events)
-                }
-            }
+            // Boxed: a read from the journal is the largest state of this
+            // future, which every idle subscriber holds (its wait is sized
+            // beside it); the box is made only for a reader behind the window.
+            Pending::Behind => return Box::pin(self.read_behind(i)).await,
         };
         Ok(item)
+    }
+
+    /// [`Subscription::poll_follow`] for channel `i` when its cursor is
+    /// older than the hub's window: reads the journal.
+    async fn read_behind(&mut self, i: usize) -> Result<Option<Item>, JournalError> {
+        let batch = self.batch as usize;
+        let f = &mut self.follows[i];
+        let page = self
+            .journal
+            .read_bounded(f.cell.name(), f.pos, batch, READ_BYTES)
+            .await?;
+        if page.state.epoch != f.epoch
+            && self
+                .journal
+                .continues(f.cell.name(), f.epoch, f.pos, page.state.epoch)
+        {
+            f.epoch = page.state.epoch;
+            return self.poll_follow(i).await;
+        }
+        Ok(if page.state.epoch != f.epoch {
+            let fork = self
+                .journal
+                .fork_of(f.cell.name(), f.epoch, page.state.epoch);
+            Some(epoch_changed(f, page.state, fork))
+        } else if f.pos + 1 < page.state.floor {
+            Some(evicted(f, page.state))
+        } else {
+            advance(f, i, page.events)
+        })
     }
 
     /// Sleeps until any channel's head moves or an ephemeral event arrives

@@ -103,6 +103,7 @@ async fn serve(args: ServeArgs, namespaces: Arc<Namespaces>) -> anyhow::Result<(
             None => Default::default(),
         },
         auth,
+        clock: Default::default(),
     });
     println!("gapless listening on http://{addr} ({})", store.described);
     if app.config.console {

@@ -52,6 +52,9 @@ pub struct App {
     pub publish_limiter: ops::limits::PublishLimiter,
     /// Who follows each channel with presence (`ops/presence.rs`).
     pub presence: ops::presence::Presence,
+    /// The one timer of every SSE stream: heartbeat ticks and shutdown
+    /// (`ops/stream.rs`).
+    pub clock: ops::StreamClock,
 }
 
 /// The client's address, put in every request's extensions by the

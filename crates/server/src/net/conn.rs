@@ -144,15 +144,23 @@ struct Launcher {
 }
 
 impl Launcher {
-    /// Spawns the stream of `feed` on the fan-out runtime.
+    /// Spawns the stream of `feed` on the fan-out runtime, its socket
+    /// registered there.
     fn spawn<F: Frames>(self, feed: F) {
-        let task = self.tracker.track_future(stream(
-            self.conn,
-            feed,
-            self.head,
-            self.chunked,
-            self.bound_ms,
-        ));
+        let conn = {
+            let _on = self.fanout.enter();
+            match self.conn.attach_stream() {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not move a stream");
+                    return;
+                }
+            }
+        };
+        let out = vec![Bytes::from(self.head)];
+        let task = self
+            .tracker
+            .track_future(stream(conn, feed, out, self.chunked, self.bound_ms));
         tracing::trace!(bytes = std::mem::size_of_val(&task), "a stream's task");
         drop(self.fanout.spawn(task));
     }
@@ -584,7 +592,7 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
     out
 }
 
-/// Writes the response head and then the feed's frames until the feed ends,
+/// Writes the response head (`out`, the first write) and then the feed's frames until the feed ends,
 /// the client goes away, or a write fails. The body is chunked for HTTP/1.1
 /// (one chunk per write, so a clean end — the last chunk — differs from a
 /// dropped connection) and runs to the close for HTTP/1.0.
@@ -597,98 +605,111 @@ fn response_head(parts: &http::response::Parts, length: Option<usize>, chunked: 
 /// Everything the stream's task holds across an await stays allocated for
 /// the stream's life, for every subscriber (docs/design.md, "Fan-out"): the
 /// waits on the socket are poll functions, with no future of their own.
-async fn stream<F: Frames>(
-    conn: crate::net::listener::Detached,
+/// The task is an `async move` block over the arguments, used in place: an
+/// `async fn` keeps its arguments and the locals they move into side by
+/// side for the task's life (288 bytes more per stream).
+// Not `async fn`: see above (clippy would have it so).
+#[allow(clippy::manual_async_fn)]
+fn stream<F: Frames>(
+    (tcp, place): (TcpStream, crate::net::listener::Place),
     mut feed: F,
-    head: Vec<u8>,
-    chunked: bool,
-    bound_ms: u64,
-) {
-    let conn = match conn.attach() {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::debug!(error = %e, "could not move a stream");
-            return;
-        }
-    };
-    let tcp = conn.tcp();
-    let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
-    let bound = crate::net::tcp_info::Peer::take_over_bound(tcp, bound_ms);
     // What the next write carries: at first the response head, then empty
     // while the stream waits, so an idle stream holds no buffer; the feed
     // fills it, the write empties it.
-    let mut out: Vec<Bytes> = vec![Bytes::from(head)];
-    // Whether the response head is still to be written (it is `out[0]`).
-    let mut first = true;
-    // Bytes of the client's read and dropped while watching for its close.
-    let mut discarded = 0usize;
-    loop {
-        let flow = tokio::select! {
-            biased;
-            flow = feed.next(&mut out) => flow,
-            () = std::future::poll_fn(|cx| poll_peer_closed(tcp, &mut discarded, cx)) => {
-                feed.client_gone(Gone::Closed);
-                return;
-            }
-        };
-        if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(tcp)) {
-            tracing::debug!("an SSE client stopped acknowledging: dropped");
-            feed.client_gone(Gone::Vanished);
-            abort(tcp);
-            return;
-        }
-        let skip = usize::from(first);
-        let body: usize = out[skip..].iter().map(Bytes::len).sum();
-        if body == 0 && !first && matches!(flow, Flow::Tick) {
-            // A liveness tick with heartbeats off: nothing to write.
-            out = Vec::new();
-            continue;
-        }
-        first = false;
-        if chunked && body > 0 {
-            // The chunk-size line, after the response head (first write only).
-            out.insert(skip, chunk_line(body));
-            out.push(Bytes::from_static(b"\r\n"));
-        }
-        if chunked && matches!(flow, Flow::End) {
-            out.push(Bytes::from_static(b"0\r\n\r\n"));
-        }
-        // Counted as handed to the socket (nothing held across the write).
-        crate::admin::metrics::written(
-            crate::admin::metrics::Transport::Sse,
-            out.iter().map(Bytes::len).sum(),
-        );
-        let ticks = bound.is_some();
-        let written = write_frames(tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
-        out = Vec::new();
-        match (flow, written) {
-            (_, Err(e)) => {
-                tracing::debug!(error = %e, "an SSE client went away");
-                if e.kind() == io::ErrorKind::TimedOut {
-                    feed.client_gone(Gone::Vanished);
-                    abort(tcp);
-                } else {
-                    feed.client_gone(Gone::WriteFailed);
+    mut out: Vec<Bytes>,
+    chunked: bool,
+    bound_ms: u64,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        // Held (moved into the task) until the stream ends.
+        let _place = &place;
+        let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+        let bound = crate::net::tcp_info::Peer::take_over_bound(&tcp, bound_ms);
+        // Whether the response head is still to be written (it is `out[0]`).
+        let mut first = true;
+        // Bytes of the client's read and dropped while watching for its close.
+        let mut discarded = 0u32;
+        loop {
+            let flow = tokio::select! {
+                biased;
+                flow = feed.next(&mut out) => flow,
+                () = std::future::poll_fn(|cx| poll_peer_closed(&tcp, &mut discarded, cx)) => {
+                    feed.client_gone(Gone::Closed);
+                    return;
                 }
+            };
+            if matches!(flow, Flow::Tick) && bound.is_some_and(|b| b.dead(&tcp)) {
+                tracing::debug!("an SSE client stopped acknowledging: dropped");
+                feed.client_gone(Gone::Vanished);
+                abort(&tcp);
                 return;
             }
-            (Flow::More | Flow::Tick, Ok(())) => {}
-            (Flow::End, Ok(())) => {
-                shut_write(tcp);
-                return;
+            let skip = usize::from(first);
+            let body: usize = out[skip..].iter().map(Bytes::len).sum();
+            if body == 0 && !first && matches!(flow, Flow::Tick) {
+                // A liveness tick with heartbeats off: nothing to write.
+                out = Vec::new();
+                continue;
             }
-            (Flow::Fail(e), Ok(())) => {
-                // Everything is written, the failure's `retry:` last: the
-                // body breaks off without its last chunk, so the client
-                // backs off rather than reconnecting at once as after a
-                // clean end. A FIN after the data, never a reset: that would
-                // drop what the socket still holds for a slow reader.
-                tracing::warn!(error = %e, "breaking off a stream: journal read failed");
-                shut_write(tcp);
-                return;
+            first = false;
+            if chunked && body > 0 {
+                // The chunk-size line, after the response head (first write only).
+                out.insert(skip, chunk_line(body));
+                out.push(Bytes::from_static(b"\r\n"));
+            }
+            if chunked && matches!(flow, Flow::End) {
+                out.push(Bytes::from_static(b"0\r\n\r\n"));
+            }
+            // Counted as handed to the socket (nothing held across the write).
+            crate::admin::metrics::written(
+                crate::admin::metrics::Transport::Sse,
+                out.iter().map(Bytes::len).sum(),
+            );
+            let ticks = bound.is_some();
+            let written =
+                write_frames(&tcp, &mut out, |cx| feed.poll_blocked(cx, ticks), bound).await;
+            out = Vec::new();
+            match (flow, written) {
+                (_, Err(e)) => {
+                    tracing::debug!(error = %e, "an SSE client went away");
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        feed.client_gone(Gone::Vanished);
+                        abort(&tcp);
+                    } else {
+                        feed.client_gone(Gone::WriteFailed);
+                    }
+                    return;
+                }
+                (Flow::More | Flow::Tick, Ok(())) => {}
+                (Flow::End, Ok(())) => {
+                    shut_write(&tcp);
+                    return;
+                }
+                (Flow::Fail(e), Ok(())) => {
+                    // Everything is written, the failure's `retry:` last: the
+                    // body breaks off without its last chunk, so the client
+                    // backs off rather than reconnecting at once as after a
+                    // clean end. A FIN after the data, never a reset: that would
+                    // drop what the socket still holds for a slow reader.
+                    tracing::warn!(error = %e, "breaking off a stream: journal read failed");
+                    shut_write(&tcp);
+                    return;
+                }
             }
         }
     }
+}
+
+/// Bytes of the future of a stream's task for a feed of type `F`, as
+/// spawned (with the task tracker's token): what every open stream holds in
+/// its task besides tokio's header and trailer (docs/performance.md, "Idle
+/// memory, structure by structure"). For the size test of the SSE feed.
+#[cfg(test)]
+pub(crate) fn stream_task_bytes<F: Frames>() -> usize {
+    fn output<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
+        std::mem::size_of::<tokio_util::task::task_tracker::TrackedFuture<R>>()
+    }
+    output(stream::<F>)
 }
 
 /// Makes the close a reset (linger 0): the client (if any) learns the stream
@@ -740,13 +761,13 @@ fn chunk_line(n: usize) -> Bytes {
 /// and its read buffer lives on the stack only during the call.
 fn poll_peer_closed(
     tcp: &TcpStream,
-    discarded: &mut usize,
+    discarded: &mut u32,
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<()> {
     use std::task::Poll;
     // At most a few reads per poll, so a sender cannot hold the thread.
     for _ in 0..4 {
-        if *discarded >= DISCARD_MAX {
+        if *discarded as usize >= DISCARD_MAX {
             return Poll::Pending;
         }
         match tcp.poll_read_ready(cx) {
@@ -759,7 +780,7 @@ fn poll_peer_closed(
         let mut scratch = [0u8; 4096];
         match tcp.try_read(&mut scratch) {
             Ok(0) => return Poll::Ready(()),
-            Ok(n) => *discarded += n,
+            Ok(n) => *discarded = discarded.saturating_add(u32::try_from(n).unwrap_or(u32::MAX)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return Poll::Ready(()),
         }

@@ -17,7 +17,8 @@
 //!   refusal;
 //! - [`stream`]: the stream source every transport reads: opening a
 //!   subscription, what ends a stream (shutdown, token expiry), its timer's
-//!   period (heartbeat), the accounting of each delivery;
+//!   period (heartbeat) and the one clock SSE streams share
+//!   ([`StreamClock`]), the accounting of each delivery;
 //! - [`stream_log`]: what a stream sent and why it ended, its log line.
 //!
 //! A transport reads its wire into these calls and writes their answers in
@@ -35,3 +36,5 @@ pub(crate) mod sessions;
 pub(crate) mod start;
 pub(crate) mod stream;
 pub(crate) mod stream_log;
+
+pub use stream::Clock as StreamClock;

@@ -467,6 +467,22 @@ impl Seat {
         self.held.is_empty()
     }
 
+    /// [`Seat::next`] as a poll function, for a stream that waits on it
+    /// with no future of its own (docs/design.md, "Fan-out").
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<PresenceNotice> {
+        match &mut self.queue {
+            Some((_, rx)) => match rx.poll_recv(cx) {
+                std::task::Poll::Ready(Some(n)) => std::task::Poll::Ready(n),
+                // The seat holds a sender itself: the queue never closes.
+                _ => std::task::Poll::Pending,
+            },
+            None => std::task::Poll::Pending,
+        }
+    }
+
     /// The next notice for this connection; never resolves when it asked
     /// for none. Cancel-safe.
     pub async fn next(&mut self) -> PresenceNotice {

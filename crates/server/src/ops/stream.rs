@@ -20,6 +20,7 @@ use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::Event;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -121,6 +122,94 @@ pub fn tick_ms(config: &ServerConfig) -> u64 {
         0 => config.tcp_user_timeout_ms / 4,
         ms => ms,
     }
+}
+
+/// The value of a [`Clock`] once the server shuts down.
+pub const SHUT: u64 = u64::MAX;
+
+/// The one timer of every SSE stream of a server: it counts the ticks of
+/// the streams' period ([`tick_ms`]: the heartbeat, or the liveness check
+/// with heartbeats off) and turns to [`SHUT`] when the server shuts down.
+/// A stream keeps only the count it has seen (8 bytes) instead of a timer
+/// and an end signal of its own (a boxed `Sleep`, 112 bytes, a child
+/// cancellation token and its boxed future, about 200 bytes:
+/// docs/performance.md, "Idle memory, structure by structure").
+///
+/// A tick wakes every subscriber of the hub ([`gapless_core::hub::Hub::wake_all`]):
+/// a stream waiting for its channels is woken by its subscription and
+/// finds the count moved, so an idle stream registers no waker of its own.
+/// A writer blocked on a full socket waits on [`Clock::changed`] instead.
+/// Every stream ticks at the same instants, one period apart; a stream's
+/// first tick comes within one period of its open. The ticking task starts
+/// with the first stream ([`Clock::now`]) and ends at shutdown.
+pub struct Clock {
+    /// Ticks so far, or [`SHUT`].
+    ticks: AtomicU64,
+    /// The same count, for waiters that are not subscribers.
+    changes: tokio::sync::watch::Sender<u64>,
+    started: std::sync::OnceLock<()>,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock {
+            ticks: AtomicU64::new(0),
+            changes: tokio::sync::watch::Sender::new(0),
+            started: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl Clock {
+    /// The count of `app`'s clock now: ticks so far, or [`SHUT`]. Starts the
+    /// clock on first use (on the calling runtime; call it within one).
+    pub fn now(app: &Arc<App>) -> u64 {
+        app.clock.started.get_or_init(|| {
+            drop(tokio::spawn(run(app.clone())));
+        });
+        app.clock.ticks.load(Ordering::SeqCst)
+    }
+
+    /// The count now, the clock started or not.
+    pub fn ticks(&self) -> u64 {
+        self.ticks.load(Ordering::SeqCst)
+    }
+
+    /// A future that resolves at the clock's next change (a tick or
+    /// shutdown) after now; boxed, for a writer that waits on a full socket
+    /// (made only while it waits).
+    pub fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut rx = self.changes.subscribe();
+        Box::pin(async move {
+            let _ = rx.changed().await;
+        })
+    }
+
+    fn set(&self, count: u64) {
+        // The count first: a stream woken by the hub or the watch reads it.
+        self.ticks.store(count, Ordering::SeqCst);
+        self.changes.send_replace(count);
+    }
+}
+
+/// The clock's task: a tick every period, until shutdown.
+async fn run(app: Arc<App>) {
+    let tick = tick_ms(&app.config);
+    let mut beat = None;
+    let mut count = 0u64;
+    loop {
+        tokio::select! {
+            biased;
+            () = app.shutdown.cancelled() => break,
+            _ = timer(&mut beat, tick).tick(), if tick > 0 => {
+                count = (count + 1) % SHUT;
+                app.clock.set(count);
+                app.hub.wake_all();
+            }
+        }
+    }
+    app.clock.set(SHUT);
+    app.hub.wake_all();
 }
 
 /// A stream's timer of `tick_ms`, made on first use in `slot` (on the

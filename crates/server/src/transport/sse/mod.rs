@@ -31,7 +31,7 @@ use crate::net::liveness::Flushes;
 use crate::ops::names;
 use crate::ops::presence::{self, Seat};
 use crate::ops::start::{self, Resume};
-use crate::ops::stream::{self, End, EndSignal};
+use crate::ops::stream::{self, End};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::transport::query::Query;
 use crate::App;
@@ -44,6 +44,7 @@ use gapless_core::subscription::{Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::sse::{self, Format};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -451,9 +452,8 @@ async fn open(
     }
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
     let expires = stream::expires_at(grant);
-    let seat = presence::stream_seat(&app, &followed, member, listen).map(Box::new);
-    let mut feed = Feed::new(app, sub, format, Bytes::from(head), expires, gaps.len());
-    feed.seat = seat;
+    let seat = presence::stream_seat(&app, &followed, member, listen);
+    let feed = Feed::new(app, sub, format, head, expires, seat, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed
@@ -526,14 +526,6 @@ fn push_frame(out: &mut Vec<Bytes>, frame: &Bytes, untyped: bool) {
     out.push(frame.clone());
 }
 
-/// The next presence notice of a stream's seat (never without one).
-async fn next_notice(seat: &mut Option<Box<Seat>>) -> gapless_protocol::presence::PresenceNotice {
-    match seat {
-        Some(seat) => seat.next().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// `event: gapless.presence` with the notice as data and no `id:` line: a
 /// notice is not journaled and moves no cursor.
 fn presence_frame(notice: &gapless_protocol::presence::PresenceNotice) -> Bytes {
@@ -559,15 +551,18 @@ pub(crate) struct Feed {
     sub: Subscription,
     format: StreamFormat,
     /// `retry:`, gap notices and the first `id:` frame; taken by the first call.
-    head: Option<Bytes>,
-    /// Made by the first wait, on the runtime that drives the stream.
-    beat: Option<tokio::time::Interval>,
-    /// Resolves when the stream must end: the server shuts down, or the
-    /// token that opened it stops being honoured ([`stream::end_signal`]).
-    /// Kept out of line so the stream's task stays small (docs/design.md,
-    /// "Fan-out").
-    end: EndSignal,
-    /// `end` has completed (it is not polled again).
+    /// A boxed slice (16 bytes, not a `Bytes`' 32), made a `Bytes` without
+    /// a copy when taken.
+    head: Option<Box<[u8]>>,
+    /// The count of the server's stream clock last seen ([`stream::Clock`]):
+    /// when it moves, the stream's timer ticked (heartbeat), or the server
+    /// shuts down ([`stream::SHUT`]). The clock is shared by every stream,
+    /// so an idle one holds no timer or end signal of its own.
+    ticks: u64,
+    /// What few streams need (a token's expiry, presence, a blocked
+    /// write's wait), out of line: 8 bytes in every stream instead of 40.
+    rare: Option<Box<Rare>>,
+    /// The stream ended (shutdown or expiry seen): nothing is polled again.
     ended: bool,
     /// The token expired while a writer waited for a full socket
     /// ([`Feed::poll_blocked`]): the writer finishes what it holds, and the
@@ -575,9 +570,41 @@ pub(crate) struct Feed {
     expired_while_blocked: bool,
     /// What the stream sent and why it ended, for its log line.
     tally: Tally,
+}
+
+/// The parts of a [`Feed`] that few streams need, made only for those.
+#[derive(Default)]
+struct Rare {
+    /// When the token that opened the stream stops being honoured.
+    deadline: Deadline,
     /// Its place in the presence of its channels that have it, and the
     /// notices it asked for (`ops::presence`); left when the stream ends.
-    seat: Option<Box<Seat>>,
+    seat: Option<Seat>,
+    /// The wait on the clock of a writer blocked on a full socket
+    /// ([`Feed::poll_blocked`]): made when a write blocks, dropped when it
+    /// wakes or the next call begins.
+    blocked: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+/// What a [`Rare`] part of a stream asks for.
+enum RareEvent {
+    /// The token expired.
+    Expired,
+    /// A presence notice.
+    Notice(gapless_protocol::presence::PresenceNotice),
+}
+
+impl Rare {
+    /// The token's expiry, or the next presence notice (never without either).
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<RareEvent> {
+        if self.deadline.poll(cx).is_ready() {
+            return std::task::Poll::Ready(RareEvent::Expired);
+        }
+        match &mut self.seat {
+            Some(seat) => seat.poll_next(cx).map(RareEvent::Notice),
+            None => std::task::Poll::Pending,
+        }
+    }
 }
 
 impl Drop for Feed {
@@ -587,26 +614,58 @@ impl Drop for Feed {
     }
 }
 
+/// The expiry of the token that opened a stream: none, the instant (its
+/// timer is made when first polled, on the runtime that drives the stream,
+/// and only for a stream whose token expires), or that timer.
+#[derive(Default)]
+enum Deadline {
+    #[default]
+    Never,
+    At(std::time::Instant),
+    Timer(Pin<Box<tokio::time::Sleep>>),
+}
+
+impl Deadline {
+    /// Ready once the token has expired (never for [`Deadline::Never`]).
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if let Deadline::At(at) = *self {
+            let at = tokio::time::Instant::from_std(at);
+            *self = Deadline::Timer(Box::pin(tokio::time::sleep_until(at)));
+        }
+        match self {
+            Deadline::Timer(t) => t.as_mut().poll(cx),
+            _ => std::task::Poll::Pending,
+        }
+    }
+}
+
 impl Feed {
     fn new(
         app: Arc<App>,
         sub: Subscription,
         format: StreamFormat,
-        head: Bytes,
+        head: Vec<u8>,
         expires: Option<std::time::Instant>,
+        seat: Option<Seat>,
         gaps: usize,
     ) -> Self {
+        let rare = (expires.is_some() || seat.is_some()).then(|| {
+            Box::new(Rare {
+                deadline: expires.map_or(Deadline::Never, Deadline::At),
+                seat,
+                blocked: None,
+            })
+        });
         Feed {
-            end: stream::end_signal(&app, expires),
+            ticks: stream::Clock::now(&app),
+            rare,
             ended: false,
             expired_while_blocked: false,
             tally: Tally::new(gaps),
             app,
             sub,
             format,
-            head: Some(head),
-            beat: None,
-            seat: None,
+            head: Some(head.into_boxed_slice()),
         }
     }
 
@@ -615,78 +674,125 @@ impl Feed {
     /// up to `read_batch` (from the journal, also about 1 MiB), so a reader
     /// that fell behind catches up in few writes. Cancel-safe: dropping the
     /// future loses nothing.
-    pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
-        if let Some(head) = self.head.take() {
-            out.push(head);
-            return Flow::More;
-        }
-        if self.expired_while_blocked {
-            return self.finish(End::Expired, out);
-        }
-        let heartbeat_ms = self.app.config.heartbeat_ms;
-        let tick_ms = self.tick_ms();
-        let beat = stream::timer(&mut self.beat, tick_ms);
-        let item = tokio::select! {
-            biased;
-            end = self.end.as_mut(), if !self.ended => {
-                self.ended = true;
-                return self.finish(end, out);
-            }
-            item = self.sub.next() => item,
-            notice = next_notice(&mut self.seat) => {
-                out.push(presence_frame(&notice));
+    ///
+    /// An `async` block over `self` and `out`, not an `async fn`, which
+    /// would keep both twice in the future (16 bytes of every stream's task).
+    #[allow(clippy::manual_async_fn)]
+    pub fn next<'s, 'o>(
+        &'s mut self,
+        out: &'o mut Vec<Bytes>,
+    ) -> impl Future<Output = Flow> + Send + use<'s, 'o> {
+        async move {
+            if let Some(head) = self.head.take() {
+                out.push(Bytes::from(head));
                 return Flow::More;
             }
-            _ = std::future::poll_fn(|cx| beat.poll_tick(cx)), if tick_ms > 0 => {
-                if heartbeat_ms > 0 {
-                    out.push(Bytes::from_static(sse::HEARTBEAT));
-                }
-                return Flow::Tick;
+            if self.expired_while_blocked {
+                return self.finish(End::Expired, out);
             }
-        };
-        match item {
-            Err(e) => {
-                self.ended_by(Ended::JournalFailed);
-                let log = e.to_string();
-                // What an open answers while the journal fails: the cause
-                // (the code and message a request would get) and a `retry:`
-                // of 1 to 5 s, drawn for each stream, so an EventSource (which
-                // cannot tell a broken body from a clean end) waits too and
-                // a node's pages do not all come back at once.
-                let e = ApiError::from(e);
-                out.push(retry_frame(
-                    rand::random_range(UNAVAILABLE_RETRY_MS),
-                    &format!("{}: {}", e.code.as_str(), e.message),
-                ));
-                Flow::Fail(log)
+            if let Some(rare) = &mut self.rare {
+                rare.blocked = None;
             }
-            Ok(Item::Events { index, events }) => {
-                stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
-                let StreamFormat { format, untyped } = self.format;
-                if self.sub.len() == 1 {
-                    for e in &events {
-                        push_frame(out, e.sse_frame(format), untyped);
+            // The clock is looked at first (shutdown ends even a busy stream)
+            // and again after the subscription's wait is registered: a tick
+            // wakes every subscriber ([`stream::Clock`]) after moving the count.
+            if let Some(flow) = self.clock(out) {
+                return flow;
+            }
+            let (rare, ended) = (&mut self.rare, self.ended);
+            let item = tokio::select! {
+                biased;
+                event = std::future::poll_fn(|cx| match rare {
+                    Some(rare) => rare.poll(cx),
+                    None => std::task::Poll::Pending,
+                }), if !ended && rare.is_some() => match event {
+                    RareEvent::Expired => {
+                        self.ended = true;
+                        return self.finish(End::Expired, out);
                     }
-                } else {
-                    for e in &events {
-                        out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
-                        push_frame(out, e.sse_body(format), untyped);
+                    RareEvent::Notice(notice) => {
+                        out.push(presence_frame(&notice));
+                        return Flow::More;
                     }
+                },
+                item = self.sub.next() => item,
+                () = std::future::poll_fn(|_| {
+                    if stream::Clock::ticks(&self.app.clock) == self.ticks {
+                        std::task::Poll::Pending
+                    } else {
+                        std::task::Poll::Ready(())
+                    }
+                }), if !ended => {
+                    return self.clock(out).unwrap_or(Flow::More);
                 }
-                Flow::More
-            }
-            Ok(Item::Gap(g)) => {
-                self.tally.gaps(1);
-                out.push(g.sse_frame());
-                out.push(sse::id_frame(&self.sub.cursor().encode()));
-                Flow::More
-            }
-            Ok(Item::Ephemeral(e)) => {
-                self.tally.events(1);
-                push_frame(out, e.sse_frame(self.format.format), self.format.untyped);
-                Flow::More
+            };
+            match item {
+                Err(e) => {
+                    self.ended_by(Ended::JournalFailed);
+                    let log = e.to_string();
+                    // What an open answers while the journal fails: the cause
+                    // (the code and message a request would get) and a `retry:`
+                    // of 1 to 5 s, drawn for each stream, so an EventSource (which
+                    // cannot tell a broken body from a clean end) waits too and
+                    // a node's pages do not all come back at once.
+                    let e = ApiError::from(e);
+                    out.push(retry_frame(
+                        rand::random_range(UNAVAILABLE_RETRY_MS),
+                        &format!("{}: {}", e.code.as_str(), e.message),
+                    ));
+                    Flow::Fail(log)
+                }
+                Ok(Item::Events { index, events }) => {
+                    stream::delivered(Transport::Sse, &mut self.tally, &self.sub, index, &events);
+                    let StreamFormat { format, untyped } = self.format;
+                    if self.sub.len() == 1 {
+                        for e in &events {
+                            push_frame(out, e.sse_frame(format), untyped);
+                        }
+                    } else {
+                        for e in &events {
+                            out.push(sse::id_line(&self.sub.cursor_at(index, e.seq).encode()));
+                            push_frame(out, e.sse_body(format), untyped);
+                        }
+                    }
+                    Flow::More
+                }
+                Ok(Item::Gap(g)) => {
+                    self.tally.gaps(1);
+                    out.push(g.sse_frame());
+                    out.push(sse::id_frame(&self.sub.cursor().encode()));
+                    Flow::More
+                }
+                Ok(Item::Ephemeral(e)) => {
+                    self.tally.events(1);
+                    push_frame(out, e.sse_frame(self.format.format), self.format.untyped);
+                    Flow::More
+                }
             }
         }
+    }
+
+    /// What the stream clock asks, if it moved since last seen: the end
+    /// (shutdown), or a tick (with heartbeats on, its frame appended).
+    fn clock(&mut self, out: &mut Vec<Bytes>) -> Option<Flow> {
+        if self.ended {
+            return None;
+        }
+        let now = self.app.clock.ticks();
+        // Whatever was seen before: a stream opened while the server began
+        // to shut down (after `stream::open`'s check) ends too.
+        if now == stream::SHUT {
+            self.ended = true;
+            return Some(self.finish(End::Shutdown, out));
+        }
+        if now == self.ticks {
+            return None;
+        }
+        self.ticks = now;
+        if self.app.config.heartbeat_ms > 0 {
+            out.push(Bytes::from_static(sse::HEARTBEAT));
+        }
+        Some(Flow::Tick)
     }
 
     /// The stream ends for `end`: appends its last frame to `out` (the expiry
@@ -708,11 +814,6 @@ impl Feed {
         self.tally.ended_by(why);
     }
 
-    /// The period of the stream's one timer ([`stream::tick_ms`]).
-    fn tick_ms(&self) -> u64 {
-        stream::tick_ms(&self.app.config)
-    }
-
     /// For a writer blocked on a full socket: whether the stream must end
     /// now (shutdown: a client that stopped reading cannot hold it), or,
     /// with `ticks`, its timer ticked (time to check the client). Polled in
@@ -729,40 +830,39 @@ impl Feed {
         ticks: bool,
     ) -> std::task::Poll<Waited> {
         use std::task::Poll;
-        // The end future must not be polled again once it has completed.
         if self.ended {
             return Poll::Ready(Waited::Ended);
         }
-        let mut end = self.end.as_mut().poll(cx);
-        if end == Poll::Ready(End::Expired) {
+        let rare = self.rare.get_or_insert_with(Box::default);
+        if !self.expired_while_blocked && rare.deadline.poll(cx).is_ready() {
+            // From now on only shutdown cuts the write.
+            rare.deadline = Deadline::Never;
             self.expired_while_blocked = true;
             self.ended_by(Ended::TokenExpired);
-            self.end = stream::shutdown_signal(&self.app);
-            end = self.end.as_mut().poll(cx);
         }
-        if end.is_ready() {
-            self.ended = true;
-            self.ended_by(Ended::Shutdown);
-            return Poll::Ready(Waited::Ended);
+        // The clock's wait is made the first time a write blocks, and
+        // replaced by a fresh one each time it wakes (after reading the
+        // count, so no change is missed).
+        loop {
+            let now = self.app.clock.ticks();
+            if now == stream::SHUT {
+                self.ended = true;
+                self.ended_by(Ended::Shutdown);
+                return Poll::Ready(Waited::Ended);
+            }
+            let moved = now != self.ticks;
+            self.ticks = now;
+            if moved && ticks {
+                return Poll::Ready(Waited::Tick);
+            }
+            let app = &self.app;
+            let rare = self.rare.get_or_insert_with(Box::default);
+            let wait = rare.blocked.get_or_insert_with(|| app.clock.changed());
+            if wait.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            rare.blocked = None;
         }
-        if ticks && self.poll_tick(cx).is_ready() {
-            return Poll::Ready(Waited::Tick);
-        }
-        Poll::Pending
-    }
-
-    /// The wait for the next tick of the stream's timer (forever without
-    /// one) as a poll function: a writer waits on it with no
-    /// future of its own (whatever a stream's task holds across an await
-    /// stays allocated for the stream's life).
-    pub fn poll_tick(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        let tick_ms = self.tick_ms();
-        if tick_ms == 0 {
-            return std::task::Poll::Pending;
-        }
-        stream::timer(&mut self.beat, tick_ms)
-            .poll_tick(cx)
-            .map(|_| ())
     }
 
     /// The feed as a hyper response body (chunked), for a stream opened on a
@@ -821,6 +921,52 @@ mod tests {
         ] {
             assert_eq!(joined(frame), want, "{:?}", String::from_utf8_lossy(frame));
         }
+    }
+
+    /// What one idle SSE subscriber holds, structure by structure
+    /// (docs/performance.md, "Idle memory, structure by structure"): printed
+    /// with `--nocapture`, and bounded so a change that grows an idle
+    /// stream fails here rather than in a benchmark.
+    #[test]
+    fn an_idle_stream_s_structures_stay_small() {
+        use std::mem::size_of;
+        fn output2<'a, A: 'a, B: 'a, R>(_: impl FnOnce(&'a mut A, &'a mut B) -> R) -> usize {
+            size_of::<R>()
+        }
+        fn output1<'a, A: 'a, R>(_: impl FnOnce(&'a mut A) -> R) -> usize {
+            size_of::<R>()
+        }
+        let sizes = [
+            (
+                "stream task future",
+                crate::net::conn::stream_task_bytes::<Feed>(),
+            ),
+            ("Feed", size_of::<Feed>()),
+            ("Feed::next future", output2(Feed::next)),
+            ("Subscription", size_of::<Subscription>()),
+            ("Subscription::next future", output1(Subscription::next)),
+            ("Tally", size_of::<Tally>()),
+            ("tokio Interval", size_of::<tokio::time::Interval>()),
+            (
+                "tokio Sleep (boxed by Interval)",
+                size_of::<tokio::time::Sleep>(),
+            ),
+            ("tokio TcpStream", size_of::<tokio::net::TcpStream>()),
+            ("Conn", size_of::<crate::net::listener::Conn>()),
+            (
+                "WaitForCancellationFutureOwned",
+                size_of::<tokio_util::sync::WaitForCancellationFutureOwned>(),
+            ),
+        ];
+        for (name, bytes) in sizes {
+            println!("{name}: {bytes} bytes");
+        }
+        // tokio allocates a task as one cell: 32 bytes of header, 16 of
+        // scheduler and id, the future and the stage's 8, 48 of trailer,
+        // rounded up to 128 (its alignment). At most 536 bytes of future
+        // keep the cell at 640 bytes, a jemalloc size class; 8 more make it 768.
+        let task = sizes[0].1;
+        assert!(task <= 536, "a stream's task future is {task} bytes");
     }
 
     #[test]
