@@ -70,18 +70,11 @@ pub async fn handler(
     let access = crate::auth::origin::access(&app, &headers, raw.as_deref())?;
     let ws = configure(ws, &app);
     let sockets = app.sockets.clone();
-    // Counted from the handshake on (this handler runs in a tracked
-    // connection): shutdown waits for the socket between the 101 and its
-    // task's start, so the task never lands on a fan-out runtime already
-    // dropped, and the client gets its 1001.
-    let held = sockets.token();
     let peer = peer.map(|Extension(p)| p.0.ip());
     let tcp = tcp.map(|Extension(t)| t);
     Ok(match access {
-        Ok(grant) => ws.on_upgrade(move |socket| {
-            let task = sockets.track_future(run(app, socket, grant, peer, tcp));
-            drop(held);
-            super::on_fanout(fanout, task)
+        Ok(grant) => super::upgrade_on_fanout(ws, &sockets, fanout, move |socket| {
+            run(app, socket, grant, peer, tcp)
         }),
         Err(e) => ws.on_upgrade(move |socket| sockets.track_future(super::refuse(socket, e))),
     })

@@ -120,25 +120,42 @@ pub(crate) fn configure(ws: WebSocketUpgrade, app: &App) -> WebSocketUpgrade {
         .max_write_buffer_size(max.saturating_mul(2).max(8 << 20))
 }
 
-/// Runs an upgraded socket's task (`task`, already tracked by
-/// [`App::sockets`]) on the fan-out runtime when the connection names it
-/// ([`crate::net::conn::Fanout`]: every connection hyper serves), else
-/// where the upgrade completed. On the fan-out runtime a socket's deliveries
-/// do not share the main runtime's threads with publishing and the other
-/// requests: a publish is acknowledged without waiting for a round of
-/// deliveries, and events published while a round runs go out together in
-/// the next (one write per socket), as on the SSE streams.
-pub(crate) fn on_fanout(
+/// Upgrades to a socket served by `task`, on the fan-out runtime when the
+/// connection names it ([`crate::net::conn::Fanout`]: every connection
+/// hyper serves), else where the upgrade completes. On the fan-out runtime
+/// a socket's deliveries do not share the main runtime's threads with
+/// publishing and the other requests: a publish is acknowledged without
+/// waiting for a round of deliveries, and events published while a round
+/// runs go out together in the next (one write per socket), as on the SSE
+/// streams.
+///
+/// The socket is counted in `sockets` ([`App::sockets`]) from the handshake on (this
+/// runs in the handler, inside a tracked connection), so shutdown also
+/// waits for one between its 101 and its task's start: the task never
+/// lands on a fan-out runtime already dropped, and the client gets its 1001.
+pub(crate) fn upgrade_on_fanout<F, Fut>(
+    ws: WebSocketUpgrade,
+    sockets: &tokio_util::task::TaskTracker,
     fanout: Option<axum::extract::Extension<crate::net::conn::Fanout>>,
-    task: impl std::future::Future<Output = ()> + Send + 'static,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    tracing::trace!(bytes = std::mem::size_of_val(&task), "a WebSocket's task");
-    async move {
-        match fanout {
-            Some(axum::extract::Extension(f)) => drop(f.0.spawn(task)),
-            None => task.await,
+    task: F,
+) -> Response
+where
+    F: FnOnce(WebSocket) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let sockets = sockets.clone();
+    let held = sockets.token();
+    ws.on_upgrade(move |socket| {
+        let task = sockets.track_future(task(socket));
+        drop(held);
+        tracing::trace!(bytes = std::mem::size_of_val(&task), "a WebSocket's task");
+        async move {
+            match fanout {
+                Some(axum::extract::Extension(f)) => drop(f.0.spawn(task)),
+                None => task.await,
+            }
         }
-    }
+    })
 }
 
 /// A text message from pre-encoded JSON bytes.
