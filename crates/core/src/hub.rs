@@ -59,11 +59,20 @@ pub struct Channels {
     map: RwLock<HashMap<Arc<str>, Arc<Cell>>>,
 }
 
+/// Wake groups of a channel's subscribers: a subscription is in one
+/// ([`Hub::subscribe`]), a commit wakes them all, and [`Hub::wake_group`]
+/// wakes one. A server's stream clock wakes one group per step, so its
+/// streams' heartbeats are spread over the period without waking a stream
+/// between its own (`crates/server/src/ops/stream.rs`, `PHASES`).
+pub const WAKE_GROUPS: usize = 4;
+
 /// One followed channel.
 pub struct Cell {
     name: Arc<str>,
     window: RwLock<Window>,
-    head_tx: watch::Sender<u64>,
+    /// The head, sent to each wake group that has had a subscriber (made on
+    /// first use, so a channel followed by one subscriber holds one).
+    heads: [std::sync::OnceLock<watch::Sender<u64>>; WAKE_GROUPS],
     subscribers: AtomicUsize,
     idle_since_ms: AtomicU64,
     loaded: OnceCell<()>,
@@ -107,7 +116,7 @@ impl Cell {
                 events: VecDeque::new(),
                 bytes: 0,
             }),
-            head_tx: watch::Sender::new(0),
+            heads: Default::default(),
             subscribers: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(crate::journal::now_ms()),
             loaded: OnceCell::new(),
@@ -141,8 +150,28 @@ impl Cell {
         }
     }
 
-    pub(crate) fn watch_head(&self) -> watch::Receiver<u64> {
-        self.head_tx.subscribe()
+    /// A receiver of the head in wake group `group` (modulo [`WAKE_GROUPS`]).
+    /// The group's sender is made with the head read under the window's
+    /// lock, so a commit either comes before (and the head is read after it)
+    /// or finds the sender and sends to it.
+    pub(crate) fn watch_head(&self, group: usize) -> watch::Receiver<u64> {
+        let w = self.window.read();
+        self.heads[group % WAKE_GROUPS]
+            .get_or_init(|| watch::Sender::new(w.state.head))
+            .subscribe()
+    }
+
+    /// Sends `head` to every wake group (`send_replace`), or, with `None`,
+    /// wakes them with the head unchanged.
+    fn send_head(&self, head: Option<u64>) {
+        for tx in self.heads.iter().filter_map(std::sync::OnceLock::get) {
+            match head {
+                Some(h) => {
+                    tx.send_replace(h);
+                }
+                None => tx.send_modify(|_| {}),
+            }
+        }
     }
 
     /// The number of ephemeral events published so far (a follow starts here,
@@ -175,7 +204,7 @@ impl Cell {
             }
         }
         // Wake every follower; the head did not move.
-        self.head_tx.send_modify(|_| {});
+        self.send_head(None);
     }
 
     async fn ensure_loaded(&self, journal: &dyn Journal) -> Result<(), JournalError> {
@@ -218,7 +247,7 @@ impl Cell {
             w.trim(&self.limits);
             w.state.head
         };
-        self.head_tx.send_replace(head);
+        self.send_head(Some(head));
     }
 
     /// What a cursor at `pos` of `epoch` can read now: at most `max` events
@@ -322,7 +351,7 @@ impl CommitSink for Channels {
     fn evicted(&self, channel: &str, state: ChannelState) {
         if let Some(cell) = self.get(channel) {
             let head = cell.observe(state);
-            cell.head_tx.send_replace(head);
+            cell.send_head(Some(head));
         }
     }
 
@@ -522,7 +551,9 @@ impl Hub {
     /// Starts a subscription on `starts` (channel, where to start). Returns it
     /// with the gap notices to send before anything else (one per channel whose
     /// start position could not be served whole; that channel then starts at
-    /// its head, or for [`Start::Time`] at its floor).
+    /// its head, or for [`Start::Time`] at its floor). `group`: its wake
+    /// group in each channel (modulo [`WAKE_GROUPS`]; see [`Hub::wake_group`];
+    /// 0 for a subscriber no clock wakes).
     ///
     /// # Errors
     /// [`JournalError`] when a channel's state cannot be read.
@@ -530,11 +561,12 @@ impl Hub {
         &self,
         starts: Vec<(String, Start)>,
         batch: usize,
+        group: usize,
     ) -> Result<(Subscription, Vec<Gap>), JournalError> {
         let mut sub = self.empty_subscription(batch);
         let mut gaps = Vec::new();
         for (channel, start) in starts {
-            gaps.extend(self.follow(&mut sub, &channel, start).await?.gap);
+            gaps.extend(self.follow_in(&mut sub, &channel, start, group).await?.gap);
         }
         Ok((sub, gaps))
     }
@@ -559,10 +591,26 @@ impl Hub {
         channel: &str,
         start: Start,
     ) -> Result<Followed, JournalError> {
+        self.follow_in(sub, channel, start, 0).await
+    }
+
+    /// [`Hub::follow`] in wake group `group` of the channel (modulo
+    /// [`WAKE_GROUPS`]; see [`Hub::wake_group`]). [`Hub::follow`] uses group
+    /// 0, for a subscriber no clock wakes.
+    ///
+    /// # Errors
+    /// As [`Hub::follow`].
+    pub async fn follow_in(
+        &self,
+        sub: &mut Subscription,
+        channel: &str,
+        start: Start,
+        group: usize,
+    ) -> Result<Followed, JournalError> {
         let cell = self.channels.get_or_create(channel);
         cell.ensure_loaded(self.journal.as_ref()).await?;
         // Watch first, then read the state: a commit after this point wakes us.
-        let head_rx = cell.watch_head();
+        let head_rx = cell.watch_head(group);
         let eph_seen = cell.ephemeral_count();
         let st = cell.state();
         let fork = match start {
@@ -604,14 +652,23 @@ impl Hub {
         Ok(Followed { gap, head: st.head })
     }
 
-    /// Wakes every subscriber of every followed channel: each one's wait
-    /// ([`Subscription::next`]) returns at once and, finding nothing new,
-    /// waits again, so the task that drives it is polled. A server's stream
-    /// clock ticks this way: its streams hold no timer or waker of their
-    /// own, and look at the clock whenever they are polled.
-    pub fn wake_all(&self) {
+    /// Wakes every subscriber in wake group `group` (modulo
+    /// [`WAKE_GROUPS`]) of every followed channel, or with `None` every
+    /// subscriber: each one's wait ([`Subscription::next`]) returns at once
+    /// and, finding nothing new, waits again, so the task that drives it is
+    /// polled. A server's stream clock ticks this way: its streams hold no
+    /// timer or waker of their own, and look at the clock whenever they are
+    /// polled.
+    pub fn wake_group(&self, group: Option<usize>) {
         for cell in self.channels.map.read().values() {
-            cell.head_tx.send_modify(|_| {});
+            match group {
+                Some(g) => {
+                    if let Some(tx) = cell.heads[g % WAKE_GROUPS].get() {
+                        tx.send_modify(|_| {});
+                    }
+                }
+                None => cell.send_head(None),
+            }
         }
     }
 

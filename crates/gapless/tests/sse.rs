@@ -705,6 +705,53 @@ async fn heartbeat_comment_arrives_on_an_idle_stream() {
     );
 }
 
+/// The server's streams share one clock, but do not all heartbeat at one
+/// instant: each keeps the phase of the step it opened at (a quarter of the
+/// period, `ops/stream.rs` `PHASES`), so a channel's subscribers write their
+/// heartbeats in groups spread over the period rather than in one burst.
+/// Two streams of one channel opened half a period apart heartbeat about half
+/// a period apart, and each still once per period.
+#[tokio::test]
+async fn streams_opened_half_a_period_apart_heartbeat_half_a_period_apart() {
+    const PERIOD_MS: u64 = 1600;
+    let s = Server::memory(&["--heartbeat-ms", &PERIOD_MS.to_string()]).await;
+    // Two heartbeats' arrival times on a stream, in ms since `t0`.
+    async fn beats(sub: &mut gapless_testkit::SseClient, t0: std::time::Instant) -> [u64; 2] {
+        let mut at = [0u64; 2];
+        for slot in &mut at {
+            match sub.next_within(Duration::from_secs(5)).await {
+                Some(Next::Item(Item::Comment(text))) => assert_eq!(text, ""),
+                other => panic!("expected a heartbeat comment, got {other:?}"),
+            }
+            *slot = u64::try_from(t0.elapsed().as_millis()).expect("ms");
+        }
+        at
+    }
+    let t0 = std::time::Instant::now();
+    let (mut a, _) = s.subscribe("c", "").await;
+    // Half a period and half a step later, so the second opens in the
+    // middle of a step, two steps after the first.
+    tokio::time::sleep(Duration::from_millis(PERIOD_MS * 5 / 8)).await;
+    let (mut b, _) = s.subscribe("c", "").await;
+    let (a, b) = tokio::join!(beats(&mut a, t0), beats(&mut b, t0));
+    for at in [a, b] {
+        let apart = at[1] - at[0];
+        assert!(
+            (PERIOD_MS * 3 / 4..=PERIOD_MS * 5 / 4).contains(&apart),
+            "one heartbeat per period ({PERIOD_MS} ms), got {at:?}"
+        );
+    }
+    // Half a period apart, give or take a step (a quarter period) of the
+    // clock and the scheduling of a loaded machine.
+    let offset = (b[0] + PERIOD_MS - a[0] % PERIOD_MS) % PERIOD_MS;
+    assert!(
+        (PERIOD_MS / 4..=PERIOD_MS * 3 / 4).contains(&offset),
+        "the second stream's heartbeats should come about half a period ({}) after the \
+         first's; first {a:?}, second {b:?} (offset {offset} ms)",
+        PERIOD_MS / 2
+    );
+}
+
 #[tokio::test]
 async fn heartbeat_zero_sends_none() {
     let s = Server::memory(&["--heartbeat-ms", "0"]).await;

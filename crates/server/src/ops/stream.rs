@@ -31,9 +31,14 @@ use tokio::time::Instant;
 /// # Errors
 /// 503 `shutting_down` while the server stops; the journal's errors (a
 /// transport may answer `unavailable` and `journal_failed` in its own way).
+///
+/// `group`: the subscription's wake group in its channels
+/// ([`gapless_core::hub::WAKE_GROUPS`]): an SSE stream's is its phase on the
+/// [`Clock`] ([`group_of`]); 0 for a stream no clock ticks.
 pub async fn open(
     app: &App,
     starts: Vec<(String, Start)>,
+    group: usize,
 ) -> Result<(Subscription, Vec<Gap>), ApiError> {
     if app.shutdown.is_cancelled() {
         return Err(ApiError::new(
@@ -41,7 +46,10 @@ pub async fn open(
             "the server is shutting down",
         ));
     }
-    Ok(app.hub.subscribe(starts, app.config.read_batch).await?)
+    Ok(app
+        .hub
+        .subscribe(starts, app.config.read_batch, group)
+        .await?)
 }
 
 /// Why a stream ends on its own.
@@ -127,23 +135,39 @@ pub fn tick_ms(config: &ServerConfig) -> u64 {
 /// The value of a [`Clock`] once the server shuts down.
 pub const SHUT: u64 = u64::MAX;
 
-/// The one timer of every SSE stream of a server: it counts the ticks of
-/// the streams' period ([`tick_ms`]: the heartbeat, or the liveness check
-/// with heartbeats off) and turns to [`SHUT`] when the server shuts down.
-/// A stream keeps only the count it has seen (8 bytes) instead of a timer
-/// and an end signal of its own (a boxed `Sleep`, 112 bytes, a child
-/// cancellation token and its boxed future, about 200 bytes:
-/// docs/performance.md, "Idle memory, structure by structure").
+/// Steps of the [`Clock`] in one period: a stream ticks every `PHASES`
+/// steps, in the phase of the step it opened at, so the streams of a server
+/// (even of one channel) heartbeat and check their clients in `PHASES`
+/// groups spread over the period rather than all at one instant. A step
+/// wakes only the streams in its phase: a stream's subscription is in the
+/// hub's wake group of its phase ([`group_of`], [`gapless_core::hub::WAKE_GROUPS`]).
+pub const PHASES: u64 = gapless_core::hub::WAKE_GROUPS as u64;
+
+/// The wake group of a stream opened at step `at` of the [`Clock`]: its phase.
+pub fn group_of(at: u64) -> usize {
+    (at % PHASES) as usize
+}
+
+/// The one timer of every SSE stream of a server: it counts steps of a
+/// [`PHASES`]th of the streams' period ([`tick_ms`]: the heartbeat, or the
+/// liveness check with heartbeats off) and turns to [`SHUT`] when the
+/// server shuts down. A stream keeps only the step it last ticked at (8
+/// bytes) instead of a timer and an end signal of its own (a boxed `Sleep`,
+/// 112 bytes, a child cancellation token and its boxed future, about 200
+/// bytes: docs/performance.md, "Idle memory, structure by structure").
 ///
-/// A tick wakes every subscriber of the hub ([`gapless_core::hub::Hub::wake_all`]):
-/// a stream waiting for its channels is woken by its subscription and
-/// finds the count moved, so an idle stream registers no waker of its own.
-/// A writer blocked on a full socket waits on [`Clock::changed`] instead.
-/// Every stream ticks at the same instants, one period apart; a stream's
-/// first tick comes within one period of its open. The ticking task starts
-/// with the first stream ([`Clock::now`]) and ends at shutdown.
+/// A step wakes the subscribers of the hub in its phase's wake group
+/// ([`gapless_core::hub::Hub::wake_group`]): a stream waiting for its
+/// channels is woken by its subscription and looks at the count
+/// ([`Clock::due`]), so an idle stream registers no waker of its own, and is
+/// woken once a period. A writer blocked on a full socket waits on
+/// [`Clock::changed`] instead. A stream ticks a whole period of steps after
+/// the step it opened at, and then every period, in the same phase: its
+/// first tick comes between `PHASES - 1` and `PHASES` steps after its open.
+/// The ticking task starts with the first stream ([`Clock::now`]) and ends
+/// at shutdown.
 pub struct Clock {
-    /// Ticks so far, or [`SHUT`].
+    /// Steps so far, or [`SHUT`].
     ticks: AtomicU64,
     /// The same count, for waiters that are not subscribers.
     changes: tokio::sync::watch::Sender<u64>,
@@ -175,6 +199,19 @@ impl Clock {
         self.ticks.load(Ordering::SeqCst)
     }
 
+    /// Whether a stream that last ticked at step `seen` ticks at step `now`
+    /// (a whole period, [`PHASES`] steps, or more since): if so, `seen`
+    /// moves on by whole periods, so the stream keeps its phase however late
+    /// it is polled. `now` is a count other than [`SHUT`].
+    pub fn due(now: u64, seen: &mut u64) -> bool {
+        let since = now.saturating_sub(*seen);
+        if since < PHASES {
+            return false;
+        }
+        *seen = now - since % PHASES;
+        true
+    }
+
     /// A future that resolves at the clock's next change (a tick or
     /// shutdown) after now; boxed, for a writer that waits on a full socket
     /// (made only while it waits).
@@ -192,32 +229,49 @@ impl Clock {
     }
 }
 
-/// The clock's task: a tick every period, until shutdown.
+/// The clock's task: a step every [`PHASES`]th of the period, until shutdown.
 async fn run(app: Arc<App>) {
-    let tick = tick_ms(&app.config);
+    let step = step(tick_ms(&app.config));
     let mut beat = None;
     let mut count = 0u64;
     loop {
         tokio::select! {
             biased;
             () = app.shutdown.cancelled() => break,
-            _ = timer(&mut beat, tick).tick(), if tick > 0 => {
+            _ = interval(&mut beat, step).tick(), if !step.is_zero() => {
                 count = (count + 1) % SHUT;
                 app.clock.set(count);
-                app.hub.wake_all();
+                app.hub.wake_group(Some(group_of(count)));
             }
         }
     }
     app.clock.set(SHUT);
-    app.hub.wake_all();
+    app.hub.wake_group(None);
+}
+
+/// The [`Clock`]'s step for a period of `tick_ms` (0: no clock): a
+/// [`PHASES`]th of it, at least a millisecond.
+fn step(tick_ms: u64) -> Duration {
+    if tick_ms == 0 {
+        return Duration::ZERO;
+    }
+    (Duration::from_millis(tick_ms) / PHASES as u32).max(Duration::from_millis(1))
 }
 
 /// A stream's timer of `tick_ms`, made on first use in `slot` (on the
 /// runtime that drives it): first tick one period from now, a late tick
 /// delays the next ones.
 pub fn timer(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
+    interval(slot, Duration::from_millis(tick_ms.max(1)))
+}
+
+/// An interval of `period`, made on first use in `slot`: first tick one
+/// period from now, a late tick delays the next ones.
+fn interval(
+    slot: &mut Option<tokio::time::Interval>,
+    period: Duration,
+) -> &mut tokio::time::Interval {
     slot.get_or_insert_with(|| {
-        let period = Duration::from_millis(tick_ms.max(1));
         let mut beat = tokio::time::interval_at(Instant::now() + period, period);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         beat
@@ -240,4 +294,35 @@ pub fn delivered(
         events.last().map_or(0, |e| e.time),
         sub.lag(index),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_ticks_once_a_period_in_the_phase_it_opened_in() {
+        // Opened at step 6: ticks at 10, 14, 18, ...
+        let mut seen = 6;
+        let ticked: Vec<u64> = (7..=19).filter(|&now| Clock::due(now, &mut seen)).collect();
+        assert_eq!(ticked, vec![10, 14, 18]);
+        assert_eq!(seen, 18);
+    }
+
+    #[test]
+    fn a_stream_polled_late_ticks_once_and_keeps_its_phase() {
+        let mut seen = 6;
+        // Not polled from step 7 to 16: one tick, and the phase stays (14).
+        assert!(Clock::due(17, &mut seen));
+        assert_eq!(seen, 14);
+        assert!(!Clock::due(17, &mut seen));
+        assert!(Clock::due(18, &mut seen));
+    }
+
+    #[test]
+    fn a_step_is_a_fraction_of_the_period_and_none_without_one() {
+        assert_eq!(step(0), Duration::ZERO);
+        assert_eq!(step(15_000), Duration::from_millis(15_000 / PHASES));
+        assert_eq!(step(1), Duration::from_millis(1));
+    }
 }

@@ -427,7 +427,10 @@ async fn open(
         *start = start::or_latest(&app.config.namespaces, channel, given, *start);
     }
     let followed = channels.clone();
-    let (sub, gaps) = match stream::open(&app, channels.into_iter().zip(starts).collect()).await {
+    // The stream's phase on the clock: it ticks in the steps of its wake group.
+    let at = stream::Clock::now(&app);
+    let starts = channels.into_iter().zip(starts).collect();
+    let (sub, gaps) = match stream::open(&app, starts, stream::group_of(at)).await {
         Ok(opened) => opened,
         Err(e) => {
             if !matches!(e.code, ErrorCode::Unavailable | ErrorCode::JournalFailed) {
@@ -453,7 +456,7 @@ async fn open(
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
     let expires = stream::expires_at(grant);
     let seat = presence::stream_seat(&app, &followed, member, listen);
-    let feed = Feed::new(app, sub, format, head, expires, seat, gaps.len());
+    let feed = Feed::new(app, sub, format, head, at, expires, seat, gaps.len());
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed
@@ -554,9 +557,9 @@ pub(crate) struct Feed {
     /// A boxed slice (16 bytes, not a `Bytes`' 32), made a `Bytes` without
     /// a copy when taken.
     head: Option<Box<[u8]>>,
-    /// The count of the server's stream clock last seen ([`stream::Clock`]):
-    /// when it moves, the stream's timer ticked (heartbeat), or the server
-    /// shuts down ([`stream::SHUT`]). The clock is shared by every stream,
+    /// The step of the server's stream clock the stream last ticked at
+    /// ([`stream::Clock`]): a period of steps later it ticks again
+    /// (heartbeat); [`stream::SHUT`] on the clock: the server shuts down. The clock is shared by every stream,
     /// so an idle one holds no timer or end signal of its own.
     ticks: u64,
     /// What few streams need (a token's expiry, presence, a blocked
@@ -640,11 +643,15 @@ impl Deadline {
 }
 
 impl Feed {
+    /// `at`: the clock's step when the subscription was opened in the wake
+    /// group of its phase ([`stream::group_of`]).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         app: Arc<App>,
         sub: Subscription,
         format: StreamFormat,
         head: Vec<u8>,
+        at: u64,
         expires: Option<std::time::Instant>,
         seat: Option<Seat>,
         gaps: usize,
@@ -657,7 +664,7 @@ impl Feed {
             })
         });
         Feed {
-            ticks: stream::Clock::now(&app),
+            ticks: at,
             rare,
             ended: false,
             expired_while_blocked: false,
@@ -717,10 +724,11 @@ impl Feed {
                 },
                 item = self.sub.next() => item,
                 () = std::future::poll_fn(|_| {
-                    if stream::Clock::ticks(&self.app.clock) == self.ticks {
-                        std::task::Poll::Pending
-                    } else {
+                    let now = stream::Clock::ticks(&self.app.clock);
+                    if now == stream::SHUT || now.saturating_sub(self.ticks) >= stream::PHASES {
                         std::task::Poll::Ready(())
+                    } else {
+                        std::task::Poll::Pending
                     }
                 }), if !ended => {
                     return self.clock(out).unwrap_or(Flow::More);
@@ -785,10 +793,9 @@ impl Feed {
             self.ended = true;
             return Some(self.finish(End::Shutdown, out));
         }
-        if now == self.ticks {
+        if !stream::Clock::due(now, &mut self.ticks) {
             return None;
         }
-        self.ticks = now;
         if self.app.config.heartbeat_ms > 0 {
             out.push(Bytes::from_static(sse::HEARTBEAT));
         }
@@ -850,9 +857,7 @@ impl Feed {
                 self.ended_by(Ended::Shutdown);
                 return Poll::Ready(Waited::Ended);
             }
-            let moved = now != self.ticks;
-            self.ticks = now;
-            if moved && ticks {
+            if stream::Clock::due(now, &mut self.ticks) && ticks {
                 return Poll::Ready(Waited::Tick);
             }
             let app = &self.app;
