@@ -62,8 +62,11 @@ pub struct Channels {
 /// Wake groups of a channel's subscribers: a subscription is in one
 /// ([`Hub::subscribe`]), a commit wakes them all, and [`Hub::wake_group`]
 /// wakes one. A server's stream clock wakes one group per step, so its
-/// streams' heartbeats are spread over the period without waking a stream
-/// between its own (`crates/server/src/ops/stream.rs`, `PHASES`).
+/// streams' heartbeats are spread over the period without waking an idle
+/// stream between its own (`crates/server/src/ops/stream.rs`, `PHASES`).
+/// A subscription in no group (`None`: WebSocket, Durable Streams and
+/// session subscribers, which keep their own timers) is woken by commits
+/// and by `wake_group(None)` only.
 pub const WAKE_GROUPS: usize = 4;
 
 /// One followed channel.
@@ -71,8 +74,9 @@ pub struct Cell {
     name: Arc<str>,
     window: RwLock<Window>,
     /// The head, sent to each wake group that has had a subscriber (made on
-    /// first use, so a channel followed by one subscriber holds one).
-    heads: [std::sync::OnceLock<watch::Sender<u64>>; WAKE_GROUPS],
+    /// first use, kept while the cell lives, so a channel followed by one
+    /// subscriber holds one), and last to the subscribers in no group.
+    heads: [std::sync::OnceLock<watch::Sender<u64>>; WAKE_GROUPS + 1],
     subscribers: AtomicUsize,
     idle_since_ms: AtomicU64,
     loaded: OnceCell<()>,
@@ -102,6 +106,12 @@ pub(crate) enum Pending {
     EpochChanged(ChannelState),
     /// Retained, but older than the window: read the journal.
     Behind,
+}
+
+/// The index in [`Cell`]'s heads of wake group `group` (`None`: the last,
+/// which no clock wakes).
+fn slot(group: Option<usize>) -> usize {
+    group.map_or(WAKE_GROUPS, |g| g % WAKE_GROUPS)
 }
 
 impl Cell {
@@ -150,13 +160,13 @@ impl Cell {
         }
     }
 
-    /// A receiver of the head in wake group `group` (modulo [`WAKE_GROUPS`]).
-    /// The group's sender is made with the head read under the window's
-    /// lock, so a commit either comes before (and the head is read after it)
-    /// or finds the sender and sends to it.
-    pub(crate) fn watch_head(&self, group: usize) -> watch::Receiver<u64> {
+    /// A receiver of the head in wake group `group` (modulo [`WAKE_GROUPS`];
+    /// `None`: in no group). The group's sender is made with the head read
+    /// under the window's lock, so a commit either comes before (and the head
+    /// is read after it) or finds the sender and sends to it.
+    pub(crate) fn watch_head(&self, group: Option<usize>) -> watch::Receiver<u64> {
         let w = self.window.read();
-        self.heads[group % WAKE_GROUPS]
+        self.heads[slot(group)]
             .get_or_init(|| watch::Sender::new(w.state.head))
             .subscribe()
     }
@@ -553,7 +563,7 @@ impl Hub {
     /// start position could not be served whole; that channel then starts at
     /// its head, or for [`Start::Time`] at its floor). `group`: its wake
     /// group in each channel (modulo [`WAKE_GROUPS`]; see [`Hub::wake_group`];
-    /// 0 for a subscriber no clock wakes).
+    /// `None` for a subscriber no clock wakes).
     ///
     /// # Errors
     /// [`JournalError`] when a channel's state cannot be read.
@@ -561,7 +571,7 @@ impl Hub {
         &self,
         starts: Vec<(String, Start)>,
         batch: usize,
-        group: usize,
+        group: Option<usize>,
     ) -> Result<(Subscription, Vec<Gap>), JournalError> {
         let mut sub = self.empty_subscription(batch);
         let mut gaps = Vec::new();
@@ -591,12 +601,12 @@ impl Hub {
         channel: &str,
         start: Start,
     ) -> Result<Followed, JournalError> {
-        self.follow_in(sub, channel, start, 0).await
+        self.follow_in(sub, channel, start, None).await
     }
 
     /// [`Hub::follow`] in wake group `group` of the channel (modulo
-    /// [`WAKE_GROUPS`]; see [`Hub::wake_group`]). [`Hub::follow`] uses group
-    /// 0, for a subscriber no clock wakes.
+    /// [`WAKE_GROUPS`]; see [`Hub::wake_group`]). [`Hub::follow`] puts the
+    /// channel in no group (`None`), for a subscriber no clock wakes.
     ///
     /// # Errors
     /// As [`Hub::follow`].
@@ -605,7 +615,7 @@ impl Hub {
         sub: &mut Subscription,
         channel: &str,
         start: Start,
-        group: usize,
+        group: Option<usize>,
     ) -> Result<Followed, JournalError> {
         let cell = self.channels.get_or_create(channel);
         cell.ensure_loaded(self.journal.as_ref()).await?;
@@ -663,7 +673,7 @@ impl Hub {
         for cell in self.channels.map.read().values() {
             match group {
                 Some(g) => {
-                    if let Some(tx) = cell.heads[g % WAKE_GROUPS].get() {
+                    if let Some(tx) = cell.heads[slot(Some(g))].get() {
                         tx.send_modify(|_| {});
                     }
                 }

@@ -44,7 +44,7 @@ async fn live_subscriber_sees_only_new_events() {
     let hub = hub(Retention::default(), 16);
     hub.publish("c", ev("old"), None).await.expect("publish");
     let (mut sub, gaps) = hub
-        .subscribe(vec![("c".into(), Start::Live)], 8, 0)
+        .subscribe(vec![("c".into(), Start::Live)], 8, None)
         .await
         .expect("subscribe");
     assert!(gaps.is_empty());
@@ -56,7 +56,7 @@ async fn live_subscriber_sees_only_new_events() {
 async fn reader_behind_window_reads_journal_in_order() {
     let hub = hub(Retention::default(), 4);
     let (mut sub, _) = hub
-        .subscribe(vec![("c".into(), Start::Earliest)], 3, 0)
+        .subscribe(vec![("c".into(), Start::Earliest)], 3, None)
         .await
         .expect("subscribe");
     for i in 0..50 {
@@ -98,7 +98,7 @@ async fn resume_gaps_name_their_reason() {
     ];
     for (start, want) in cases {
         let (_, gaps) = hub
-            .subscribe(vec![("c".into(), start)], 8, 0)
+            .subscribe(vec![("c".into(), start)], 8, None)
             .await
             .expect("subscribe");
         assert_eq!(gaps.first().map(|g| g.reason), want, "{start:?}");
@@ -144,7 +144,7 @@ async fn last_and_time_starts() {
     ];
     for (start, pos, gap_after) in cases {
         let (sub, gaps) = hub
-            .subscribe(vec![("c".into(), start)], 8, 0)
+            .subscribe(vec![("c".into(), start)], 8, None)
             .await
             .expect("subscribe");
         assert_eq!(sub.position(0), (epoch, pos), "{start:?}");
@@ -165,7 +165,7 @@ async fn slow_reader_passed_by_retention_gets_evicted_gap_then_continues() {
         16,
     );
     let (mut sub, _) = hub
-        .subscribe(vec![("c".into(), Start::Live)], 8, 0)
+        .subscribe(vec![("c".into(), Start::Live)], 8, None)
         .await
         .expect("subscribe");
     for i in 0..12 {
@@ -191,7 +191,7 @@ async fn multi_channel_cursor_and_ephemeral() {
         .subscribe(
             vec![("a".into(), Start::Live), ("b".into(), Start::Live)],
             8,
-            0,
+            None,
         )
         .await
         .expect("subscribe");
@@ -272,7 +272,7 @@ async fn a_reader_at_the_end_of_the_window_reads_the_journal_when_the_head_is_pa
         Arc::new(MemoryJournal::new(Retention::default(), gate.clone()));
     let hub = Hub::new(channels.clone(), journal.clone());
     let (mut sub, _) = hub
-        .subscribe(vec![("c".into(), Start::Live)], 8, 0)
+        .subscribe(vec![("c".into(), Start::Live)], 8, None)
         .await
         .expect("subscribe");
     for i in 1..=3 {
@@ -312,18 +312,25 @@ impl std::task::Wake for Wakes {
 }
 
 #[tokio::test]
-async fn a_wake_group_wakes_its_subscribers_only_and_a_commit_wakes_every_group() {
+async fn a_wake_group_wakes_its_subscribers_only_and_a_commit_wakes_every_group_and_those_in_none()
+{
     use std::future::Future;
     use std::task::{Context, Poll};
     let hub = hub(Retention::default(), 16);
     let mut subs = Vec::new();
     for group in 0..gapless_core::hub::WAKE_GROUPS {
         let (sub, _) = hub
-            .subscribe(vec![("c".into(), Start::Live)], 8, group)
+            .subscribe(vec![("c".into(), Start::Live)], 8, Some(group))
             .await
             .expect("subscribe");
         subs.push(sub);
     }
+    // And one in no group (a subscriber no clock wakes).
+    let (sub, _) = hub
+        .subscribe(vec![("c".into(), Start::Live)], 8, None)
+        .await
+        .expect("subscribe");
+    subs.push(sub);
     // Each subscription waits, with a waker that counts.
     let wakes: Vec<Arc<Wakes>> = (0..subs.len())
         .map(|_| Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0))))
@@ -343,13 +350,30 @@ async fn a_wake_group_wakes_its_subscribers_only_and_a_commit_wakes_every_group(
     }
     poll_all(&mut waits, &wakes);
     hub.wake_group(Some(2));
-    assert_eq!(counts(&wakes), vec![0, 0, 1, 0], "only group 2 is woken");
+    assert_eq!(counts(&wakes), vec![0, 0, 1, 0, 0], "only group 2 is woken");
     poll_all(&mut waits, &wakes);
     hub.wake_group(Some(2 + gapless_core::hub::WAKE_GROUPS));
-    assert_eq!(counts(&wakes), vec![0, 0, 2, 0], "groups are taken modulo");
+    assert_eq!(
+        counts(&wakes),
+        vec![0, 0, 2, 0, 0],
+        "groups are taken modulo"
+    );
+    poll_all(&mut waits, &wakes);
+    for g in [0, 1, 3] {
+        hub.wake_group(Some(g));
+    }
+    assert_eq!(
+        counts(&wakes),
+        vec![1, 1, 2, 1, 0],
+        "no step wakes a subscriber in no group"
+    );
     poll_all(&mut waits, &wakes);
     hub.wake_group(None);
-    assert_eq!(counts(&wakes), vec![1, 1, 3, 1], "None wakes every group");
+    assert_eq!(
+        counts(&wakes),
+        vec![2, 2, 3, 2, 1],
+        "None wakes every group and those in none"
+    );
     drop(waits);
     // A commit reaches every group, and each reads the event.
     hub.publish("c", ev("x"), None).await.expect("publish");

@@ -706,13 +706,14 @@ async fn heartbeat_comment_arrives_on_an_idle_stream() {
 }
 
 /// The server's streams share one clock, but do not all heartbeat at one
-/// instant: each keeps the phase of the step it opened at (a quarter of the
-/// period, `ops/stream.rs` `PHASES`), so a channel's subscribers write their
-/// heartbeats in groups spread over the period rather than in one burst.
-/// Two streams of one channel opened half a period apart heartbeat about half
-/// a period apart, and each still once per period.
+/// instant: they take the clock's four phases in turn (`ops/stream.rs`
+/// `PHASES`, `Clock::phase`), so even streams opened together (a reconnect
+/// storm) write their heartbeats in groups spread over the period rather
+/// than in one burst. Four streams opened at once heartbeat in steps about a
+/// quarter period apart, each once per period, the first within a period of
+/// its open.
 #[tokio::test]
-async fn streams_opened_half_a_period_apart_heartbeat_half_a_period_apart() {
+async fn streams_opened_together_heartbeat_in_phases_spread_over_the_period() {
     const PERIOD_MS: u64 = 1600;
     let s = Server::memory(&["--heartbeat-ms", &PERIOD_MS.to_string()]).await;
     // Two heartbeats' arrival times on a stream, in ms since `t0`.
@@ -727,28 +728,41 @@ async fn streams_opened_half_a_period_apart_heartbeat_half_a_period_apart() {
         }
         at
     }
+    // A first stream starts the clock; the four come a period later, so
+    // each first heartbeat comes within one period of their open.
+    let (_first, _) = s.subscribe("c", "").await;
+    tokio::time::sleep(Duration::from_millis(PERIOD_MS * 9 / 8)).await;
     let t0 = std::time::Instant::now();
-    let (mut a, _) = s.subscribe("c", "").await;
-    // Half a period and half a step later, so the second opens in the
-    // middle of a step, two steps after the first.
-    tokio::time::sleep(Duration::from_millis(PERIOD_MS * 5 / 8)).await;
-    let (mut b, _) = s.subscribe("c", "").await;
-    let (a, b) = tokio::join!(beats(&mut a, t0), beats(&mut b, t0));
-    for at in [a, b] {
+    let mut subs = Vec::new();
+    for _ in 0..4 {
+        subs.push(s.subscribe("c", "").await.0);
+    }
+    let [a, b, c, d] = &mut subs[..] else {
+        unreachable!("four streams")
+    };
+    let beats = tokio::join!(beats(a, t0), beats(b, t0), beats(c, t0), beats(d, t0));
+    let beats = [beats.0, beats.1, beats.2, beats.3];
+    for at in beats {
         let apart = at[1] - at[0];
         assert!(
             (PERIOD_MS * 3 / 4..=PERIOD_MS * 5 / 4).contains(&apart),
-            "one heartbeat per period ({PERIOD_MS} ms), got {at:?}"
+            "one heartbeat per period ({PERIOD_MS} ms), got {beats:?}"
+        );
+        assert!(
+            at[0] <= PERIOD_MS * 5 / 4,
+            "the first heartbeat within a period of the open, got {beats:?}"
         );
     }
-    // Half a period apart, give or take a step (a quarter period) of the
-    // clock and the scheduling of a loaded machine.
-    let offset = (b[0] + PERIOD_MS - a[0] % PERIOD_MS) % PERIOD_MS;
+    // Four phases a quarter period apart: the first heartbeats span about
+    // three quarters of the period (one stream per phase), at least half of
+    // it given the scheduling of a loaded machine; one phase would put them
+    // all within a few milliseconds.
+    let firsts = beats.map(|at| at[0]);
+    let spread = firsts.iter().max().unwrap_or(&0) - firsts.iter().min().unwrap_or(&0);
     assert!(
-        (PERIOD_MS / 4..=PERIOD_MS * 3 / 4).contains(&offset),
-        "the second stream's heartbeats should come about half a period ({}) after the \
-         first's; first {a:?}, second {b:?} (offset {offset} ms)",
-        PERIOD_MS / 2
+        spread >= PERIOD_MS / 2,
+        "heartbeats of streams opened together should be spread over the period; \
+         first heartbeats at {firsts:?} ms (spread {spread} ms)"
     );
 }
 

@@ -34,11 +34,11 @@ use tokio::time::Instant;
 ///
 /// `group`: the subscription's wake group in its channels
 /// ([`gapless_core::hub::WAKE_GROUPS`]): an SSE stream's is its phase on the
-/// [`Clock`] ([`group_of`]); 0 for a stream no clock ticks.
+/// [`Clock`] ([`Clock::phase`]); `None` for a stream no clock ticks.
 pub async fn open(
     app: &App,
     starts: Vec<(String, Start)>,
-    group: usize,
+    group: Option<usize>,
 ) -> Result<(Subscription, Vec<Gap>), ApiError> {
     if app.shutdown.is_cancelled() {
         return Err(ApiError::new(
@@ -136,16 +136,35 @@ pub fn tick_ms(config: &ServerConfig) -> u64 {
 pub const SHUT: u64 = u64::MAX;
 
 /// Steps of the [`Clock`] in one period: a stream ticks every `PHASES`
-/// steps, in the phase of the step it opened at, so the streams of a server
-/// (even of one channel) heartbeat and check their clients in `PHASES`
-/// groups spread over the period rather than all at one instant. A step
-/// wakes only the streams in its phase: a stream's subscription is in the
-/// hub's wake group of its phase ([`group_of`], [`gapless_core::hub::WAKE_GROUPS`]).
+/// steps, in its phase ([`Clock::phase`]: streams take the phases in turn),
+/// so the streams of a server (even of one channel, even opened at one
+/// instant) heartbeat and check their clients in `PHASES` groups spread over
+/// the period rather than all at once. A step wakes only the idle streams
+/// of its phase: a stream's subscription is in the hub's wake group of its
+/// phase ([`gapless_core::hub::WAKE_GROUPS`]).
 pub const PHASES: u64 = gapless_core::hub::WAKE_GROUPS as u64;
 
-/// The wake group of a stream opened at step `at` of the [`Clock`]: its phase.
-pub fn group_of(at: u64) -> usize {
-    (at % PHASES) as usize
+/// Where a stream opened now stands on the [`Clock`] ([`Clock::phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phase {
+    /// Its wake group, below [`PHASES`]: it ticks at the steps `group`
+    /// modulo [`PHASES`].
+    pub group: usize,
+    /// The step its first period counts from: the latest step of its phase
+    /// at or before the open (or, in the clock's first period, the first).
+    pub seen: u64,
+}
+
+impl Phase {
+    /// The phase `n` (modulo [`PHASES`]) for a stream opened at step `now`.
+    pub fn at(n: u64, now: u64) -> Phase {
+        let group = n % PHASES;
+        let back = (now % PHASES + PHASES - group) % PHASES;
+        Phase {
+            group: group as usize,
+            seen: now.checked_sub(back).unwrap_or(group),
+        }
+    }
 }
 
 /// The one timer of every SSE stream of a server: it counts steps of a
@@ -161,14 +180,15 @@ pub fn group_of(at: u64) -> usize {
 /// channels is woken by its subscription and looks at the count
 /// ([`Clock::due`]), so an idle stream registers no waker of its own, and is
 /// woken once a period. A writer blocked on a full socket waits on
-/// [`Clock::changed`] instead. A stream ticks a whole period of steps after
-/// the step it opened at, and then every period, in the same phase: its
-/// first tick comes between `PHASES - 1` and `PHASES` steps after its open.
-/// The ticking task starts with the first stream ([`Clock::now`]) and ends
-/// at shutdown.
+/// [`Clock::changed_from`] instead, and looks at every step. A stream ticks
+/// every period in its phase; its first tick comes within one period of
+/// its open (within two in the clock's first period). The ticking task
+/// starts with the first stream ([`Clock::now`]) and ends at shutdown.
 pub struct Clock {
     /// Steps so far, or [`SHUT`].
     ticks: AtomicU64,
+    /// Streams given a phase so far ([`Clock::phase`]: the phases in turn).
+    opened: AtomicU64,
     /// The same count, for waiters that are not subscribers.
     changes: tokio::sync::watch::Sender<u64>,
     started: std::sync::OnceLock<()>,
@@ -178,6 +198,7 @@ impl Default for Clock {
     fn default() -> Self {
         Clock {
             ticks: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
             changes: tokio::sync::watch::Sender::new(0),
             started: std::sync::OnceLock::new(),
         }
@@ -192,6 +213,15 @@ impl Clock {
             drop(tokio::spawn(run(app.clone())));
         });
         app.clock.ticks.load(Ordering::SeqCst)
+    }
+
+    /// The phase of a stream opened now: the phases are given in turn, so
+    /// streams opened together (a reconnect storm after a restart) are
+    /// spread over them as well as streams opened apart. Starts the clock,
+    /// as [`Clock::now`].
+    pub fn phase(app: &Arc<App>) -> Phase {
+        let now = Clock::now(app);
+        Phase::at(app.clock.opened.fetch_add(1, Ordering::Relaxed), now)
     }
 
     /// The count now, the clock started or not.
@@ -212,13 +242,13 @@ impl Clock {
         true
     }
 
-    /// A future that resolves at the clock's next change (a tick or
-    /// shutdown) after now; boxed, for a writer that waits on a full socket
-    /// (made only while it waits).
-    pub fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    /// A future that resolves once the count is other than `seen` (a count
+    /// read before: a step or shutdown since then is not missed); boxed, for
+    /// a writer that waits on a full socket (made only while it waits).
+    pub fn changed_from(&self, seen: u64) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let mut rx = self.changes.subscribe();
         Box::pin(async move {
-            let _ = rx.changed().await;
+            let _ = rx.wait_for(|count| *count != seen).await;
         })
     }
 
@@ -241,7 +271,7 @@ async fn run(app: Arc<App>) {
             _ = interval(&mut beat, step).tick(), if !step.is_zero() => {
                 count = (count + 1) % SHUT;
                 app.clock.set(count);
-                app.hub.wake_group(Some(group_of(count)));
+                app.hub.wake_group(Some((count % PHASES) as usize));
             }
         }
     }
@@ -317,6 +347,27 @@ mod tests {
         assert_eq!(seen, 14);
         assert!(!Clock::due(17, &mut seen));
         assert!(Clock::due(18, &mut seen));
+    }
+
+    #[test]
+    fn phases_are_given_in_turn_each_counting_from_its_latest_step_at_or_before_the_open() {
+        // Opened at step 10 (phase 2): the four next streams take phases
+        // 0..3 and count from steps 8, 9, 10 and 7, so each first ticks
+        // within one period (at 12, 13, 14, 11).
+        let phases: Vec<Phase> = (0..4).map(|n| Phase::at(n, 10)).collect();
+        let seen: Vec<u64> = phases.iter().map(|p| p.seen).collect();
+        assert_eq!(seen, vec![8, 9, 10, 7]);
+        for (n, p) in phases.into_iter().enumerate() {
+            assert_eq!(p.group, n);
+            let mut seen = p.seen;
+            let first = (11..=20).find(|&now| Clock::due(now, &mut seen));
+            assert_eq!(first, Some(p.seen + PHASES));
+            assert_eq!(first.map(|f| f % PHASES), Some(n as u64));
+        }
+        // In the clock's first period a phase not yet reached counts from
+        // its first step.
+        assert_eq!(Phase::at(3, 1), Phase { group: 3, seen: 3 });
+        assert_eq!(Phase::at(1, 1), Phase { group: 1, seen: 1 });
     }
 
     #[test]

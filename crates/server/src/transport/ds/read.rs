@@ -435,6 +435,6 @@ async fn follow(
         epoch: layout.epoch,
         seq: layout.seq(from),
     };
-    // Group 0: a Durable Streams reader is not on the stream clock.
-    crate::ops::stream::open(&ctx.app, vec![(layout.channel.clone(), start)], 0).await
+    // In no wake group: a Durable Streams reader is not on the stream clock.
+    crate::ops::stream::open(&ctx.app, vec![(layout.channel.clone(), start)], None).await
 }

@@ -428,9 +428,9 @@ async fn open(
     }
     let followed = channels.clone();
     // The stream's phase on the clock: it ticks in the steps of its wake group.
-    let at = stream::Clock::now(&app);
+    let phase = stream::Clock::phase(&app);
     let starts = channels.into_iter().zip(starts).collect();
-    let (sub, gaps) = match stream::open(&app, starts, stream::group_of(at)).await {
+    let (sub, gaps) = match stream::open(&app, starts, Some(phase.group)).await {
         Ok(opened) => opened,
         Err(e) => {
             if !matches!(e.code, ErrorCode::Unavailable | ErrorCode::JournalFailed) {
@@ -456,7 +456,16 @@ async fn open(
     head.extend_from_slice(&sse::id_frame(&sub.cursor().encode()));
     let expires = stream::expires_at(grant);
     let seat = presence::stream_seat(&app, &followed, member, listen);
-    let feed = Feed::new(app, sub, format, head, at, expires, seat, gaps.len());
+    let feed = Feed::new(
+        app,
+        sub,
+        format,
+        head,
+        phase.seen,
+        expires,
+        seat,
+        gaps.len(),
+    );
     let mut resp = match direct {
         Some(Extension(direct)) => direct.hand_over(feed),
         None => feed
@@ -643,8 +652,9 @@ impl Deadline {
 }
 
 impl Feed {
-    /// `at`: the clock's step when the subscription was opened in the wake
-    /// group of its phase ([`stream::group_of`]).
+    /// `at`: the step of the clock its first period counts from
+    /// ([`stream::Phase::seen`]; the subscription is in the wake group of
+    /// that phase).
     #[allow(clippy::too_many_arguments)]
     fn new(
         app: Arc<App>,
@@ -701,8 +711,9 @@ impl Feed {
                 rare.blocked = None;
             }
             // The clock is looked at first (shutdown ends even a busy stream)
-            // and again after the subscription's wait is registered: a tick
-            // wakes every subscriber ([`stream::Clock`]) after moving the count.
+            // and again after the subscription's wait is registered: a step
+            // wakes the subscribers of its phase, and shutdown every one,
+            // after moving the count ([`stream::Clock`]).
             if let Some(flow) = self.clock(out) {
                 return flow;
             }
@@ -848,8 +859,9 @@ impl Feed {
             self.ended_by(Ended::TokenExpired);
         }
         // The clock's wait is made the first time a write blocks, and
-        // replaced by a fresh one each time it wakes (after reading the
-        // count, so no change is missed).
+        // replaced by a fresh one each time it wakes; it waits for a count
+        // other than the one read, so a step or shutdown between the read and
+        // the wait's making is not missed.
         loop {
             let now = self.app.clock.ticks();
             if now == stream::SHUT {
@@ -862,7 +874,9 @@ impl Feed {
             }
             let app = &self.app;
             let rare = self.rare.get_or_insert_with(Box::default);
-            let wait = rare.blocked.get_or_insert_with(|| app.clock.changed());
+            let wait = rare
+                .blocked
+                .get_or_insert_with(|| app.clock.changed_from(now));
             if wait.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
