@@ -604,13 +604,16 @@ pub async fn forget(
     // The stream's messages go with it: purged while the stream still holds
     // its path (and its lock), so a stream created again at the path never
     // has an append of its own purged.
+    // The deletion is journaled before the stream leaves the map (and a
+    // catch-up is told to skip the stream's older records): a catch-up that
+    // read them before would otherwise bring it back.
     purge_events(app, channel).await;
-    ds.streams.remove(channel, stream);
     guard.deleted = true;
+    super::meta::save_deleted(app, ds, channel).await;
+    ds.streams.remove(channel, stream);
     guard.announce(super::streams::Life::Gone);
     let mut up = guard.parent.clone();
     drop(guard);
-    super::meta::save_deleted(app, channel).await;
     let now = gapless_core::journal::now_ms();
     while let Some((ch, s)) = up.take() {
         let mut g = s.lock().await;
@@ -619,11 +622,11 @@ pub async fn forget(
             break;
         }
         purge_events(app, &ch).await;
-        ds.streams.remove(&ch, &s);
         g.deleted = true;
+        super::meta::save_deleted(app, ds, &ch).await;
+        ds.streams.remove(&ch, &s);
         up = g.parent.clone();
         drop(g);
-        super::meta::save_deleted(app, &ch).await;
     }
 }
 

@@ -244,10 +244,25 @@ fn merge(m: &mut Meta, rec: &Record) {
 /// Journals the deletion of the stream on `channel` (best effort: a failure
 /// is logged; the stream then comes back at a restart, where its expiry, if
 /// any, forgets it again).
-pub async fn save_deleted(app: &App, channel: &str) {
-    if let Err(e) = append(app, &Record::deleted(channel)).await {
-        tracing::warn!(channel, error = %e, "could not journal a Durable Streams deletion");
+pub async fn save_deleted(app: &App, ds: &Ds, channel: &str) {
+    match append(app, &Record::deleted(channel)).await {
+        Ok(seq) => {
+            if let Ok(mut deleted) = ds.deleted.lock() {
+                deleted.insert(channel.to_owned(), seq);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(channel, error = %e, "could not journal a Durable Streams deletion")
+        }
     }
+}
+
+/// Whether the record at `seq` of `channel` is older than a deletion made
+/// here that [`catch_up`] has not applied yet ([`Ds::deleted`]).
+fn before_deletion(ds: &Ds, channel: &str, seq: u64) -> bool {
+    ds.deleted
+        .lock()
+        .is_ok_and(|d| d.get(channel).is_some_and(|&at| seq < at))
 }
 
 /// Reads the records appended since the last call and applies them: at the
@@ -272,6 +287,10 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         }
         *epoch = st.epoch;
         *applied = 0;
+        // Seqs of the old incarnation.
+        if let Ok(mut deleted) = ds.deleted.lock() {
+            deleted.clear();
+        }
     }
     if st.head <= *applied {
         ds.loaded.store(true, Ordering::Release);
@@ -314,6 +333,9 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         let before = todo.len();
         let mut rest = Vec::new();
         for (seq, time, rec) in todo {
+            if before_deletion(ds, &rec.ch, seq) {
+                continue;
+            }
             if !apply(ds, seq, time, &rec).await {
                 rest.push((seq, time, rec));
             }
@@ -327,6 +349,11 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
         tracing::warn!(channel = %rec.ch, "a Durable Streams fork's source is unknown; the fork is not restored");
     }
     *applied = after.max(*applied);
+    // Deletions applied now: no later catch-up reads the records before them.
+    let through = *applied;
+    if let Ok(mut deleted) = ds.deleted.lock() {
+        deleted.retain(|_, at| *at > through);
+    }
     ds.loaded.store(true, Ordering::Release);
     Ok(())
 }

@@ -52,6 +52,11 @@ pub struct Ds {
     pub subs: subscriptions::Subscriptions,
     /// The epoch and seq of [`meta::CHANNEL`] applied so far ([`meta::catch_up`]).
     pub applied: tokio::sync::Mutex<(gapless_protocol::Epoch, u64)>,
+    /// Streams deleted here whose deletion record [`meta::catch_up`] has not
+    /// applied yet: channel → the record's seq. Older records of the channel
+    /// are not applied (a catch-up that read them before the deletion would
+    /// otherwise bring the stream back until it reads the deletion).
+    pub deleted: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Whether the records were read back once since the start.
     pub loaded: std::sync::atomic::AtomicBool,
     /// Whether [`meta::follow`] runs.
