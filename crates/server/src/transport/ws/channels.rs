@@ -166,12 +166,7 @@ async fn run(
 ) {
     let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
-    // The socket's own child of the server's token, waited on by one future
-    // made once: a future made on every turn of the loop would register in,
-    // and every poll would lock, the server's token, shared by every socket.
-    let shutdown = app.shutdown.child_token();
-    let closing = shutdown.clone().cancelled_owned();
-    tokio::pin!(closing);
+    let shutdown = app.shutdown.clone();
     let mut expiry = Expiry::new(&grant);
     let mut conn = Conn {
         sub: app.hub.empty_subscription(app.config.read_batch),
@@ -186,7 +181,7 @@ async fn run(
     loop {
         let flow = tokio::select! {
             biased;
-            () = &mut closing => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
+            _ = shutdown.cancelled() => Flow::Close(code::GOING_AWAY, "server shutting down; reconnect and resume".into()),
             () = expiry.wait() => Flow::Close(code::UNAUTHORIZED, super::EXPIRED_REASON.into()),
             msg = socket.recv() => match msg {
                 None => return,

@@ -199,17 +199,13 @@ async fn consume(
             return gone();
         }
     }
-    // Each end waited on by one future made once (see `channels::run`): the
-    // socket's own child of the server's token, and the session's takeover.
-    let closing = app.shutdown.child_token().cancelled_owned();
-    let kicked = att.kicked.clone().cancelled_owned();
-    tokio::pin!(closing, kicked);
+    let kicked = att.kicked.clone();
     loop {
         let stop = tokio::select! {
             biased;
-            () = &mut closing => Some((code::GOING_AWAY, "server shutting down; reconnect with last_seq".into())),
+            _ = app.shutdown.cancelled() => Some((code::GOING_AWAY, "server shutting down; reconnect with last_seq".into())),
             () = expiry.wait() => Some((code::UNAUTHORIZED, super::EXPIRED_REASON.into())),
-            () = &mut kicked => Some(taken_over(socket).await),
+            _ = kicked.cancelled() => Some(taken_over(socket).await),
             msg = socket.recv() => on_client(app, socket, &mut hb, msg).await,
             beat = hb.tick() => on_beat(socket, &mut hb, beat).await,
             item = att.sub.next() => deliver(socket, &att.sub, &id, &mut replay, tally, item).await,
