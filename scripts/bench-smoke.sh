@@ -148,4 +148,11 @@ start_node n2 N2 ADDR2
 run fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
 run publish --publishers 4 --events 40 --nodes "$ADDR2"
 run --transport ws fanout --subs 4 --events 25 --rate 200 --nodes "$ADDR2"
-echo "bench-smoke: 29 scenario runs and a 12-run sweep exact"
+# The heartbeat burst (bench/herd.sh): idle streams in batches beside a fan-out, tiny.
+IDLE=8 BATCHES=2 STAGGER_MS=100 HEARTBEAT_MS=400 SUBS=3 RATE=20 SECS=1 OUT="$WORK/herd" \
+  GAPLESS_BIN="$GAPLESS_BIN" GAPLESS_BENCH="$GAPLESS_BENCH" bench/herd.sh >"$WORK/herd.txt" 2>&1 || {
+  echo "bench-smoke: bench/herd.sh failed" >&2; cat "$WORK/herd.txt" >&2; exit 1; }
+grep -q '| counts | exact |' "$WORK/herd.txt" || {
+  echo "bench-smoke: bench/herd.sh's fan-out was not exact" >&2; cat "$WORK/herd.txt" >&2; exit 1; }
+echo "   herd: exact"
+echo "bench-smoke: 29 scenario runs, a 12-run sweep and the heartbeat-burst run exact"
