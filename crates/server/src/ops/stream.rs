@@ -232,14 +232,20 @@ impl Clock {
     /// Whether a stream that last ticked at step `seen` ticks at step `now`
     /// (a whole period, [`PHASES`] steps, or more since): if so, `seen`
     /// moves on by whole periods, so the stream keeps its phase however late
-    /// it is polled. `now` is a count other than [`SHUT`].
+    /// it is polled. False at [`SHUT`] (the caller ends the stream instead).
     pub fn due(now: u64, seen: &mut u64) -> bool {
-        let since = now.saturating_sub(*seen);
-        if since < PHASES {
+        if now == SHUT || !Clock::ready(now, *seen) {
             return false;
         }
-        *seen = now - since % PHASES;
+        *seen = now - (now - *seen) % PHASES;
         true
+    }
+
+    /// Whether a stream that last ticked at step `seen` has something to
+    /// do at count `now`: its tick ([`Clock::due`]) or the end ([`SHUT`]).
+    /// For a wait that looks without moving `seen`.
+    pub fn ready(now: u64, seen: u64) -> bool {
+        now == SHUT || now.saturating_sub(seen) >= PHASES
     }
 
     /// A future that resolves once the count is other than `seen` (a count
@@ -331,8 +337,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stream_ticks_once_a_period_in_the_phase_it_opened_in() {
-        // Opened at step 6: ticks at 10, 14, 18, ...
+    fn a_stream_ticks_once_a_period_in_its_phase() {
+        // Counting from step 6: ticks at 10, 14, 18, ...
         let mut seen = 6;
         let ticked: Vec<u64> = (7..=19).filter(|&now| Clock::due(now, &mut seen)).collect();
         assert_eq!(ticked, vec![10, 14, 18]);
@@ -365,9 +371,12 @@ mod tests {
             assert_eq!(first.map(|f| f % PHASES), Some(n as u64));
         }
         // In the clock's first period a phase not yet reached counts from
-        // its first step.
+        // its first step; one reached, from it.
         assert_eq!(Phase::at(3, 1), Phase { group: 3, seen: 3 });
         assert_eq!(Phase::at(1, 1), Phase { group: 1, seen: 1 });
+        // What wakes a waiting stream: its tick, or the end.
+        assert!(!Clock::ready(9, 6) && Clock::ready(10, 6) && Clock::ready(SHUT, 6));
+        assert!(!Clock::due(SHUT, &mut 6));
     }
 
     #[test]

@@ -568,8 +568,9 @@ pub(crate) struct Feed {
     head: Option<Box<[u8]>>,
     /// The step of the server's stream clock the stream last ticked at
     /// ([`stream::Clock`]): a period of steps later it ticks again
-    /// (heartbeat); [`stream::SHUT`] on the clock: the server shuts down. The clock is shared by every stream,
-    /// so an idle one holds no timer or end signal of its own.
+    /// (heartbeat); [`stream::SHUT`] on the clock: the server shuts down.
+    /// The clock is shared by every stream, so an idle one holds no timer or
+    /// end signal of its own.
     ticks: u64,
     /// What few streams need (a token's expiry, presence, a blocked
     /// write's wait), out of line: 8 bytes in every stream instead of 40.
@@ -735,8 +736,7 @@ impl Feed {
                 },
                 item = self.sub.next() => item,
                 () = std::future::poll_fn(|_| {
-                    let now = stream::Clock::ticks(&self.app.clock);
-                    if now == stream::SHUT || now.saturating_sub(self.ticks) >= stream::PHASES {
+                    if stream::Clock::ready(self.app.clock.ticks(), self.ticks) {
                         std::task::Poll::Ready(())
                     } else {
                         std::task::Poll::Pending
