@@ -157,6 +157,10 @@ pub enum JournalError {
     /// idempotency key answers with the original seqs, never a second copy.
     #[error("journal unreachable: {0}")]
     Unavailable(String),
+    /// The channel is closed ([`crate::meta::Life::Closed`]): it takes no
+    /// more events, from any transport. Nothing was appended.
+    #[error("the channel is closed: it takes no more events")]
+    ChannelClosed,
 }
 
 /// Keeps the leading events whose data adds up to at most `max_bytes`, and
@@ -180,6 +184,10 @@ pub trait CommitSink: Send + Sync + 'static {
     /// Retention by age raised `channel`'s floor (count retention is reported
     /// through `committed`'s state).
     fn evicted(&self, channel: &str, state: ChannelState);
+    /// `channel`'s metadata ([`crate::meta`]) changed, here or on another
+    /// node sharing the journal: whatever holds a copy reads it again.
+    /// Default: nothing.
+    fn meta_changed(&self, _channel: &str) {}
     /// Whether `channel` has a window to feed (someone follows it). A journal
     /// shared between nodes asks before reading a commit made elsewhere; the
     /// default, true, makes it read every one.
@@ -228,6 +236,35 @@ pub trait Journal: Send + Sync + 'static {
         events: Vec<NewEvent>,
         idempotency_key: Option<&str>,
     ) -> Result<Appended, JournalError>;
+
+    /// The channel's metadata ([`crate::meta`]; `None` for a channel that
+    /// has none) with its bounds, read together.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<crate::meta::ChannelMeta>, ChannelState), JournalError>;
+
+    /// Decides `change` against the channel's metadata and bounds with
+    /// [`crate::meta::decide`] and commits the decision (its events, with
+    /// their idempotency key, and the new metadata) atomically, as one
+    /// write: nothing else is decided or appended to the channel between
+    /// the read and the write, and a crash leaves both or neither. Changes
+    /// of one channel submitted in order from one task are decided in that
+    /// order. The sink sees the events as for [`Journal::append`], and
+    /// [`CommitSink::meta_changed`] whenever the metadata changed.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; nothing was committed then
+    /// (for [`JournalError::Unavailable`]: perhaps committed, as for
+    /// `append`).
+    async fn change(
+        &self,
+        channel: &str,
+        change: crate::meta::Change,
+    ) -> Result<crate::meta::Changed, JournalError>;
 
     /// Reads up to `limit` events after seq `after` (events below the floor are skipped).
     ///

@@ -6,6 +6,7 @@
 pub mod hub;
 pub mod journal;
 pub mod memory;
+pub mod meta;
 pub mod namespace;
 pub mod presence;
 pub mod session;

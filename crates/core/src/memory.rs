@@ -6,6 +6,7 @@
 use crate::journal::{
     Appended, ChannelState, CommitSink, Journal, JournalError, Page, Retention, TimeSeek,
 };
+use crate::meta::{self, Change, Changed, ChannelMeta, Decision};
 use crate::namespace::Namespaces;
 use async_trait::async_trait;
 use gapless_protocol::{Epoch, Event, NewEvent};
@@ -43,6 +44,8 @@ struct ChannelLog {
     keys: HashMap<String, (u64, u64)>,
     /// (last_seq, key) in append order, to forget keys as events are evicted
     key_order: VecDeque<(u64, String)>,
+    /// The channel's metadata ([`crate::meta`]), if it has any.
+    meta: Option<ChannelMeta>,
 }
 
 impl ChannelLog {
@@ -96,30 +99,19 @@ impl MemoryJournal {
     }
 }
 
-#[async_trait]
-impl Journal for MemoryJournal {
-    fn durability(&self) -> &'static str {
-        "memory"
-    }
-
-    async fn append(
+impl MemoryJournal {
+    /// The log of `channel`, made empty when it has none.
+    fn log_of<'a>(
         &self,
+        map: &'a mut HashMap<Arc<str>, ChannelLog>,
         channel: &str,
-        events: Vec<NewEvent>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Appended, JournalError> {
-        let mut map = self.channels.lock();
-        // Checked under the lock that `close` takes, so no append lands
-        // after `close` returned.
-        if self.closed.load(Ordering::Acquire) {
-            return Err(JournalError::Closed);
-        }
-        let log = match map.get_mut(channel) {
-            Some(l) => l,
-            None => {
-                let name: Arc<str> = Arc::from(channel);
-                let retention = self.namespaces.retention(channel);
-                map.entry(name.clone()).or_insert(ChannelLog {
+    ) -> &'a mut ChannelLog {
+        if !map.contains_key(channel) {
+            let name: Arc<str> = Arc::from(channel);
+            let retention = self.namespaces.retention(channel);
+            map.insert(
+                name.clone(),
+                ChannelLog {
                     name,
                     epoch: self.epoch,
                     purged: false,
@@ -130,17 +122,31 @@ impl Journal for MemoryJournal {
                     bytes: 0,
                     keys: HashMap::new(),
                     key_order: VecDeque::new(),
-                })
-            }
-        };
+                    meta: None,
+                },
+            );
+        }
+        // Inserted just above when it was missing.
+        map.get_mut(channel).expect("the channel's log exists")
+    }
+
+    /// Appends `events` to `log` under the channels' lock (the sink sees
+    /// them in seq order).
+    fn append_locked(
+        &self,
+        log: &mut ChannelLog,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Appended {
+        let channel = log.name.clone();
         if let Some(k) = idempotency_key {
             if let Some(&(first_seq, last_seq)) = log.keys.get(k) {
-                return Ok(Appended {
+                return Appended {
                     epoch: log.epoch,
                     first_seq,
                     last_seq,
                     duplicate: true,
-                });
+                };
             }
         }
         let time = crate::journal::now_ms().max(log.last_time);
@@ -182,13 +188,85 @@ impl Journal for MemoryJournal {
         }
         let state = log.state();
         // Still under the lock: the sink sees commits in seq order.
-        self.sink.committed(channel, state, &committed);
-        Ok(Appended {
+        self.sink.committed(&channel, state, &committed);
+        Appended {
             epoch: log.epoch,
             first_seq,
             last_seq,
             duplicate: false,
+        }
+    }
+}
+
+#[async_trait]
+impl Journal for MemoryJournal {
+    fn durability(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        let mut map = self.channels.lock();
+        // Checked under the lock that `close` takes, so no append lands
+        // after `close` returned.
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        let log = self.log_of(&mut map, channel);
+        if log.meta.as_ref().is_some_and(ChannelMeta::is_closed) {
+            return Err(JournalError::ChannelClosed);
+        }
+        Ok(self.append_locked(log, events, idempotency_key))
+    }
+
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<ChannelMeta>, ChannelState), JournalError> {
+        let map = self.channels.lock();
+        Ok(match map.get(channel) {
+            Some(l) => (l.meta.clone(), l.state()),
+            None => (None, ChannelState::empty(self.epoch)),
         })
+    }
+
+    async fn change(&self, channel: &str, change: Change) -> Result<Changed, JournalError> {
+        let mut map = self.channels.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        let (current, state) = match map.get(channel) {
+            Some(l) => (l.meta.as_ref(), l.state()),
+            None => (None, ChannelState::empty(self.epoch)),
+        };
+        match meta::decide(current, state, change) {
+            Decision::Nothing(outcome) => Ok(Changed {
+                outcome,
+                meta: current.cloned(),
+                state,
+            }),
+            Decision::Write {
+                events,
+                key,
+                meta: next,
+                outcome,
+            } => {
+                let log = self.log_of(&mut map, channel);
+                let appended =
+                    (!events.is_empty()).then(|| self.append_locked(log, events, key.as_deref()));
+                log.meta = next;
+                self.sink.meta_changed(channel);
+                Ok(Changed {
+                    outcome: meta::with_appended(outcome, appended),
+                    meta: log.meta.clone(),
+                    state: log.state(),
+                })
+            }
+        }
     }
 
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {

@@ -74,6 +74,9 @@ pub enum ErrorCode {
     /// 404 / WebSocket error reply: presence asked of a channel whose
     /// namespace has no `presence = true`.
     PresenceDisabled,
+    /// 409: the channel is closed (a Durable Streams close,
+    /// `gapless_core::meta`): it takes no more events from any transport.
+    ChannelClosed,
 }
 
 impl ErrorCode {
@@ -109,6 +112,7 @@ impl ErrorCode {
         ErrorCode::HeadTooLarge,
         ErrorCode::JournalFull,
         ErrorCode::PresenceDisabled,
+        ErrorCode::ChannelClosed,
     ];
 
     /// The string used in the `error` field.
@@ -142,6 +146,7 @@ impl ErrorCode {
             ErrorCode::HeadTooLarge => "head_too_large",
             ErrorCode::JournalFull => "journal_full",
             ErrorCode::PresenceDisabled => "presence_disabled",
+            ErrorCode::ChannelClosed => "channel_closed",
         }
     }
 
@@ -157,7 +162,10 @@ impl ErrorCode {
             | ErrorCode::NotSubscribed
             | ErrorCode::ResumeDisabled => 400,
             ErrorCode::NotFound | ErrorCode::SessionNotFound | ErrorCode::PresenceDisabled => 404,
-            ErrorCode::SessionExists | ErrorCode::SessionEnded | ErrorCode::SessionAttached => 409,
+            ErrorCode::SessionExists
+            | ErrorCode::SessionEnded
+            | ErrorCode::SessionAttached
+            | ErrorCode::ChannelClosed => 409,
             ErrorCode::SessionNotRetained => 410,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::CursorNotServed => 410,
@@ -295,9 +303,10 @@ mod tests {
                 ErrorCode::HeadTooLarge => 25,
                 ErrorCode::JournalFull => 26,
                 ErrorCode::PresenceDisabled => 27,
+                ErrorCode::ChannelClosed => 28,
             }
         }
-        const COUNT: usize = 28;
+        const COUNT: usize = 29;
         assert_eq!(ErrorCode::ALL.len(), COUNT);
         for (i, c) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(position(*c), i, "{c:?}");

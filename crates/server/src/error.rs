@@ -173,6 +173,10 @@ impl From<JournalError> for ApiError {
             JournalError::Closed => {
                 ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
             }
+            JournalError::ChannelClosed => ApiError::new(
+                ErrorCode::ChannelClosed,
+                "the channel is closed: it takes no more events",
+            ),
             JournalError::Full(msg) => {
                 tracing::warn!(reason = %msg, "journal full: refusing appends");
                 ApiError::new(

@@ -16,6 +16,9 @@ use gapless_core::journal::{
     now_ms, Appended, ChannelState, CommitSink, Journal, JournalError, NoSink, Retention,
 };
 use gapless_core::memory::MemoryJournal;
+use gapless_core::meta::{
+    Change, ChannelMeta, Guard, Layout, Life, Outcome, ProducerTuple, Refusal,
+};
 use gapless_core::namespace::{Namespaces, Policy, Table};
 use gapless_core::Page;
 use gapless_protocol::{Event, NewEvent, Payload};
@@ -182,6 +185,13 @@ contract!(
     seek_after_eviction,
     purge,
     purge_racing,
+    meta_create,
+    meta_guards,
+    meta_closed,
+    meta_in_order,
+    meta_racing,
+    meta_lifecycle,
+    meta_reopen,
 );
 
 // ---- the sink ----
@@ -193,6 +203,8 @@ enum Record {
     Committed(String, ChannelState, Vec<u64>),
     /// `evicted(channel, state)`.
     Evicted(String, ChannelState),
+    /// `meta_changed(channel)`.
+    Meta(String),
 }
 
 /// A sink that records every call and follows every channel it was told of
@@ -228,10 +240,15 @@ impl CommitSink for Recorder {
         self.log.lock().expect("lock").push(rec);
     }
 
+    fn meta_changed(&self, channel: &str) {
+        let rec = Record::Meta(channel.to_owned());
+        self.log.lock().expect("lock").push(rec);
+    }
+
     fn followed(&self) -> Vec<Arc<str>> {
         let mut names: Vec<Arc<str>> = Vec::new();
         for r in self.records() {
-            let (Record::Committed(c, ..) | Record::Evicted(c, _)) = r;
+            let (Record::Committed(c, ..) | Record::Evicted(c, _) | Record::Meta(c)) = r;
             if !names.iter().any(|n| **n == *c) {
                 names.push(Arc::from(c.as_str()));
             }
@@ -1186,5 +1203,451 @@ async fn purge_racing(f: Fixture) -> R {
             "a batch is whole: {x} {y}"
         );
     }
+    Ok(())
+}
+
+// ---- channel metadata (`gapless_core::meta`) ----
+
+fn new_meta(content_type: &str) -> ChannelMeta {
+    ChannelMeta {
+        incarnation: rand_incarnation(),
+        created_ms: now_ms(),
+        content_type: content_type.to_owned(),
+        ttl_s: None,
+        expires_at: None,
+        life: Life::Open,
+        closed_by: None,
+        soft_deleted: false,
+        layout: Layout {
+            offset_epoch: 0,
+            channel_epoch: 0,
+            base: 0,
+            origin: 0,
+            fork: None,
+        },
+        producers: BTreeMap::new(),
+        stream_seq: None,
+        forks: Default::default(),
+    }
+}
+
+fn rand_incarnation() -> u64 {
+    // Distinct enough for a test: the clock's nanoseconds, never 0.
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64 | 1)
+}
+
+fn producer_append(inc: u64, id: &str, epoch: u64, seq: u64, data: &str) -> Change {
+    Change::Append {
+        guard: Guard {
+            incarnation: inc,
+            producer: Some(ProducerTuple {
+                id: id.to_owned(),
+                epoch,
+                seq,
+            }),
+            stream_seq: None,
+            close: false,
+        },
+        events: vec![ev(data)],
+        key: Some(format!("p/{inc}/{id}/{epoch}/{seq}")),
+    }
+}
+
+/// Creation sets the layout from the channel's bounds, appends the first
+/// events, and a second creation finds the first; reads give the metadata
+/// with the bounds; the sink hears of the change.
+async fn meta_create(f: Fixture) -> R {
+    let (j, rec) = f.open(Retention::default());
+    assert_eq!(j.meta("s").await?.0, None, "no metadata before creation");
+    j.append("s", vec![ev("before")], None).await?;
+    let m = new_meta("application/json");
+    let c = j
+        .change(
+            "s",
+            Change::Create {
+                meta: m.clone(),
+                events: vec![ev("1"), ev("2")],
+            },
+        )
+        .await?;
+    let Outcome::Created(Some(a)) = c.outcome else {
+        panic!("not created: {:?}", c.outcome)
+    };
+    assert_eq!((a.first_seq, a.last_seq), (2, 3));
+    let held = c.meta.clone().expect("metadata after creation");
+    assert_eq!(
+        (
+            held.layout.base,
+            held.layout.origin,
+            held.layout.channel_epoch
+        ),
+        (1, 1, c.state.epoch.0),
+        "the stream begins after the channel's head at creation"
+    );
+    assert_eq!(c.state.head, 3);
+    let (read, st) = j.meta("s").await?;
+    assert_eq!(read.as_ref(), Some(&held));
+    assert_eq!(st.head, 3);
+    let again = j
+        .change(
+            "s",
+            Change::Create {
+                meta: new_meta("text/plain"),
+                events: vec![ev("x")],
+            },
+        )
+        .await?;
+    assert_eq!(again.outcome, Outcome::Exists);
+    assert_eq!(again.meta.as_ref(), Some(&held), "the first creation stays");
+    assert_eq!(
+        j.state("s").await?.head,
+        3,
+        "nothing appended by the second"
+    );
+    assert!(rec.records().contains(&Record::Meta("s".into())));
+    assert_eq!(j.meta("other").await?.0, None);
+    Ok(())
+}
+
+/// Producer appends are checked and recorded with the append they guard:
+/// the next seq appends, a retry is a duplicate, a gap and a stale epoch
+/// are refused, and nothing refused is stored.
+async fn meta_guards(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("text/plain");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: Vec::new(),
+        },
+    )
+    .await?;
+    for seq in 0..3 {
+        let c = j
+            .change("s", producer_append(inc, "p", 0, seq, "x"))
+            .await?;
+        assert!(
+            matches!(c.outcome, Outcome::Appended(Some(_))),
+            "{seq}: {:?}",
+            c.outcome
+        );
+    }
+    let dup = j.change("s", producer_append(inc, "p", 0, 1, "x")).await?;
+    assert_eq!(dup.outcome, Outcome::Duplicate(2));
+    let gap = j.change("s", producer_append(inc, "p", 0, 5, "x")).await?;
+    assert_eq!(
+        gap.outcome,
+        Outcome::Refused(Refusal::SeqGap {
+            expected: 3,
+            received: 5
+        })
+    );
+    let bumped = j.change("s", producer_append(inc, "p", 1, 0, "x")).await?;
+    assert!(matches!(bumped.outcome, Outcome::Appended(Some(_))));
+    let stale = j.change("s", producer_append(inc, "p", 0, 3, "x")).await?;
+    assert_eq!(
+        stale.outcome,
+        Outcome::Refused(Refusal::StaleEpoch { current: 1 })
+    );
+    let other = j
+        .change("s", producer_append(inc ^ 2, "p", 1, 1, "x"))
+        .await?;
+    assert_eq!(
+        other.outcome,
+        Outcome::Refused(Refusal::NotFound),
+        "another incarnation"
+    );
+    assert_eq!(
+        j.state("s").await?.head,
+        4,
+        "only the four accepted appends are stored"
+    );
+    let (m, _) = j.meta("s").await?;
+    assert_eq!(m.and_then(|m| m.producers.get("p").copied()), Some((1, 0)));
+    let seq_guard = |s: &str| Change::Append {
+        guard: Guard {
+            incarnation: inc,
+            stream_seq: Some(s.to_owned()),
+            ..Guard::default()
+        },
+        events: vec![ev("y")],
+        key: None,
+    };
+    assert!(matches!(
+        j.change("s", seq_guard("b")).await?.outcome,
+        Outcome::Appended(_)
+    ));
+    assert_eq!(
+        j.change("s", seq_guard("a")).await?.outcome,
+        Outcome::Refused(Refusal::StreamSeqRegression { last: "b".into() })
+    );
+    Ok(())
+}
+
+/// A closed channel refuses every append, the journal's plain ones too; the
+/// retry of the closing append and a repeated close succeed.
+async fn meta_closed(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("text/plain");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: Vec::new(),
+        },
+    )
+    .await?;
+    let mut closing = producer_append(inc, "p", 0, 0, "last");
+    if let Change::Append { guard, .. } = &mut closing {
+        guard.close = true;
+    }
+    let c = j.change("s", closing.clone()).await?;
+    assert!(matches!(c.outcome, Outcome::Appended(Some(_))));
+    assert!(c.meta.as_ref().is_some_and(ChannelMeta::is_closed));
+    assert_eq!(
+        j.change("s", closing).await?.outcome,
+        Outcome::AlreadyClosed(true)
+    );
+    let close_only = Change::Append {
+        guard: Guard {
+            incarnation: inc,
+            close: true,
+            ..Guard::default()
+        },
+        events: Vec::new(),
+        key: None,
+    };
+    assert_eq!(
+        j.change("s", close_only).await?.outcome,
+        Outcome::AlreadyClosed(false)
+    );
+    assert_eq!(
+        j.change("s", producer_append(inc, "p", 0, 1, "more"))
+            .await?
+            .outcome,
+        Outcome::Refused(Refusal::Closed)
+    );
+    match j.append("s", vec![ev("plain")], None).await {
+        Err(JournalError::ChannelClosed) => {}
+        other => panic!("a plain append to a closed channel: {other:?}"),
+    }
+    assert_eq!(
+        j.state("s").await?.head,
+        1,
+        "only the closing append is stored"
+    );
+    j.append("open-channel", vec![ev("fine")], None).await?;
+    Ok(())
+}
+
+/// Changes submitted in order from one task are decided in that order: a
+/// producer's pipelined appends (seq 0, 1, 2, … all in flight at once) are
+/// all accepted, in order.
+async fn meta_in_order(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("text/plain");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: Vec::new(),
+        },
+    )
+    .await?;
+    let changes =
+        (0..20u64).map(|seq| j.change("s", producer_append(inc, "p", 0, seq, &seq.to_string())));
+    let outcomes = futures::future::join_all(changes).await;
+    for (seq, o) in outcomes.into_iter().enumerate() {
+        let o = o?.outcome;
+        assert!(matches!(o, Outcome::Appended(Some(_))), "seq {seq}: {o:?}");
+    }
+    let page = j.read("s", 0, 100).await?;
+    let data: Vec<String> = page
+        .events
+        .iter()
+        .map(|e| e.data.wire().into_owned())
+        .collect();
+    let want: Vec<String> = (0..20).map(|i: u64| i.to_string()).collect();
+    assert_eq!(data, want);
+    Ok(())
+}
+
+/// Producers racing on one channel from many tasks: every append is stored
+/// once, each producer's in its order, and its state is its last seq.
+async fn meta_racing(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("text/plain");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: Vec::new(),
+        },
+    )
+    .await?;
+    let mut tasks = Vec::new();
+    for p in 0..4 {
+        let j = j.clone();
+        tasks.push(tokio::spawn(async move {
+            for seq in 0..25u64 {
+                let id = format!("p{p}");
+                let c = j
+                    .change(
+                        "s",
+                        producer_append(inc, &id, 0, seq, &format!("{id}:{seq}")),
+                    )
+                    .await?;
+                assert!(
+                    matches!(c.outcome, Outcome::Appended(Some(_))),
+                    "{id} {seq}: {:?}",
+                    c.outcome
+                );
+            }
+            Ok::<_, JournalError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task")?;
+    }
+    let page = j.read("s", 0, 1000).await?;
+    assert_eq!(page.events.len(), 100);
+    for p in 0..4 {
+        let id = format!("p{p}:");
+        let mine: Vec<String> = page
+            .events
+            .iter()
+            .map(|e| e.data.wire().into_owned())
+            .filter(|d| d.starts_with(&id))
+            .collect();
+        let want: Vec<String> = (0..25).map(|s| format!("{id}{s}")).collect();
+        assert_eq!(mine, want);
+    }
+    let (m, _) = j.meta("s").await?;
+    let m = m.expect("metadata");
+    for p in 0..4 {
+        assert_eq!(m.producers.get(&format!("p{p}")), Some(&(0, 24)));
+    }
+    Ok(())
+}
+
+/// Forks, soft deletion and deletion: a deleted channel's metadata is gone
+/// (its events stay), a purge keeps the metadata, and a creation after a
+/// deletion is a new incarnation starting after the old events.
+async fn meta_lifecycle(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("text/plain");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: vec![ev("a")],
+        },
+    )
+    .await?;
+    let fork = |add| Change::Fork {
+        incarnation: inc,
+        fork: "f".into(),
+        add,
+    };
+    assert_eq!(j.change("s", fork(true)).await?.outcome, Outcome::Updated);
+    let (held, _) = j.meta("s").await?;
+    assert!(held.is_some_and(|m| m.forks.contains("f")));
+    let soft = j
+        .change("s", Change::SoftDelete { incarnation: inc })
+        .await?;
+    assert_eq!(soft.outcome, Outcome::Updated);
+    assert_eq!(
+        j.change("s", producer_append(inc, "p", 0, 0, "x"))
+            .await?
+            .outcome,
+        Outcome::Refused(Refusal::SoftDeleted)
+    );
+    assert_eq!(j.change("s", fork(false)).await?.outcome, Outcome::Updated);
+    let purged = j.purge("s").await?;
+    let (kept, _) = j.meta("s").await?;
+    assert!(
+        kept.is_some_and(|m| m.incarnation == inc && m.soft_deleted),
+        "a purge keeps the metadata"
+    );
+    let d = j.change("s", Change::Delete { incarnation: inc }).await?;
+    assert_eq!((d.outcome, d.meta), (Outcome::Deleted, None));
+    assert_eq!(j.meta("s").await?.0, None);
+    assert_eq!(
+        j.change("s", Change::Delete { incarnation: inc })
+            .await?
+            .outcome,
+        Outcome::Refused(Refusal::NotFound)
+    );
+    j.append("s", vec![ev("between")], None).await?;
+    let again = j
+        .change(
+            "s",
+            Change::Create {
+                meta: new_meta("text/plain"),
+                events: Vec::new(),
+            },
+        )
+        .await?;
+    assert_eq!(again.outcome, Outcome::Created(None));
+    let layout = again.meta.map(|m| m.layout);
+    assert_eq!(
+        layout.map(|l| (l.base, l.channel_epoch)),
+        Some((1, purged.epoch.0))
+    );
+    Ok(())
+}
+
+/// Metadata is as durable as events: after a reopen the stream, its
+/// producers' state and its closure are there.
+async fn meta_reopen(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let m = new_meta("application/json");
+    let inc = m.incarnation;
+    j.change(
+        "s",
+        Change::Create {
+            meta: m,
+            events: Vec::new(),
+        },
+    )
+    .await?;
+    j.change("s", producer_append(inc, "p", 3, 0, "x")).await?;
+    j.change("s", producer_append(inc, "p", 3, 1, "y")).await?;
+    let before = j.meta("s").await?;
+    j.close().await?;
+    drop(j);
+    let Some((j, _)) = f.reopen(Retention::default().into()) else {
+        return Ok(());
+    };
+    let after = j.meta("s").await?;
+    assert_eq!(after, before);
+    assert_eq!(
+        j.change("s", producer_append(inc, "p", 3, 1, "y"))
+            .await?
+            .outcome,
+        Outcome::Duplicate(1),
+        "a retry after the restart is a duplicate"
+    );
+    let mut close = producer_append(inc, "p", 3, 2, "z");
+    if let Change::Append { guard, .. } = &mut close {
+        guard.close = true;
+    }
+    j.change("s", close).await?;
+    j.close().await?;
+    drop(j);
+    let (j, _) = f.reopen(Retention::default().into()).expect("reopen");
+    assert!(j.meta("s").await?.0.is_some_and(|m| m.is_closed()));
+    assert!(matches!(
+        j.append("s", vec![ev("no")], None).await,
+        Err(JournalError::ChannelClosed)
+    ));
     Ok(())
 }
