@@ -57,7 +57,14 @@ impl Default for WindowLimits {
 pub struct Channels {
     limits: WindowLimits,
     map: RwLock<HashMap<Arc<str>, Arc<Cell>>>,
+    /// Told of every [`CommitSink::meta_changed`] ([`Channels::on_meta_changed`]).
+    meta_listener: std::sync::OnceLock<MetaListener>,
 }
+
+/// What [`Channels::on_meta_changed`] calls with a channel's name. Called
+/// where the journal commits (under its lock, on its writer thread): it
+/// must not block or call the journal; it may spawn.
+pub type MetaListener = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Wake groups of a channel's subscribers: a subscription is in one
 /// ([`Hub::subscribe`]), a commit wakes them all, and [`Hub::wake_group`]
@@ -322,7 +329,14 @@ impl Channels {
         Channels {
             limits,
             map: RwLock::new(HashMap::new()),
+            meta_listener: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what is told when a channel's metadata changes (once; a second
+    /// call is ignored and returns false).
+    pub fn on_meta_changed(&self, listener: MetaListener) -> bool {
+        self.meta_listener.set(listener).is_ok()
     }
 
     fn get(&self, channel: &str) -> Option<Arc<Cell>> {
@@ -367,6 +381,12 @@ impl CommitSink for Channels {
 
     fn follows(&self, channel: &str) -> bool {
         self.map.read().contains_key(channel)
+    }
+
+    fn meta_changed(&self, channel: &str) {
+        if let Some(l) = self.meta_listener.get() {
+            l(channel);
+        }
     }
 
     fn followed(&self) -> Vec<Arc<str>> {
@@ -473,6 +493,46 @@ impl Hub {
             self.count_published(n);
         }
         Ok(appended)
+    }
+
+    /// The channel's metadata and bounds (see [`Journal::meta`]).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<crate::meta::ChannelMeta>, ChannelState), JournalError> {
+        self.journal.meta(channel).await
+    }
+
+    /// Decides and commits a change of the channel's metadata with the
+    /// events it guards (see [`Journal::change`]); subscribers are woken
+    /// before it returns, and appended events are counted as published.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails; nothing was committed then.
+    pub async fn change(
+        &self,
+        channel: &str,
+        change: crate::meta::Change,
+    ) -> Result<crate::meta::Changed, JournalError> {
+        let started = std::time::Instant::now();
+        let changed = self.journal.change(channel, change).await?;
+        if let crate::meta::Outcome::Created(Some(a)) | crate::meta::Outcome::Appended(Some(a)) =
+            &changed.outcome
+        {
+            self.publish_seconds.record(started.elapsed());
+            if !a.duplicate {
+                self.count_published(a.last_seq + 1 - a.first_seq);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// The table of followed channels (the journal's sink).
+    pub fn channels(&self) -> &Arc<Channels> {
+        &self.channels
     }
 
     /// Removes every event of `channel` and starts a new epoch for it (see

@@ -114,6 +114,24 @@ pub struct Layout {
     /// The source of a fork.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+    /// A fork's inherited layouts, its source's first, then the source's
+    /// source's, …: what its reads stitch together, kept whole so a fork
+    /// reads the same whatever becomes of its sources' metadata.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inherited: Vec<Ancestor>,
+}
+
+/// One inherited layout of a fork ([`Layout::inherited`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ancestor {
+    /// Its channel.
+    pub channel: String,
+    /// That channel's journal epoch when the layout was made.
+    pub channel_epoch: u64,
+    /// That channel's head then.
+    pub base: u64,
+    /// Its origin (see [`Layout::origin`]).
+    pub origin: u64,
 }
 
 /// What a fork was made of.
@@ -491,6 +509,7 @@ mod tests {
                 base: 0,
                 origin: 0,
                 fork: None,
+                inherited: Vec::new(),
             },
             producers: [("a".to_owned(), (1, 4))].into_iter().collect(),
             stream_seq: Some("05".into()),

@@ -1224,6 +1224,7 @@ fn new_meta(content_type: &str) -> ChannelMeta {
             base: 0,
             origin: 0,
             fork: None,
+            inherited: Vec::new(),
         },
         producers: BTreeMap::new(),
         stream_seq: None,
