@@ -296,7 +296,9 @@ pub struct Changed {
     pub state: ChannelState,
 }
 
-/// What a journal must write for a change: [`decide`]'s answer.
+/// What a journal must write for a change: [`decide`]'s answer. Made once
+/// per change and consumed at once, never stored, so its size is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Write nothing; answer `outcome`.

@@ -156,6 +156,25 @@ pub async fn batch(
     events: Vec<NewEvent>,
     key: Option<&str>,
 ) -> Result<Appended, ApiError> {
+    let checked = check_batch(app, grant, peer, channel, events)?;
+    journal(app, channel, checked, key, KeyName::Header).await
+}
+
+/// The limits of [`batch`] without the journal: 1 to `--max-batch-events`
+/// events, each of at most the namespace's `max_event_bytes` bytes with a
+/// valid type, then the publisher's rate for all of them (taken). Returns
+/// the events with their types checked, for a caller that appends them
+/// itself (a Durable Streams append, guarded by the channel's metadata).
+///
+/// # Errors
+/// As [`batch`], but for the journal's.
+pub fn check_batch(
+    app: &App,
+    grant: &Grant,
+    peer: Option<IpAddr>,
+    channel: &str,
+    events: Vec<NewEvent>,
+) -> Result<Vec<NewEvent>, ApiError> {
     let cfg = &app.config;
     if events.is_empty() {
         return Err(ApiError::new(
@@ -185,7 +204,7 @@ pub async fn batch(
         });
     }
     app.publish_limiter.take(grant, peer, checked.len())?;
-    journal(app, channel, checked, key, KeyName::Header).await
+    Ok(checked)
 }
 
 /// Appends `events` to the journal; a refusal says, naming the key as

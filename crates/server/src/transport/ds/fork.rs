@@ -20,14 +20,15 @@
 //!   state of the metadata only.
 
 use super::names::{parse_offset, Offset};
-use super::streams::{media_type, Meta, Stream};
+use super::streams::media_type;
 use super::{error, Ctx};
 use crate::App;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::JournalError;
+use gapless_core::meta::ForkOrigin;
 use gapless_protocol::{Epoch, Event, Payload};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// Where a stream's messages are: its own channel and, for a fork, the
 /// source it inherits from. Fixed at creation.
@@ -277,28 +278,16 @@ pub async fn synced_tail(app: &App, meta: &mut super::streams::Meta) -> Result<u
     Ok(meta.layout.virt(st.head.max(meta.layout.base)))
 }
 
-/// What a fork was created from, kept to answer a repeated `PUT` (200 when
-/// it names the same fork, 409 otherwise).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForkOf {
-    /// The source's channel.
-    pub source: String,
-    /// The fork point in the source's positions (`Stream-Fork-Offset`).
-    pub at: u64,
-    /// `Stream-Fork-Sub-Offset` (0 when absent).
-    pub sub: u64,
-}
-
 /// Most layouts in a fork chain (a fork of a fork of …); deeper is refused
 /// with 400, so a read visits a bounded number of channels.
 pub const MAX_DEPTH: usize = 16;
 
 /// A validated fork request: everything [`super::write::create`] needs.
 pub struct Plan {
-    /// The source stream (to register the fork with).
-    pub source: Stream,
+    /// The source stream's incarnation (to register the fork with).
+    pub source_inc: u64,
     /// The fork's identity.
-    pub fork_of: ForkOf,
+    pub fork_of: ForkOrigin,
     /// Whether the fork point was given (`Stream-Fork-Offset`), for the
     /// idempotency comparison.
     pub offset_given: bool,
@@ -343,7 +332,7 @@ fn parse_sub(v: &str) -> Result<u64, String> {
 /// given with the prefix (`/ds/a/b`) or relative to it (`/a/b`); an
 /// absolute URL's path is taken. The prefixed reading wins when a stream
 /// exists there.
-fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
+async fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
     let mut p = v.trim();
     for scheme in ["http://", "https://"] {
         if let Some(rest) = p.strip_prefix(scheme) {
@@ -359,7 +348,7 @@ fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
         .filter(|_| !prefix.is_empty())
     {
         if let Ok(c) = super::names::channel_of(inner) {
-            if ctx.ds.streams.get(&c).is_some() {
+            if let Ok(Some(_)) = ctx.ds.streams.load(&ctx.app.hub, &c).await {
                 return Ok(c);
             }
         }
@@ -379,7 +368,7 @@ fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
 /// position inside the next message (400). `content_type` is the request's,
 /// if given.
 pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<Plan, Response> {
-    let source_ch = source_channel(ctx, from)?;
+    let source_ch = source_channel(ctx, from).await?;
     if let Err(e) = ctx
         .grant
         .require(crate::auth::Action::Subscribe, &source_ch)
@@ -411,8 +400,14 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             format!("the source stream {from:?} (Stream-Forked-From) does not exist"),
         )
     };
-    let source = ctx.ds.streams.get(&source_ch).ok_or_else(not_found)?;
-    let (parent, epoch, ct, ttl_s, expires_at, json) = {
+    let source = ctx
+        .ds
+        .streams
+        .load(&ctx.app.hub, &source_ch)
+        .await
+        .map_err(|e| super::api_error(e.into()))?
+        .ok_or_else(not_found)?;
+    let (parent, epoch, ct, ttl_s, expires_at, json, source_inc) = {
         let mut m = source.lock().await;
         if m.deleted {
             return Err(not_found());
@@ -441,6 +436,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             m.ttl_s,
             m.expires_at.clone(),
             m.is_json(),
+            m.inc,
         )
     };
     if let Some(ct_req) = content_type {
@@ -561,8 +557,8 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
         }
     }
     Ok(Plan {
-        source,
-        fork_of: ForkOf {
+        source_inc,
+        fork_of: ForkOrigin {
             source: source_ch,
             at,
             sub,
@@ -577,78 +573,6 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
         prefix,
     })
 }
-
-/// Whether any fork of `m` is alive: not forgotten, and not expired unless
-/// itself kept for its own forks. A fork locked right now counts as alive.
-pub fn has_live_forks(m: &Meta, now_ms: u64) -> bool {
-    m.children.iter().any(|w| {
-        w.upgrade().is_some_and(|c| match c.try_lock() {
-            Ok(g) => !g.deleted && (g.soft_deleted || !g.expired(now_ms)),
-            Err(_) => true,
-        })
-    })
-}
-
-/// Forgets `stream` (on `channel`, locked as `guard`): its URL answers 404
-/// and may be created again; its live readers end. Then each source up the
-/// chain that is soft-deleted and has no live fork left is forgotten too
-/// (PROTOCOL.md 4.2, "Garbage collection cascades").
-/// Each forgotten stream's deletion is journaled ([`super::meta`]).
-pub async fn forget(
-    app: &App,
-    ds: &super::Ds,
-    channel: &str,
-    stream: &Stream,
-    mut guard: tokio::sync::MutexGuard<'_, Meta>,
-) {
-    // The stream's messages go with it: purged while the stream still holds
-    // its path (and its lock), so a stream created again at the path never
-    // has an append of its own purged.
-    // The deletion is journaled before the stream leaves the map (and a
-    // catch-up is told to skip the stream's older records): a catch-up that
-    // read them before would otherwise bring it back.
-    purge_events(app, channel).await;
-    guard.deleted = true;
-    super::meta::save_deleted(app, ds, channel).await;
-    ds.streams.remove(channel, stream);
-    guard.announce(super::streams::Life::Gone);
-    let mut up = guard.parent.clone();
-    drop(guard);
-    let now = gapless_core::journal::now_ms();
-    while let Some((ch, s)) = up.take() {
-        let mut g = s.lock().await;
-        g.children.retain(|w| w.strong_count() > 0);
-        if g.deleted || !g.soft_deleted || has_live_forks(&g, now) {
-            break;
-        }
-        purge_events(app, &ch).await;
-        g.deleted = true;
-        super::meta::save_deleted(app, ds, &ch).await;
-        ds.streams.remove(&ch, &s);
-        up = g.parent.clone();
-        drop(g);
-    }
-}
-
-/// Removes the events of a deleted stream's channel (a journal purge: a new
-/// epoch, docs/durable-streams.md "Deletion"). A purge that fails is logged;
-/// the stream is gone either way, and its events then stay until retention
-/// evicts them (a new stream at the path starts after them).
-async fn purge_events(app: &App, channel: &str) {
-    if let Err(e) = app.hub.purge(channel).await {
-        tracing::warn!(channel, error = %e, "a deleted Durable Streams stream's events were not purged; retention will evict them");
-    }
-}
-
-/// Registers `fork` as a fork of `source` (its reference count).
-pub async fn register(source: &Stream, fork: &Stream) {
-    let mut g = source.lock().await;
-    g.children.retain(|w| w.strong_count() > 0);
-    g.children.push(Arc::downgrade(fork));
-}
-
-/// A weak reference to a stream, as its source holds it.
-pub type Child = Weak<tokio::sync::Mutex<Meta>>;
 
 #[cfg(test)]
 mod tests {

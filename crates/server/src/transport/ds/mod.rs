@@ -2,9 +2,10 @@
 //! (<https://github.com/durable-streams/durable-streams>, PROTOCOL.md) served
 //! under `--ds-prefix` (default `/ds`), over the same hub and journal as
 //! channels. A stream is a gapless channel ([`names::channel_of`]); its
-//! offsets are journal positions ([`names::offset`]); its metadata lives in
-//! [`streams`], journaled by [`meta`]. docs/durable-streams.md gives the whole mapping and what is
-//! not implemented yet.
+//! offsets are journal positions ([`names::offset`]); its metadata is its
+//! channel's (`gapless_core::meta`), journaled with its events and cached
+//! by [`streams`]. docs/durable-streams.md gives the whole mapping and what
+//! is not implemented yet.
 //!
 //! The protocol's paths are free-form under the prefix and the prefix is a
 //! setting, so this room is not a set of OpenAPI routes: [`intercept`] is a
@@ -19,14 +20,16 @@
 // 128 bytes): once per request, never in a loop, so the size is no cost.
 #![allow(clippy::result_large_err)]
 
+pub mod create;
 pub mod fork;
+pub mod lifecycle;
 pub mod live;
-pub mod meta;
 pub mod names;
 pub mod read;
 pub mod streams;
 pub mod sub_meta;
 pub mod subscriptions;
+pub mod upgrade;
 pub mod webhook;
 pub mod write;
 
@@ -43,24 +46,16 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// The room's shared state: the streams' metadata.
+/// The room's shared state: the streams this node serves now.
 #[derive(Default)]
 pub struct Ds {
-    /// Every stream, by channel.
+    /// The streams' metadata, cached ([`streams::Streams`]).
     pub streams: streams::Streams,
     /// The subscriptions (the reserved `__ds/` APIs).
     pub subs: subscriptions::Subscriptions,
-    /// The epoch and seq of [`meta::CHANNEL`] applied so far ([`meta::catch_up`]).
-    pub applied: tokio::sync::Mutex<(gapless_protocol::Epoch, u64)>,
-    /// Streams deleted here whose deletion record [`meta::catch_up`] has not
-    /// applied yet: channel → the record's seq. Older records of the channel
-    /// are not applied (a catch-up that read them before the deletion would
-    /// otherwise bring the stream back until it reads the deletion).
-    pub deleted: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-    /// Whether the records were read back once since the start.
-    pub loaded: std::sync::atomic::AtomicBool,
-    /// Whether [`meta::follow`] runs.
-    pub following: std::sync::atomic::AtomicBool,
+    /// Set once the side channel of older releases was read and emptied
+    /// ([`upgrade`]).
+    pub upgraded: tokio::sync::OnceCell<()>,
 }
 
 /// The state [`intercept`] runs with.
@@ -72,9 +67,34 @@ pub type DsState = (Arc<App>, Arc<Ds>);
 pub fn state(app: Arc<App>) -> DsState {
     let ds = Arc::new(Ds::default());
     if !app.config.ds_prefix.is_empty() {
+        listen(&app, &ds);
         subscriptions::start(&app, &ds);
     }
     (app, ds)
+}
+
+/// Hears of every change of a channel's metadata (`CommitSink::meta_changed`,
+/// here or on another node): the cached copy is stale, and when live
+/// readers wait on it, it is read again at once so they learn of a close or
+/// a deletion. Called where the journal commits: it only spawns.
+fn listen(app: &Arc<App>, ds: &Arc<Ds>) {
+    let (weak_app, weak_ds) = (Arc::downgrade(app), Arc::downgrade(ds));
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    app.hub.channels().on_meta_changed(Box::new(move |channel: &str| {
+        let (Some(app), Some(ds)) = (weak_app.upgrade(), weak_ds.upgrade()) else {
+            return;
+        };
+        if ds.streams.changed(channel).is_some() {
+            let channel = channel.to_owned();
+            rt.spawn(async move {
+                if let Err(e) = ds.streams.load(&app.hub, &channel).await {
+                    tracing::debug!(channel, error = %e, "could not read a stream's metadata again");
+                }
+            });
+        }
+    }));
 }
 
 /// Whether a request target is a live SSE read of this room
@@ -187,9 +207,9 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         flushes,
     };
     match parts.method {
-        Method::PUT => write::create(ctx, body).await,
+        Method::PUT => create::create(ctx, body).await,
         Method::POST => write::append(ctx, body).await,
-        Method::DELETE => write::delete(ctx).await,
+        Method::DELETE => lifecycle::delete(ctx).await,
         Method::HEAD => read::head(ctx).await,
         Method::GET => read::get(ctx).await,
         m => {
@@ -209,18 +229,14 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
     }
 }
 
-/// Reads the journaled metadata back at the first request (and starts
-/// following it); 503 while the journal cannot be read.
+/// Moves the metadata an older release kept in its side channel into each
+/// stream's channel, once, at the first request ([`upgrade`]); 503 while
+/// the journal cannot be read.
 async fn ready(app: &Arc<App>, ds: &Arc<Ds>) -> Result<(), Response> {
-    use std::sync::atomic::Ordering;
-    if !ds.following.swap(true, Ordering::AcqRel) {
-        tokio::spawn(meta::follow(app.clone(), ds.clone()));
-    }
-    if ds.loaded.load(Ordering::Acquire) {
-        return Ok(());
-    }
-    meta::catch_up(app, ds)
+    ds.upgraded
+        .get_or_try_init(|| async { upgrade::run(app).await.map(|_| ()) })
         .await
+        .map(|_| ())
         .map_err(|e| api_error(e.into()))
 }
 

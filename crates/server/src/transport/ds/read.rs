@@ -2,10 +2,10 @@
 //! (`live=long-poll`) and SSE (`live=sse`) (PROTOCOL.md 5.5 to 5.8).
 
 use super::fork::{self, ReadError};
+use super::lifecycle::lookup;
 use super::live::{self, Shape};
 use super::names::{live_cursor, offset, parse_offset, Offset};
 use super::streams::Meta;
-use super::write::lookup;
 use super::{api_error, empty, error, set, Ctx};
 use crate::transport::query::Query;
 use axum::body::Body;
@@ -179,7 +179,7 @@ pub async fn get(ctx: Ctx) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let mut meta = stream.clone().lock_owned().await;
+    let mut meta = stream.lock().await;
     meta.touch(now_ms());
     let tail = match fork::synced_tail(&ctx.app, &mut meta).await {
         Ok(t) => t,

@@ -1,23 +1,33 @@
-//! The Durable Streams metadata of each stream: content type, TTL or
-//! expiry, closure, the `Stream-Seq` and idempotent producers' state, and
-//! where the stream begins in its channel.
+//! The streams this server serves now: a bounded cache of each stream's
+//! metadata, read from its channel's journal when the stream is first
+//! touched (`gapless_core::meta`; docs/durable-streams.md, "Metadata").
 //!
-//! Held in memory, and journaled by [`super::meta`] before an operation is
-//! answered (docs/durable-streams.md, "Metadata").
+//! The journal holds the truth: a stream's content type, closure, expiry,
+//! layout, producers and `Stream-Seq` live beside its channel's events and
+//! change only through `Journal::change`, which decides each append's
+//! producer and `Stream-Seq` checks atomically with it. What a node keeps
+//! here is a copy of the parts reads need (content type, closure, layout),
+//! refreshed when the journal says the metadata changed
+//! ([`Streams::changed`], from `CommitSink::meta_changed`), plus what is the
+//! node's own: the sliding TTL's deadline and the watch live readers wait on.
 
 use super::fork;
+use gapless_core::journal::{now_ms, ChannelState, JournalError};
+use gapless_core::meta::{ChannelMeta, ForkOrigin};
 use gapless_protocol::Epoch;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// One stream's metadata. Guarded by its own async lock, held only while it
-/// is read or changed, never across a journal commit: appends are ordered
-/// by [`Meta::gate`], and appends with producer headers or `Stream-Seq`
-/// are checked against what is committed and what is in flight
-/// ([`Meta::inflight`]), so their checks stay exact (PROTOCOL.md 5.2.1,
-/// "Concurrency Requirements"; docs/durable-streams.md, "Appends").
+/// Most streams a node keeps in its cache; past it, streams nobody is using
+/// right now are dropped (and read again from the journal when next used).
+pub const CACHED_STREAMS: usize = 65_536;
+
+/// One stream's metadata as this node holds it. Guarded by its own async
+/// lock, held only while it is read or changed, never across a journal
+/// commit (the journal orders a stream's changes).
 #[derive(Debug)]
 pub struct Meta {
     /// The content type as created (compared case-insensitively, without
@@ -28,75 +38,32 @@ pub struct Meta {
     /// The absolute expiry as given (RFC 3339) and in Unix milliseconds.
     pub expires_at: Option<(String, u64)>,
     /// When the stream expires (Unix ms): the earlier of the TTL's deadline
-    /// (refreshed by reads and writes) and `expires_at`.
+    /// (refreshed by reads and writes on this node) and `expires_at`.
     pub deadline_ms: Option<u64>,
     /// The epoch of the stream's offsets: its channel's journal epoch at
     /// creation (a fork's is its source's), or after a purge the channel's
     /// new one ([`Meta::follow_epoch`]).
     pub epoch: Epoch,
-    /// Where the stream's messages are: its channel's events after the head
-    /// at creation (a re-created stream does not show its predecessor's
-    /// events), after a fork's inherited ones ([`fork::Layout`]).
+    /// Where the stream's messages are ([`fork::Layout`]).
     pub layout: Arc<fork::Layout>,
     /// What a fork was forked from (`None` for a plain stream).
-    pub fork_of: Option<fork::ForkOf>,
-    /// A fork's source (channel and stream), released when the fork is forgotten.
-    pub parent: Option<(String, Stream)>,
-    /// The stream's forks (its reference count, PROTOCOL.md 4.2).
-    pub children: Vec<fork::Child>,
+    pub fork_of: Option<ForkOrigin>,
     /// Deleted (or expired) while forks still use it: its URL answers 410
     /// and cannot be created again until the last fork is gone.
     pub soft_deleted: bool,
-    /// Whether the stream is closed, and the producer tuple that closed it.
+    /// Whether the stream is closed.
     pub closed: bool,
-    /// `(producer id, epoch, seq)` of the append that closed the stream.
-    pub closed_by: Option<(String, u64, u64)>,
-    /// The newest `Stream-Seq` accepted (scope: the stream).
-    pub last_stream_seq: Option<String>,
-    /// Idempotent producers: id -> (epoch, last seq accepted).
-    pub producers: HashMap<String, (u64, u64)>,
-    /// Whether the stream was forgotten (deleted, expired): live readers
-    /// holding it end.
+    /// Whether the stream was forgotten (deleted, expired, or its
+    /// metadata is gone from the journal): live readers holding it end.
     pub deleted: bool,
     /// Bumped on closure and deletion ([`Meta::announce`]), so live readers
     /// waiting at the tail wake up and know which without the lock.
     pub closed_tx: watch::Sender<Life>,
-    /// The stream's incarnation: random at creation, part of its appends'
-    /// idempotency keys ([`super::meta::Record::inc`]).
+    /// The stream's incarnation ([`ChannelMeta::incarnation`]): part of
+    /// every change's guard and of its appends' idempotency keys.
     pub inc: u64,
-    /// The seq of the newest record of this state in [`super::meta::CHANNEL`]
-    /// (0: not journaled yet).
-    pub rev: u64,
-    /// When that record was written (Unix ms).
-    pub rev_ms: u64,
-    /// How appends are ordered (see [`Order`]).
-    pub order: Order,
-}
-
-/// How a stream's appends are ordered without holding its lock across a
-/// journal commit.
-#[derive(Debug, Default)]
-pub struct Order {
-    /// An append without `Stream-Closed` holds it shared from its checks to
-    /// its answer; a close, a delete and the forgetting of an expired
-    /// stream hold it alone (fair: one waiting holds later appends back),
-    /// so they come after every append in flight and before every later one.
-    pub gate: Arc<tokio::sync::RwLock<()>>,
-    /// The appends with producer headers or `Stream-Seq` whose journal
-    /// append is in flight: at most one per producer id, and each
-    /// `Stream-Seq` above the committed one.
-    pub inflight: Vec<Claim>,
-    /// Signalled whenever an append of `inflight` settles.
-    pub settled: Arc<tokio::sync::Notify>,
-}
-
-/// What an append in flight claims of a stream's metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// Its `Producer-Id`.
-    pub producer: Option<String>,
-    /// Its `Stream-Seq`.
-    pub stream_seq: Option<String>,
+    /// The journal's metadata as last read or written here.
+    pub stored: Arc<ChannelMeta>,
 }
 
 /// What a stream's watch ([`Meta::closed_tx`]) tells its live readers; it
@@ -118,10 +85,74 @@ pub fn life() -> watch::Sender<Life> {
 }
 
 impl Meta {
+    /// The copy of `stored`, the metadata of `channel` whose bounds are
+    /// `state` now (a purge since creation is followed at once).
+    pub fn of(channel: &str, stored: ChannelMeta, state: ChannelState) -> Self {
+        let l = &stored.layout;
+        let mut parent: Option<Arc<fork::Layout>> = None;
+        for a in l.inherited.iter().rev() {
+            parent = Some(Arc::new(fork::Layout {
+                channel: a.channel.clone(),
+                epoch: Epoch(a.channel_epoch),
+                base: a.base,
+                origin: a.origin,
+                parent,
+            }));
+        }
+        let layout = Arc::new(fork::Layout {
+            channel: channel.to_owned(),
+            epoch: Epoch(l.channel_epoch),
+            base: l.base,
+            origin: l.origin,
+            parent,
+        });
+        let mut m = Meta {
+            content_type: stored.content_type.clone(),
+            ttl_s: stored.ttl_s,
+            expires_at: stored.expires_at.clone(),
+            deadline_ms: None,
+            epoch: Epoch(l.offset_epoch),
+            layout,
+            fork_of: l.fork.clone(),
+            soft_deleted: stored.soft_deleted,
+            closed: stored.is_closed(),
+            deleted: false,
+            closed_tx: life(),
+            inc: stored.incarnation,
+            stored: Arc::new(stored),
+        };
+        m.follow_epoch(state.epoch);
+        m.touch(now_ms());
+        m.announce_state();
+        m
+    }
+
+    /// Takes `stored`, a newer copy of the same incarnation: closure and
+    /// soft deletion, announced to live readers.
+    pub fn refresh(&mut self, stored: ChannelMeta) {
+        self.closed |= stored.is_closed();
+        self.soft_deleted |= stored.soft_deleted;
+        self.stored = Arc::new(stored);
+        self.announce_state();
+    }
+
+    /// Announces what the flags say.
+    fn announce_state(&self) {
+        if self.deleted || self.soft_deleted {
+            self.announce(Life::Gone);
+        } else if self.closed {
+            self.announce(Life::Closed);
+        }
+    }
+
     /// Tells the stream's live readers that it is now `life` (or further
     /// along), waking every one of them.
     pub fn announce(&self, life: Life) {
-        self.closed_tx.send_modify(|l| *l = (*l).max(life));
+        self.closed_tx.send_if_modified(|l| {
+            let was = *l;
+            *l = (*l).max(life);
+            *l != was
+        });
     }
 
     /// The bare media type: lower case, without parameters.
@@ -131,14 +162,13 @@ impl Meta {
 
     /// Whether the stream is JSON mode (PROTOCOL.md 9.1).
     pub fn is_json(&self) -> bool {
-        self.media_type() == "application/json"
+        is_json(&self.content_type)
     }
 
     /// Whether SSE carries the data as text (`text/*`, `application/json`)
     /// rather than base64.
     pub fn is_text(&self) -> bool {
-        let m = self.media_type();
-        m.starts_with("text/") || m == "application/json"
+        is_text(&self.content_type)
     }
 
     /// Restarts the TTL window at `now_ms` (a read or write that reached the
@@ -166,11 +196,9 @@ impl Meta {
     /// becomes a plain stream of the whole new epoch (position 0 its start,
     /// offsets in the new epoch, a fork's inherited messages gone too), so
     /// an offset from before answers `410 offset_gone` and `-1` reads what
-    /// came after. Its other metadata (content type, TTL, closure,
-    /// producers, `Stream-Seq`) stays. Deterministic, so not journaled: a
-    /// record read back with the old layout is rebased the same way on its
-    /// next use (docs/durable-streams.md, "Purge"). Returns whether the
-    /// layout changed.
+    /// came after. Its other metadata stays. Deterministic, so not
+    /// journaled: the stored layout is rebased the same way on every read
+    /// (docs/durable-streams.md, "Purge"). Returns whether the layout changed.
     pub fn follow_epoch(&mut self, epoch: Epoch) -> bool {
         if self.layout.epoch == epoch {
             return false;
@@ -190,52 +218,155 @@ pub fn media_type(ct: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// A stream's shared, locked metadata.
-pub type Stream = Arc<tokio::sync::Mutex<Meta>>;
+/// Whether content type `ct` is JSON mode (PROTOCOL.md 9.1).
+pub fn is_json(ct: &str) -> bool {
+    media_type(ct) == "application/json"
+}
 
-/// Every stream this server knows, by channel.
+/// Whether content type `ct` is text (`text/*`, `application/json`): its
+/// appends must be UTF-8 and SSE carries it as text rather than base64.
+pub fn is_text(ct: &str) -> bool {
+    let m = media_type(ct);
+    m.starts_with("text/") || m == "application/json"
+}
+
+/// One cached stream: its metadata behind an async lock, and how current
+/// that copy is.
+#[derive(Debug)]
+pub struct Entry {
+    /// The copy.
+    meta: tokio::sync::Mutex<Meta>,
+    /// Bumped each time the journal says the metadata changed.
+    changes: AtomicU64,
+    /// The value of `changes` the copy was last read at.
+    read_at: AtomicU64,
+}
+
+impl Entry {
+    fn new(meta: Meta) -> Self {
+        Entry {
+            meta: tokio::sync::Mutex::new(meta),
+            changes: AtomicU64::new(0),
+            read_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Locks the copy.
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Meta> {
+        self.meta.lock().await
+    }
+
+    /// Whether the journal changed the metadata since the copy was read.
+    fn stale(&self) -> bool {
+        self.changes.load(Ordering::Acquire) != self.read_at.load(Ordering::Acquire)
+    }
+}
+
+/// A stream's shared, locked metadata.
+pub type Stream = Arc<Entry>;
+
+/// The streams this node serves now, by channel (a bounded cache over the
+/// journal: [`CACHED_STREAMS`]).
 #[derive(Default)]
 pub struct Streams {
     map: Mutex<HashMap<String, Stream>>,
 }
 
 impl Streams {
-    /// The stream on `channel`, if one was created (and not deleted).
-    pub fn get(&self, channel: &str) -> Option<Stream> {
+    /// The cached stream on `channel`, whether or not it is current.
+    pub fn cached(&self, channel: &str) -> Option<Stream> {
         self.map.lock().get(channel).cloned()
     }
 
-    /// Registers `stream` on `channel`, unless one exists: then that one is
-    /// returned as `Err`.
-    pub fn insert(&self, channel: &str, stream: Stream) -> Result<(), Stream> {
-        let mut map = self.map.lock();
-        if let Some(s) = map.get(channel) {
-            return Err(s.clone());
+    /// The stream on `channel`, read from the journal when it is not cached
+    /// or the journal changed it since (`None`: no stream there).
+    ///
+    /// # Errors
+    /// [`JournalError`] when the journal cannot be read.
+    pub async fn load(
+        &self,
+        hub: &gapless_core::hub::Hub,
+        channel: &str,
+    ) -> Result<Option<Stream>, JournalError> {
+        let cached = self.cached(channel);
+        if let Some(s) = &cached {
+            if !s.stale() {
+                return Ok(cached);
+            }
         }
-        map.insert(channel.to_owned(), stream);
-        Ok(())
+        let seen = cached
+            .as_ref()
+            .map_or(0, |s| s.changes.load(Ordering::Acquire));
+        let (stored, state) = hub.meta(channel).await?;
+        let Some(stored) = stored else {
+            if let Some(s) = cached {
+                self.forget(channel, &s).await;
+            }
+            return Ok(None);
+        };
+        if let Some(s) = cached {
+            let mut m = s.lock().await;
+            if !m.deleted && m.inc == stored.incarnation {
+                m.follow_epoch(state.epoch);
+                m.refresh(stored);
+                drop(m);
+                // Current unless the journal changed it again meanwhile.
+                s.read_at.fetch_max(seen, Ordering::AcqRel);
+                return Ok(Some(s));
+            }
+            drop(m);
+            self.forget(channel, &s).await;
+        }
+        Ok(Some(self.insert(channel, Meta::of(channel, stored, state))))
     }
 
-    /// The channels of every stream (the subscriptions' stream listing).
+    /// Caches `meta` as the stream on `channel` (replacing any other), and
+    /// returns it.
+    pub fn insert(&self, channel: &str, meta: Meta) -> Stream {
+        let stream = Arc::new(Entry::new(meta));
+        let mut map = self.map.lock();
+        if map.len() >= CACHED_STREAMS && !map.contains_key(channel) {
+            // Dropped: streams nobody holds now (read again when next used).
+            map.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        map.insert(channel.to_owned(), stream.clone());
+        stream
+    }
+
+    /// The journal changed the metadata of `channel`: the copy is stale.
+    /// Returns the cached stream when live readers wait on it (the caller
+    /// then reads it again, so they learn of a close or a deletion).
+    pub fn changed(&self, channel: &str) -> Option<Stream> {
+        let s = self.cached(channel)?;
+        s.changes.fetch_add(1, Ordering::AcqRel);
+        let watched = s
+            .meta
+            .try_lock()
+            .map_or(true, |m| m.closed_tx.receiver_count() > 0);
+        watched.then_some(s)
+    }
+
+    /// The channels of the cached streams (the subscriptions' pattern
+    /// matching: streams this node has served since it started).
     pub fn channels(&self) -> Vec<String> {
         self.map.lock().keys().cloned().collect()
     }
 
-    /// Every stream, with its channel.
-    pub fn all(&self) -> Vec<(String, Stream)> {
-        self.map
-            .lock()
-            .iter()
-            .map(|(c, s)| (c.clone(), s.clone()))
-            .collect()
-    }
-
-    /// Forgets the stream on `channel` if it is still `stream`.
-    pub fn remove(&self, channel: &str, stream: &Stream) {
+    /// Drops `stream` (on `channel`) from the cache, if it is still there.
+    pub fn drop_cached(&self, channel: &str, stream: &Stream) {
         let mut map = self.map.lock();
         if map.get(channel).is_some_and(|s| Arc::ptr_eq(s, stream)) {
             map.remove(channel);
         }
+    }
+
+    /// Drops `stream` (on `channel`) from the cache and ends its live
+    /// readers: its metadata is gone from the journal.
+    pub async fn forget(&self, channel: &str, stream: &Stream) {
+        self.drop_cached(channel, stream);
+        let mut m = stream.lock().await;
+        m.deleted = true;
+        m.announce(Life::Gone);
     }
 }
 

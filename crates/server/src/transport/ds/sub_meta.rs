@@ -18,7 +18,7 @@
 //! the channel a node starts reading from.
 
 use super::subscriptions::Sub;
-use super::{meta, Ds};
+use super::Ds;
 use crate::App;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -30,9 +30,19 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// A subscription's record is rewritten when more than this many records,
+/// plus twice the number of subscriptions, were appended after it (so
+/// rewriting every one never makes them all old again). The channel's count
+/// retention must keep more (docs/durable-streams.md, "Subscriptions").
+pub const COMPACT_EVENTS: u64 = 500;
+
+/// A subscription's record is rewritten when it is older than this, in
+/// milliseconds (10 minutes; the channel's age retention must be longer).
+pub const COMPACT_MS: u64 = 600_000;
+
 /// The reserved channel of the records. `/` is outside the channel
 /// alphabet, so gapless's own API refuses this name and no stream path maps
-/// to it (as [`meta::CHANNEL`]).
+/// to it (as the streams' side channel of older releases did).
 pub const CHANNEL: &str = "gapless/ds-subscriptions";
 
 /// How often a cluster node reads the records other nodes appended, in
@@ -444,8 +454,8 @@ pub async fn resign(app: &App, ds: &Ds) {
 }
 
 /// Rewrites the records of subscriptions that grew old (as `meta.rs` does
-/// for streams, with the same thresholds [`meta::COMPACT_EVENTS`] and
-/// [`meta::COMPACT_MS`]), so retention never evicts the only record of a
+/// for streams in older releases, with the thresholds [`COMPACT_EVENTS`] and
+/// [`COMPACT_MS`]), so retention never evicts the only record of a
 /// live subscription, and forgets deletions whose record was evicted.
 pub async fn compact(app: &App, ds: &Ds) {
     let Ok(st) = app.hub.state(CHANNEL).await else {
@@ -459,7 +469,7 @@ pub async fn compact(app: &App, ds: &Ds) {
         .map(|(k, e)| (k.clone(), e.clone()))
         .collect();
     let live = entries.iter().filter(|(_, e)| e.sub.is_some()).count() as u64;
-    let behind = meta::COMPACT_EVENTS + 2 * live;
+    let behind = COMPACT_EVENTS + 2 * live;
     let now = now_ms();
     for (key, e) in entries {
         if e.sub.is_none() {
@@ -471,7 +481,7 @@ pub async fn compact(app: &App, ds: &Ds) {
             }
             continue;
         }
-        if st.head.saturating_sub(e.seq) <= behind && now.saturating_sub(e.ms) <= meta::COMPACT_MS {
+        if st.head.saturating_sub(e.seq) <= behind && now.saturating_sub(e.ms) <= COMPACT_MS {
             continue;
         }
         let r = async {

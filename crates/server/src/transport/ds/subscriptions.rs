@@ -340,17 +340,6 @@ pub async fn handle(
         );
     }
     let base_url = base_url(app, &parts.headers, &root);
-    // In a cluster, streams another node made since the last read of their
-    // records are known before a subscription names or links them.
-    let names_streams = matches!(
-        (&method, op),
-        (&Method::PUT, "") | (&Method::POST, "streams")
-    );
-    if app.config.cluster && names_streams {
-        if let Err(e) = super::meta::catch_up(app, ds).await {
-            return api_error(e.into());
-        }
-    }
     match (&method, op) {
         (&Method::PUT, "") => create(app, ds, &grant, &root, id, base_url, body).await,
         (&Method::GET, "") => {
@@ -614,7 +603,7 @@ fn parse_config(app: &App, root: &str, v: &Value) -> Result<Config, Response> {
 /// A stream's offsets now: (start, tail). `None` when no stream is at the path.
 async fn offsets(app: &App, ds: &Ds, root: &str, rel: &str) -> Option<(String, String)> {
     let channel = names::channel_of(&full(root, rel)).ok()?;
-    let stream: Stream = ds.streams.get(&channel)?;
+    let stream: Stream = ds.streams.load(&app.hub, &channel).await.ok()??;
     let mut m = stream.lock().await;
     if m.deleted || m.soft_deleted {
         return None;
@@ -649,7 +638,7 @@ async fn create(
         if let Err(e) = grant.require(Action::Publish, &channel) {
             return e.into_response();
         }
-        if ds.streams.get(&channel).is_none() {
+        if !matches!(ds.streams.load(&app.hub, &channel).await, Ok(Some(_))) {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 "WAKE_STREAM_NOT_FOUND",
@@ -1184,7 +1173,9 @@ async fn append_wake(
     let channel = names::channel_of(&full(root, wake_stream)).map_err(|e| e.0)?;
     let stream = ds
         .streams
-        .get(&channel)
+        .load(&app.hub, &channel)
+        .await
+        .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no stream at {wake_stream:?}"))?;
     let m = stream.lock().await;
     if m.deleted || m.soft_deleted || m.closed {
