@@ -1131,3 +1131,49 @@ async fn a_deleted_stream_stays_deleted_while_other_requests_catch_up() {
     };
     tokio::join!(misses, deletes(0), deletes(1), deletes(2), deletes(3));
 }
+
+/// A closed stream's channel takes no more events from any transport: a
+/// Durable Streams close is the channel's, so gapless's own publish, batch
+/// and WebSocket publish are refused with `409 channel_closed` and nothing
+/// is appended after the closed tail (issue 28: before, they were stored
+/// after it). On the memory journal and the embedded store alike.
+#[tokio::test]
+async fn a_closed_stream_refuses_publishes_over_every_transport() {
+    for memory in [true, false] {
+        let s = if memory {
+            Server::memory(&[]).await
+        } else {
+            Server::start(&[]).await
+        };
+        let c = s.request("PUT", "/ds/done/1", &[JSON], r#"[{"n":1}]"#).await;
+        assert_eq!(c.status, 201, "{}", c.text);
+        let closed = s
+            .request("POST", "/ds/done/1", &[("stream-closed", "true")], "")
+            .await;
+        assert_eq!(closed.status, 204, "{}", closed.text);
+        let tail = closed.header("stream-next-offset").map(str::to_owned);
+        let one = s.post("/v1/channels/done~1/events", r#"{"n":2}"#, &[]).await;
+        one.expect_error(409, "channel_closed");
+        let batch = s
+            .batch("done~1", &json!([{"data": "3"}, {"data": "4"}]), &[])
+            .await;
+        batch.expect_error(409, "channel_closed");
+        let mut ws = Ws::channels(&s).await;
+        ws.send(&json!({"op": "publish", "id": 7, "channel": "done~1", "data": "5"}))
+            .await;
+        let reply = loop {
+            match ws.recv(Duration::from_secs(10)).await {
+                Some(Msg::Json(v)) if v["id"] == 7 => break v,
+                Some(Msg::Json(_)) => continue,
+                other => panic!("no reply to the publish: {other:?}"),
+            }
+        };
+        assert_eq!(reply["op"], "error", "{reply}");
+        assert_eq!(reply["code"], "channel_closed", "{reply}");
+        let read = s.request("GET", "/ds/done/1?offset=-1", &[], "").await;
+        assert_eq!(read.json, json!([{"n":1}]), "memory: {memory}");
+        assert_eq!(read.header("stream-closed"), Some("true"));
+        assert_eq!(read.header("stream-next-offset").map(str::to_owned), tail);
+        assert_eq!(s.all_data("done~1").await, vec![r#"{"n":1}"#]);
+    }
+}
