@@ -10,7 +10,7 @@
 //! `Stream-Seq` state, also after a second restart.
 
 use gapless_testkit::redis::Redis;
-use gapless_testkit::server::Opts;
+use gapless_testkit::Opts;
 use gapless_testkit::{copy_dir, Server};
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 //! A server reads the channel back at its start ([`catch_up`]) and, in
 //! cluster mode, every node keeps following it, so subscriptions survive a
 //! restart and are the same on every node. docs/durable-streams.md,
-//! "Subscriptions", gives the design; `meta.rs` does the same for streams.
+//! "Subscriptions", gives the design (older releases kept streams' metadata the same way).
 //!
 //! A record is the whole state of one subscription (or a deletion) with its
 //! version: version `n + 1` is appended with the journal idempotency key
@@ -453,7 +453,7 @@ pub async fn resign(app: &App, ds: &Ds) {
     let _ = append(app, &rec, &idempotency_key(None, ver + 1)).await;
 }
 
-/// Rewrites the records of subscriptions that grew old (as `meta.rs` does
+/// Rewrites the records of subscriptions that grew old (as older releases did
 /// for streams in older releases, with the thresholds [`COMPACT_EVENTS`] and
 /// [`COMPACT_MS`]), so retention never evicts the only record of a
 /// live subscription, and forgets deletions whose record was evicted.
