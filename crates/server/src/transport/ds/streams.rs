@@ -256,6 +256,21 @@ impl Entry {
         self.meta.lock().await
     }
 
+    /// How many metadata changes the journal has reported for the stream.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Marks the copy current when the journal has reported exactly
+    /// `expected` changes: the caller made the last of them and took its
+    /// result into the copy (held locked), so no other change is missing.
+    /// Any other count leaves it stale (read again at its next use).
+    pub fn current_if(&self, expected: u64) {
+        if self.changes.load(Ordering::Acquire) == expected {
+            self.read_at.fetch_max(expected, Ordering::AcqRel);
+        }
+    }
+
     /// Whether the journal changed the metadata since the copy was read.
     fn stale(&self) -> bool {
         self.changes.load(Ordering::Acquire) != self.read_at.load(Ordering::Acquire)

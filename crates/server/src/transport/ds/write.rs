@@ -321,6 +321,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         };
         (change, meta.inc)
     };
+    let before = stream.changes();
     let changed = match ctx.app.hub.change(&ctx.channel, change).await {
         Ok(c) => c,
         Err(e) => {
@@ -333,6 +334,11 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
     }
     if let Some(stored) = changed.meta.clone() {
         meta.refresh(stored);
+        if matches!(changed.outcome, Outcome::Appended(_)) {
+            // This append's own change (the journal reports it before it
+            // answers, here): the copy is current unless another came too.
+            stream.current_if(before + 1);
+        }
     }
     answer(&ctx, &stream, &mut meta, &ask, changed.outcome).await
 }
