@@ -25,7 +25,13 @@ async fn node(redis: &Redis) -> Server {
 }
 
 /// Sends `req` until it is answered other than 503 (Redis coming back).
-async fn settled(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+async fn settled(
+    s: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let t0 = Instant::now();
     loop {
         let r = s.request(method, path, headers, body).await;
@@ -48,7 +54,12 @@ async fn a_redis_that_lost_its_data_gives_one_answer_and_loses_nothing_acknowled
     let mut redis = Redis::start_with(&["--appendonly", "no", "--save", ""]).await;
     let (a, b) = (node(&redis).await, node(&redis).await);
     assert_eq!(a.request("PUT", "/ds/lost", &[J], "").await.status, 201);
-    assert_eq!(a.request("POST", "/ds/lost", &[J], r#"{"n":1}"#).await.status, 204);
+    assert_eq!(
+        a.request("POST", "/ds/lost", &[J], r#"{"n":1}"#)
+            .await
+            .status,
+        204
+    );
     assert_eq!(b.request("HEAD", "/ds/lost", &[], "").await.status, 200);
     // Every key gone, as a Redis restarted without persistence.
     redis.restart().await;
@@ -70,7 +81,10 @@ async fn a_redis_that_lost_its_data_gives_one_answer_and_loses_nothing_acknowled
             other => panic!("append {i}: {other} {text}"),
         }
     }
-    assert!(acknowledged.len() >= 8, "at most the first append per node refused: {acknowledged:?}");
+    assert!(
+        acknowledged.len() >= 8,
+        "at most the first append per node refused: {acknowledged:?}"
+    );
     for s in [&a, &b] {
         let read = s.request("GET", "/ds/lost?offset=-1", &[], "").await;
         assert_eq!(read.json, Value::Array(acknowledged.clone()));

@@ -47,7 +47,10 @@ async fn streams_as_written(s: &Server, want: &Value) {
         (closed.text.as_str(), closed.header("stream-closed")),
         ("x", Some("true"))
     );
-    assert_eq!(s.request("GET", &read("fork"), &[], "").await.text, "s1s2f1");
+    assert_eq!(
+        s.request("GET", &read("fork"), &[], "").await.text,
+        "s1s2f1"
+    );
     assert_eq!(s.request("GET", &read("src"), &[], "").await.status, 410);
     assert_eq!(s.request("GET", &read("gone"), &[], "").await.status, 404);
 }
@@ -64,12 +67,18 @@ async fn guards_as_written(s: &Server) {
             ("producer-seq", seq),
         ]
     };
-    let dup = s.request("POST", "/ds/json", &prod("2"), r#"{"n":2}"#).await;
+    let dup = s
+        .request("POST", "/ds/json", &prod("2"), r#"{"n":2}"#)
+        .await;
     assert_eq!(dup.status, 204, "a retry of seq 2: {}", dup.text);
-    let gap = s.request("POST", "/ds/json", &prod("5"), r#"{"n":5}"#).await;
+    let gap = s
+        .request("POST", "/ds/json", &prod("5"), r#"{"n":5}"#)
+        .await;
     assert_eq!(gap.status, 409, "a gap: {}", gap.text);
     assert_eq!(gap.header("producer-expected-seq"), Some("3"));
-    let next = s.request("POST", "/ds/json", &prod("3"), r#"{"n":3}"#).await;
+    let next = s
+        .request("POST", "/ds/json", &prod("3"), r#"{"n":3}"#)
+        .await;
     assert_eq!(next.status, 200, "seq 3: {}", next.text);
     let again = s
         .request("POST", "/ds/seq", &[T, ("stream-seq", "002")], "s2")
@@ -111,7 +120,10 @@ async fn a_data_directory_of_the_release_with_the_side_channel_opens_unchanged()
         )
         .await;
     assert_eq!(dup.status, 204, "after a restart: {}", dup.text);
-    assert_eq!(s.request("GET", "/ds/fork?offset=-1", &[], "").await.text, "s1s2f1");
+    assert_eq!(
+        s.request("GET", "/ds/fork?offset=-1", &[], "").await.text,
+        "s1s2f1"
+    );
     assert!(
         s.log().contains("moved from gapless/ds-streams"),
         "the first start says it moved the records"
@@ -159,5 +171,9 @@ async fn a_redis_written_by_the_release_with_the_side_channel_opens_unchanged() 
             r#"{"n":3}"#,
         )
         .await;
-    assert_eq!(dup.status, 204, "the other node sees the append: {}", dup.text);
+    assert_eq!(
+        dup.status, 204,
+        "the other node sees the append: {}",
+        dup.text
+    );
 }

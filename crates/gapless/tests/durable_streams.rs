@@ -1145,14 +1145,18 @@ async fn a_closed_stream_refuses_publishes_over_every_transport() {
         } else {
             Server::start(&[]).await
         };
-        let c = s.request("PUT", "/ds/done/1", &[JSON], r#"[{"n":1}]"#).await;
+        let c = s
+            .request("PUT", "/ds/done/1", &[JSON], r#"[{"n":1}]"#)
+            .await;
         assert_eq!(c.status, 201, "{}", c.text);
         let closed = s
             .request("POST", "/ds/done/1", &[("stream-closed", "true")], "")
             .await;
         assert_eq!(closed.status, 204, "{}", closed.text);
         let tail = closed.header("stream-next-offset").map(str::to_owned);
-        let one = s.post("/v1/channels/done~1/events", r#"{"n":2}"#, &[]).await;
+        let one = s
+            .post("/v1/channels/done~1/events", r#"{"n":2}"#, &[])
+            .await;
         one.expect_error(409, "channel_closed");
         let batch = s
             .batch("done~1", &json!([{"data": "3"}, {"data": "4"}]), &[])

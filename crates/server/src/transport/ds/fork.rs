@@ -361,6 +361,17 @@ async fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
     })
 }
 
+/// What a fork is made of: its source's state when the fork is planned.
+struct Source {
+    layout: Arc<Layout>,
+    epoch: Epoch,
+    content_type: String,
+    ttl_s: Option<u64>,
+    expires_at: Option<(String, u64)>,
+    json: bool,
+    inc: u64,
+}
+
 /// Validates a fork request (`PUT` with `Stream-Forked-From`) against its
 /// source: the source exists and is not soft-deleted (404, 409), the
 /// caller may read it, the content type matches (409), the fork point is
@@ -393,6 +404,60 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             "Stream-Fork-Sub-Offset above 0 needs a Stream-Fork-Offset to count from",
         ));
     }
+    let src = source(ctx, from, &source_ch).await?;
+    if let Some(ct_req) = content_type {
+        if media_type(ct_req) != media_type(&src.content_type) {
+            return Err(error(
+                StatusCode::CONFLICT,
+                "content_type_mismatch",
+                format!(
+                    "Content-Type {ct_req:?} differs from the source stream's {:?}",
+                    src.content_type
+                ),
+            ));
+        }
+    }
+    if src.layout.depth() >= MAX_DEPTH {
+        return Err(bad(
+            "invalid_fork",
+            format!("the source is already {MAX_DEPTH} forks deep; fork a shallower stream"),
+        ));
+    }
+    let head = tail(&ctx.app, &src.layout)
+        .await
+        .map_err(|e| super::api_error(e.into()))?;
+    let at = fork_point(
+        offset_header.as_deref(),
+        head,
+        src.layout.start(),
+        src.epoch,
+    )?;
+    let (origin, prefix) = if sub > 0 {
+        sub_offset(ctx, &src, at, sub, head).await?
+    } else {
+        (at, None)
+    };
+    Ok(Plan {
+        source_inc: src.inc,
+        fork_of: ForkOrigin {
+            source: source_ch,
+            at,
+            sub,
+        },
+        offset_given: offset_header.is_some(),
+        parent: src.layout,
+        origin,
+        epoch: src.epoch,
+        content_type: src.content_type,
+        ttl_s: src.ttl_s,
+        expires_at: src.expires_at,
+        prefix,
+    })
+}
+
+/// The source stream on `source_ch` (named `from` by the request), unless
+/// it is absent or expired (404) or soft-deleted (409).
+async fn source(ctx: &Ctx, from: &str, source_ch: &str) -> Result<Source, Response> {
     let not_found = || {
         error(
             StatusCode::NOT_FOUND,
@@ -403,61 +468,51 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     let source = ctx
         .ds
         .streams
-        .load(&ctx.app.hub, &source_ch)
+        .load(&ctx.app.hub, source_ch)
         .await
         .map_err(|e| super::api_error(e.into()))?
         .ok_or_else(not_found)?;
-    let (parent, epoch, ct, ttl_s, expires_at, json, source_inc) = {
-        let mut m = source.lock().await;
-        if m.deleted {
-            return Err(not_found());
-        }
-        if m.soft_deleted {
-            return Err(error(
-                StatusCode::CONFLICT,
-                "stream_deleted",
-                format!(
-                    "the source stream {from:?} was deleted and is kept only for its forks; \
-                     it cannot be forked again"
-                ),
-            ));
-        }
-        if m.expired(gapless_core::journal::now_ms()) {
-            return Err(not_found());
-        }
-        // A source whose channel was purged is forked from its new epoch.
-        synced_tail(&ctx.app, &mut m)
-            .await
-            .map_err(|e| super::api_error(e.into()))?;
-        (
-            m.layout.clone(),
-            m.epoch,
-            m.content_type.clone(),
-            m.ttl_s,
-            m.expires_at.clone(),
-            m.is_json(),
-            m.inc,
-        )
-    };
-    if let Some(ct_req) = content_type {
-        if media_type(ct_req) != media_type(&ct) {
-            return Err(error(
-                StatusCode::CONFLICT,
-                "content_type_mismatch",
-                format!("Content-Type {ct_req:?} differs from the source stream's {ct:?}"),
-            ));
-        }
+    let mut m = source.lock().await;
+    if m.deleted {
+        return Err(not_found());
     }
-    if parent.depth() >= MAX_DEPTH {
-        return Err(bad(
-            "invalid_fork",
-            format!("the source is already {MAX_DEPTH} forks deep; fork a shallower stream"),
+    if m.soft_deleted {
+        return Err(error(
+            StatusCode::CONFLICT,
+            "stream_deleted",
+            format!(
+                "the source stream {from:?} was deleted and is kept only for its forks; \
+                 it cannot be forked again"
+            ),
         ));
     }
-    let journal = |e: JournalError| super::api_error(e.into());
-    let head = tail(&ctx.app, &parent).await.map_err(journal)?;
-    let start = parent.start();
-    let at = match &offset_header {
+    if m.expired(gapless_core::journal::now_ms()) {
+        return Err(not_found());
+    }
+    // A source whose channel was purged is forked from its new epoch.
+    synced_tail(&ctx.app, &mut m)
+        .await
+        .map_err(|e| super::api_error(e.into()))?;
+    Ok(Source {
+        layout: m.layout.clone(),
+        epoch: m.epoch,
+        content_type: m.content_type.clone(),
+        ttl_s: m.ttl_s,
+        expires_at: m.expires_at.clone(),
+        json: m.is_json(),
+        inc: m.inc,
+    })
+}
+
+/// The fork point `Stream-Fork-Offset` names (`None`: the source's tail,
+/// `head`), within the source's `start` and tail, in its offsets' `epoch`.
+fn fork_point(
+    offset_header: Option<&str>,
+    head: u64,
+    start: u64,
+    epoch: Epoch,
+) -> Result<u64, Response> {
+    Ok(match offset_header {
         None => head,
         Some(v) => match parse_offset(Some(v.trim())) {
             Err(m) => return Err(bad("invalid_offset", format!("Stream-Fork-Offset: {m}"))),
@@ -486,10 +541,25 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
                 seq
             }
         },
-    };
+    })
+}
+
+/// The fork's origin and first own message for `Stream-Fork-Sub-Offset`
+/// `sub` (above 0) after fork point `at`: in JSON mode `sub` more messages
+/// are inherited; otherwise `sub` bytes of the next message, the rest of
+/// which becomes the fork's first own message.
+async fn sub_offset(
+    ctx: &Ctx,
+    src: &Source,
+    at: u64,
+    sub: u64,
+    head: u64,
+) -> Result<(u64, Option<Payload>), Response> {
+    let journal = |e: JournalError| super::api_error(e.into());
+    let (parent, json) = (&src.layout, src.json);
     let mut origin = at;
     let mut prefix = None;
-    if sub > 0 {
+    {
         if json {
             // JSON mode: `sub` more messages are inherited.
             if at.saturating_add(sub) > head {
@@ -505,7 +575,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             origin = at + sub;
         } else {
             // Other types: `sub` bytes of the next message are inherited.
-            let next = match read(&ctx.app, &parent, at, at + 1, 1, usize::MAX).await {
+            let next = match read(&ctx.app, parent, at, at + 1, 1, usize::MAX).await {
                 Ok((evs, _)) => evs.into_iter().next(),
                 Err(ReadError::Gone) => {
                     return Err(error(
@@ -556,22 +626,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             }
         }
     }
-    Ok(Plan {
-        source_inc,
-        fork_of: ForkOrigin {
-            source: source_ch,
-            at,
-            sub,
-        },
-        offset_given: offset_header.is_some(),
-        parent,
-        origin,
-        epoch,
-        content_type: ct,
-        ttl_s,
-        expires_at,
-        prefix,
-    })
+    Ok((origin, prefix))
 }
 
 #[cfg(test)]
