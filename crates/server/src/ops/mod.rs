@@ -19,7 +19,11 @@
 //!   subscription, what ends a stream (shutdown, token expiry), its timer's
 //!   period (heartbeat) and the one clock SSE streams share
 //!   ([`StreamClock`]), the accounting of each delivery;
-//! - [`stream_log`]: what a stream sent and why it ended, its log line.
+//! - [`stream_log`]: what a stream sent and why it ended, its log line;
+//! - [`streams`]: Durable Streams streams over the journal's channel
+//!   metadata: the node's cache, their layout and stitched reads, their
+//!   lifecycle (deletion, soft deletion, the fork cascade) and the upgrade
+//!   from the side channel of older releases.
 //!
 //! A transport reads its wire into these calls and writes their answers in
 //! its own shape; a refusal is an [`ApiError`](crate::error::ApiError) whose
@@ -36,5 +40,6 @@ pub(crate) mod sessions;
 pub(crate) mod start;
 pub(crate) mod stream;
 pub(crate) mod stream_log;
+pub mod streams;
 
 pub use stream::Clock as StreamClock;

@@ -215,7 +215,7 @@ async fn existing(ctx: &Ctx, ask: &Ask) -> Result<Option<Response>, Response> {
     }
     if old.soft_deleted || old.expired(now_ms()) {
         drop(old);
-        return match end(&ctx.app, &ctx.ds, &ctx.channel, &s).await {
+        return match end(&ctx.app, &ctx.ds.streams, &ctx.channel, &s).await {
             Ok(Ended::Forgotten) => Ok(None),
             Ok(Ended::Soft) => Err(error(
                 StatusCode::CONFLICT,

@@ -29,7 +29,6 @@ pub mod read;
 pub mod streams;
 pub mod sub_meta;
 pub mod subscriptions;
-pub mod upgrade;
 pub mod webhook;
 pub mod write;
 
@@ -54,7 +53,7 @@ pub struct Ds {
     /// The subscriptions (the reserved `__ds/` APIs).
     pub subs: subscriptions::Subscriptions,
     /// Set once the side channel of older releases was read and emptied
-    /// ([`upgrade`]).
+    /// (`ops::streams::upgrade`).
     pub upgraded: tokio::sync::OnceCell<()>,
 }
 
@@ -230,11 +229,11 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
 }
 
 /// Moves the metadata an older release kept in its side channel into each
-/// stream's channel, once, at the first request ([`upgrade`]); 503 while
+/// stream's channel, once, at the first request (`ops::streams::upgrade`); 503 while
 /// the journal cannot be read.
 async fn ready(app: &Arc<App>, ds: &Arc<Ds>) -> Result<(), Response> {
     ds.upgraded
-        .get_or_try_init(|| async { upgrade::run(app).await.map(|_| ()) })
+        .get_or_try_init(|| async { crate::ops::streams::upgrade::run(app).await.map(|_| ()) })
         .await
         .map(|_| ())
         .map_err(|e| api_error(e.into()))
