@@ -7,6 +7,7 @@ pub mod hub;
 pub mod journal;
 pub mod memory;
 pub mod meta;
+pub mod meta_log;
 pub mod namespace;
 pub mod presence;
 pub mod session;

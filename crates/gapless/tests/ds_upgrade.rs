@@ -27,16 +27,28 @@ fn offsets(file: &str) -> Value {
 const T: (&str, &str) = ("content-type", "text/plain");
 const J: (&str, &str) = ("content-type", "application/json");
 
-/// Checks every stream of the fixture against what the old release answered.
-async fn streams_as_written(s: &Server, want: &Value) {
-    for name in ["plain", "json", "seq", "closed", "fork"] {
+/// Checks every stream of the fixture against what the old release
+/// answered: the same tail offsets (`exact`), or the same positions in new
+/// epochs (a Redis restored from a dump: docs/cluster.md, "Loss in Redis is
+/// never silent", starts new epochs for what it cannot vouch for).
+async fn streams_as_written(s: &Server, want: &Value, exact: bool) {
+    let seq = |o: Option<&str>| o.and_then(|o| o.split_once('_')).map(|(_, s)| s.to_owned());
+    // A fork whose own channel starts a new epoch becomes a plain stream of
+    // it (docs/durable-streams.md, "Purge"), as in the older release.
+    let names: &[&str] = if exact {
+        &["plain", "json", "seq", "closed", "fork"]
+    } else {
+        &["plain", "json", "seq", "closed"]
+    };
+    for name in names {
         let head = s.request("HEAD", &format!("/ds/{name}"), &[], "").await;
         assert_eq!(head.status, 200, "HEAD /ds/{name}");
-        assert_eq!(
-            head.header("stream-next-offset"),
-            want[name].as_str(),
-            "the tail of /ds/{name}"
-        );
+        let got = head.header("stream-next-offset");
+        if exact {
+            assert_eq!(got, want[name].as_str(), "the tail of /ds/{name}");
+        } else {
+            assert_eq!(seq(got), seq(want[name].as_str()), "the tail of /ds/{name}");
+        }
     }
     let read = |p: &str| format!("/ds/{p}?offset=-1");
     assert_eq!(s.request("GET", &read("plain"), &[], "").await.text, "ab");
@@ -47,10 +59,8 @@ async fn streams_as_written(s: &Server, want: &Value) {
         (closed.text.as_str(), closed.header("stream-closed")),
         ("x", Some("true"))
     );
-    assert_eq!(
-        s.request("GET", &read("fork"), &[], "").await.text,
-        "s1s2f1"
-    );
+    let fork = s.request("GET", &read("fork"), &[], "").await.text;
+    assert_eq!(fork, if exact { "s1s2f1" } else { "f1" });
     assert_eq!(s.request("GET", &read("src"), &[], "").await.status, 410);
     assert_eq!(s.request("GET", &read("gone"), &[], "").await.status, 404);
 }
@@ -101,8 +111,12 @@ async fn a_data_directory_of_the_release_with_the_side_channel_opens_unchanged()
     })
     .await;
     let want = offsets("offsets.json");
-    streams_as_written(&s, &want).await;
+    streams_as_written(&s, &want, true).await;
     guards_as_written(&s).await;
+    assert!(
+        s.log().contains("moved from gapless/ds-streams"),
+        "the first start says it moved the records"
+    );
     // The side channel is gone; the metadata now lives with each channel.
     s.kill9().await;
     s.restart().await;
@@ -123,10 +137,6 @@ async fn a_data_directory_of_the_release_with_the_side_channel_opens_unchanged()
     assert_eq!(
         s.request("GET", "/ds/fork?offset=-1", &[], "").await.text,
         "s1s2f1"
-    );
-    assert!(
-        s.log().contains("moved from gapless/ds-streams"),
-        "the first start says it moved the records"
     );
 }
 
@@ -155,8 +165,8 @@ async fn a_redis_written_by_the_release_with_the_side_channel_opens_unchanged() 
         b.request("HEAD", "/ds/plain", &[], "")
     );
     assert_eq!((ra.status, rb.status), (200, 200));
-    streams_as_written(&a, &want).await;
-    streams_as_written(&b, &want).await;
+    streams_as_written(&a, &want, false).await;
+    streams_as_written(&b, &want, false).await;
     guards_as_written(&b).await;
     let dup = a
         .request(

@@ -164,6 +164,8 @@ impl Default for RedisOptions {
 pub struct RedisJournal {
     inner: Arc<Inner>,
     tasks: CancellationToken,
+    /// Channel metadata as records (`gapless_core::meta_log`).
+    meta_log: gapless_core::meta_log::MetaLog,
 }
 
 pub(crate) struct Inner {
@@ -243,7 +245,11 @@ impl RedisJournal {
         if inner.opts.keepalive_ms > 0 {
             tokio::spawn(keepalive(inner.clone(), tasks.clone()));
         }
-        Ok(RedisJournal { inner, tasks })
+        Ok(RedisJournal {
+            inner,
+            tasks,
+            meta_log: Default::default(),
+        })
     }
 
     /// Reads the Redis settings that durability depends on, sets the
@@ -564,28 +570,8 @@ fn epoch_of(v: Option<&Value>) -> Option<Epoch> {
 }
 
 #[async_trait]
-impl Journal for RedisJournal {
-    // Channel metadata: being built (issue 28); refused until then.
-    async fn meta(
-        &self,
-        _channel: &str,
-    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
-        Err(JournalError::Storage(
-            "channel metadata is not implemented in this journal yet".into(),
-        ))
-    }
-
-    async fn change(
-        &self,
-        _channel: &str,
-        _change: gapless_core::meta::Change,
-    ) -> Result<gapless_core::meta::Changed, JournalError> {
-        Err(JournalError::Storage(
-            "channel metadata is not implemented in this journal yet".into(),
-        ))
-    }
-
-    async fn append(
+impl gapless_core::meta_log::RawAppend for RedisJournal {
+    async fn append_raw(
         &self,
         channel: &str,
         events: Vec<NewEvent>,
@@ -625,6 +611,44 @@ impl Journal for RedisJournal {
             .deliver_local(channel, state, committed, held)
             .await;
         Ok(appended)
+    }
+}
+
+#[async_trait]
+impl Journal for RedisJournal {
+    /// The channel's metadata as records of its metadata channel
+    /// (`gapless_core::meta_log`), read from Redis.
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
+        self.meta_log.meta(self, channel).await
+    }
+
+    /// Decided under a per-channel lock of this node and written as two
+    /// appends (`gapless_core::meta_log`).
+    async fn change(
+        &self,
+        channel: &str,
+        change: gapless_core::meta::Change,
+    ) -> Result<gapless_core::meta::Changed, JournalError> {
+        self.meta_log.change(self, channel, change).await
+    }
+
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        use gapless_core::meta_log::RawAppend;
+        self.meta_log
+            .unless_closed(
+                self,
+                channel,
+                self.append_raw(channel, events, idempotency_key),
+            )
+            .await
     }
 
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {

@@ -85,6 +85,8 @@ pub struct EmbeddedJournal {
     inbox: Arc<Inbox>,
     closed: AtomicBool,
     writer: Option<JoinHandle<()>>,
+    /// Channel metadata as records (`gapless_core::meta_log`).
+    meta_log: gapless_core::meta_log::MetaLog,
 }
 
 impl EmbeddedJournal {
@@ -191,6 +193,7 @@ impl EmbeddedJournal {
             inbox,
             closed: AtomicBool::new(false),
             writer: Some(writer),
+            meta_log: Default::default(),
         })
     }
 
@@ -221,28 +224,8 @@ impl EmbeddedJournal {
 }
 
 #[async_trait]
-impl Journal for EmbeddedJournal {
-    // Channel metadata: being built (issue 28); refused until then.
-    async fn meta(
-        &self,
-        _channel: &str,
-    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
-        Err(JournalError::Storage(
-            "channel metadata is not implemented in this journal yet".into(),
-        ))
-    }
-
-    async fn change(
-        &self,
-        _channel: &str,
-        _change: gapless_core::meta::Change,
-    ) -> Result<gapless_core::meta::Changed, JournalError> {
-        Err(JournalError::Storage(
-            "channel metadata is not implemented in this journal yet".into(),
-        ))
-    }
-
-    async fn append(
+impl gapless_core::meta_log::RawAppend for EmbeddedJournal {
+    async fn append_raw(
         &self,
         channel: &str,
         events: Vec<NewEvent>,
@@ -259,6 +242,44 @@ impl Journal for EmbeddedJournal {
             reply,
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Journal for EmbeddedJournal {
+    /// The channel's metadata as records of its metadata channel
+    /// (`gapless_core::meta_log`).
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
+        self.meta_log.meta(self, channel).await
+    }
+
+    /// Decided under a per-channel lock and written as two appends
+    /// (`gapless_core::meta_log`).
+    async fn change(
+        &self,
+        channel: &str,
+        change: gapless_core::meta::Change,
+    ) -> Result<gapless_core::meta::Changed, JournalError> {
+        self.meta_log.change(self, channel, change).await
+    }
+
+    async fn append(
+        &self,
+        channel: &str,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Appended, JournalError> {
+        use gapless_core::meta_log::RawAppend;
+        self.meta_log
+            .unless_closed(
+                self,
+                channel,
+                self.append_raw(channel, events, idempotency_key),
+            )
+            .await
     }
 
     /// Pages of up to [`DIRECT_READ_LIMIT`] events are read on the calling task

@@ -9,6 +9,22 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 
+/// The stream on the context's channel for an append: the cached copy as
+/// it is when there is one (an append needs only what never changes within
+/// an incarnation, and what is final once true: the journal decides the
+/// rest), so an append goes from its arrival to the journal's per-channel
+/// order without waiting on a read; else as [`lookup`].
+pub(super) async fn lookup_for_append(ctx: &Ctx) -> Result<Stream, Response> {
+    if let Some(s) = ctx.ds.streams.cached(&ctx.channel) {
+        let m = s.lock().await;
+        if !m.deleted && !m.soft_deleted && !m.expired(now_ms()) {
+            drop(m);
+            return Ok(s);
+        }
+    }
+    lookup(ctx).await
+}
+
 /// The stream on the context's channel, unless it is absent, expired (an
 /// expired one is ended here: forgotten, or soft-deleted while forks use
 /// it) or soft-deleted (410, PROTOCOL.md 4.2).

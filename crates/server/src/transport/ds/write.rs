@@ -11,7 +11,7 @@
 //! (a producer's pipelined seqs all land), one write each, and a crash can
 //! never keep an append without its producer state, or the reverse.
 
-use super::lifecycle::lookup;
+use super::lifecycle::lookup_for_append;
 use super::names::offset;
 use super::streams::{self, media_type, Life, Meta, Stream};
 use super::{api_error, empty, error, set, Ctx};
@@ -264,7 +264,7 @@ struct Ask {
 /// producers' retries and refuses `Stream-Seq` regressions: one journal
 /// change (module doc).
 pub async fn append(ctx: Ctx, body: Body) -> Response {
-    let stream = match lookup(&ctx).await {
+    let stream = match lookup_for_append(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,
     };
