@@ -87,6 +87,14 @@ impl MetaLog {
         locks.entry(channel.to_owned()).or_default().clone()
     }
 
+    /// Whether a change of `channel` holds or waits for its lock now.
+    fn changing(&self, channel: &str) -> bool {
+        self.locks
+            .lock()
+            .get(channel)
+            .is_some_and(|l| Arc::strong_count(l) > 1)
+    }
+
     fn remember(&self, channel: &str, meta: Option<&ChannelMeta>) {
         let mut known = self.has_meta.lock();
         if known.len() >= REMEMBERED {
@@ -196,7 +204,7 @@ impl MetaLog {
         let known = self.has_meta.lock().get(channel).copied();
         match known {
             // Known to have no metadata, and not being changed: as is.
-            Some(false) if !self.locks.lock().contains_key(channel) => append.await,
+            Some(false) if !self.changing(channel) => append.await,
             _ => {
                 let lock = self.lock_of(channel);
                 let _shared = lock.read().await;
