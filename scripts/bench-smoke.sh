@@ -50,7 +50,7 @@ run() {
     echo "bench-smoke: FAILED: $*" >&2
     exit 1
   }
-  grep -E 'counts|deliveries |events_acked|events_read|joins_delivered|leaves_delivered' "$WORK/out.txt" | sed 's/^ */   /'
+  grep -E 'counts|deliveries |events_acked|events_read|joins_delivered|leaves_delivered|streams_created|appends_acked' "$WORK/out.txt" | sed 's/^ */   /'
 }
 
 run idle --subs 4 --hold-ms 50
@@ -90,6 +90,9 @@ run --kind gapless-ds --ds-type text channels --channels 2 --subs-per-channel 2 
 run --kind gapless-ds storm --subs 3 --behind 10 --linger-ms 100
 run --kind gapless-ds publish --publishers 4 --events 40
 run --kind gapless-ds history --events 120 --publishers 4
+# Many streams: created, two appends each with idempotent-producer headers (every answer 200)
+# and two plain ones, a sample read back exactly and in order.
+run --kind gapless-ds streams --streams 50 --appends-per-stream 2 --connections 4 --check-sample 20 --settle-ms 0
 
 # The sweep driver (bench/sweep.sh, via bench/compare: a fresh server per point) at two points
 # per sweep, on gapless's own API and its Durable Streams paths: every point's counts exact, and
@@ -155,4 +158,4 @@ IDLE=8 BATCHES=2 STAGGER_MS=100 HEARTBEAT_MS=400 SUBS=3 RATE=20 SECS=1 OUT="$WOR
 grep -q '| counts | exact |' "$WORK/herd.txt" || {
   echo "bench-smoke: bench/herd.sh's fan-out was not exact" >&2; cat "$WORK/herd.txt" >&2; exit 1; }
 echo "   herd: exact"
-echo "bench-smoke: 29 scenario runs, a 12-run sweep and the heartbeat-burst run exact"
+echo "bench-smoke: 30 scenario runs, a 12-run sweep and the heartbeat-burst run exact"

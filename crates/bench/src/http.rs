@@ -500,6 +500,25 @@ impl Client {
     /// # Errors
     /// Connect, write or read failures, or a malformed answer.
     pub async fn call_full(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<Answer> {
+        self.exchange(request, body, false).await
+    }
+
+    /// Sends a `HEAD` request (built by [`request`]) and reads its answer, which has no
+    /// body whatever its `Content-Length` says (RFC 9110 9.3.2).
+    ///
+    /// # Errors
+    /// Connect, write or read failures, or a malformed answer.
+    pub async fn head(&mut self, request: &[u8]) -> Result<Answer> {
+        let mut body = Vec::new();
+        self.exchange(request, &mut body, true).await
+    }
+
+    async fn exchange(
+        &mut self,
+        request: &[u8],
+        body: &mut Vec<u8>,
+        no_body: bool,
+    ) -> Result<Answer> {
         body.clear();
         let conn = match &mut self.conn {
             Some(c) => c,
@@ -508,6 +527,12 @@ impl Client {
         let result = async {
             conn.send(request).await?;
             let mut head = conn.read_head().await?;
+            if no_body {
+                head.body = BodyDecoder {
+                    framing: Framing::Length(0),
+                    done: true,
+                };
+            }
             conn.read_body(&mut head.body, body).await?;
             let close = head.close || !head.body.done();
             let answer = Answer {

@@ -20,6 +20,7 @@ mod publisher;
 mod report;
 mod scale;
 mod scenario;
+mod streams;
 mod sub;
 mod sweep;
 mod ws;
@@ -201,6 +202,13 @@ enum Command {
     /// N subscribers of one channel; E events, each published alone once all have the one
     /// before: time until the last subscriber has it, p50/p99 across subscribers.
     Burst(scale::BurstArgs),
+    /// N Durable Streams created, then A appends each with idempotent-producer headers and
+    /// as many without (the plain baseline; `--kind gapless`: plain publishes only): server
+    /// CPU per create and per append, RSS per stream, a sample read back exactly.
+    Streams(streams::StreamsArgs),
+    /// After `streams --probe-file` and a server restart (`bench/compare`): time until the
+    /// probe stream's `HEAD` answers 200 with its offset; added to the last `--json` record.
+    RestartProbe(streams::RestartProbeArgs),
     /// Draw the percentile curve of the last result of each file as an SVG.
     Plot {
         /// The SVG file to write.
@@ -315,6 +323,11 @@ fn real_main() -> Result<bool> {
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
+    if let Command::RestartProbe(a) = &cli.command {
+        let exact = runtime.block_on(streams::restart_probe(&cli.common, a))?;
+        runtime.shutdown_background();
+        return Ok(exact);
+    }
     let ctx = scenario::Ctx::new(&cli.common)?;
     let record = runtime.block_on(async {
         match &cli.command {
@@ -327,7 +340,11 @@ fn real_main() -> Result<bool> {
             Command::Presence(a) => presence::presence(&cli.common, a).await,
             Command::Multi(a) => scale::multi(&ctx, a).await,
             Command::Burst(a) => scale::burst(&ctx, a).await,
-            Command::Compare { .. } | Command::Plot { .. } | Command::PlotSweep { .. } => {
+            Command::Streams(a) => streams::streams(&ctx, a).await,
+            Command::Compare { .. }
+            | Command::Plot { .. }
+            | Command::PlotSweep { .. }
+            | Command::RestartProbe(_) => {
                 unreachable!("handled above")
             }
         }

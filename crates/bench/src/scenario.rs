@@ -35,17 +35,17 @@ pub struct Ctx {
     label: String,
     sub: UrlTemplate,
     pub(crate) publ: UrlTemplate,
-    history: Option<UrlTemplate>,
-    info: Option<UrlTemplate>,
+    pub(crate) history: Option<UrlTemplate>,
+    pub(crate) info: Option<UrlTemplate>,
     pub(crate) server: procstat::Server,
-    prefix: String,
+    pub(crate) prefix: String,
     gate: Arc<Semaphore>,
     pub(crate) timeout: Duration,
     read_buffer: usize,
     /// How event data travels (`Raw` for gapless and Nchan).
     pub(crate) wire: Wire,
     /// A Durable Streams target: streams are created before a run, followed from an offset.
-    ds: bool,
+    pub(crate) ds: bool,
     /// How subscribers follow; with `Ws`, `sub` is the socket's URL (gapless: no `{channel}`).
     pub(crate) transport: Transport,
     /// The gapless WebSocket protocol (`--kind gapless`), else one message per frame.
@@ -54,7 +54,7 @@ pub struct Ctx {
     /// empty: the templates' own address.
     nodes: Vec<(std::net::SocketAddr, String)>,
     /// The target's kind (for the multi-channel subscribe path).
-    kind: Kind,
+    pub(crate) kind: Kind,
 }
 
 impl Ctx {
@@ -228,7 +228,7 @@ impl Ctx {
         }
     }
 
-    fn record(&self, scenario: &str, params: String) -> Record {
+    pub(crate) fn record(&self, scenario: &str, params: String) -> Record {
         Record::new(scenario, &self.label, params)
     }
 
@@ -1115,7 +1115,7 @@ pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
 /// # Errors
 /// No history URL, an answer other than 200, no `Stream-Next-Offset`, an answer
 /// not of the wire's shape, no progress, or more than `max_pages` answers.
-async fn ds_read(
+pub(crate) async fn ds_read(
     ctx: &Ctx,
     client: &mut Client,
     name: &str,
