@@ -97,8 +97,9 @@ pub struct ProducerTuple {
 }
 
 /// Where a channel's messages are, fixed at creation: its own events after
-/// `base`, and for a fork the source's up to the fork point.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `base`, and for a fork the source's up to the fork point. The default
+/// is a plain channel's before [`decide`] completes it at creation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
     /// The epoch of the stream's offsets: its channel's journal epoch at
     /// creation, a fork's its source's (raw [`gapless_protocol::Epoch`]).
@@ -147,6 +148,26 @@ pub struct ForkOrigin {
 }
 
 impl ChannelMeta {
+    /// The metadata of a new, open, plain channel of `content_type`, made
+    /// at `created_ms` (Unix ms) as incarnation `incarnation` (non-zero):
+    /// no expiry, producers or forks; its layout is completed by [`decide`].
+    pub fn new(incarnation: u64, content_type: String, created_ms: u64) -> Self {
+        ChannelMeta {
+            incarnation,
+            created_ms,
+            content_type,
+            ttl_s: None,
+            expires_at: None,
+            life: Life::Open,
+            closed_by: None,
+            soft_deleted: false,
+            layout: Layout::default(),
+            producers: BTreeMap::new(),
+            stream_seq: None,
+            forks: BTreeSet::new(),
+        }
+    }
+
     /// The JSON text every journal stores.
     pub fn encode(&self) -> String {
         // A struct of strings, integers and maps with string keys always
@@ -496,27 +517,10 @@ mod tests {
     use gapless_protocol::{Epoch, Payload};
 
     fn meta() -> ChannelMeta {
-        ChannelMeta {
-            incarnation: 7,
-            created_ms: 1,
-            content_type: "application/json".into(),
-            ttl_s: None,
-            expires_at: None,
-            life: Life::Open,
-            closed_by: None,
-            soft_deleted: false,
-            layout: Layout {
-                offset_epoch: 0,
-                channel_epoch: 0,
-                base: 0,
-                origin: 0,
-                fork: None,
-                inherited: Vec::new(),
-            },
-            producers: [("a".to_owned(), (1, 4))].into_iter().collect(),
-            stream_seq: Some("05".into()),
-            forks: BTreeSet::new(),
-        }
+        let mut m = ChannelMeta::new(7, "application/json".into(), 1);
+        m.producers = [("a".to_owned(), (1, 4))].into_iter().collect();
+        m.stream_seq = Some("05".into());
+        m
     }
 
     fn state() -> ChannelState {

@@ -16,9 +16,7 @@ use gapless_core::journal::{
     now_ms, Appended, ChannelState, CommitSink, Journal, JournalError, NoSink, Retention,
 };
 use gapless_core::memory::MemoryJournal;
-use gapless_core::meta::{
-    Change, ChannelMeta, Guard, Layout, Life, Outcome, ProducerTuple, Refusal,
-};
+use gapless_core::meta::{Change, ChannelMeta, Guard, Outcome, ProducerTuple, Refusal};
 use gapless_core::namespace::{Namespaces, Policy, Table};
 use gapless_core::Page;
 use gapless_protocol::{Event, NewEvent, Payload};
@@ -1215,27 +1213,7 @@ async fn purge_racing(f: Fixture) -> R {
 // ---- channel metadata (`gapless_core::meta`) ----
 
 fn new_meta(content_type: &str) -> ChannelMeta {
-    ChannelMeta {
-        incarnation: rand_incarnation(),
-        created_ms: now_ms(),
-        content_type: content_type.to_owned(),
-        ttl_s: None,
-        expires_at: None,
-        life: Life::Open,
-        closed_by: None,
-        soft_deleted: false,
-        layout: Layout {
-            offset_epoch: 0,
-            channel_epoch: 0,
-            base: 0,
-            origin: 0,
-            fork: None,
-            inherited: Vec::new(),
-        },
-        producers: BTreeMap::new(),
-        stream_seq: None,
-        forks: Default::default(),
-    }
+    ChannelMeta::new(rand_incarnation(), content_type.to_owned(), now_ms())
 }
 
 fn rand_incarnation() -> u64 {

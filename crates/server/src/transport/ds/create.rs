@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
-use gapless_core::meta::{Ancestor, Change, ChannelMeta, Layout, Life, Outcome, Refusal};
+use gapless_core::meta::{Ancestor, Change, ChannelMeta, Life, Outcome, Refusal};
 use gapless_protocol::NewEvent;
 
 /// What a creation asks, read from its request.
@@ -128,27 +128,16 @@ async fn read(ctx: &Ctx, body: Body) -> Result<Ask, Response> {
         None => None,
         Some(f) => Some(fork::plan(ctx, f, ct_given.as_deref()).await?),
     };
-    let mut template = ChannelMeta {
-        incarnation: rand::random::<u64>() | 1,
-        created_ms: now_ms(),
-        content_type: ct_given.unwrap_or_else(|| "application/octet-stream".to_owned()),
-        ttl_s: ttl,
-        expires_at,
-        life: if closed { Life::Closed } else { Life::Open },
-        closed_by: None,
-        soft_deleted: false,
-        layout: Layout {
-            offset_epoch: 0,
-            channel_epoch: 0,
-            base: 0,
-            origin: 0,
-            fork: None,
-            inherited: Vec::new(),
-        },
-        producers: Default::default(),
-        stream_seq: None,
-        forks: Default::default(),
-    };
+    let mut template = ChannelMeta::new(
+        rand::random::<u64>() | 1,
+        ct_given.unwrap_or_else(|| "application/octet-stream".to_owned()),
+        now_ms(),
+    );
+    template.ttl_s = ttl;
+    template.expires_at = expires_at;
+    if closed {
+        template.life = Life::Closed;
+    }
     let mut msgs = Vec::new();
     if let Some(p) = &plan {
         // PROTOCOL.md 4.2: the source's type; its TTL or expiry unless the
