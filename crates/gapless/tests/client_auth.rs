@@ -16,12 +16,15 @@ use std::time::Duration;
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-32";
 
+/// A token that is honoured for at least `ttl_s` seconds: `exp` is whole
+/// seconds (RFC 7519 section 4.1.4), so it is rounded up, never down (a token
+/// minted at x.999 s with `exp = x + 1` would expire 1 ms later).
 fn token(subscribe: &[&str], publish: &[&str], ttl_s: u64) -> String {
-    let exp = std::time::SystemTime::now()
+    let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
-        .as_secs()
-        + ttl_s;
+        .as_millis() as u64;
+    let exp = (now_ms + ttl_s * 1000).div_ceil(1000);
     let claims = json!({"exp": exp, "gapless": {"subscribe": subscribe, "publish": publish}});
     jsonwebtoken::encode(
         &Header::default(),
