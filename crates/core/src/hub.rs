@@ -367,11 +367,6 @@ impl Channels {
 
 impl CommitSink for Channels {
     fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
-        if let Some(described) = crate::meta_log::described(channel) {
-            // A journal that keeps metadata as records (`meta_log`).
-            self.meta_changed(described);
-            return;
-        }
         if let Some(cell) = self.get(channel) {
             cell.apply_commit(state, events);
         }
@@ -385,9 +380,7 @@ impl CommitSink for Channels {
     }
 
     fn follows(&self, channel: &str) -> bool {
-        // Metadata records are read wherever they are committed, so every
-        // node hears of every change (`meta_log`).
-        channel.starts_with(crate::meta_log::PREFIX) || self.map.read().contains_key(channel)
+        self.map.read().contains_key(channel)
     }
 
     fn meta_changed(&self, channel: &str) {

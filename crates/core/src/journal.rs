@@ -185,10 +185,8 @@ pub trait CommitSink: Send + Sync + 'static {
     /// through `committed`'s state).
     fn evicted(&self, channel: &str, state: ChannelState);
     /// `channel`'s metadata ([`crate::meta`]) changed, here or on another
-    /// node sharing the journal: whatever holds a copy reads it again. A
-    /// journal that keeps metadata as records ([`crate::meta_log`]) reports
-    /// a commit of the metadata channel instead, which the hub takes the
-    /// same way. Default: nothing.
+    /// node sharing the journal: whatever holds a copy reads it again.
+    /// Default: nothing.
     fn meta_changed(&self, _channel: &str) {}
     /// Whether `channel` has a window to feed (someone follows it). A journal
     /// shared between nodes asks before reading a commit made elsewhere; the

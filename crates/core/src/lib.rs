@@ -7,7 +7,6 @@ pub mod hub;
 pub mod journal;
 pub mod memory;
 pub mod meta;
-pub mod meta_log;
 pub mod namespace;
 pub mod presence;
 pub mod session;

@@ -274,10 +274,6 @@ impl Namespaces {
 
     /// The retention of `channel`.
     pub fn retention(&self, channel: &str) -> Retention {
-        if channel.starts_with(crate::meta_log::PREFIX) {
-            // A channel's metadata: its newest record, forever.
-            return crate::meta_log::RETENTION;
-        }
         self.policy(channel).retention
     }
 

@@ -553,6 +553,13 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                 backoff = MIN_BACKOFF;
                 if was_up {
                     tracing::info!("Redis notifications reconnected; re-reading followed heads");
+                    // Metadata notices may have been lost too: nothing
+                    // cached is trusted, and the followed channels' holders
+                    // read their metadata again.
+                    inner.metas.clear();
+                    for channel in inner.sink.followed() {
+                        inner.sink.meta_changed(&channel);
+                    }
                 }
                 // Whatever was committed while we were not listening; and
                 // Redis may have restarted or failed over with other settings.
@@ -606,6 +613,10 @@ pub(crate) async fn listen(inner: Arc<Inner>, cancel: CancellationToken) {
                             }
                             _ => {}
                         }
+                        continue;
+                    }
+                    if let Some(rest) = msg.get_payload_bytes().strip_prefix(crate::meta::PREFIX) {
+                        inner.on_meta(rest);
                         continue;
                     }
                     if let Some(holder) = msg.get_payload_bytes().strip_prefix(b"kick ") {

@@ -11,6 +11,21 @@
 //! notification to the other nodes happen in one atomic step, and a batch is
 //! all or nothing.
 //!
+//! Keys (every one of a channel has its hash tag `{<channel>}`, so on Redis
+//! Cluster they share its slot; nothing global lists channels or streams):
+//!
+//! - `gapless:{<channel>}`: the channel, a hash of its epoch, bounds,
+//!   events and idempotency keys (`scripts.rs`);
+//! - `gapless:{<channel>}:meta`: its metadata ([`gapless_core::meta`]), a
+//!   hash of the JSON, a version, a `closed` flag the append script reads,
+//!   and the token of the change that wrote it (`scripts.rs`, `META`);
+//!   absent for a channel without metadata. Changed only by compare-and-set
+//!   with the append it guards (`meta.rs`);
+//! - `gapless:{<channel>}:pm`, `:ps`, `:pp`, `:pc`: presence (`presence.rs`);
+//! - `gapless:{session/<id>}:att`, `:det`: a session's attach lease
+//!   (`sessions.rs`);
+//! - `gapless:{shared/<name>}`: a value shared by every node ([`SharedValues`]).
+//!
 //! Fan-out between nodes (`bus.rs`): the append script publishes a
 //! notification on the Redis pub/sub channel `gapless:bus`
 //! (`notification.rs`): `<epoch> <first> <last> <channel>`, followed by the
@@ -22,13 +37,16 @@
 //! that sees a hole (a lost or late notification) reads the whole missing
 //! range first, so the order is exact even when the bus drops a message;
 //! after losing its bus connection, and every `poll_ms` anyway, it re-reads
-//! the heads of the channels it follows. `settings.rs` reads Redis's
+//! the heads of the channels it follows. A change of a channel's metadata
+//! also publishes `meta <node> <channel>`: the other nodes drop their cached
+//! copy and call [`CommitSink::meta_changed`]. `settings.rs` reads Redis's
 //! persistence settings (start-up warnings, the durability label).
 
 mod bus;
 mod codec;
 mod conn;
 mod ephemeral;
+mod meta;
 mod notification;
 mod presence;
 mod scripts;
@@ -51,7 +69,9 @@ use tokio_util::sync::CancellationToken;
 /// The Lua source of the append script, for measuring what Redis itself can do
 /// with it (`redis-cli SCRIPT LOAD`, then `redis-benchmark … EVALSHA`; see
 /// `scripts/bench-cluster.sh`). Its keys and arguments are documented in
-/// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`; ARGV = channel,
+/// `scripts.rs`: KEYS[1] = `gapless:{<channel>}`, KEYS[2] =
+/// `gapless:{<channel>}:meta` (read for its `closed` flag; when only KEYS[1]
+/// is given, as the benchmark does, the script derives it); ARGV = channel,
 /// idempotency key (`""`: none; a node sends `<key>` LF `<token>`, or a
 /// space and a token, see `scripts.rs`), max events (0: no count limit),
 /// max age ms, fresh epoch, bus
@@ -60,7 +80,7 @@ use tokio_util::sync::CancellationToken;
 /// `<epoch>:<head>:<commit time of the head event>`), token lifetime ms
 /// (see [`RedisOptions::token_lifetime`]; 0: keep tokens as long as their
 /// events), max bytes of retention (0: no byte limit), then one payload
-/// (`n<data>`) per event.
+/// (`n<data>`) per event. Returns `{"closed"}` for a closed channel.
 pub fn append_script() -> String {
     scripts::append_source()
 }
@@ -164,8 +184,6 @@ impl Default for RedisOptions {
 pub struct RedisJournal {
     inner: Arc<Inner>,
     tasks: CancellationToken,
-    /// Channel metadata as records (`gapless_core::meta_log`).
-    meta_log: gapless_core::meta_log::MetaLog,
 }
 
 pub(crate) struct Inner {
@@ -189,6 +207,10 @@ pub(crate) struct Inner {
     node: String,
     /// Called with each presence notice on the bus (`presence.rs`).
     presence: parking_lot::RwLock<Option<gapless_core::presence::NoticeFn>>,
+    /// The channel metadata this node last read or wrote (`meta.rs`).
+    metas: meta::Cache,
+    /// The per-channel locks of [`Journal::change`] (`meta.rs`).
+    locks: meta::Locks,
 }
 
 type KickFn = Box<dyn Fn(&str) + Send + Sync>;
@@ -239,17 +261,15 @@ impl RedisJournal {
             lineage: parking_lot::Mutex::new(std::collections::HashMap::new()),
             node: format!("{:016x}", rand::random::<u64>()),
             presence: parking_lot::RwLock::new(None),
+            metas: meta::Cache::default(),
+            locks: meta::Locks::default(),
         });
         let tasks = CancellationToken::new();
         tokio::spawn(bus::listen(inner.clone(), tasks.clone()));
         if inner.opts.keepalive_ms > 0 {
             tokio::spawn(keepalive(inner.clone(), tasks.clone()));
         }
-        Ok(RedisJournal {
-            inner,
-            tasks,
-            meta_log: Default::default(),
-        })
+        Ok(RedisJournal { inner, tasks })
     }
 
     /// Reads the Redis settings that durability depends on, sets the
@@ -323,6 +343,7 @@ impl Inner {
         known: &str,
     ) -> Result<(ChannelState, Appended, u64, bool), JournalError> {
         let key = scripts::key_of(channel);
+        let meta_key = scripts::meta_key_of(channel);
         let token = request_token();
         let key_arg = match idempotency_key {
             Some(k) => format!("{k}\n{token}"),
@@ -336,6 +357,7 @@ impl Inner {
             .run(|mut c| {
                 let mut inv = self.scripts.append.prepare_invoke();
                 inv.key(&key)
+                    .key(&meta_key)
                     .arg(channel)
                     .arg(&key_arg)
                     .arg(r.max_events)
@@ -352,6 +374,9 @@ impl Inner {
                 async move { inv.invoke_async(&mut c).await }
             })
             .await?;
+        if matches!(v.first(), Some(Value::BulkString(b)) if b == b"closed") {
+            return Err(JournalError::ChannelClosed);
+        }
         let bad =
             || JournalError::Storage(format!("unexpected answer of the append script: {v:?}"));
         let epoch = epoch_of(v.first()).ok_or_else(bad)?;
@@ -570,8 +595,30 @@ fn epoch_of(v: Option<&Value>) -> Option<Epoch> {
 }
 
 #[async_trait]
-impl gapless_core::meta_log::RawAppend for RedisJournal {
-    async fn append_raw(
+impl Journal for RedisJournal {
+    /// One script (`scripts::META`): the metadata hash and the channel's
+    /// bounds, read together from Redis (never from the cache).
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
+        self.inner.meta(channel).await
+    }
+
+    /// Compare-and-set (`meta.rs`): with this node's cached metadata, one
+    /// `scripts::CHANGE` call in the common case.
+    async fn change(
+        &self,
+        channel: &str,
+        change: gapless_core::meta::Change,
+    ) -> Result<gapless_core::meta::Changed, JournalError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.inner.change(channel, change).await
+    }
+
+    async fn append(
         &self,
         channel: &str,
         events: Vec<NewEvent>,
@@ -611,44 +658,6 @@ impl gapless_core::meta_log::RawAppend for RedisJournal {
             .deliver_local(channel, state, committed, held)
             .await;
         Ok(appended)
-    }
-}
-
-#[async_trait]
-impl Journal for RedisJournal {
-    /// The channel's metadata as records of its metadata channel
-    /// (`gapless_core::meta_log`), read from Redis.
-    async fn meta(
-        &self,
-        channel: &str,
-    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
-        self.meta_log.meta(self, channel).await
-    }
-
-    /// Decided under a per-channel lock of this node and written as two
-    /// appends (`gapless_core::meta_log`).
-    async fn change(
-        &self,
-        channel: &str,
-        change: gapless_core::meta::Change,
-    ) -> Result<gapless_core::meta::Changed, JournalError> {
-        self.meta_log.change(self, channel, change).await
-    }
-
-    async fn append(
-        &self,
-        channel: &str,
-        events: Vec<NewEvent>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Appended, JournalError> {
-        use gapless_core::meta_log::RawAppend;
-        self.meta_log
-            .unless_closed(
-                self,
-                channel,
-                self.append_raw(channel, events, idempotency_key),
-            )
-            .await
     }
 
     async fn read(&self, channel: &str, after: u64, limit: usize) -> Result<Page, JournalError> {

@@ -1,8 +1,10 @@
 //! The Lua scripts that own every change to a channel in Redis.
 //!
 //! A channel is one Redis hash, `gapless:{<channel>}` (the braces are a hash
-//! tag: on Redis Cluster every key of a channel is in one slot, and there is
-//! only one key anyway). Its fields:
+//! tag: on Redis Cluster every key of a channel is in one slot), and, when
+//! it has metadata ([`gapless_core::meta`]), a second one,
+//! `gapless:{<channel>}:meta` (fields: `META`), which `APPEND` reads for its
+//! `closed` flag and `CHANGE` compares and sets. The channel hash's fields:
 //!
 //! | field | value |
 //! |---|---|
@@ -18,8 +20,10 @@
 //! | `tok` | `<seq>:<lifetime ms>:<until>`: no append before `seq` still has its request token (a node's `k <token>` and `i`, a client key's `r`); the token lifetime in force until Unix ms `until` (see `forget_tokens`) |
 //! | `bytes` | `<floor>:<head>:<n>`: the data of events `floor..=head` adds up to `n` bytes; written by the scripts of a channel with a byte limit, and counted again from the events when it names another range (a script without the limit, or of an older version, changed the channel without it) |
 //!
-//! Everything of a channel lives in one key so that it is lost whole or not
-//! at all: a FLUSHALL, an eviction under `maxmemory` or a restart without
+//! Everything of a channel's history lives in one key so that it is lost
+//! whole or not at all (the metadata hash is lost with it under a FLUSHALL
+//! or a restart without persistence; eviction, which could take one alone,
+//! is what `maxmemory-policy noeviction` rules out, `settings.rs`): a FLUSHALL, an eviction under `maxmemory` or a restart without
 //! persistence removes the `epoch` with the events, and the next script to
 //! touch the channel draws a new epoch (subscribers get an `epoch` gap).
 //!
@@ -280,14 +284,20 @@ local function load(k, fresh, max_age, known, max_events, max_bytes)
 end
 "#;
 
-/// `APPEND`: KEYS[1] = channel hash; ARGV = channel, idempotency key (`""`
+/// `APPEND`: KEYS[1] = channel hash, KEYS[2] = its metadata hash
+/// (`gapless:{<channel>}:meta`, see `META`; a caller that passes only
+/// KEYS[1], as the benchmark does, gets `KEYS[1]:meta`); ARGV = channel,
+/// idempotency key (`""`
 /// for none; see below), max events (0: no count limit), max age ms, fresh
 /// epoch, bus channel, inline bytes, known (see `load`), token lifetime ms
 /// (see below), max bytes (the byte limit of retention, 0: none), then one
 /// payload per event. Returns `{epoch, first, last, duplicate (0/1), floor,
-/// head, time, prev epoch ("" for none), fork, own (0/1)}`. Seq assignment, the idempotency check,
-/// retention by count, age and bytes, the append and the notification happen in
-/// this one step. The notification carries the events themselves when their
+/// head, time, prev epoch ("" for none), fork, own (0/1)}`, or `{"closed"}`
+/// when the channel's metadata says it is closed (nothing appended). Seq
+/// assignment, the idempotency check, the closed check, retention by count,
+/// age and bytes, the append and the notification happen in this one step
+/// (`append_events`, which `CHANGE` runs too). The notification carries the
+/// events themselves when their
 /// payloads total at most `inline bytes` (0: never), by reference otherwise
 /// (format: `notification.rs`).
 ///
@@ -302,7 +312,10 @@ end
 ///
 /// A known key answers its original seqs and appends nothing; `own` says
 /// that the append it names was this very request's (its own token), sent
-/// again after its answer was lost: not a duplicate for the client.
+/// again after its answer was lost: not a duplicate for the client. The
+/// closed check comes after it (a retry of an append accepted before the
+/// close still answers its seqs); it is one `HGET` of the metadata hash,
+/// a missing key for a channel without metadata.
 ///
 /// `token lifetime` (ms; 0: this append forgets none) bounds what the
 /// tokens cost: a request is sent again only within one request timeout of
@@ -317,10 +330,22 @@ end
 /// (a node's poll of the channels it follows, a read).
 const APPEND: &str = r#"
 local k = KEYS[1]
-local max_events = tonumber(ARGV[3])
-local max_bytes = tonumber(ARGV[10])
-local epoch, floor, head, last, prev, fork, n = load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8], max_events, max_bytes)
-local key, token = ARGV[2], nil
+local mk = KEYS[2] or (k .. ':meta')
+return append_events(k, mk, 0, load(k, ARGV[5], tonumber(ARGV[4]), ARGV[8], tonumber(ARGV[3]), tonumber(ARGV[10])))
+"#;
+
+/// `append_events(k, mk, o, <what load returned>)`: the body of `APPEND`
+/// after `load`, on the channel hash `k` and the metadata hash `mk`, with
+/// `APPEND`'s arguments at `ARGV[o + 1]` … `ARGV[o + 10]` and the payloads
+/// from `ARGV[o + 11]` on (`CHANGE` puts its own arguments first). Returns
+/// `APPEND`'s reply.
+const APPEND_EVENTS: &str = r#"
+local function append_events(k, mk, o, epoch, floor, head, last, prev, fork, n)
+local channel, bus = ARGV[o + 1], ARGV[o + 6]
+local max_events = tonumber(ARGV[o + 3])
+local max_bytes = tonumber(ARGV[o + 10])
+local p = o + 11
+local key, token = ARGV[o + 2], nil
 local lf = string.find(key, '\n', 1, true)
 if lf then
   token = string.sub(key, lf + 1)
@@ -337,8 +362,10 @@ if key ~= '' then
     return {epoch, tonumber(a), tonumber(b), 1, floor, head, last, prev, fork, own}
   end
 end
+-- a closed channel takes nothing (its metadata, `META`)
+if redis.call('HGET', mk, 'closed') then return {'closed'} end
 -- what the features over the journal refuse (`RULES`)
-local refused = refuse_append(k, ARGV[1], head)
+local refused = refuse_append(k, channel, head)
 if refused then return refused end
 local now = now_ms()
 local time = now
@@ -346,7 +373,7 @@ if last > time then time = last end
 local first = head + 1
 local ts = S(time) .. ':'
 local size = 0
-for i = 11, #ARGV do
+for i = p, #ARGV do
   head = head + 1
   size = size + #ARGV[i]
   local v = ts .. ARGV[i]
@@ -361,22 +388,23 @@ floor, n = trim(k, floor, head, max_events, max_bytes, n)
 if max_bytes > 0 then
   redis.call('HSET', k, 'bytes', S(floor) .. ':' .. S(head) .. ':' .. S(n))
 end
-local life = tonumber(ARGV[9])
+local life = tonumber(ARGV[o + 9])
 if life and life > 0 then
   local v = redis.call('HGET', k, 'tok')
-  forget_tokens(k, v, floor, first - 1, now, life, 8 + 2 * (#ARGV - 10))
+  forget_tokens(k, v, floor, first - 1, now, life, 8 + 2 * (#ARGV - p + 1))
 end
 redis.call('HSET', k, 'head', S(head), 'floor', S(floor), 'time', S(time))
-local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. ARGV[1]
-if size <= tonumber(ARGV[7]) then
+local note = epoch .. ' ' .. S(first) .. ' ' .. S(head) .. ' ' .. channel
+if size <= tonumber(ARGV[o + 7]) then
   local parts = {note, '\n', S(floor), '\n'}
-  for i = 11, #ARGV do
+  for i = p, #ARGV do
     parts[#parts + 1] = S(#ts + #ARGV[i]) .. ':' .. ts .. ARGV[i]
   end
   note = table.concat(parts)
 end
-redis.call('PUBLISH', ARGV[6], note)
+redis.call('PUBLISH', bus, note)
 return {epoch, first, head, 0, floor, head, time, prev, fork, 0}
+end
 "#;
 
 /// `READ`: KEYS[1] = channel hash; ARGV = fresh epoch, max age ms, after,
@@ -466,6 +494,92 @@ redis.call('PUBLISH', ARGV[4], ARGV[3] .. ' 1 0 ' .. ARGV[1])
 return {ARGV[3], 1, 0, epoch, 0}
 "#;
 
+/// `META`: KEYS[1] = channel hash, KEYS[2] = its metadata hash; ARGV =
+/// fresh epoch, max age ms, known, max events, max bytes (see `load`).
+/// Returns `{epoch, floor, head, prev epoch, fork, version, json}`: the
+/// channel's bounds (after `load`, as `STATE`) and its metadata, read
+/// together; `version` and `json` are `""` when it has none.
+///
+/// The metadata hash `gapless:{<channel>}:meta` (the channel's hash tag,
+/// so the same slot as its events) has the fields:
+///
+/// | field | value |
+/// |---|---|
+/// | `json` | the metadata, `ChannelMeta::encode`; absent once deleted |
+/// | `ver` | its version: a counter, bumped by every `CHANGE`, that starts at a random base the node draws when the hash is new (so a Redis that lost the hash and had it made again never repeats a version a node still holds) |
+/// | `closed` | `1` while the metadata says closed, else absent: what `APPEND` reads |
+/// | `req` | the request token of the `CHANGE` that wrote `ver` (so that request, sent again after its answer was lost, is told it was its own) |
+/// | `app` | `<first>:<last>` seqs that change appended, or `""` |
+///
+/// `Change::Delete` leaves a tombstone (`ver`, `req`, `app` and no `json`)
+/// that expires after the token lifetime, so a resent delete is still
+/// known as its own and versions keep counting meanwhile; a later
+/// creation makes it permanent again.
+const META: &str = r#"
+local epoch, floor, head, _, prev, fork = load(KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+local m = redis.call('HMGET', KEYS[2], 'ver', 'json')
+return {epoch, floor, head, prev, fork, m[1] or '', m[2] or ''}
+"#;
+
+/// `CHANGE`: the compare-and-set of a channel's metadata with the append it
+/// guards (`meta.rs`). KEYS[1] = channel hash, KEYS[2] = its metadata hash;
+/// ARGV = the version the node decided against (`""`: no metadata), the
+/// bounds it decided against (`<epoch>:<head>`, or `""` when the decision
+/// does not depend on them), the new metadata's JSON (`""`: remove it),
+/// whether it is closed (`1`/`0`), the version base for a new hash, the
+/// request token, this node's name, the tombstone lifetime ms, then
+/// `APPEND`'s arguments and payloads (ARGV[9] on; no payload: nothing is
+/// appended). After `load`:
+///
+/// - another version (or other bounds): `{"own", version, epoch, first,
+///   last, floor, head, prev epoch, fork}` when the current version was
+///   written by this very request (`req`: sent again after its answer was
+///   lost), else `{"conflict", version, json, epoch, floor, head, prev
+///   epoch, fork}`: nothing written, the node decides again on these;
+/// - else the events are appended by `append_events` (a `{"closed"}` or an
+///   error reply from it is returned as is, nothing written), the metadata
+///   hash written (or turned into a tombstone) with the version bumped, and
+///   `meta <node> <channel>` published on the bus after the append's own
+///   notification. Returns `{"ok", version, <APPEND's reply>}` (for no
+///   events: the bounds, with zero seqs).
+const CHANGE: &str = r#"
+local k, mk, o = KEYS[1], KEYS[2], 8
+local epoch, floor, head, last, prev, fork, n = load(k, ARGV[o + 5], tonumber(ARGV[o + 4]), ARGV[o + 8], tonumber(ARGV[o + 3]), tonumber(ARGV[o + 10]))
+local m = redis.call('HMGET', mk, 'ver', 'json', 'req', 'app')
+local ver = m[1] or ''
+if ver ~= ARGV[1] or (ARGV[2] ~= '' and ARGV[2] ~= epoch .. ':' .. S(head)) then
+  if m[3] and m[3] == ARGV[6] then
+    local a, b = string.match(m[4] or '', '^(%d+):(%d+)$')
+    return {'own', ver, epoch, tonumber(a or '0'), tonumber(b or '0'), floor, head, prev, fork}
+  end
+  return {'conflict', ver, m[2] or '', epoch, floor, head, prev, fork}
+end
+local r = {epoch, 0, 0, 0, floor, head, last, prev, fork, 0}
+local app = ''
+if #ARGV > o + 10 then
+  r = append_events(k, mk, o, epoch, floor, head, last, prev, fork, n)
+  if r[1] == 'closed' or r.err then return r end
+  app = S(r[2]) .. ':' .. S(r[3])
+end
+local nv
+if ver == '' then nv = tonumber(ARGV[5]) else nv = tonumber(ver) + 1 end
+if ARGV[3] == '' then
+  redis.call('DEL', mk)
+  redis.call('HSET', mk, 'ver', S(nv), 'req', ARGV[6], 'app', app)
+  redis.call('PEXPIRE', mk, ARGV[8])
+else
+  redis.call('HSET', mk, 'ver', S(nv), 'json', ARGV[3], 'req', ARGV[6], 'app', app)
+  if ARGV[4] == '1' then
+    redis.call('HSET', mk, 'closed', '1')
+  elseif m[2] then
+    redis.call('HDEL', mk, 'closed')
+  end
+  if ver ~= '' and not m[2] then redis.call('PERSIST', mk) end
+end
+redis.call('PUBLISH', ARGV[o + 6], 'meta ' .. ARGV[7] .. ' ' .. ARGV[o + 1])
+return {'ok', S(nv), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]}
+"#;
+
 /// `READY`: touches nothing and returns `PONG`; the readiness check. Like
 /// every script above it is declared with `#!lua` and no flags, so Redis
 /// refuses it exactly when it would refuse an append before running it:
@@ -483,6 +597,8 @@ pub(crate) struct Scripts {
     pub(crate) seek: redis::Script,
     pub(crate) ready: redis::Script,
     pub(crate) purge: redis::Script,
+    pub(crate) meta: redis::Script,
+    pub(crate) change: redis::Script,
 }
 
 impl Scripts {
@@ -494,6 +610,11 @@ impl Scripts {
             seek: redis::Script::new(&format!("{PRELUDE}{SEEK}")),
             ready: redis::Script::new(READY),
             purge: redis::Script::new(&format!("{PRELUDE}{PURGE}")),
+            meta: redis::Script::new(&format!("{PRELUDE}{META}")),
+            change: redis::Script::new(&format!(
+                "{PRELUDE}{}{APPEND_EVENTS}{CHANGE}",
+                RULES.concat()
+            )),
         }
     }
 }
@@ -508,12 +629,18 @@ const RULES: &[&str] = &[crate::sessions::APPEND_RULE];
 
 /// The Lua source of the append script (as Redis runs it).
 pub(crate) fn append_source() -> String {
-    format!("{PRELUDE}{}{APPEND}", RULES.concat())
+    format!("{PRELUDE}{}{APPEND_EVENTS}{APPEND}", RULES.concat())
 }
 
 /// The Redis key of `channel`'s hash.
 pub(crate) fn key_of(channel: &str) -> String {
     format!("gapless:{{{channel}}}")
+}
+
+/// The Redis key of `channel`'s metadata hash (`META`): the channel's hash
+/// tag, so the same slot as [`key_of`].
+pub(crate) fn meta_key_of(channel: &str) -> String {
+    format!("gapless:{{{channel}}}:meta")
 }
 
 #[cfg(test)]

@@ -2,18 +2,21 @@
 //! seq assignment, retention by count and bytes, each channel's own) and
 //! logged as a record (`log.rs`) in a WAL frame (`wal.rs`); a record is
 //! applied to the tables at a checkpoint (`checkpoint.rs`); age eviction runs
-//! on the tables once everything is applied. Appends and evictions return
+//! on the tables once everything is applied. A metadata record
+//! (`channel_meta.rs`) is applied to the `channel_meta` table at the same
+//! checkpoint as the append it was written with. Appends and evictions return
 //! what the sink must be told once they are durable. When the store opens,
 //! [`enforce`] applies each channel's count and byte limits to the events it
 //! already holds.
 
 use crate::cache::Channels;
-use crate::log::{self, Record};
+use crate::log::{self, MetaRecord, Record};
 use crate::tables::{
     event_time, first_row, row_events, row_last, storage, ChannelRow, ChunkBuilder, CHANNELS,
-    EVENTS, KEYS, KEY_ORDER,
+    CHANNEL_META, EVENTS, KEYS, KEY_ORDER,
 };
 use gapless_core::journal::now_ms;
+use gapless_core::meta::ChannelMeta;
 use gapless_core::{Appended, ChannelState, JournalError};
 use gapless_protocol::{Epoch, Event, NewEvent};
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction};
@@ -40,6 +43,14 @@ pub(crate) enum Notice {
         /// Its state after the eviction.
         state: ChannelState,
     },
+    /// `CommitSink::meta_changed`, after the channel's metadata changed
+    /// (`channel_meta.rs`); the readers' overlay gets `meta` first.
+    Meta {
+        /// The channel.
+        channel: Arc<str>,
+        /// Its metadata after the change (`None`: removed).
+        meta: Option<Arc<ChannelMeta>>,
+    },
 }
 
 /// The tables written by the operations, open in one write transaction.
@@ -48,6 +59,8 @@ pub(crate) struct Tables<'t> {
     events: Table<'t, (u64, u64), &'static [u8]>,
     keys: Table<'t, (u64, &'static str), (u64, u64)>,
     key_order: Table<'t, (u64, u64, &'static str), ()>,
+    /// Channel name -> metadata JSON (`channel_meta.rs`).
+    channel_meta: Table<'t, &'static str, &'static [u8]>,
     /// The chunk row being built for each channel (by id), written when
     /// full or at [`Tables::finish`].
     chunks: HashMap<u64, ChunkBuilder>,
@@ -73,6 +86,7 @@ impl<'t> Tables<'t> {
             events: txn.open_table(EVENTS).map_err(storage)?,
             keys: txn.open_table(KEYS).map_err(storage)?,
             key_order: txn.open_table(KEY_ORDER).map_err(storage)?,
+            channel_meta: txn.open_table(CHANNEL_META).map_err(storage)?,
             chunks: HashMap::new(),
             rows: HashMap::new(),
         })
@@ -159,6 +173,21 @@ impl<'t> Tables<'t> {
             None => {
                 self.rows
                     .insert(id, (rec.name.to_owned(), row, rec.old_floor));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a logged metadata record: sets (or removes) the channel's
+    /// `channel_meta` row. Records apply in log order, so the last change
+    /// of a channel wins.
+    pub(crate) fn apply_meta(&mut self, rec: &MetaRecord<'_>) -> Result<(), JournalError> {
+        match rec.meta {
+            Some(json) => {
+                self.channel_meta.insert(rec.name, json).map_err(storage)?;
+            }
+            None => {
+                self.channel_meta.remove(rec.name).map_err(storage)?;
             }
         }
         Ok(())

@@ -9,13 +9,23 @@
 //! Only the writer thread owns it. It is loaded from the database when the
 //! store opens, and again after a failed commit, so it never runs ahead of
 //! what is on disk.
+//!
+//! Each channel also has a [`MetaSlot`]: what the writer knows of its
+//! metadata (`channel_meta.rs`). No metadata is read when the store opens:
+//! a channel's is read from the `channel_meta` table the first time the
+//! writer needs it (its first change, or its first append: a closed channel
+//! refuses appends), and then known without a read until the cache is
+//! loaded again. When the `channel_meta` table is empty every channel is
+//! known to have none from the start.
 
 use crate::tables::{
-    data_len, event_at, event_time, first_row, row_events, storage, ChannelRow, CHANNELS, EVENTS,
+    data_len, event_at, event_time, first_row, row_events, storage, ChannelRow, CHANNELS,
+    CHANNEL_META, EVENTS,
 };
+use gapless_core::meta::ChannelMeta;
 use gapless_core::{ChannelState, JournalError, Namespaces, Retention};
 use gapless_protocol::Epoch;
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -36,6 +46,35 @@ pub(crate) struct Channel {
     /// A lower bound of the time of the event at the floor (`None` when no
     /// event is retained or ages are not tracked).
     oldest: Option<u64>,
+    /// What the writer knows of its metadata.
+    pub meta: MetaSlot,
+}
+
+/// What the writer knows of a channel's metadata (`channel_meta.rs`): 24
+/// bytes in every channel's entry, and the metadata itself for the
+/// channels whose metadata is [`MetaSlot::Held`] (a bounded number).
+#[derive(Debug, Clone)]
+pub(crate) enum MetaSlot {
+    /// Not read yet: the `channel_meta` table says (it held every change
+    /// when the cache was loaded, and no change was made since).
+    Unknown,
+    /// The channel has none.
+    Absent,
+    /// It has some, in the `channel_meta` table (not held, to bound the
+    /// writer's memory); whether it is closed (so appends need no read).
+    Stored {
+        /// [`ChannelMeta::is_closed`].
+        closed: bool,
+    },
+    /// Held: the metadata and the WAL frame of its last change here (0:
+    /// read from the tables). Let go to [`MetaSlot::Stored`] only once the
+    /// tables hold that frame.
+    Held {
+        /// The metadata.
+        meta: Arc<ChannelMeta>,
+        /// The WAL frame that wrote it (0: read from the tables).
+        lsn: u64,
+    },
 }
 
 /// The data sizes of a channel's retained events, oldest first (a size
@@ -95,6 +134,10 @@ impl Channel {
 /// Every channel ever appended to.
 pub(crate) struct Channels {
     map: HashMap<Arc<str>, Channel>,
+    /// Channels whose metadata was made [`MetaSlot::Held`], oldest first
+    /// (some perhaps no longer held, or twice): the ones let go first when
+    /// too many are held (`channel_meta::bound`).
+    pub held: VecDeque<Arc<str>>,
     /// `(when the oldest retained event may expire, name)` of channels with
     /// retained events and an age limit: the oldest time's lower bound plus
     /// the channel's `max_age_ms`.
@@ -114,8 +157,21 @@ impl Channels {
         let channels = txn.open_table(CHANNELS).map_err(storage)?;
         let events = txn.open_table(EVENTS).map_err(storage)?;
         let purged = crate::purge::Epochs::load(db)?.all();
+        // No metadata at all (a store from before it, or one without Durable
+        // Streams): every channel is known to have none, without a read.
+        let any_meta = match txn.open_table(CHANNEL_META) {
+            Ok(t) => !t.is_empty().map_err(storage)?,
+            Err(redb::TableError::TableDoesNotExist(_)) => false,
+            Err(e) => return Err(storage(e)),
+        };
+        let slot = if any_meta {
+            MetaSlot::Unknown
+        } else {
+            MetaSlot::Absent
+        };
         let mut out = Channels {
             map: HashMap::new(),
+            held: VecDeque::new(),
             expiry: BTreeSet::new(),
             next_id: 1,
             namespaces: namespaces.clone(),
@@ -167,6 +223,7 @@ impl Channels {
                     retention,
                     sizes,
                     oldest: None,
+                    meta: slot.clone(),
                 },
             );
             out.set_oldest(&name, oldest);
@@ -204,6 +261,9 @@ impl Channels {
                 retention,
                 sizes: (retention.max_bytes != 0).then(Sizes::default),
                 oldest: None,
+                // Every channel with metadata has a `channels` row, so is
+                // loaded: a new one has none.
+                meta: MetaSlot::Absent,
             }
         })
     }

@@ -4,9 +4,11 @@
 //! The writer hands it each durable commit's records (`sync.rs`). Once
 //! [`Checkpointer::threshold`] bytes of them are pending (1 MiB by
 //! default, `log::CHECKPOINT_BYTES`), one redb transaction applies them all
-//! to `channels`, `events` and the idempotency tables, records the last
+//! to `channels`, `events`, the idempotency tables and `channel_meta`
+//! (metadata records, `channel_meta.rs`), records the last
 //! frame applied (`meta["wal_applied"]`), and commits durably; then the
-//! readers' overlay drops what the tables now hold. Each leaf page is
+//! readers' overlay drops what the tables now hold (events up to each
+//! channel's applied head, metadata changed in the frames applied). Each leaf page is
 //! rewritten once for many events, and publishers never wait for it: the
 //! writer goes on writing frames meanwhile (redb allows one write
 //! transaction at a time, and only this thread writes the tables while the
@@ -23,7 +25,7 @@
 //! from then on, and the next start applies the WAL.
 
 use crate::apply::Tables;
-use crate::log::Records;
+use crate::log::{Entry, Records};
 use crate::meta;
 use crate::overlay::{self, Overlay};
 use crate::tables::storage;
@@ -291,8 +293,14 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
     {
         let mut tables = Tables::open(&txn)?;
         for (_, records) in chunks {
-            for record in Records::written_here(records) {
-                let record = record?;
+            for entry in Records::written_here(records) {
+                let record = match entry? {
+                    Entry::Append(record) => record,
+                    Entry::Meta(record) => {
+                        tables.apply_meta(&record)?;
+                        continue;
+                    }
+                };
                 tables.apply(&record)?;
                 match heads.get_mut(record.name) {
                     Some(head) => *head = record.head,
@@ -313,8 +321,9 @@ fn apply(ck: &Checkpointer, chunks: &[(u64, Vec<u8>)], clean: bool) -> Result<u6
     }
     txn.commit().map_err(storage)?;
     ck.seconds.record(started.elapsed());
-    let mut tails = ck.overlay.write();
-    overlay::trim(&mut tails, &heads);
+    let mut view = ck.overlay.write();
+    overlay::trim(&mut view.tails, &heads);
+    overlay::trim_metas(&mut view.metas, last);
     Ok(last)
 }
 

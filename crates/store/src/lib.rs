@@ -9,6 +9,14 @@
 //!   (`writer.rs`, `wal.rs`, `sync.rs`; batches in `request.rs`, the
 //!   operations in `apply.rs`, the records in `log.rs`, the writer's channel
 //!   cache in `cache.rs`), so concurrent publishers share each fsync;
+//! - a channel's metadata ([`gapless_core::meta`]: a Durable Streams
+//!   stream's content type, closure, producers) is changed through the same
+//!   writer: it decides each change in its place among the appends, with
+//!   [`gapless_core::meta::decide`], and writes the change's events and a
+//!   metadata record in the same WAL frame, so a crash keeps both or
+//!   neither; it refuses plain appends to a closed channel; the
+//!   checkpointer applies metadata records to the `channel_meta` table, and
+//!   readers see newer ones through the overlay (`channel_meta.rs`);
 //! - a checkpointer thread applies the records to the indexed tables of the
 //!   redb file every so often, off the replies' path (`checkpoint.rs`);
 //! - reads run in their own read transactions, concurrently with the writer,
@@ -26,6 +34,7 @@
 
 mod apply;
 mod cache;
+mod channel_meta;
 mod checkpoint;
 mod disk;
 mod log;
@@ -85,8 +94,6 @@ pub struct EmbeddedJournal {
     inbox: Arc<Inbox>,
     closed: AtomicBool,
     writer: Option<JoinHandle<()>>,
-    /// Channel metadata as records (`gapless_core::meta_log`).
-    meta_log: gapless_core::meta_log::MetaLog,
 }
 
 impl EmbeddedJournal {
@@ -141,7 +148,8 @@ impl EmbeddedJournal {
         let (epoch, async_unclean) = meta::init(&db, options.durability)?;
         // Format 2's commit log table, then the WAL: what a crash left.
         log::recover(&db)?;
-        // Format 2's log is applied: the store is format 3 from now on.
+        // Format 2's log is applied (and `meta::init` made a format-3
+        // store's `channel_meta` table): the store is format 4 from now on.
         meta::finish_upgrade(&db)?;
         let (applied, generation) = checkpoint::recover(&db, dir, async_unclean)?;
         // The tables now hold every commit: each channel's retention applies
@@ -193,7 +201,6 @@ impl EmbeddedJournal {
             inbox,
             closed: AtomicBool::new(false),
             writer: Some(writer),
-            meta_log: Default::default(),
         })
     }
 
@@ -224,8 +231,37 @@ impl EmbeddedJournal {
 }
 
 #[async_trait]
-impl gapless_core::meta_log::RawAppend for EmbeddedJournal {
-    async fn append_raw(
+impl Journal for EmbeddedJournal {
+    /// On the calling task: the overlay, then one snapshot of the tables
+    /// (two row lookups at most), never the writer (`channel_meta::read`).
+    async fn meta(
+        &self,
+        channel: &str,
+    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
+        channel_meta::read(&self.db, &self.overlay, self.epoch_of(), channel)
+    }
+
+    /// Decided by the writer thread in its place among the appends and
+    /// committed in their WAL frame; durable before it returns, like an
+    /// append (`channel_meta.rs`).
+    async fn change(
+        &self,
+        channel: &str,
+        change: gapless_core::meta::Change,
+    ) -> Result<gapless_core::meta::Changed, JournalError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        self.disk.check()?;
+        self.call(|reply| Request::Change {
+            channel: channel.to_owned(),
+            change: Box::new(change),
+            reply,
+        })
+        .await
+    }
+
+    async fn append(
         &self,
         channel: &str,
         events: Vec<NewEvent>,
@@ -242,44 +278,6 @@ impl gapless_core::meta_log::RawAppend for EmbeddedJournal {
             reply,
         })
         .await
-    }
-}
-
-#[async_trait]
-impl Journal for EmbeddedJournal {
-    /// The channel's metadata as records of its metadata channel
-    /// (`gapless_core::meta_log`).
-    async fn meta(
-        &self,
-        channel: &str,
-    ) -> Result<(Option<gapless_core::meta::ChannelMeta>, ChannelState), JournalError> {
-        self.meta_log.meta(self, channel).await
-    }
-
-    /// Decided under a per-channel lock and written as two appends
-    /// (`gapless_core::meta_log`).
-    async fn change(
-        &self,
-        channel: &str,
-        change: gapless_core::meta::Change,
-    ) -> Result<gapless_core::meta::Changed, JournalError> {
-        self.meta_log.change(self, channel, change).await
-    }
-
-    async fn append(
-        &self,
-        channel: &str,
-        events: Vec<NewEvent>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Appended, JournalError> {
-        use gapless_core::meta_log::RawAppend;
-        self.meta_log
-            .unless_closed(
-                self,
-                channel,
-                self.append_raw(channel, events, idempotency_key),
-            )
-            .await
     }
 
     /// Pages of up to [`DIRECT_READ_LIMIT`] events are read on the calling task

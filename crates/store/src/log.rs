@@ -22,6 +22,19 @@
 //! The events have seqs `head - n + 1 ..= head`. The top bit of `data_len`
 //! ([`BINARY`]) marks data that is bytes rather than text; records written
 //! before binary payloads never have it, so they read as text, unchanged.
+//! A record with no event (`n` 0) changes nothing but makes sure the
+//! channel has a `channels` row: a metadata change without events writes
+//! one, so every channel with metadata has a row (`channel_meta.rs`).
+//!
+//! A *metadata record* (format 4) sets or removes a channel's metadata
+//! ([`gapless_core::meta::ChannelMeta`]) in the `channel_meta` table:
+//! `u64::MAX ([`META_TAG`]) | name_len u32 | name | meta_len u32 (u32::MAX
+//! = removed) | meta`, `meta` being [`gapless_core::meta::ChannelMeta::encode`]'s
+//! JSON. An append record begins with its channel's id, which is never
+//! `u64::MAX` (ids count up from 1), so the two kinds tell apart by their
+//! first 8 bytes, and records of format 3 read unchanged. A change's
+//! records (its append's, then its metadata's) are in one frame: a crash
+//! keeps both or neither, and replaying them decides nothing again.
 
 use crate::apply::Tables;
 use crate::tables::{corrupt, storage, LOG};
@@ -37,6 +50,9 @@ pub(crate) const CHECKPOINT_BYTES: usize = 1 << 20;
 
 /// Marks an absent key or type.
 const NONE: u32 = u32::MAX;
+/// The first 8 bytes of a metadata record (where an append record has its
+/// channel's id, never this).
+pub(crate) const META_TAG: u64 = u64::MAX;
 /// Set in an event's `data_len` when its data is bytes (data is far below
 /// 2 GiB: `--max-event-bytes`).
 const BINARY: u32 = 1 << 31;
@@ -60,6 +76,32 @@ pub(crate) struct Record<'a> {
     /// The events, `(type, data, binary)`, in seq order: `data` is text's
     /// UTF-8 (checked when read) or, with `binary`, bytes.
     pub events: Vec<(Option<&'a str>, &'a [u8], bool)>,
+}
+
+/// One metadata change as decided by the writer (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MetaRecord<'a> {
+    /// The channel's name.
+    pub name: &'a str,
+    /// The metadata's JSON (`ChannelMeta::encode`); `None`: removed.
+    pub meta: Option<&'a [u8]>,
+}
+
+/// A record of either kind, as read back.
+pub(crate) enum Entry<'a> {
+    /// An append (or a row-only record, without events).
+    Append(Record<'a>),
+    /// A metadata change.
+    Meta(MetaRecord<'a>),
+}
+
+/// Writes a metadata record for channel `name` to `out`: `meta` is the JSON
+/// of the channel's metadata after the change (`None`: removed).
+pub(crate) fn put_meta(out: &mut Vec<u8>, name: &str, meta: Option<&str>) {
+    out.extend_from_slice(&META_TAG.to_le_bytes());
+    put_str(out, Some(name));
+    // The metadata is a few KiB at most (names, producers, forks).
+    put_str(out, meta);
 }
 
 impl Record<'_> {
@@ -176,6 +218,33 @@ impl<'a> Records<'a> {
             .map_err(|_| corrupt("log text is not UTF-8"))
     }
 
+    fn entry(&mut self) -> Result<Entry<'a>, JournalError> {
+        let first = self
+            .bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes);
+        if first == Some(META_TAG) {
+            self.u64()?;
+            let name = self
+                .str()?
+                .ok_or_else(|| corrupt("metadata record without a name"))?;
+            let len = self.u32()?;
+            let meta = match len {
+                NONE => None,
+                len => Some(self.take(len as usize)?),
+            };
+            if self.check_text {
+                if let Some(text) = meta {
+                    gapless_core::meta::ChannelMeta::decode(text)
+                        .map_err(|_| corrupt("metadata record does not decode"))?;
+                }
+            }
+            return Ok(Entry::Meta(MetaRecord { name, meta }));
+        }
+        self.record().map(Entry::Append)
+    }
+
     fn record(&mut self) -> Result<Record<'a>, JournalError> {
         let (id, old_floor, head, floor, time) = (
             self.u64()?,
@@ -220,13 +289,13 @@ impl<'a> Records<'a> {
 }
 
 impl<'a> Iterator for Records<'a> {
-    type Item = Result<Record<'a>, JournalError>;
+    type Item = Result<Entry<'a>, JournalError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.bytes.is_empty() {
             return None;
         }
-        let item = self.record();
+        let item = self.entry();
         if item.is_err() {
             self.bytes = &[];
         }
@@ -236,8 +305,11 @@ impl<'a> Iterator for Records<'a> {
 
 /// Applies every record of `bytes` to `tables` (see [`Tables::finish`]).
 pub(crate) fn apply_all(tables: &mut Tables<'_>, bytes: &[u8]) -> Result<(), JournalError> {
-    for record in Records::new(bytes) {
-        tables.apply(&record?)?;
+    for entry in Records::new(bytes) {
+        match entry? {
+            Entry::Append(record) => tables.apply(&record)?,
+            Entry::Meta(record) => tables.apply_meta(&record)?,
+        }
     }
     Ok(())
 }
@@ -283,7 +355,38 @@ mod tests {
         put_event(&mut out, Some("t"), &"".into());
         put_event(&mut out, Some("b"), &Payload::Binary(vec![0xff, 0]));
         put_header(&mut out, 4, "d", 1, 0, 1, 5, None, 0);
-        let records: Vec<_> = Records::new(&out).collect::<Result<_, _>>()?;
+        let meta = r#"{"incarnation":1,"content_type":"text/plain","layout":{"offset_epoch":1,"channel_epoch":1,"base":0,"origin":0}}"#;
+        put_meta(&mut out, "d", Some(meta));
+        put_meta(&mut out, "e", None);
+        let entries: Vec<_> = Records::new(&out).collect::<Result<_, _>>()?;
+        assert_eq!(entries.len(), 4);
+        let metas: Vec<MetaRecord<'_>> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Meta(m) => Some(*m),
+                Entry::Append(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            metas,
+            [
+                MetaRecord {
+                    name: "d",
+                    meta: Some(meta.as_bytes())
+                },
+                MetaRecord {
+                    name: "e",
+                    meta: None
+                }
+            ]
+        );
+        let records: Vec<&Record<'_>> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Append(r) => Some(r),
+                Entry::Meta(_) => None,
+            })
+            .collect();
         assert_eq!(records.len(), 2);
         let r = &records[0];
         assert_eq!(
@@ -301,6 +404,11 @@ mod tests {
         );
         assert_eq!((records[1].key, records[1].events.len()), (None, 0));
         assert!(Records::new(&out[..out.len() - 3]).any(|r| r.is_err()));
+        // Metadata that is not JSON of a `ChannelMeta`, read from disk.
+        let mut bad = Vec::new();
+        put_meta(&mut bad, "d", Some("{"));
+        assert!(Records::new(&bad).any(|r| r.is_err()));
+        assert!(Records::written_here(&bad).all(|r| r.is_ok()));
         Ok(())
     }
 }

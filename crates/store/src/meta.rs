@@ -5,8 +5,8 @@
 
 use crate::options::Durability;
 use crate::tables::{
-    storage, CHANNELS, EVENTS, FORMAT_COMPATIBLE, FORMAT_VERSION, KEYS, KEY_ORDER, LOG, META,
-    META_ASYNC_OPEN, META_EPOCH, META_FORMAT, META_WAL_APPLIED, META_WAL_LIVE,
+    storage, CHANNELS, CHANNEL_META, EVENTS, FORMAT_COMPATIBLE, FORMAT_VERSION, KEYS, KEY_ORDER,
+    LOG, META, META_ASYNC_OPEN, META_EPOCH, META_FORMAT, META_WAL_APPLIED, META_WAL_LIVE,
 };
 use gapless_core::JournalError;
 use gapless_protocol::Epoch;
@@ -25,6 +25,8 @@ pub(crate) fn init(db: &Database, durability: Durability) -> Result<(Epoch, bool
         txn.open_table(KEYS).map_err(storage)?;
         txn.open_table(KEY_ORDER).map_err(storage)?;
         txn.open_table(LOG).map_err(storage)?;
+        // Format 4: a format-3 store gets it here, empty.
+        txn.open_table(CHANNEL_META).map_err(storage)?;
         let mut meta = txn.open_table(META).map_err(storage)?;
         let get = |key: &str| -> Result<Option<u64>, JournalError> {
             Ok(meta.get(key).map_err(storage)?.map(|g| g.value()))

@@ -8,10 +8,12 @@
 //! [`JournalError::Storage`] naming the file, saying what is wrong in plain
 //! words and what to do; the engine's own words (a caught panic's text
 //! among them) are logged at debug level only. [`check`] does the same and
-//! also decodes every row and checks the `purged` table: the `gapless journal
-//! check` command.
+//! also decodes every row and checks the `purged` and `channel_meta`
+//! tables: the `gapless journal check` command.
 
-use crate::tables::{decode_event, row_events, CHANNELS, EVENTS, LOG, META, META_EPOCH, PURGED};
+use crate::tables::{
+    decode_event, row_events, CHANNELS, CHANNEL_META, EVENTS, LOG, META, META_EPOCH, PURGED,
+};
 use gapless_core::JournalError;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -71,6 +73,10 @@ pub struct CheckReport {
     /// Channels purged at least once (rows of the `purged` table: each such
     /// channel has an epoch of its own).
     pub purged: u64,
+    /// Channels with metadata (rows of the `channel_meta` table, each
+    /// decoded; none in a store from before metadata). Changes only the
+    /// write-ahead log holds are not counted.
+    pub with_meta: u64,
 }
 
 /// Checks the journal in `dir` without serving it: the file opens, every
@@ -79,7 +85,9 @@ pub struct CheckReport {
 /// write-ahead log holds every commit after the tables' last, and every
 /// row of the `purged` table (channel -> the epoch its last purge began,
 /// `purge.rs`) names a channel of the `channels` table with an epoch of its
-/// own: not 0, not the store's (a purge always draws another).
+/// own: not 0, not the store's (a purge always draws another), and every
+/// row of the `channel_meta` table decodes and names a channel of the
+/// `channels` table.
 ///
 /// # Errors
 /// [`JournalError::Storage`] saying what is damaged and where.
@@ -122,11 +130,13 @@ fn rows(db: &Database) -> Result<CheckReport, Found> {
         Err(e) => return Err(engine(e)),
     };
     let purged = purged_rows(&txn, &channels)?;
+    let with_meta = meta_rows(&txn, &channels)?;
     let mut report = CheckReport {
         channels: 0,
         events: 0,
         logged_commits,
         purged,
+        with_meta,
     };
     for row in channels.iter().map_err(engine)? {
         let (name, value) = row.map_err(engine)?;
@@ -207,6 +217,38 @@ fn purged_rows(
                 } else {
                     "the store's own"
                 }
+            )));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Checks the `channel_meta` table (absent: a store from before metadata):
+/// every row decodes and names a channel of the `channels` table (a change
+/// always gives its channel a row). Returns its number of rows.
+fn meta_rows(
+    txn: &redb::ReadTransaction,
+    channels: &redb::ReadOnlyTable<&str, (u64, u64, u64, u64)>,
+) -> Result<u64, Found> {
+    let table = match txn.open_table(CHANNEL_META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(engine(e)),
+    };
+    let mut n = 0;
+    for row in table.iter().map_err(engine)? {
+        let (name, json) = row.map_err(engine)?;
+        let name = name.value().to_owned();
+        if let Err(e) = gapless_core::meta::ChannelMeta::decode(json.value()) {
+            return Err(Found::Content(format!(
+                "the metadata of channel {name:?} does not decode ({e})"
+            )));
+        }
+        if channels.get(name.as_str()).map_err(engine)?.is_none() {
+            return Err(Found::Content(format!(
+                "the channel_meta table names channel {name:?}, which the channels table does \
+                 not have (a change always gives its channel a row)"
             )));
         }
         n += 1;

@@ -1,18 +1,48 @@
 //! What readers see beyond the indexed tables: for every channel appended to
 //! since the last checkpoint, its bounds and the events still only in `log`
-//! (see `log.rs`).
+//! (see `log.rs`); for every channel whose metadata changed since, that
+//! metadata ([`MetaTail`]).
 //!
 //! The writer adds to it after each commit that logged appends, and empties it
 //! while holding the write lock across the checkpoint's commit; readers take
 //! their redb snapshot while holding the read lock. A reader therefore pairs
 //! the overlay with a snapshot of the tables that is exactly as far as the
 //! overlay assumes: the tables hold every event of a channel up to the tail's
-//! `base_head`, the overlay the rest.
+//! `base_head`, the overlay the rest; the tables hold a channel's metadata
+//! as of the last checkpoint, the overlay any newer one.
 
+use gapless_core::meta::ChannelMeta;
 use gapless_core::ChannelState;
 use gapless_protocol::{Epoch, Event};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A channel's metadata newer than the tables' (a change not yet
+/// checkpointed).
+#[derive(Debug, Clone)]
+pub(crate) struct MetaTail {
+    /// The WAL frame of the change (the checkpoint that applies it drops it).
+    pub lsn: u64,
+    /// The metadata after the change (`None`: removed).
+    pub meta: Option<Arc<ChannelMeta>>,
+}
+
+/// Everything the overlay holds, behind one lock.
+#[derive(Debug, Default)]
+pub(crate) struct View {
+    /// Events not yet in the tables, by channel name.
+    pub tails: HashMap<Arc<str>, Tail>,
+    /// Metadata not yet in the tables, by channel name.
+    pub metas: HashMap<Arc<str>, MetaTail>,
+}
+
+impl View {
+    /// Forgets everything (the tables hold it all).
+    pub(crate) fn clear(&mut self) {
+        self.tails.clear();
+        self.metas.clear();
+    }
+}
 
 /// A channel's events not yet in the tables.
 #[derive(Debug)]
@@ -40,25 +70,44 @@ impl Tail {
     }
 }
 
-/// Tails by channel name.
+/// Tails and metadata by channel name ([`View`]).
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
-    tails: RwLock<HashMap<Arc<str>, Tail>>,
+    view: RwLock<View>,
 }
 
 impl Overlay {
     /// For readers.
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, HashMap<Arc<str>, Tail>> {
-        self.tails
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, View> {
+        self.view
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// For the writer.
-    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, HashMap<Arc<str>, Tail>> {
-        self.tails
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, View> {
+        self.view
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Records channel `name`'s metadata after the change in WAL frame `lsn`
+/// (`None`: removed), once that frame is durable.
+pub(crate) fn set_meta(
+    metas: &mut HashMap<Arc<str>, MetaTail>,
+    name: &Arc<str>,
+    lsn: u64,
+    meta: Option<Arc<ChannelMeta>>,
+) {
+    metas.insert(name.clone(), MetaTail { lsn, meta });
+}
+
+/// Drops the metadata a checkpoint that applied every frame up to `applied`
+/// put in the tables.
+pub(crate) fn trim_metas(metas: &mut HashMap<Arc<str>, MetaTail>, applied: u64) {
+    if !metas.is_empty() {
+        metas.retain(|_, m| m.lsn > applied);
     }
 }
 

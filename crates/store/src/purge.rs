@@ -121,7 +121,7 @@ pub(crate) fn purge(
     txn.commit().map_err(storage)?;
     // The tables held every earlier event already: the overlay has nothing
     // of the channel's left, but a tail of it must not outlive the purge.
-    tails.remove(channel);
+    tails.tails.remove(channel);
     let name = ch.name.clone();
     // Readers take the epoch under the overlay's read lock (`reader.rs`):
     // the new one is in place before they can see the purged tables.

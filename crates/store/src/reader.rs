@@ -28,7 +28,7 @@ pub(crate) struct EpochOf {
 
 impl EpochOf {
     /// The epoch of `channel`; call it under the overlay's read lock.
-    fn of(&self, channel: &str) -> Epoch {
+    pub(crate) fn of(&self, channel: &str) -> Epoch {
         match &self.epochs {
             Some(epochs) => epochs.of(channel, self.store),
             None => self.store,
@@ -54,7 +54,8 @@ pub(crate) fn state(
 ) -> Result<ChannelState, JournalError> {
     let epoch_of = epoch.into();
     let (txn, epoch) = {
-        let tails = overlay.read();
+        let view = overlay.read();
+        let tails = &view.tails;
         let epoch = epoch_of.of(channel);
         if let Some(tail) = tails.get(channel) {
             return Ok(tail.state(epoch));
@@ -88,7 +89,8 @@ pub(crate) fn page(
     let limit = bound.limit;
     let epoch_of = epoch.into();
     let (txn, tail, epoch) = {
-        let tails = overlay.read();
+        let view = overlay.read();
+        let tails = &view.tails;
         let epoch = epoch_of.of(channel);
         let (txn, tail) = match tails.get(channel) {
             Some(tail) => {
@@ -221,7 +223,8 @@ pub(crate) fn seek_time(
 ) -> Result<TimeSeek, JournalError> {
     let epoch_of = epoch.into();
     let (txn, overlaid, epoch) = {
-        let tails = overlay.read();
+        let view = overlay.read();
+        let tails = &view.tails;
         let epoch = epoch_of.of(channel);
         let (txn, overlaid) = match tails.get(channel) {
             Some(tail) => {

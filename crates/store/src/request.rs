@@ -1,6 +1,9 @@
 //! What the journal sends its writer thread, and how the writer gathers
 //! pending requests into one batch (one group commit: one WAL frame).
+//! Appends and metadata changes of a batch are decided in arrival order
+//! and written in the same frame.
 
+use gapless_core::meta::{Change, Changed};
 use gapless_core::{Appended, JournalError};
 use gapless_protocol::NewEvent;
 use parking_lot::{Condvar, Mutex};
@@ -27,6 +30,16 @@ pub(crate) enum Request {
         key: Option<String>,
         /// The result.
         reply: Reply<Appended>,
+    },
+    /// Change a channel's metadata (`channel_meta.rs`): decided in its
+    /// place in the batch, committed in the batch's frame.
+    Change {
+        /// The channel.
+        channel: String,
+        /// The change (boxed: it holds a whole `ChannelMeta`).
+        change: Box<Change>,
+        /// The result.
+        reply: Reply<Changed>,
     },
     /// Evict events older than the retention age.
     Evict {
@@ -63,6 +76,13 @@ pub(crate) enum Op {
         /// The idempotency key, if any.
         key: Option<String>,
     },
+    /// See [`Request::Change`].
+    Change {
+        /// The channel.
+        channel: String,
+        /// The change (boxed: it holds a whole `ChannelMeta`).
+        change: Box<Change>,
+    },
     /// See [`Request::Evict`].
     Evict {
         /// The current time, Unix ms.
@@ -79,10 +99,25 @@ pub(crate) enum Op {
 pub(crate) enum Pending {
     /// An append's reply.
     Append(Reply<Appended>),
+    /// A metadata change's reply.
+    Change(Reply<Changed>),
     /// An eviction's reply.
     Evict(Reply<()>),
     /// A purge's reply.
     Purge(Reply<gapless_core::ChannelState>),
+}
+
+/// What the writer decided for an append or a change of a batch, sent as
+/// its reply once the batch is durable.
+#[derive(Debug)]
+pub(crate) enum Done {
+    /// An append's result.
+    Appended(Appended),
+    /// A change's result.
+    Changed(Box<Changed>),
+    /// A plain append to a closed channel: refused with
+    /// [`JournalError::ChannelClosed`], nothing appended.
+    ChannelClosed,
 }
 
 /// Requests applied together in one transaction, in arrival order.
@@ -123,6 +158,15 @@ impl Batch {
                 });
                 self.pending.push(Pending::Append(reply));
             }
+            Request::Change {
+                channel,
+                change,
+                reply,
+            } => {
+                self.bytes += channel.len() + change_bytes(&change);
+                self.ops.push(Op::Change { channel, change });
+                self.pending.push(Pending::Change(reply));
+            }
             Request::Evict { now_ms, reply } => {
                 self.ops.push(Op::Evict { now_ms });
                 self.pending.push(Pending::Evict(reply));
@@ -135,6 +179,19 @@ impl Batch {
     pub(crate) fn is_full(&self) -> bool {
         self.ops.len() >= MAX_BATCH_REQUESTS || self.bytes >= MAX_BATCH_BYTES
     }
+}
+
+/// About the payload bytes of `change`: its events' data and types (the
+/// metadata itself is small).
+pub(crate) fn change_bytes(change: &Change) -> usize {
+    let events = match change {
+        Change::Create { events, .. } | Change::Append { events, .. } => events.as_slice(),
+        _ => &[],
+    };
+    256 + events
+        .iter()
+        .map(|e| e.data.len() + e.event_type.as_ref().map_or(0, String::len))
+        .sum::<usize>()
 }
 
 /// What [`Inbox::wait`] saw.

@@ -4,7 +4,8 @@
 //! The writer (`writer.rs`) decides a batch of requests and writes it as
 //! one WAL frame ([`Written`]); then [`Round::finish`] calls `fdatasync`
 //! once on the files written (under [`Durability::Sync`]) and completes each
-//! commit in order: its events join the readers' overlay, the sink is told,
+//! commit in order: its events (and metadata) join the readers' overlay, the
+//! sink is told (`committed`, then `meta_changed` for a change),
 //! each publisher gets its reply, and its records go to the checkpointer. So
 //! a publisher is answered only once its event is on disk. While the
 //! `fdatasync` runs, new requests gather in the inbox: the next round takes
@@ -24,9 +25,9 @@ use crate::apply::Notice;
 use crate::checkpoint::Checkpointer;
 use crate::options::Durability;
 use crate::overlay::{self, Overlay};
-use crate::request::Pending;
+use crate::request::{Done, Pending};
 use crate::wal;
-use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
+use gapless_core::{ChannelState, CommitSink, JournalError};
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -46,8 +47,8 @@ pub(crate) struct Written {
     pub records: Vec<u8>,
     /// What the sink is told, in order.
     pub notices: Vec<Notice>,
-    /// Each request's reply and result, in order.
-    pub replies: Vec<(Pending, Option<Appended>)>,
+    /// Each request's reply and result, in order (`None`: lost).
+    pub replies: Vec<(Pending, Option<Done>)>,
 }
 
 /// What completing commits takes, and the state of the files' syncs.
@@ -219,17 +220,20 @@ impl Round {
     /// checkpointer.
     fn complete(&self, batch: Vec<Written>) {
         {
-            let mut tails = self.overlay.write();
+            let mut view = self.overlay.write();
             for w in &batch {
                 for notice in &w.notices {
-                    if let Notice::Committed {
-                        channel,
-                        id,
-                        state,
-                        events,
-                    } = notice
-                    {
-                        overlay::add(&mut tails, channel, *id, *state, events);
+                    match notice {
+                        Notice::Committed {
+                            channel,
+                            id,
+                            state,
+                            events,
+                        } => overlay::add(&mut view.tails, channel, *id, *state, events),
+                        Notice::Meta { channel, meta } => {
+                            overlay::set_meta(&mut view.metas, channel, w.lsn, meta.clone());
+                        }
+                        Notice::Evicted { .. } => {}
                     }
                 }
             }
@@ -256,12 +260,26 @@ fn lost() -> JournalError {
     JournalError::Storage("journal writer lost an append result".to_owned())
 }
 
-/// Sends `result` to a request's reply (an eviction's gets `()`; a purge
-/// never has an append's result).
-pub(crate) fn reply(pending: Pending, result: Result<Appended, JournalError>) {
+/// Sends `result` to a request's reply: an append's gets its
+/// [`Done::Appended`] ([`Done::ChannelClosed`] as
+/// [`JournalError::ChannelClosed`]), a change's its [`Done::Changed`]; any
+/// other pairing is a lost result (an eviction's gets `()`; a purge never
+/// has an append's result).
+pub(crate) fn reply(pending: Pending, result: Result<Done, JournalError>) {
     match pending {
         Pending::Append(reply) => {
-            let _ = reply.send(result);
+            let _ = reply.send(result.and_then(|done| match done {
+                Done::Appended(a) => Ok(a),
+                Done::ChannelClosed => Err(JournalError::ChannelClosed),
+                Done::Changed(_) => Err(lost()),
+            }));
+        }
+        Pending::Change(reply) => {
+            let _ = reply.send(result.and_then(|done| match done {
+                Done::Changed(c) => Ok(*c),
+                Done::ChannelClosed => Err(JournalError::ChannelClosed),
+                Done::Appended(_) => Err(lost()),
+            }));
         }
         Pending::Evict(reply) => {
             let _ = reply.send(result.map(|_| ()));
@@ -281,6 +299,9 @@ pub(crate) fn reply_unit(pending: Pending, result: Result<(), JournalError>) {
         Pending::Append(reply) => {
             let _ = reply.send(result.and_then(|()| Err(lost())));
         }
+        Pending::Change(reply) => {
+            let _ = reply.send(result.and_then(|()| Err(lost())));
+        }
         Pending::Purge(reply) => {
             let _ = reply.send(result.and_then(|()| Err(lost())));
         }
@@ -294,6 +315,9 @@ pub(crate) fn reply_state(pending: Pending, result: Result<ChannelState, Journal
             let _ = reply.send(result);
         }
         Pending::Append(reply) => {
+            let _ = reply.send(result.and_then(|_| Err(lost())));
+        }
+        Pending::Change(reply) => {
             let _ = reply.send(result.and_then(|_| Err(lost())));
         }
         Pending::Evict(reply) => {
@@ -331,6 +355,7 @@ pub(crate) fn notify(sink: &dyn CommitSink, notice: &Notice) {
             ..
         } => sink.committed(channel, *state, events),
         Notice::Evicted { channel, state } => sink.evicted(channel, *state),
+        Notice::Meta { channel, .. } => sink.meta_changed(channel),
     }));
     if outcome.is_err() {
         tracing::error!("journal commit sink panicked");

@@ -1,6 +1,6 @@
 //! The on-disk layout: redb table definitions and the encoding of rows.
 //!
-//! One redb file holds six tables, and a seventh once a channel is purged:
+//! One redb file holds seven tables, and an eighth once a channel is purged:
 //!
 //! | table                | key                        | value                              |
 //! |----------------------|----------------------------|------------------------------------|
@@ -11,6 +11,7 @@
 //! | `idempotency_order`  | `(channel id, last_seq, key)` | `()`                            |
 //! | `log`                | commit number              | the appends of one commit (see `log.rs`) |
 //! | `purged`             | channel name               | the epoch its last purge began (see `purge.rs`) |
+//! | `channel_meta`       | channel name               | the channel's metadata, JSON (see `channel_meta.rs`) |
 //!
 //! Channels get a small numeric id on their first append so event keys stay
 //! 16 bytes whatever the name. Rows below a channel's floor are deleted in the
@@ -22,21 +23,29 @@
 //! the other tables later (`checkpoint.rs`). Format 2 kept the records in
 //! the `log` table instead; opening a format-2 store applies whatever a
 //! crash left there (`log.rs`), and format 3 leaves it empty.
+//!
+//! Only channels that have metadata ([`gapless_core::meta`], a Durable
+//! Streams stream) have a `channel_meta` row; every such channel also has a
+//! `channels` row. A store of format 3 has no `channel_meta` table: opening
+//! it creates the table, empty, and makes the store format 4.
 
 use gapless_core::JournalError;
 use gapless_protocol::Payload;
 use redb::{ReadableTable, TableDefinition};
 use std::fmt::Display;
 
-/// Version of this layout, stored under `meta["format"]`: 3 is format 2
+/// Version of this layout, stored under `meta["format"]`: 4 is format 3
+/// with the `channel_meta` table and metadata records in the write-ahead
+/// log (`log.rs`), which a format-3 build would misread; 3 is format 2
 /// with the write-ahead log beside the file (`wal.rs`),
 /// `meta["wal_applied"]`, and chunk rows in `events` ([`ChunkBuilder`]); an
-/// older build refuses it rather than miss the commits only the WAL holds or
-/// misread a chunk.
-pub(crate) const FORMAT_VERSION: u64 = 3;
-/// Older layout versions this build opens (format 1 is format 2 with an
-/// empty `log`; format 2 is format 3 with no WAL and no chunk row).
-pub(crate) const FORMAT_COMPATIBLE: [u64; 2] = [1, 2];
+/// older build refuses a newer format rather than miss the commits only the
+/// WAL holds or misread a chunk or a record.
+pub(crate) const FORMAT_VERSION: u64 = 4;
+/// Older layout versions this build opens and upgrades (format 1 is format
+/// 2 with an empty `log`; format 2 is format 3 with no WAL and no chunk
+/// row; format 3 is format 4 without channel metadata).
+pub(crate) const FORMAT_COMPATIBLE: [u64; 3] = [1, 2, 3];
 
 /// `meta` key of the layout version.
 pub(crate) const META_FORMAT: &str = "format";
@@ -68,6 +77,9 @@ pub(crate) const KEY_ORDER: TableDefinition<(u64, u64, &str), ()> =
 /// Channel name -> the epoch its last purge began (`purge.rs`); a channel
 /// without a row has the store's epoch. Created by the first purge.
 pub(crate) const PURGED: TableDefinition<&str, u64> = TableDefinition::new("purged");
+/// Channel name -> its metadata, [`gapless_core::meta::ChannelMeta::encode`]'s
+/// JSON (`channel_meta.rs`). Only channels with metadata have a row.
+pub(crate) const CHANNEL_META: TableDefinition<&str, &[u8]> = TableDefinition::new("channel_meta");
 /// Commit number -> the append records of that commit, not yet applied to
 /// the other tables.
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");

@@ -1,7 +1,8 @@
 //! The write-ahead log: how a commit becomes durable without a redb
 //! transaction.
 //!
-//! A group commit's append records (`log.rs`) are written as one *frame* to
+//! A group commit's records (`log.rs`: appends and channel metadata
+//! changes) are written as one *frame* to
 //! a WAL file with one `pwrite`, and made durable with one `fdatasync`
 //! (`sync.rs`); the records reach the indexed tables of `journal.redb`
 //! later, in a checkpoint of their own (`checkpoint.rs`), which also records

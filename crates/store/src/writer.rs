@@ -1,9 +1,10 @@
 //! The group-commit writer: one thread decides and commits every append.
 //!
-//! Appends (and evictions) wait in the [`Inbox`]. The writer takes
-//! everything pending (up to a bound, see `request.rs`), decides each
-//! append in memory (idempotency, seqs, time, retention by count and bytes:
-//! `apply.rs`),
+//! Appends, metadata changes (and evictions) wait in the [`Inbox`]. The
+//! writer takes everything pending (up to a bound, see `request.rs`),
+//! decides each append in memory (a closed channel refuses it; idempotency,
+//! seqs, time, retention by count and bytes: `apply.rs`) and each metadata
+//! change in its place among them (`channel_meta.rs`),
 //! writes the batch's records as one frame of the write-ahead log (`wal.rs`,
 //! one `pwrite`), then makes it durable with one `fdatasync` and completes
 //! it: overlay, sink, replies (`sync.rs`). While it waits for the disk, new
@@ -31,11 +32,11 @@ use crate::checkpoint::Checkpointer;
 use crate::options::StoreOptions;
 use crate::overlay::Overlay;
 use crate::purge::Epochs;
-use crate::request::{Batch, Inbox, Op, Pending, Wait};
+use crate::request::{Batch, Done, Inbox, Op, Pending, Wait};
 use crate::sync::{self, Round, Written};
 use crate::tables::storage;
 use crate::wal::Wal;
-use gapless_core::{Appended, ChannelState, CommitSink, JournalError};
+use gapless_core::{ChannelState, CommitSink, JournalError};
 use gapless_protocol::Epoch;
 use redb::Database;
 use std::sync::Arc;
@@ -225,7 +226,8 @@ impl Writer {
                     let result = self.purge(&channel);
                     sync::reply_state(pending, result);
                 }
-                append @ Op::Append { .. } => appends.push((append, pending)),
+                // Appends and changes share the batch's frame, in order.
+                op @ (Op::Append { .. } | Op::Change { .. }) => appends.push((op, pending)),
             }
         }
         if !appends.is_empty() {
@@ -248,9 +250,10 @@ impl Writer {
         Ok(())
     }
 
-    /// Decides `appends` and writes their frame (completed by the round).
+    /// Decides `appends` (and changes) and writes their frame (completed by
+    /// the round).
     fn commit(&mut self, appends: Vec<(Op, Pending)>) {
-        let mut replies: Vec<(Pending, Option<Appended>)> = Vec::with_capacity(appends.len());
+        let mut replies: Vec<(Pending, Option<Done>)> = Vec::with_capacity(appends.len());
         let result = self.decide(appends, &mut replies);
         let (records, notices) = match result {
             Ok(x) => x,
@@ -264,9 +267,11 @@ impl Writer {
                 return;
             }
         };
-        if notices.is_empty() {
-            // Only duplicates: nothing to write, but the replies wait for
-            // the batches before (the originals may be among them).
+        if records.is_empty() {
+            // Only duplicates, refusals and changes that wrote nothing:
+            // nothing to write, but the replies wait for the batches
+            // before (the originals, or what was decided against, may be
+            // among them).
             self.round.written.push(Written {
                 lsn: 0,
                 file: None,
@@ -295,14 +300,19 @@ impl Writer {
         }
     }
 
-    /// Decides each append (see `apply::append`) into records and notices;
-    /// `replies` gets each request's reply and result.
+    /// Decides each append (see `apply::append`; refused on a closed
+    /// channel) and each metadata change (`channel_meta::change`), in
+    /// order, into records and notices; `replies` gets each request's reply
+    /// and result.
     fn decide(
         &mut self,
         appends: Vec<(Op, Pending)>,
-        replies: &mut Vec<(Pending, Option<Appended>)>,
+        replies: &mut Vec<(Pending, Option<Done>)>,
     ) -> Result<(Vec<u8>, Vec<Notice>), JournalError> {
         let ready = self.ready();
+        if let Some(cache) = self.cache.as_mut() {
+            crate::channel_meta::bound(cache, self.checkpointer.applied());
+        }
         let mut notices = Vec::with_capacity(appends.len());
         // A record is its header (about 60 bytes and the names) and its events.
         let mut records = Vec::with_capacity(records_size(&appends));
@@ -310,15 +320,6 @@ impl Writer {
         let lsn = self.wal.next_lsn();
         let mut snapshot = None;
         for (op, pending) in appends {
-            let Op::Append {
-                channel,
-                events,
-                key,
-            } = op
-            else {
-                replies.push((pending, None));
-                continue;
-            };
             if failure.is_none() {
                 let Some(cache) = self.cache.as_mut() else {
                     failure = Some(JournalError::Storage("journal cache not loaded".into()));
@@ -336,9 +337,9 @@ impl Writer {
                     record: &mut records,
                     lsn,
                 };
-                match apply::append(&mut cx, &mut ax, &channel, events, key.as_deref()) {
-                    Ok((appended, notice)) => {
-                        replies.push((pending, Some(appended)));
+                match decide_one(&mut cx, &mut ax, op) {
+                    Ok((done, notice)) => {
+                        replies.push((pending, done));
                         notices.extend(notice);
                         continue;
                     }
@@ -522,6 +523,34 @@ impl Writer {
     }
 }
 
+/// Decides one append or change of a batch (see [`Writer::decide`]):
+/// its result (`None`: not an append or a change) and its notices.
+fn decide_one(
+    cx: &mut Ctx<'_>,
+    ax: &mut AppendCx<'_>,
+    op: Op,
+) -> Result<(Option<Done>, Vec<Notice>), JournalError> {
+    match op {
+        Op::Append {
+            channel,
+            events,
+            key,
+        } => {
+            // Decided here, in order: wholly before or after a close.
+            if crate::channel_meta::closed(cx.cache, ax, &channel)? {
+                return Ok((Some(Done::ChannelClosed), Vec::new()));
+            }
+            let (appended, notice) = apply::append(cx, ax, &channel, events, key.as_deref())?;
+            Ok((Some(Done::Appended(appended)), notice.into_iter().collect()))
+        }
+        Op::Change { channel, change } => {
+            let (done, notices) = crate::channel_meta::change(cx, ax, &channel, *change)?;
+            Ok((Some(done), notices))
+        }
+        Op::Evict { .. } | Op::Purge { .. } => Ok((None, Vec::new())),
+    }
+}
+
 /// About the bytes the records of `appends` take.
 fn records_size(appends: &[(Op, Pending)]) -> usize {
     appends
@@ -538,6 +567,9 @@ fn records_size(appends: &[(Op, Pending)]) -> usize {
                         .iter()
                         .map(|e| 8 + e.data.len() + e.event_type.as_ref().map_or(0, String::len))
                         .sum::<usize>()
+            }
+            Op::Change { channel, change } => {
+                64 + channel.len() + crate::request::change_bytes(change)
             }
             Op::Evict { .. } | Op::Purge { .. } => 0,
         })

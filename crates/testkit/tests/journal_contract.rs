@@ -228,12 +228,6 @@ impl Recorder {
 
 impl CommitSink for Recorder {
     fn committed(&self, channel: &str, state: ChannelState, events: &[Arc<Event>]) {
-        if let Some(described) = gapless_core::meta_log::described(channel) {
-            // A journal that keeps metadata as records: the hub takes such a
-            // commit as `meta_changed` of the channel it describes.
-            self.meta_changed(described);
-            return;
-        }
         let seqs = events.iter().map(|e| e.seq).collect();
         let rec = Record::Committed(channel.to_owned(), state, seqs);
         self.log.lock().expect("lock").push(rec);
