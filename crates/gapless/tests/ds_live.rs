@@ -549,3 +549,182 @@ async fn a_refused_connection_gets_the_busy_answer_on_durable_streams_paths() {
         assert_eq!(body["error"], "limit_reached", "{body}");
     }
 }
+
+const SECRET: &str = "a-test-secret-that-is-long-enough-32";
+
+/// A token for every channel whose `exp` is `ttl_s` seconds from now.
+fn token_for(ttl_s: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = json!({"exp": now + ttl_s, "gapless": {"subscribe": ["*"], "publish": ["*"]}});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("signing")
+}
+
+/// A live read ends when the token that opened it stops being honoured
+/// (`exp` plus `--jwt-leeway-ms`), as gapless's own SSE does: the SSE
+/// response ends cleanly with nothing sent after the expiry (an append made
+/// after it is not delivered) and its reconnection is refused 401; a
+/// long-poll waiting past the expiry answers then as at its timeout (204,
+/// `Stream-Up-To-Date`), not at the 30 s timeout.
+#[tokio::test]
+async fn live_reads_end_when_their_token_expires() {
+    let s = Server::memory(&[
+        "--jwt-secret",
+        SECRET,
+        "--jwt-leeway-ms",
+        "500",
+        "--ds-long-poll-timeout-ms",
+        "30000",
+    ])
+    .await;
+    let admin = token_for(3600);
+    let bearer = format!("Bearer {admin}");
+    let auth = ("authorization", bearer.as_str());
+    let r = s.request("PUT", "/ds/exp", &[JSON, auth], "[1]").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    for fanout in [true, false] {
+        let short = token_for(2);
+        let opened = std::time::Instant::now();
+        let client = if fanout {
+            fresh_connections()
+        } else {
+            let c = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client");
+            let h = c
+                .head(s.url("/ds/exp"))
+                .bearer_auth(&admin)
+                .send()
+                .await
+                .expect("HEAD");
+            assert_eq!(h.status(), 200);
+            c
+        };
+        let path = format!("/ds/exp?offset=-1&live=sse&access_token={short}");
+        let mut live = Live::open(&client, &s, &path).await;
+        assert_eq!(live.by_fanout_writer(), fanout);
+        let (data, control) = live.batch().await.expect("the backlog");
+        assert_eq!(data, if fanout { "[1]" } else { "[1,2]" });
+        assert_eq!(control["upToDate"], true, "{control}");
+        // The body ends at the expiry (within ~2.5 s), long before 60 s;
+        // nothing but heartbeats comes before.
+        while let Some(f) = live.frame().await {
+            assert_eq!(f.kind, ":", "nothing but heartbeats before the end: {f:?}");
+        }
+        let lasted = opened.elapsed();
+        assert!(
+            lasted < Duration::from_secs(8),
+            "the live read ended at its token's expiry, after {lasted:?}"
+        );
+        let r = s.request("POST", "/ds/exp", &[JSON, auth], "2").await;
+        assert_eq!(r.status, 204, "{}", r.text);
+        let again = client.get(s.url(&path)).send().await.expect("reconnect");
+        assert_eq!(again.status(), 401, "the expired token is refused");
+    }
+    // A long-poll at the tail, its token expiring while it waits.
+    let tail = tail_as(&s, "/ds/exp", &admin).await;
+    let short = token_for(2);
+    let opened = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        s.http
+            .get(s.url(&format!("/ds/exp?offset={tail}&live=long-poll")))
+            .bearer_auth(&short)
+            .send(),
+    )
+    .await
+    .expect("the long-poll answers at the token's expiry, not at its 30 s timeout")
+    .expect("the long-poll");
+    assert_eq!(r.status(), 204);
+    assert_eq!(
+        r.headers()
+            .get("stream-up-to-date")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(
+        r.headers()
+            .get("stream-next-offset")
+            .and_then(|v| v.to_str().ok()),
+        Some(tail.as_str())
+    );
+    assert!(opened.elapsed() < Duration::from_secs(8));
+    // Nothing more under the expired token.
+    let r = s
+        .http
+        .get(s.url(&format!("/ds/exp?offset={tail}&live=long-poll")))
+        .bearer_auth(&short)
+        .send()
+        .await
+        .expect("a second long-poll");
+    assert_eq!(r.status(), 401);
+}
+
+/// The stream's tail (`Stream-Next-Offset` of `HEAD`) read with `token`.
+async fn tail_as(s: &Server, path: &str, token: &str) -> String {
+    let bearer = format!("Bearer {token}");
+    let h = s
+        .request("HEAD", path, &[("authorization", bearer.as_str())], "")
+        .await;
+    assert_eq!(h.status, 200, "{path}");
+    h.header("stream-next-offset").expect("offset").to_owned()
+}
+
+/// The readers waiting on a stream that is then deleted are told it is
+/// gone as the reference server tells them: a long-poll answers `404
+/// stream_not_found` (a 410 would read as retention to a client), an SSE
+/// live read ends, and every read after answers 404.
+#[tokio::test]
+async fn a_deleted_streams_waiting_readers_are_told_it_is_not_found() {
+    let s = Server::memory(&["--ds-long-poll-timeout-ms", "20000"]).await;
+    for (path, ct) in [("/ds/del/json", JSON), ("/ds/del/text", TEXT)] {
+        let r = s.request("PUT", path, &[ct], "").await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        let r = s.request("POST", path, &[ct], "[1]").await;
+        assert_eq!(r.status, 204, "{}", r.text);
+        let at = tail(&s, path).await;
+        let poll = {
+            let url = s.url(&format!("{path}?offset={at}&live=long-poll"));
+            let http = s.http.clone();
+            tokio::spawn(async move {
+                let r = http.get(url).send().await.expect("the long-poll");
+                let status = r.status().as_u16();
+                (status, r.text().await.unwrap_or_default())
+            })
+        };
+        let client = fresh_connections();
+        let mut live = Live::open(&client, &s, &format!("{path}?offset={at}&live=sse")).await;
+        let up = live.control().await;
+        assert_eq!(up["upToDate"], true, "{up}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = s.request("DELETE", path, &[], "").await;
+        assert_eq!(r.status, 204, "{}", r.text);
+        let (status, body) = tokio::time::timeout(WAIT, poll)
+            .await
+            .expect("the long-poll answers at the deletion")
+            .expect("the long-poll task");
+        assert_eq!(status, 404, "{body}");
+        let body: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(body["error"], "stream_not_found", "{body}");
+        while let Some(f) = live.frame().await {
+            assert_eq!(f.kind, ":", "nothing but heartbeats before the end: {f:?}");
+        }
+        s.get(&format!("{path}?offset=-1"))
+            .await
+            .expect_error(404, "stream_not_found");
+        s.get(&format!("{path}?offset={at}&live=long-poll"))
+            .await
+            .expect_error(404, "stream_not_found");
+        s.get(&format!("{path}?offset={at}&live=sse"))
+            .await
+            .expect_error(404, "stream_not_found");
+    }
+}

@@ -1181,3 +1181,40 @@ async fn a_closed_stream_refuses_publishes_over_every_transport() {
         assert_eq!(s.all_data("done~1").await, vec![r#"{"n":1}"#]);
     }
 }
+
+/// A JSON-mode body nested deeper than the limit (128 levels of arrays and
+/// objects, `gapless_protocol::json::MAX_DEPTH`) is refused `400
+/// invalid_json` with its depth and the limit in the message, on `POST` and
+/// on a `PUT` with a body, and nothing is stored: readers such as the
+/// Python client could not parse it back. 128 levels are taken.
+#[tokio::test]
+async fn json_nested_deeper_than_the_limit_is_refused_and_nothing_stored() {
+    let s = Server::memory(&[]).await;
+    let json = [("content-type", "application/json")];
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let deep = nested(2000);
+    assert_eq!(deep.len(), 4000, "a 4 KB body");
+    let r = s.request("PUT", "/ds/deep", &json, "").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    for body in [deep.clone(), format!("[1,{}]", nested(128))] {
+        let r = s.request("POST", "/ds/deep", &json, &body).await;
+        let m = r.expect_error(400, "invalid_json")["message"].to_string();
+        let depth = if body.len() == deep.len() {
+            "2000"
+        } else {
+            "129"
+        };
+        assert!(m.contains(depth) && m.contains("128"), "{m}");
+    }
+    let r = s.get("/ds/deep?offset=-1").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.text, "[]", "nothing stored");
+    let r = s.request("PUT", "/ds/deep-put", &json, &deep).await;
+    r.expect_error(400, "invalid_json");
+    assert_eq!(s.request("HEAD", "/ds/deep-put", &[], "").await.status, 404);
+    // At the limit: stored, and read back as it was sent.
+    let r = s.request("POST", "/ds/deep", &json, &nested(128)).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let r = s.get("/ds/deep?offset=-1").await;
+    assert_eq!(r.text, format!("[{}]", nested(127)));
+}

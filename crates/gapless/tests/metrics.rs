@@ -354,3 +354,85 @@ async fn purges_are_counted() {
         "described: {text}"
     );
 }
+
+/// Durable Streams answers are counted as every other room's: a refused
+/// append in `gapless_refusals_total` by its registry code, the messages a
+/// catch-up, a long-poll and an SSE read deliver in
+/// `gapless_events_delivered_total{transport="ds"}`, and an SSE read's end
+/// in the one stream log line (`transport` `ds`, why it ended).
+#[tokio::test]
+async fn durable_streams_refusals_deliveries_and_stream_ends_are_counted() {
+    use std::time::Duration;
+    let s = Server::with(gapless_testkit::Opts {
+        memory: true,
+        args: vec![
+            "--log-format".into(),
+            "json".into(),
+            "--ds-long-poll-timeout-ms".into(),
+            "5000".into(),
+        ],
+        ..gapless_testkit::Opts::default()
+    })
+    .await;
+    let json = [("content-type", "application/json")];
+    // Refused: an append to a stream that does not exist, and a bad offset.
+    let r = s.request("POST", "/ds/none", &json, "[1]").await;
+    r.expect_error(404, "stream_not_found");
+    let r = s.request("PUT", "/ds/m", &json, "[1,2,3]").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = s.get("/ds/m?offset=garbage").await;
+    r.expect_error(400, "invalid_offset");
+    // Delivered: a catch-up (3), a long-poll (1), an SSE read of a closed stream (4).
+    let r = s.get("/ds/m?offset=-1").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let tail = r.header("stream-next-offset").expect("offset").to_owned();
+    let poll = {
+        let url = s.url(&format!("/ds/m?offset={tail}&live=long-poll"));
+        let http = s.http.clone();
+        tokio::spawn(async move { http.get(url).send().await.map(|r| r.status().as_u16()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = s.request("POST", "/ds/m", &json, "4").await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert_eq!(poll.await.ok().and_then(Result::ok), Some(200));
+    let r = s
+        .request("POST", "/ds/m", &[json[0], ("stream-closed", "true")], "")
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let r = s.get("/ds/m?offset=-1&live=sse").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.text.contains("streamClosed"), "{}", r.text);
+
+    let m = metrics(&s).await;
+    assert_eq!(
+        m.get("gapless_refusals_total{code=\"stream_not_found\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("gapless_refusals_total{code=\"invalid_offset\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("gapless_events_delivered_total{transport=\"ds\"}"),
+        Some(&8.0),
+        "{m:?}"
+    );
+    gapless_testkit::eventually("the ds stream line", Duration::from_secs(5), || {
+        let n = stream_lines(&s.log())
+            .iter()
+            .filter(|l| l["transport"] == "ds")
+            .count();
+        async move { n >= 1 }
+    })
+    .await;
+    let lines = stream_lines(&s.log());
+    let ds = lines
+        .iter()
+        .find(|l| l["transport"] == "ds")
+        .unwrap_or_else(|| panic!("no ds line: {lines:?}"));
+    assert_eq!(ds["channels"], "m");
+    assert_eq!(ds["events"], 4);
+    assert_eq!(ds["ended"], "stream_closed");
+}

@@ -1,7 +1,9 @@
 //! Every code that appears on the wire, in one registry.
 //!
 //! HTTP errors are JSON `{"error": <code>, "message": <text>}`; the table maps
-//! each code to its status. Gap reasons appear in `gap` notices.
+//! each code to its status. Gap reasons appear in `gap` notices. The codes of
+//! the Durable Streams room (`stream_not_found`, `offset_gone`, …) are here
+//! too, with the statuses PROTOCOL.md names (docs/durable-streams.md, "Errors").
 
 /// An HTTP error code with its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,7 +13,10 @@ pub enum ErrorCode {
     InvalidChannel,
     /// 400: an event type breaks the type rules or is reserved.
     InvalidType,
-    /// 400: the body is not valid UTF-8.
+    /// 400: the body is not valid UTF-8. The Durable Streams room answers it
+    /// 415 (a non-UTF-8 body on a text stream, PROTOCOL.md): the one code
+    /// answered with another status than [`ErrorCode::status`] besides
+    /// [`ErrorCode::StreamDeleted`] when forking.
     InvalidUtf8,
     /// 400: a cursor fails its check.
     InvalidCursor,
@@ -77,6 +82,46 @@ pub enum ErrorCode {
     /// 409: the channel is closed (a Durable Streams close,
     /// `gapless_core::meta`): it takes no more events from any transport.
     ChannelClosed,
+    /// 400: Durable Streams: a stream path breaks the path rules (docs/durable-streams.md, "Stream paths and channels").
+    InvalidStreamPath,
+    /// 404: Durable Streams: no stream at the path, or it was deleted (also the answer of a long-poll waiting on a stream that is then deleted).
+    StreamNotFound,
+    /// 409: Durable Streams: a `PUT` of a stream that exists with other settings (or a soft-deleted one's path).
+    StreamExists,
+    /// 409: Durable Streams: an append to a closed stream (with `Stream-Closed: true` and the final `Stream-Next-Offset`).
+    StreamClosed,
+    /// 409: Durable Streams: the request's content type is not the stream's.
+    ContentTypeMismatch,
+    /// 400: Durable Streams: an append with a body but no `Content-Type`.
+    MissingContentType,
+    /// 400: Durable Streams: an append with an empty body (and no `Stream-Closed`).
+    EmptyBody,
+    /// 400: Durable Streams: a JSON-mode append of `[]`.
+    EmptyJsonArray,
+    /// 400: Durable Streams: a JSON-mode body that is not one JSON value, or nests deeper than the limit (`gapless_protocol::json::MAX_DEPTH`).
+    InvalidJson,
+    /// 400: Durable Streams: a malformed `Stream-TTL`, or both it and `Stream-Expires-At`.
+    InvalidTtl,
+    /// 400: Durable Streams: a `Stream-Expires-At` that is not an RFC 3339 timestamp (`gapless_protocol::time`).
+    InvalidExpiresAt,
+    /// 400: Durable Streams: an offset that is malformed, empty, missing on a live read, or beyond the tail.
+    InvalidOffset,
+    /// 400: Durable Streams: a `live=` other than `long-poll` or `sse`.
+    InvalidLive,
+    /// 400: Durable Streams: producer headers that are incomplete or malformed, or a new epoch not starting at seq 0.
+    InvalidProducer,
+    /// 400: Durable Streams: a malformed fork request (`Stream-Forked-From`, `Stream-Fork-Offset`, `Stream-Fork-Sub-Offset`).
+    InvalidFork,
+    /// 403: Durable Streams: a producer epoch below the stream's (with `Producer-Epoch`).
+    StaleProducerEpoch,
+    /// 409: Durable Streams: a producer seq past the next expected (with `Producer-Expected-Seq`, `Producer-Received-Seq`).
+    ProducerSeqGap,
+    /// 409: Durable Streams: a `Stream-Seq` not byte-wise above the last accepted one.
+    StreamSeqRegression,
+    /// 410: Durable Streams: the URL of a soft-deleted stream (kept for its forks); 409 when forking one (PROTOCOL.md 4.2).
+    StreamDeleted,
+    /// 410: Durable Streams: the data after the offset is no longer retained, or the offset is of another journal epoch or a deleted predecessor; read again from `-1`.
+    OffsetGone,
 }
 
 impl ErrorCode {
@@ -113,6 +158,26 @@ impl ErrorCode {
         ErrorCode::JournalFull,
         ErrorCode::PresenceDisabled,
         ErrorCode::ChannelClosed,
+        ErrorCode::InvalidStreamPath,
+        ErrorCode::StreamNotFound,
+        ErrorCode::StreamExists,
+        ErrorCode::StreamClosed,
+        ErrorCode::ContentTypeMismatch,
+        ErrorCode::MissingContentType,
+        ErrorCode::EmptyBody,
+        ErrorCode::EmptyJsonArray,
+        ErrorCode::InvalidJson,
+        ErrorCode::InvalidTtl,
+        ErrorCode::InvalidExpiresAt,
+        ErrorCode::InvalidOffset,
+        ErrorCode::InvalidLive,
+        ErrorCode::InvalidProducer,
+        ErrorCode::InvalidFork,
+        ErrorCode::StaleProducerEpoch,
+        ErrorCode::ProducerSeqGap,
+        ErrorCode::StreamSeqRegression,
+        ErrorCode::StreamDeleted,
+        ErrorCode::OffsetGone,
     ];
 
     /// The string used in the `error` field.
@@ -147,6 +212,26 @@ impl ErrorCode {
             ErrorCode::JournalFull => "journal_full",
             ErrorCode::PresenceDisabled => "presence_disabled",
             ErrorCode::ChannelClosed => "channel_closed",
+            ErrorCode::InvalidStreamPath => "invalid_stream_path",
+            ErrorCode::StreamNotFound => "stream_not_found",
+            ErrorCode::StreamExists => "stream_exists",
+            ErrorCode::StreamClosed => "stream_closed",
+            ErrorCode::ContentTypeMismatch => "content_type_mismatch",
+            ErrorCode::MissingContentType => "missing_content_type",
+            ErrorCode::EmptyBody => "empty_body",
+            ErrorCode::EmptyJsonArray => "empty_json_array",
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidTtl => "invalid_ttl",
+            ErrorCode::InvalidExpiresAt => "invalid_expires_at",
+            ErrorCode::InvalidOffset => "invalid_offset",
+            ErrorCode::InvalidLive => "invalid_live",
+            ErrorCode::InvalidProducer => "invalid_producer",
+            ErrorCode::InvalidFork => "invalid_fork",
+            ErrorCode::StaleProducerEpoch => "stale_producer_epoch",
+            ErrorCode::ProducerSeqGap => "producer_seq_gap",
+            ErrorCode::StreamSeqRegression => "stream_seq_regression",
+            ErrorCode::StreamDeleted => "stream_deleted",
+            ErrorCode::OffsetGone => "offset_gone",
         }
     }
 
@@ -178,6 +263,25 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => 408,
             ErrorCode::HeadTooLarge => 431,
             ErrorCode::JournalFull => 507,
+            ErrorCode::InvalidStreamPath
+            | ErrorCode::MissingContentType
+            | ErrorCode::EmptyBody
+            | ErrorCode::EmptyJsonArray
+            | ErrorCode::InvalidJson
+            | ErrorCode::InvalidTtl
+            | ErrorCode::InvalidExpiresAt
+            | ErrorCode::InvalidOffset
+            | ErrorCode::InvalidLive
+            | ErrorCode::InvalidProducer
+            | ErrorCode::InvalidFork => 400,
+            ErrorCode::StaleProducerEpoch => 403,
+            ErrorCode::StreamNotFound => 404,
+            ErrorCode::StreamExists
+            | ErrorCode::StreamClosed
+            | ErrorCode::ContentTypeMismatch
+            | ErrorCode::ProducerSeqGap
+            | ErrorCode::StreamSeqRegression => 409,
+            ErrorCode::StreamDeleted | ErrorCode::OffsetGone => 410,
         }
     }
 }
@@ -304,13 +408,64 @@ mod tests {
                 ErrorCode::JournalFull => 26,
                 ErrorCode::PresenceDisabled => 27,
                 ErrorCode::ChannelClosed => 28,
+                ErrorCode::InvalidStreamPath => 29,
+                ErrorCode::StreamNotFound => 30,
+                ErrorCode::StreamExists => 31,
+                ErrorCode::StreamClosed => 32,
+                ErrorCode::ContentTypeMismatch => 33,
+                ErrorCode::MissingContentType => 34,
+                ErrorCode::EmptyBody => 35,
+                ErrorCode::EmptyJsonArray => 36,
+                ErrorCode::InvalidJson => 37,
+                ErrorCode::InvalidTtl => 38,
+                ErrorCode::InvalidExpiresAt => 39,
+                ErrorCode::InvalidOffset => 40,
+                ErrorCode::InvalidLive => 41,
+                ErrorCode::InvalidProducer => 42,
+                ErrorCode::InvalidFork => 43,
+                ErrorCode::StaleProducerEpoch => 44,
+                ErrorCode::ProducerSeqGap => 45,
+                ErrorCode::StreamSeqRegression => 46,
+                ErrorCode::StreamDeleted => 47,
+                ErrorCode::OffsetGone => 48,
             }
         }
-        const COUNT: usize = 29;
+        const COUNT: usize = 49;
         assert_eq!(ErrorCode::ALL.len(), COUNT);
         for (i, c) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(position(*c), i, "{c:?}");
         }
         assert_eq!(GapReason::ALL.len(), 4);
+    }
+
+    #[test]
+    fn durable_streams_codes_keep_their_wire_strings_and_statuses() {
+        // What the Durable Streams clients and conformance suite see.
+        let want = [
+            ("invalid_stream_path", 400),
+            ("stream_not_found", 404),
+            ("stream_exists", 409),
+            ("stream_closed", 409),
+            ("content_type_mismatch", 409),
+            ("missing_content_type", 400),
+            ("empty_body", 400),
+            ("empty_json_array", 400),
+            ("invalid_json", 400),
+            ("invalid_ttl", 400),
+            ("invalid_expires_at", 400),
+            ("invalid_offset", 400),
+            ("invalid_live", 400),
+            ("invalid_producer", 400),
+            ("invalid_fork", 400),
+            ("stale_producer_epoch", 403),
+            ("producer_seq_gap", 409),
+            ("stream_seq_regression", 409),
+            ("stream_deleted", 410),
+            ("offset_gone", 410),
+        ];
+        for (code, status) in want {
+            let c = ErrorCode::ALL.iter().find(|c| c.as_str() == code);
+            assert_eq!(c.map(|c| c.status()), Some(status), "{code}");
+        }
     }
 }

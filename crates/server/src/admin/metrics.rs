@@ -30,7 +30,8 @@ pub(crate) const SUBSCRIBERS: &str = "gapless_subscribers";
 pub(crate) const CHANNELS_FOLLOWED: &str = "gapless_channels_followed";
 /// Events published, by `durability` (`sync`, `async`, or `ephemeral`).
 pub(crate) const EVENTS_PUBLISHED: &str = "gapless_events_published_total";
-/// Events written to subscribers, by `transport` (`sse`, `ws`).
+/// Events written to subscribers, by `transport` (`sse`, `ws`; `ds`: the
+/// Durable Streams room's catch-up, long-poll and SSE answers).
 pub(crate) const EVENTS_DELIVERED: &str = "gapless_events_delivered_total";
 /// Bytes written to subscribers' sockets, by `transport`.
 pub(crate) const BYTES_WRITTEN: &str = "gapless_bytes_written_total";
@@ -260,6 +261,8 @@ pub(crate) enum Transport {
     Sse,
     /// WebSocket (channels and sessions).
     Ws,
+    /// The Durable Streams room (catch-up, long-poll and `live=sse` reads).
+    Ds,
 }
 
 impl Transport {
@@ -267,6 +270,7 @@ impl Transport {
         match self {
             Transport::Sse => "sse",
             Transport::Ws => "ws",
+            Transport::Ds => "ds",
         }
     }
 }
@@ -275,14 +279,14 @@ impl Transport {
 /// [`install`], which runs before anything is served), so a write step does
 /// not build a metric key.
 struct Hot {
-    delivered: [metrics::Counter; 2],
-    bytes: [metrics::Counter; 2],
-    lag_seconds: [metrics::Histogram; 2],
+    delivered: [metrics::Counter; 3],
+    bytes: [metrics::Counter; 3],
+    lag_seconds: [metrics::Histogram; 3],
     lag_events: metrics::Histogram,
 }
 
 static HOT: std::sync::LazyLock<Hot> = std::sync::LazyLock::new(|| {
-    let t = [Transport::Sse, Transport::Ws];
+    let t = [Transport::Sse, Transport::Ws, Transport::Ds];
     Hot {
         delivered: t.map(|t| metrics::counter!(EVENTS_DELIVERED, "transport" => t.label())),
         bytes: t.map(|t| metrics::counter!(BYTES_WRITTEN, "transport" => t.label())),
@@ -296,6 +300,7 @@ impl Transport {
         match self {
             Transport::Sse => 0,
             Transport::Ws => 1,
+            Transport::Ds => 2,
         }
     }
 }

@@ -18,12 +18,16 @@ use std::sync::Arc;
 
 /// Default page size.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
-/// Largest page size.
+/// Largest page size, in events: of a history page (`limit`), and of every
+/// other page the server reads in one go (a Durable Streams catch-up answer,
+/// a read of its records' channels). One of the pair of page bounds, with
+/// [`PAGE_DATA_BYTES`].
 pub const MAX_LIMIT: usize = 1000;
 /// A page stops early (with `done: false`) once its events hold this many
-/// bytes of data, so one request cannot make the server build a huge answer.
-/// A page always holds at least one event.
-pub(crate) const PAGE_DATA_BYTES: usize = 4 << 20;
+/// bytes of data (4 MiB), so one request cannot make the server build a huge
+/// answer. A page always holds at least one event. The same bound holds for
+/// the pages [`MAX_LIMIT`] names.
+pub const PAGE_DATA_BYTES: usize = 4 << 20;
 
 /// Where a page starts, as `after` names it: `(Some(epoch), seq)`, or
 /// `(None, 0)` for a well-formed cursor of another format version.

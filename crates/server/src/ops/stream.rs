@@ -324,11 +324,19 @@ pub fn delivered(
     events: &[Arc<Event>],
 ) {
     tally.events(events.len());
+    delivered_answer(transport, events, sub.lag(index));
+}
+
+/// Counts a delivery of `events` outside a stream's tally (a whole answer:
+/// a Durable Streams catch-up or long-poll page), with `lag` events of the
+/// channel still after the last: the delivery metrics only
+/// (`gapless_events_delivered_total` by `transport`, the lag histograms).
+pub fn delivered_answer(transport: Transport, events: &[Arc<Event>], lag: u64) {
     metrics::delivered(
         transport,
         events.len(),
         events.last().map_or(0, |e| e.time),
-        sub.lag(index),
+        lag,
     );
 }
 

@@ -1,5 +1,5 @@
 //! The one log line each stream writes when it ends (SSE streams, WebSocket
-//! connections, session consumers), at `info`: which transport, which
+//! connections, session consumers, Durable Streams `live=sse` reads), at `info`: which transport, which
 //! channels, how long it lasted, how many events and gap notices it sent,
 //! and why it ended. Nothing is logged per event at the default level
 //! (docs/deploy.md, "Metrics, readiness, logs"). A stream keeps a [`Tally`] (24 bytes) and
@@ -33,8 +33,16 @@ pub enum Ended {
     /// or the session ended (completed or cancelled).
     SessionOver,
     /// WebSocket session consumer: its position is no longer retained
-    /// (4410; counted as a gap).
+    /// (4410; counted as a gap). Durable Streams SSE: retention or a purge
+    /// passed the reader (its reconnection is answered 410).
     NotRetained,
+    /// Durable Streams SSE: the reader reached the tail of a closed stream.
+    StreamClosed,
+    /// Durable Streams SSE: the stream was deleted (its URL then answers 404).
+    StreamDeleted,
+    /// Durable Streams SSE: the response reached its lifetime (about 60 s,
+    /// the protocol's advice); the client reconnects from its last offset.
+    Lifetime,
 }
 
 impl Ended {
@@ -51,6 +59,9 @@ impl Ended {
             Ended::ProtocolError => "protocol_error",
             Ended::SessionOver => "session_over",
             Ended::NotRetained => "not_retained",
+            Ended::StreamClosed => "stream_closed",
+            Ended::StreamDeleted => "stream_deleted",
+            Ended::Lifetime => "lifetime",
         }
     }
 }
@@ -96,7 +107,8 @@ impl Tally {
         self.ending.get_or_insert(why);
     }
 
-    /// Writes the stream's line: `transport` (`sse` or `ws`) and the
+    /// Writes the stream's line: `transport` (`sse`, `ws`, or `ds` for a
+    /// Durable Streams `live=sse` read) and the
     /// `channels` it followed at its end.
     pub fn log(&self, transport: &'static str, channels: &dyn Display) {
         let ended = self.ending.unwrap_or(Ended::ClientClosed).as_str();

@@ -8,12 +8,13 @@ use super::lifecycle::{end, Ended};
 use super::names::offset;
 use super::streams::{self, media_type, Meta};
 use super::write::{appended_at, body_bytes, checked, head, messages};
-use super::{api_error, empty, error, set, Ctx};
+use super::{api_error, empty, error, error_as, set, Ctx};
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_core::meta::{Ancestor, Change, ChannelMeta, Life, Outcome, Refusal};
+use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::NewEvent;
 
 /// What a creation asks, read from its request.
@@ -77,8 +78,7 @@ pub async fn create(ctx: Ctx, body: Body) -> Response {
         return r;
     }
     error(
-        StatusCode::CONFLICT,
-        "stream_exists",
+        ErrorCode::StreamExists,
         format!(
             "the stream at {} kept changing while it was created; try again",
             ctx.url_path
@@ -94,8 +94,7 @@ async fn read(ctx: &Ctx, body: Body) -> Result<Ask, Response> {
             || ctx.headers.contains_key("stream-fork-sub-offset"))
     {
         return Err(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_fork",
+            ErrorCode::InvalidFork,
             "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
         ));
     }
@@ -107,18 +106,25 @@ async fn read(ctx: &Ctx, body: Body) -> Result<Ask, Response> {
         .header("stream-ttl")
         .map(streams::parse_ttl)
         .transpose()
-        .map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_ttl", m))?;
+        .map_err(|m| error(ErrorCode::InvalidTtl, m))?;
     let expires_at = match ctx.header("stream-expires-at") {
         None => None,
-        Some(v) => match streams::parse_rfc3339(v.trim()) {
+        Some(v) => match gapless_protocol::time::parse_rfc3339(v.trim()) {
             Ok(ms) => Some((v.trim().to_owned(), ms)),
-            Err(m) => return Err(error(StatusCode::BAD_REQUEST, "invalid_expires_at", m)),
+            Err(e) => {
+                return Err(error(
+                    ErrorCode::InvalidExpiresAt,
+                    format!(
+                        "Stream-Expires-At {v:?} is not an RFC 3339 timestamp \
+                         (e.g. 2030-01-02T03:04:05Z): {e}"
+                    ),
+                ))
+            }
         },
     };
     if ttl.is_some() && expires_at.is_some() {
         return Err(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             "give Stream-TTL or Stream-Expires-At, not both",
         ));
     }
@@ -207,8 +213,7 @@ async fn existing(ctx: &Ctx, ask: &Ask) -> Result<Option<Response>, Response> {
         return match end(&ctx.app, &ctx.ds.streams, &ctx.channel, &s).await {
             Ok(Ended::Forgotten) => Ok(None),
             Ok(Ended::Soft) => Err(error(
-                StatusCode::CONFLICT,
-                "stream_exists",
+                ErrorCode::StreamExists,
                 format!(
                     "the stream at {} was deleted but its forks still read it; the path \
                      cannot be used until they are gone",
@@ -233,8 +238,7 @@ async fn existing(ctx: &Ctx, ask: &Ask) -> Result<Option<Response>, Response> {
         && same_fork;
     if !same {
         return Err(error(
-            StatusCode::CONFLICT,
-            "stream_exists",
+            ErrorCode::StreamExists,
             format!(
                 "a stream exists at {} with another content type, TTL, expiry, closure or fork",
                 ctx.url_path
@@ -266,15 +270,14 @@ async fn register(ctx: &Ctx, p: &Plan) -> Result<(), Response> {
         .await
         .map_err(|e| api_error(e.into()))?;
     match c.outcome {
-        Outcome::Refused(Refusal::SoftDeleted) => Err(error(
+        Outcome::Refused(Refusal::SoftDeleted) => Err(error_as(
             StatusCode::CONFLICT,
-            "stream_deleted",
+            ErrorCode::StreamDeleted,
             "the source stream was deleted and is kept only for its forks; it cannot be \
              forked again",
         )),
         Outcome::Refused(_) => Err(error(
-            StatusCode::NOT_FOUND,
-            "stream_not_found",
+            ErrorCode::StreamNotFound,
             "the source stream (Stream-Forked-From) does not exist",
         )),
         _ => Ok(()),

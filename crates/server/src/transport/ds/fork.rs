@@ -6,11 +6,12 @@ pub use crate::ops::streams::layout::{first_position, read, synced_tail, tail, L
 
 use super::names::{parse_offset, Offset};
 use super::streams::media_type;
-use super::{error, Ctx};
+use super::{error, error_as, Ctx};
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::JournalError;
 use gapless_core::meta::ForkOrigin;
+use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::{Epoch, Payload};
 use std::sync::Arc;
 
@@ -44,8 +45,8 @@ pub struct Plan {
     pub prefix: Option<Payload>,
 }
 
-fn bad(code: &'static str, m: impl Into<String>) -> Response {
-    error(StatusCode::BAD_REQUEST, code, m)
+fn bad(code: ErrorCode, m: impl Into<String>) -> Response {
+    error(code, m)
 }
 
 /// Reads `Stream-Fork-Sub-Offset`: a non-negative decimal integer without
@@ -91,7 +92,7 @@ async fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
     }
     super::names::channel_of(rel).map_err(|super::names::BadPath(m)| {
         bad(
-            "invalid_fork",
+            ErrorCode::InvalidFork,
             format!("Stream-Forked-From {v:?} is not a stream path: {m}"),
         )
     })
@@ -124,19 +125,18 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     }
     if source_ch == ctx.channel {
         return Err(error(
-            StatusCode::CONFLICT,
-            "stream_exists",
+            ErrorCode::StreamExists,
             "a stream cannot be forked onto its own path",
         ));
     }
     let offset_header = ctx.header("stream-fork-offset").map(str::to_owned);
     let sub = match ctx.header("stream-fork-sub-offset") {
         None => 0,
-        Some(v) => parse_sub(v.trim()).map_err(|m| bad("invalid_fork", m))?,
+        Some(v) => parse_sub(v.trim()).map_err(|m| bad(ErrorCode::InvalidFork, m))?,
     };
     if sub > 0 && offset_header.is_none() {
         return Err(bad(
-            "invalid_fork",
+            ErrorCode::InvalidFork,
             "Stream-Fork-Sub-Offset above 0 needs a Stream-Fork-Offset to count from",
         ));
     }
@@ -144,8 +144,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     if let Some(ct_req) = content_type {
         if media_type(ct_req) != media_type(&src.content_type) {
             return Err(error(
-                StatusCode::CONFLICT,
-                "content_type_mismatch",
+                ErrorCode::ContentTypeMismatch,
                 format!(
                     "Content-Type {ct_req:?} differs from the source stream's {:?}",
                     src.content_type
@@ -155,7 +154,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
     }
     if src.layout.depth() >= MAX_DEPTH {
         return Err(bad(
-            "invalid_fork",
+            ErrorCode::InvalidFork,
             format!("the source is already {MAX_DEPTH} forks deep; fork a shallower stream"),
         ));
     }
@@ -196,8 +195,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
 async fn source(ctx: &Ctx, from: &str, source_ch: &str) -> Result<Source, Response> {
     let not_found = || {
         error(
-            StatusCode::NOT_FOUND,
-            "stream_not_found",
+            ErrorCode::StreamNotFound,
             format!("the source stream {from:?} (Stream-Forked-From) does not exist"),
         )
     };
@@ -213,9 +211,9 @@ async fn source(ctx: &Ctx, from: &str, source_ch: &str) -> Result<Source, Respon
         return Err(not_found());
     }
     if m.soft_deleted {
-        return Err(error(
+        return Err(error_as(
             StatusCode::CONFLICT,
-            "stream_deleted",
+            ErrorCode::StreamDeleted,
             format!(
                 "the source stream {from:?} was deleted and is kept only for its forks; \
                  it cannot be forked again"
@@ -251,26 +249,31 @@ fn fork_point(
     Ok(match offset_header {
         None => head,
         Some(v) => match parse_offset(Some(v.trim())) {
-            Err(m) => return Err(bad("invalid_offset", format!("Stream-Fork-Offset: {m}"))),
+            Err(m) => {
+                return Err(bad(
+                    ErrorCode::InvalidOffset,
+                    format!("Stream-Fork-Offset: {m}"),
+                ))
+            }
             Ok(Offset::Start) => start,
             Ok(Offset::Now) => head,
             Ok(Offset::At { epoch: e, seq }) => {
                 if e != epoch {
                     return Err(bad(
-                        "invalid_offset",
+                        ErrorCode::InvalidOffset,
                         "Stream-Fork-Offset is of another journal epoch: the history it names \
                          is lost",
                     ));
                 }
                 if seq > head {
                     return Err(bad(
-                        "invalid_offset",
+                        ErrorCode::InvalidOffset,
                         "Stream-Fork-Offset is beyond the source stream's tail",
                     ));
                 }
                 if seq < start {
                     return Err(bad(
-                        "invalid_offset",
+                        ErrorCode::InvalidOffset,
                         "Stream-Fork-Offset is before the source stream's start",
                     ));
                 }
@@ -300,7 +303,7 @@ async fn sub_offset(
             // JSON mode: `sub` more messages are inherited.
             if at.saturating_add(sub) > head {
                 return Err(bad(
-                    "invalid_fork",
+                    ErrorCode::InvalidFork,
                     format!(
                         "Stream-Fork-Sub-Offset {sub} is past the source's last message ({} \
                          after the fork offset)",
@@ -315,8 +318,7 @@ async fn sub_offset(
                 Ok((evs, _)) => evs.into_iter().next(),
                 Err(ReadError::Gone) => {
                     return Err(error(
-                        StatusCode::GONE,
-                        "offset_gone",
+                        ErrorCode::OffsetGone,
                         "the source's message after Stream-Fork-Offset is no longer retained",
                     ))
                 }
@@ -324,14 +326,14 @@ async fn sub_offset(
             };
             let Some(next) = next else {
                 return Err(bad(
-                    "invalid_fork",
+                    ErrorCode::InvalidFork,
                     "Stream-Fork-Sub-Offset is above 0 but no message follows the fork offset",
                 ));
             };
             let len = next.data.len() as u64;
             if sub > len {
                 return Err(bad(
-                    "invalid_fork",
+                    ErrorCode::InvalidFork,
                     format!(
                         "Stream-Fork-Sub-Offset {sub} is past the next message, which has {len} \
                          bytes"
@@ -347,9 +349,9 @@ async fn sub_offset(
                     Payload::Text(t) => match t.get(..cut) {
                         Some(t) => Payload::Text(t.to_owned()),
                         None => {
-                            return Err(error(
+                            return Err(error_as(
                                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                                "invalid_utf8",
+                                ErrorCode::InvalidUtf8,
                                 format!(
                                     "Stream-Fork-Sub-Offset {sub} splits a UTF-8 character of a \
                                      text stream's message"

@@ -8,6 +8,7 @@ pub use crate::ops::streams::lifecycle::{end, Ended};
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
+use gapless_protocol::codes::ErrorCode;
 
 /// The stream on the context's channel for an append: the cached copy as
 /// it is when there is one (an append needs only what never changes within
@@ -31,15 +32,13 @@ pub(super) async fn lookup_for_append(ctx: &Ctx) -> Result<Stream, Response> {
 pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
     let not_found = || {
         error(
-            StatusCode::NOT_FOUND,
-            "stream_not_found",
+            ErrorCode::StreamNotFound,
             format!("no stream at {}", ctx.url_path),
         )
     };
     let gone = || {
         error(
-            StatusCode::GONE,
-            "stream_deleted",
+            ErrorCode::StreamDeleted,
             format!(
                 "the stream at {} was deleted; it is kept only for the forks that read it",
                 ctx.url_path

@@ -12,18 +12,29 @@
 //! `event: control` with the offset after them. The feed reads nothing of
 //! the stream's metadata on the way and takes no lock: its closure and
 //! deletion come through the stream's watch (`Meta::closed_tx`).
+//!
+//! What ends a feed on its own is gapless's rule for every stream
+//! (`ops::stream::end_signal`): shutdown, and the expiry of the token that
+//! opened it (`exp` plus `--jwt-leeway-ms`), at which the response ends
+//! cleanly (no frame: the protocol has none for it); the client reconnects
+//! and its expired token is refused 401. Its deliveries are counted in
+//! `gapless_events_delivered_total{transport="ds"}` and its end is logged
+//! as every stream's (`ops::stream_log`, `transport=ds`).
 
 use super::fork::{self, Layout};
 use super::names::{next_cursor, offset};
 use super::read::{READ_BYTES, READ_EVENTS};
 use super::streams::Life;
+use crate::admin::metrics::Transport;
 use crate::net::conn::{Flow, Frames, Gone, Waited};
-use crate::ops::stream::{self, EndSignal};
+use crate::ops::stream::{self, End, EndSignal};
+use crate::ops::stream_log::{ChannelList, Ended, Tally};
 use crate::App;
 use base64::Engine;
 use bytes::Bytes;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Item, Subscription};
+use gapless_protocol::sse::{DataLines, Space};
 use gapless_protocol::{Epoch, Event};
 use std::future::Future;
 use std::sync::Arc;
@@ -75,6 +86,9 @@ pub struct Start {
     pub closed_rx: watch::Receiver<Life>,
     /// The client's `cursor=` (one that is not a number counts as none).
     pub cursor: Option<u64>,
+    /// When the token of the request stops being honoured
+    /// (`ops::stream::expires_at`; `None`: never, or an open server).
+    pub expires: Option<std::time::Instant>,
 }
 
 /// One live SSE read: the subscription to the stream's own channel, and
@@ -100,10 +114,16 @@ pub struct Feed {
     cursor: u64,
     /// Timer ticks left before the response ends ([`SSE_LIFETIME`]).
     ticks_left: u32,
-    /// Resolves at shutdown.
+    /// Resolves at shutdown or at the token's expiry ([`stream::end_signal`]).
     end: EndSignal,
     /// `end` has completed (it is not polled again).
     ended: bool,
+    /// The token expired while a writer waited for a full socket
+    /// ([`Frames::poll_blocked`]): the writer finishes what it holds, and
+    /// the next [`Feed::next`] ends the response (as gapless SSE does).
+    expired_while_blocked: bool,
+    /// What the feed sent and why it ended, for its log line.
+    tally: Tally,
     /// The stream's one timer: heartbeat and liveness ([`stream::tick_ms`]),
     /// made on first use on the runtime that drives the stream.
     beat: Option<tokio::time::Interval>,
@@ -118,7 +138,9 @@ impl Feed {
         let lifetime = u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX);
         let ticks = lifetime.div_ceil(period_ms(&app.config));
         Feed {
-            end: stream::shutdown_signal(&app),
+            end: stream::end_signal(&app, start.expires),
+            expired_while_blocked: false,
+            tally: Tally::new(0),
             app,
             sub,
             epoch: start.epoch,
@@ -146,6 +168,9 @@ impl Feed {
     /// dropping the future loses nothing (the subscription's next item and
     /// the watch are cancel-safe; an inherited page is read again).
     pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
+        if self.expired_while_blocked {
+            return Flow::End;
+        }
         loop {
             if self.pos < self.layout.origin {
                 // A fork's inherited messages, page by page (boxed: rare,
@@ -153,24 +178,31 @@ impl Feed {
                 return Box::pin(self.inherited(out)).await;
             }
             if self.deleted {
+                self.tally.ended_by(Ended::StreamDeleted);
                 return Flow::End;
             }
             self.head = self.head.max(self.pos + self.sub.lag(0));
             if self.pos >= self.head && (self.closed || !self.announced) {
                 let closed = self.closed;
                 self.control(out, true, closed);
-                return if closed { Flow::End } else { Flow::More };
+                return self.more_unless(closed);
             }
             let tick_ms = self.tick_ms();
             let beat = stream::timer(&mut self.beat, tick_ms);
             let item = tokio::select! {
                 biased;
-                _ = self.end.as_mut(), if !self.ended => {
+                end = self.end.as_mut(), if !self.ended => {
                     self.ended = true;
+                    self.tally.ended_by(match end {
+                        End::Expired => Ended::TokenExpired,
+                        End::Shutdown => Ended::Shutdown,
+                    });
                     return Flow::End;
                 }
                 changed = self.closed_rx.changed() => {
                     if changed.is_err() {
+                        // The stream's metadata is gone with it.
+                        self.tally.ended_by(Ended::StreamDeleted);
                         return Flow::End;
                     }
                     let life = *self.closed_rx.borrow_and_update();
@@ -182,6 +214,7 @@ impl Feed {
                 _ = std::future::poll_fn(|cx| beat.poll_tick(cx)) => {
                     self.ticks_left = self.ticks_left.saturating_sub(1);
                     if self.ticks_left == 0 {
+                        self.tally.ended_by(Ended::Lifetime);
                         return Flow::End;
                     }
                     if self.app.config.heartbeat_ms > 0 {
@@ -193,18 +226,27 @@ impl Feed {
             match item {
                 Ok(Item::Events { events, .. }) => {
                     let Some(last) = events.last() else { continue };
+                    stream::delivered(Transport::Ds, &mut self.tally, &self.sub, 0, &events);
                     self.pos = self.layout.virt(last.seq);
                     self.head = self.head.max(self.pos + self.sub.lag(0));
                     let up = self.pos >= self.head;
                     let closed = self.closed && up;
                     self.data(out, &events);
                     self.control(out, up, closed);
-                    return if closed { Flow::End } else { Flow::More };
+                    return self.more_unless(closed);
                 }
-                // A hole (retention passed the follower) or a failed read:
-                // the response ends; the client reconnects from its last
-                // offset and is told (410) or served.
-                Ok(Item::Gap(_)) | Err(_) => return Flow::End,
+                // A hole (retention passed the follower, a purge, the
+                // stream's deletion) or a failed read: the response ends;
+                // the client reconnects from its last offset and is told
+                // (410, or 404 once deleted) or served.
+                Ok(Item::Gap(_)) => {
+                    self.tally.ended_by(Ended::NotRetained);
+                    return Flow::End;
+                }
+                Err(_) => {
+                    self.tally.ended_by(Ended::JournalFailed);
+                    return Flow::End;
+                }
                 Ok(Item::Ephemeral(_)) => {}
             }
         }
@@ -222,17 +264,28 @@ impl Feed {
         )
         .await;
         let Ok((events, next)) = page else {
+            self.tally.ended_by(Ended::JournalFailed);
             return Flow::End;
         };
         if events.is_empty() {
+            self.tally.ended_by(Ended::NotRetained);
             return Flow::End;
         }
         self.pos = next;
+        self.tally.events(events.len());
+        stream::delivered_answer(Transport::Ds, &events, self.head.saturating_sub(next));
         let up = self.pos >= self.head;
         let closed = self.closed && up;
         self.data(out, &events);
         self.control(out, up, closed);
+        self.more_unless(closed)
+    }
+
+    /// [`Flow::End`] when the reader reached a closed stream's tail (the
+    /// reason logged), else [`Flow::More`].
+    fn more_unless(&mut self, closed: bool) -> Flow {
         if closed {
+            self.tally.ended_by(Ended::StreamClosed);
             Flow::End
         } else {
             Flow::More
@@ -276,9 +329,18 @@ impl Frames for Feed {
         if self.ended {
             return Poll::Ready(Waited::Ended);
         }
-        if self.end.as_mut().poll(cx).is_ready() {
-            self.ended = true;
-            return Poll::Ready(Waited::Ended);
+        // Shutdown cuts the write; the token's expiry does not (what the
+        // writer holds was read while the token was honoured): the next
+        // `next` ends the response, and from now on only shutdown is awaited.
+        if let Poll::Ready(end) = self.end.as_mut().poll(cx) {
+            if end == End::Shutdown {
+                self.ended = true;
+                self.tally.ended_by(Ended::Shutdown);
+                return Poll::Ready(Waited::Ended);
+            }
+            self.expired_while_blocked = true;
+            self.tally.ended_by(Ended::TokenExpired);
+            self.end = stream::shutdown_signal(&self.app);
         }
         if ticks {
             let tick_ms = self.tick_ms();
@@ -290,7 +352,20 @@ impl Frames for Feed {
         Poll::Pending
     }
 
-    fn client_gone(&mut self, _how: Gone) {}
+    fn client_gone(&mut self, how: Gone) {
+        self.tally.ended_by(match how {
+            Gone::Closed => Ended::ClientClosed,
+            Gone::Vanished => Ended::ClientVanished,
+            Gone::WriteFailed => Ended::WriteFailed,
+        });
+    }
+}
+
+impl Drop for Feed {
+    /// The feed's log line (`ops::stream_log`), as every stream's.
+    fn drop(&mut self) {
+        self.tally.log("ds", &ChannelList(&self.sub));
+    }
 }
 
 /// One SSE `data` event holding `events` in `shape` (see [`Shape`]). Text
@@ -299,7 +374,9 @@ impl Frames for Feed {
 /// start another (a lone CR comes back as LF). `data:` is followed directly
 /// by the line (as the protocol's reference server and conformance suite
 /// have it), except before a line that begins with a space: there one space
-/// more, which SSE readers drop, so the line keeps its own. A text stream's
+/// more, which SSE readers drop, so the line keeps its own. The lines are
+/// written by gapless's one SSE line rule (`gapless_protocol::sse::DataLines`,
+/// [`Space::WhenNeeded`]). A text stream's
 /// messages are UTF-8 (appends are checked; one published as bytes over
 /// gapless's own API is read lossily).
 pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
@@ -315,13 +392,10 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
             out.extend_from_slice(b"data:");
             let text = base64::engine::general_purpose::STANDARD.encode(&body);
             out.extend_from_slice(text.as_bytes());
+            out.push(b'\n');
         }
         Shape::Json | Shape::Text => {
-            let mut lines = TextLines {
-                out: &mut out,
-                after_cr: false,
-                line_open: false,
-            };
+            let mut lines = DataLines::new(&mut out, Space::WhenNeeded);
             let json = shape == Shape::Json;
             if json {
                 lines.push(b"[");
@@ -343,65 +417,12 @@ pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
             if json {
                 lines.push(b"]");
             }
-            lines.open(None);
+            lines.finish();
         }
     }
-    out.extend_from_slice(b"\n\n");
+    // The blank line that ends the event.
+    out.push(b'\n');
     out
-}
-
-/// Writes text into `data:` lines: each line break (CRLF, CR or LF) ends
-/// one; a line's `data:` is written once its first byte is known (one space
-/// more before a leading space).
-struct TextLines<'a> {
-    out: &'a mut Vec<u8>,
-    /// The last byte written was a CR (an LF right after it is the same break).
-    after_cr: bool,
-    /// The current line's `data:` is written.
-    line_open: bool,
-}
-
-impl TextLines<'_> {
-    /// Writes the current line's `data:` unless written, given its first
-    /// byte (`None`: an empty line, or the end).
-    fn open(&mut self, first: Option<u8>) {
-        if !self.line_open {
-            self.out.extend_from_slice(b"data:");
-            if first == Some(b' ') {
-                self.out.push(b' ');
-            }
-            self.line_open = true;
-        }
-    }
-
-    fn push(&mut self, text: &[u8]) {
-        let mut rest = text;
-        if self.after_cr {
-            if let Some(r) = rest.strip_prefix(b"\n") {
-                rest = r;
-            }
-            self.after_cr = false;
-        }
-        while let Some(i) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
-            self.open(rest.first().copied().filter(|_| i > 0));
-            self.out.extend_from_slice(&rest[..i]);
-            self.out.push(b'\n');
-            self.line_open = false;
-            let cr = rest[i] == b'\r';
-            rest = &rest[i + 1..];
-            if cr {
-                match rest.first() {
-                    Some(b'\n') => rest = &rest[1..],
-                    Some(_) => {}
-                    None => self.after_cr = true,
-                }
-            }
-        }
-        if let Some(&first) = rest.first() {
-            self.open(Some(first));
-            self.out.extend_from_slice(rest);
-        }
-    }
 }
 
 /// One SSE `control` event: `streamNextOffset` `next`, `streamCursor` when

@@ -43,6 +43,7 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use gapless_protocol::codes::ErrorCode;
 use std::sync::Arc;
 
 /// The room's shared state: the streams this node serves now.
@@ -176,7 +177,7 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
     }
     let channel = match names::channel_of(rest) {
         Ok(c) => c,
-        Err(names::BadPath(m)) => return error(StatusCode::BAD_REQUEST, "invalid_stream_path", m),
+        Err(names::BadPath(m)) => return error(ErrorCode::InvalidStreamPath, m),
     };
     let (mut parts, body) = req.into_parts();
     let grant = match Access::from_request_parts(&mut parts, app).await {
@@ -213,8 +214,7 @@ async fn handle(app: &Arc<App>, ds: &Arc<Ds>, req: Request, rest: &str) -> Respo
         Method::GET => read::get(ctx).await,
         m => {
             let mut r = error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 format!(
                     "{m} is not a Durable Streams operation; use PUT, POST, GET, HEAD or DELETE"
                 ),
@@ -299,16 +299,22 @@ fn preflight() -> Response {
     r
 }
 
-/// A refusal of this room: `status`, and a JSON body
-/// `{"error": code, "message": message}` (the codes are the room's own,
-/// listed in docs/durable-streams.md).
-pub fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({ "error": code, "message": message.into() });
-    let mut r = (status, body.to_string()).into_response();
-    r.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+/// A refusal of this room: `code` (of the registry,
+/// `gapless_protocol::codes`: the codes of docs/durable-streams.md, "Errors")
+/// with its status and a JSON body `{"error": code, "message": message}`,
+/// made as every gapless refusal is ([`ApiError`]), so it is counted in
+/// `gapless_refusals_total`.
+pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    api_error(ApiError::new(code, message))
+}
+
+/// [`error`] answered with `status` instead of the code's own: only where
+/// PROTOCOL.md names another status for a code gapless gives one
+/// (`invalid_utf8` 415 on a text stream; `stream_deleted` 409 when forking
+/// a soft-deleted stream; see [`ErrorCode::InvalidUtf8`]).
+pub fn error_as(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
+    let mut r = error(code, message);
+    *r.status_mut() = status;
     r
 }
 

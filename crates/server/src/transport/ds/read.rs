@@ -7,21 +7,26 @@ use super::live::{self, Shape};
 use super::names::{live_cursor, offset, parse_offset, Offset};
 use super::streams::Meta;
 use super::{api_error, empty, error, set, Ctx};
+use crate::admin::metrics::Transport;
+use crate::ops::stream;
 use crate::transport::query::Query;
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Gap, Item, Start, Subscription};
+use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::Event;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Most events in one catch-up answer (and about [`READ_BYTES`] of data);
-/// a longer range is read in several requests.
-pub const READ_EVENTS: usize = 1000;
-/// About the most data in one catch-up answer, in bytes (always at least one event).
-pub const READ_BYTES: usize = 4 << 20;
+/// a longer range is read in several requests. The server's page bound
+/// (`ops::history::MAX_LIMIT`, 1000), so both stay equal.
+pub const READ_EVENTS: usize = crate::ops::history::MAX_LIMIT;
+/// About the most data in one catch-up answer, in bytes (always at least
+/// one event): the server's page bound (`ops::history::PAGE_DATA_BYTES`, 4 MiB).
+pub const READ_BYTES: usize = crate::ops::history::PAGE_DATA_BYTES;
 
 /// `HEAD {stream}`: the stream's metadata, never cached.
 pub async fn head(ctx: Ctx) -> Response {
@@ -51,15 +56,18 @@ pub async fn head(ctx: Ctx) -> Response {
 }
 
 fn gone(m: &str) -> Response {
-    error(StatusCode::GONE, "offset_gone", m.to_owned())
+    error(ErrorCode::OffsetGone, m.to_owned())
+}
+
+/// The 410 of a position retention (or a purge) has passed.
+fn gone_after() -> Response {
+    gone("the data after this offset is no longer retained; read again from -1")
 }
 
 /// The answer to a failed stitched read.
 fn read_failed(e: ReadError) -> Response {
     match e {
-        ReadError::Gone => {
-            gone("the data after this offset is no longer retained; read again from -1")
-        }
+        ReadError::Gone => gone_after(),
         ReadError::Journal(e) => api_error(e.into()),
     }
 }
@@ -83,8 +91,7 @@ async fn resolve(ctx: &Ctx, meta: &Meta, tail: u64, off: Offset) -> Result<u64, 
             }
             if seq > tail {
                 return Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_offset",
+                    ErrorCode::InvalidOffset,
                     "the offset is beyond the stream's tail",
                 ));
             }
@@ -148,12 +155,11 @@ pub async fn get(ctx: Ctx) -> Response {
     let live = q.get("live").map(str::to_owned);
     let off = match parse_offset(q.get("offset")) {
         Ok(o) => o,
-        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_offset", m),
+        Err(m) => return error(ErrorCode::InvalidOffset, m),
     };
     if q.get("offset") == Some("") {
         return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_offset",
+            ErrorCode::InvalidOffset,
             "offset is empty: give -1, now, or an offset this server returned",
         );
     }
@@ -161,16 +167,14 @@ pub async fn get(ctx: Ctx) -> Response {
         None | Some("long-poll") | Some("sse") => {}
         Some(v) => {
             return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_live",
+                ErrorCode::InvalidLive,
                 format!("live={v:?} is not a live mode: use long-poll or sse"),
             )
         }
     }
     if live.is_some() && q.get("offset").is_none() {
         return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_offset",
+            ErrorCode::InvalidOffset,
             "a live read (live=long-poll or live=sse) needs an offset: -1, now, or one this \
              server returned",
         );
@@ -206,6 +210,7 @@ pub async fn get(ctx: Ctx) -> Response {
             head: tail,
             closed_rx: meta.closed_tx.subscribe(),
             cursor: client_cursor.and_then(|c| c.parse().ok()),
+            expires: stream::expires_at(&ctx.grant),
         };
         drop(meta);
         return sse(ctx, start).await;
@@ -244,18 +249,25 @@ pub async fn get(ctx: Ctx) -> Response {
         let layout = meta.layout.clone();
         drop(meta);
         let waited = wait(&ctx, &layout, from, &mut closed_rx).await;
+        // After a deletion's purge and its mark (`fork::forget` holds the
+        // lock across both), so a deleted stream is seen as deleted.
         let meta = stream.lock().await;
         return match waited {
-            Ok(Some(events)) => {
+            Ok(Waited::Events(events, lag)) => {
                 let next = layout.virt(events.last().map_or(layout.seq(from), |e| e.seq));
+                stream::delivered_answer(Transport::Ds, &events, lag);
                 data_answer(&ctx, &meta, next, &events, true, client_cursor.as_deref())
             }
-            Ok(None) if meta.deleted || meta.soft_deleted => error(
-                StatusCode::NOT_FOUND,
-                "stream_not_found",
-                "the stream was deleted",
-            ),
-            Ok(None) => long_poll_end(&meta, from, meta.closed, client_cursor.as_deref()),
+            // Deleted while waiting (its purge woke the wait with a gap, or
+            // its watch did): 404, as the reference server answers; a 410
+            // would read as retention to the client (PROTOCOL.md 5.6).
+            Ok(_) if meta.deleted || meta.soft_deleted => {
+                error(ErrorCode::StreamNotFound, "the stream was deleted")
+            }
+            Ok(Waited::Gap) => gone_after(),
+            Ok(Waited::Nothing) => {
+                long_poll_end(&meta, from, meta.closed, client_cursor.as_deref())
+            }
             Err(r) => r,
         };
     }
@@ -286,6 +298,7 @@ pub async fn get(ctx: Ctx) -> Response {
             }
         }
     }
+    stream::delivered_answer(Transport::Ds, &events, head.saturating_sub(next));
     let mut r = data_answer(
         &ctx,
         &meta,
@@ -349,44 +362,52 @@ fn long_poll_end(meta: &Meta, from: u64, closed: bool, client_cursor: Option<&st
     r
 }
 
-/// Waits up to `--ds-long-poll-timeout-ms` for the stream's own events
-/// after position `from` (at its tail, so past any inherited ones; a
-/// source's appends never wake a fork's waiter, PROTOCOL.md 5.7):
-/// `Some(events)`, or `None` at the timeout, on closure or deletion, or at
-/// shutdown.
+/// What a long-poll's wait ([`wait`]) came to.
+enum Waited {
+    /// The stream's next events, with how many more of its channel follow.
+    Events(Vec<Arc<Event>>, u64),
+    /// A hole after the position: retention passed it, the channel was
+    /// purged, or the stream deleted (its purge): 410, or 404 when deleted.
+    Gap,
+    /// Nothing: the timeout, the token's expiry, the stream's closure or
+    /// deletion, or shutdown.
+    Nothing,
+}
+
+/// Waits for the stream's own events after position `from` (at its tail,
+/// so past any inherited ones; a source's appends never wake a fork's
+/// waiter, PROTOCOL.md 5.7), up to `--ds-long-poll-timeout-ms`, and no
+/// longer than the request's token is honoured: its expiry (`exp` plus
+/// `--jwt-leeway-ms`) ends the wait as the timeout does, by gapless's one
+/// rule for what ends a stream (`ops::stream::end_signal`: expiry and
+/// shutdown), so nothing is delivered under an expired token.
 async fn wait(
     ctx: &Ctx,
     layout: &fork::Layout,
     from: u64,
     closed_rx: &mut tokio::sync::watch::Receiver<super::streams::Life>,
-) -> Result<Option<Vec<Arc<Event>>>, Response> {
+) -> Result<Waited, Response> {
     let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut end = stream::end_signal(&ctx.app, stream::expires_at(&ctx.grant));
     let (mut sub, gaps) = follow(ctx, layout, from).await.map_err(api_error)?;
     if !gaps.is_empty() {
-        return Err(error(
-            StatusCode::GONE,
-            "offset_gone",
-            "the data after this offset is no longer retained; read again from -1",
-        ));
+        return Ok(Waited::Gap);
     }
     loop {
         tokio::select! {
             item = sub.next() => match item {
-                Ok(Item::Events { events, .. }) => return Ok(Some(events)),
-                Ok(Item::Gap(_)) => {
-                    return Err(error(
-                        StatusCode::GONE,
-                        "offset_gone",
-                        "the data after this offset is no longer retained; read again from -1",
-                    ))
+                Ok(Item::Events { events, .. }) => {
+                    let lag = sub.lag(0);
+                    return Ok(Waited::Events(events, lag));
                 }
+                Ok(Item::Gap(_)) => return Ok(Waited::Gap),
                 Ok(Item::Ephemeral(_)) => continue,
                 Err(e) => return Err(api_error(e.into())),
             },
-            _ = closed_rx.changed() => return Ok(None),
-            _ = tokio::time::sleep_until(deadline) => return Ok(None),
-            _ = ctx.app.shutdown.cancelled() => return Ok(None),
+            _ = closed_rx.changed() => return Ok(Waited::Nothing),
+            _ = tokio::time::sleep_until(deadline) => return Ok(Waited::Nothing),
+            _ = end.as_mut() => return Ok(Waited::Nothing),
         }
     }
 }
@@ -402,7 +423,7 @@ async fn sse(ctx: Ctx, start: live::Start) -> Response {
         Err(e) => return api_error(e),
     };
     if !gaps.is_empty() {
-        return gone("the data after this offset is no longer retained; read again from -1");
+        return gone_after();
     }
     let binary = start.shape == Shape::Binary;
     let feed = live::Feed::new(ctx.app.clone(), start, sub);
@@ -414,13 +435,20 @@ async fn sse(ctx: Ctx, start: live::Start) -> Response {
             ctx.app.shutdown.clone(),
         )),
     };
-    set(&mut r, "content-type", "text/event-stream");
-    set(&mut r, "cache-control", "no-cache");
-    set(&mut r, "x-accel-buffering", "no");
-    if binary {
-        set(&mut r, "stream-sse-data-encoding", "base64");
-    }
+    sse_headers(&mut r, binary);
     r
+}
+
+/// The headers of a `live=sse` answer: gapless's SSE response headers
+/// ([`gapless_protocol::sse::RESPONSE_HEADERS`], one copy for both rooms),
+/// and for a binary stream `Stream-SSE-Data-Encoding: base64` (PROTOCOL.md 5.8).
+fn sse_headers(r: &mut Response, binary: bool) {
+    for (name, value) in gapless_protocol::sse::RESPONSE_HEADERS {
+        set(r, name, value);
+    }
+    if binary {
+        set(r, "stream-sse-data-encoding", "base64");
+    }
 }
 
 /// Follows the stream's own channel after offset position `from`, through
@@ -437,4 +465,30 @@ async fn follow(
     };
     // In no wake group: a Durable Streams reader is not on the stream clock.
     crate::ops::stream::open(&ctx.app, vec![(layout.channel.clone(), start)], None).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sse_answer_has_gaplesss_sse_headers_and_the_binary_encoding() {
+        let mut r = empty(StatusCode::OK);
+        sse_headers(&mut r, true);
+        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok());
+        assert_eq!(h("content-type"), Some("text/event-stream"));
+        assert_eq!(h("cache-control"), Some("no-cache, no-transform"));
+        assert_eq!(h("x-accel-buffering"), Some("no"));
+        assert_eq!(h("stream-sse-data-encoding"), Some("base64"));
+        let mut r = empty(StatusCode::OK);
+        sse_headers(&mut r, false);
+        assert!(r.headers().get("stream-sse-data-encoding").is_none());
+    }
+
+    #[test]
+    fn catch_up_pages_have_the_servers_page_bounds() {
+        assert_eq!(READ_EVENTS, crate::ops::history::MAX_LIMIT);
+        assert_eq!(READ_BYTES, crate::ops::history::PAGE_DATA_BYTES);
+        assert_eq!((READ_EVENTS, READ_BYTES), (1000, 4 << 20));
+    }
 }

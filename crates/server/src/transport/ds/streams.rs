@@ -23,96 +23,18 @@ pub fn parse_ttl(v: &str) -> Result<u64, String> {
         .map_err(|_| format!("Stream-TTL {v:?} is too large"))
 }
 
-/// Reads an RFC 3339 timestamp (`2026-01-02T03:04:05Z`, optional fraction,
-/// `Z` or `±HH:MM`) into Unix milliseconds.
-///
-/// # Errors
-/// A message naming the expected shape.
-pub fn parse_rfc3339(v: &str) -> Result<u64, String> {
-    let bad = || {
-        format!("Stream-Expires-At {v:?} is not an RFC 3339 timestamp (e.g. 2030-01-02T03:04:05Z)")
-    };
-    let b = v.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return Err(bad());
-    }
-    let num = |r: std::ops::Range<usize>| -> Result<i64, String> {
-        let s = v.get(r).ok_or_else(bad)?;
-        if !s.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(bad());
-        }
-        s.parse::<i64>().map_err(|_| bad())
-    };
-    let (y, mo, d, h, mi, s) = (
-        num(0..4)?,
-        num(5..7)?,
-        num(8..10)?,
-        num(11..13)?,
-        num(14..16)?,
-        num(17..19)?,
-    );
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return Err(bad());
-    }
-    let mut i = 19;
-    let mut ms = 0i64;
-    if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
-        while b.get(i).is_some_and(|c| c.is_ascii_digit()) {
-            i += 1;
-        }
-        if i == start {
-            return Err(bad());
-        }
-        let frac = &v[start..i.min(start + 3)];
-        ms = frac.parse::<i64>().map_err(|_| bad())? * 10i64.pow(3 - frac.len() as u32);
-    }
-    let tz = &v[i..];
-    let offset_s = match tz {
-        "Z" | "z" => 0,
-        _ => {
-            let t = tz.as_bytes();
-            if t.len() != 6 || !matches!(t[0], b'+' | b'-') || t[3] != b':' {
-                return Err(bad());
-            }
-            let oh = num(i + 1..i + 3)?;
-            let om = num(i + 4..i + 6)?;
-            let o = oh * 3600 + om * 60;
-            if t[0] == b'-' {
-                -o
-            } else {
-                o
-            }
-        }
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let yy = if mo <= 2 { y - 1 } else { y };
-    let era = yy.div_euclid(400);
-    let yoe = yy - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset_s;
-    u64::try_from(secs * 1000 + ms).map_err(|_| bad())
-}
-
 /// Splits a JSON-mode body into its messages (PROTOCOL.md 9.1): a
 /// top-level array gives its elements (one level flattened), anything else
 /// is one message. Each message keeps its exact text.
 ///
 /// # Errors
-/// A message for a body that is not one valid JSON value.
+/// A message for a body that is not one valid JSON value, or that nests
+/// deeper than [`gapless_protocol::json::MAX_DEPTH`] (the message names
+/// its depth and the limit).
 pub fn json_messages(body: &str) -> Result<Vec<String>, String> {
     serde_json::from_str::<serde::de::IgnoredAny>(body)
         .map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    gapless_protocol::json::check_depth(body.as_bytes())?;
     let t = body.trim_matches(|c: char| matches!(c, ' ' | '\t' | '\n' | '\r'));
     if !t.starts_with('[') {
         return Ok(vec![t.to_owned()]);
@@ -166,21 +88,20 @@ mod tests {
         assert!(json_messages("[]").unwrap_or_default().is_empty());
         assert!(json_messages("[1,").is_err());
         assert!(json_messages("").is_err());
+        // Nested deeper than the limit: refused, naming the depth and the limit.
+        let deep = format!("{}{}", "[".repeat(2000), "]".repeat(2000));
+        let m = json_messages(&deep).err().unwrap_or_default();
+        assert!(m.contains("2000") && m.contains("128"), "{m:?}");
+        let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert!(json_messages(&ok).is_ok());
     }
 
     #[test]
-    fn ttl_and_expiry_are_read_strictly() {
+    fn ttls_are_read_strictly() {
         assert_eq!(parse_ttl("3600"), Ok(3600));
         assert_eq!(parse_ttl("0"), Ok(0));
         for bad in ["", "+1", "01", "1.0", "1e3", "-1", "x"] {
             assert!(parse_ttl(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(parse_rfc3339("1970-01-01T00:00:01Z"), Ok(1000));
-        assert_eq!(
-            parse_rfc3339("2000-03-01T00:00:00.5+01:00"),
-            Ok(951_865_200_500)
-        );
-        assert!(parse_rfc3339("2000-13-01T00:00:00Z").is_err());
-        assert!(parse_rfc3339("tomorrow").is_err());
     }
 }

@@ -259,7 +259,15 @@ pub async fn catch_up(app: &App, ds: &Ds) -> Result<(), JournalError> {
     }
     let mut after = *applied;
     while after < st.head {
-        let page = app.hub.read(CHANNEL, after, 1000, 4 << 20).await?;
+        let page = app
+            .hub
+            .read(
+                CHANNEL,
+                after,
+                super::read::READ_EVENTS,
+                super::read::READ_BYTES,
+            )
+            .await?;
         let Some(last) = page.events.last() else {
             break;
         };

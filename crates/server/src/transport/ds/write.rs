@@ -14,12 +14,13 @@
 use super::lifecycle::lookup_for_append;
 use super::names::offset;
 use super::streams::{self, media_type, Life, Meta, Stream};
-use super::{api_error, empty, error, set, Ctx};
+use super::{api_error, empty, error, error_as, set, Ctx};
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_core::meta::{Change, Guard, Outcome, ProducerTuple, Refusal, MAX_SAFE_INTEGER};
+use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::{Epoch, NewEvent, Payload};
 
 /// Reads the request body, at most `--max-batch-bytes`: a larger one is
@@ -50,9 +51,9 @@ pub(super) fn messages(ct: &str, body: &[u8]) -> Result<Vec<Payload>, Response> 
         return Ok(vec![Payload::Binary(body.to_vec())]);
     }
     let text = std::str::from_utf8(body).map_err(|e| {
-        error(
+        error_as(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "invalid_utf8",
+            ErrorCode::InvalidUtf8,
             format!(
                 "the body is not UTF-8 (invalid at byte {}), and this stream's content type \
                  is text; create the stream with a binary type (application/octet-stream) \
@@ -64,7 +65,7 @@ pub(super) fn messages(ct: &str, body: &[u8]) -> Result<Vec<Payload>, Response> 
     if streams::is_json(ct) {
         streams::json_messages(text)
             .map(|m| m.into_iter().map(Payload::Text).collect())
-            .map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_json", m))
+            .map_err(|m| error(ErrorCode::InvalidJson, m))
     } else {
         Ok(vec![Payload::Text(text.to_owned())])
     }
@@ -139,7 +140,7 @@ fn producer(ctx: &Ctx) -> Result<Option<ProducerTuple>, Response> {
     if id.is_none() && epoch.is_none() && seq.is_none() {
         return Ok(None);
     }
-    let bad = |m: String| error(StatusCode::BAD_REQUEST, "invalid_producer", m);
+    let bad = |m: String| error(ErrorCode::InvalidProducer, m);
     let (Some(id), Some(epoch), Some(seq)) = (id, epoch, seq) else {
         return Err(bad(
             "Producer-Id, Producer-Epoch and Producer-Seq go together: give all three or none"
@@ -172,8 +173,7 @@ fn producer(ctx: &Ctx) -> Result<Option<ProducerTuple>, Response> {
 /// The refusal of an append to a stream that was deleted.
 fn deleted(ctx: &Ctx) -> Response {
     error(
-        StatusCode::NOT_FOUND,
-        "stream_not_found",
+        ErrorCode::StreamNotFound,
         format!("the stream at {} was deleted", ctx.url_path),
     )
 }
@@ -198,8 +198,7 @@ fn to_closed(
         return r;
     }
     let mut r = error(
-        StatusCode::CONFLICT,
-        "stream_closed",
+        ErrorCode::StreamClosed,
         "the stream is closed; it takes no more appends",
     );
     set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
@@ -214,15 +213,13 @@ fn content_type(ctx: &Ctx, meta: &Meta, body: &[u8]) -> Result<(), Response> {
     }
     let Some(ct) = ctx.header("content-type") else {
         return Err(error(
-            StatusCode::BAD_REQUEST,
-            "missing_content_type",
+            ErrorCode::MissingContentType,
             "an append with a body needs a Content-Type",
         ));
     };
     if media_type(ct) != meta.media_type() {
         return Err(error(
-            StatusCode::CONFLICT,
-            "content_type_mismatch",
+            ErrorCode::ContentTypeMismatch,
             format!(
                 "Content-Type {ct:?} differs from the stream's {:?}",
                 meta.content_type
@@ -237,8 +234,7 @@ fn body_messages(meta: &Meta, body: &[u8]) -> Result<Vec<Payload>, Response> {
     let msgs = messages(&meta.content_type, body)?;
     if msgs.is_empty() {
         return Err(error(
-            StatusCode::BAD_REQUEST,
-            "empty_json_array",
+            ErrorCode::EmptyJsonArray,
             "an append of an empty JSON array appends nothing; send at least one message",
         ));
     }
@@ -283,8 +279,7 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
     };
     if ask.body.is_empty() && !ask.close {
         return error(
-            StatusCode::BAD_REQUEST,
-            "empty_body",
+            ErrorCode::EmptyBody,
             "an append needs a body (only a close, Stream-Closed: true, may be empty)",
         );
     }
@@ -454,16 +449,14 @@ async fn refused(
         Refusal::StaleEpoch { current } => {
             let epoch = ask.prod.as_ref().map_or(0, |p| p.epoch);
             let mut r = error(
-                StatusCode::FORBIDDEN,
-                "stale_producer_epoch",
+                ErrorCode::StaleProducerEpoch,
                 format!("producer epoch {epoch} is older than the current {current}"),
             );
             set(&mut r, "producer-epoch", current.to_string());
             r
         }
         Refusal::EpochSeqNotZero { epoch } => error(
-            StatusCode::BAD_REQUEST,
-            "invalid_producer",
+            ErrorCode::InvalidProducer,
             format!("a new producer epoch {epoch} must start at seq 0"),
         ),
         Refusal::SeqGap { expected, received } => {
@@ -471,7 +464,7 @@ async fn refused(
                 (0, Some(p)) => format!("producer {:?} is new here: its first seq must be 0", p.id),
                 _ => format!("producer seq {received} skips {expected}"),
             };
-            let mut r = error(StatusCode::CONFLICT, "producer_seq_gap", message);
+            let mut r = error(ErrorCode::ProducerSeqGap, message);
             set(&mut r, "producer-expected-seq", expected.to_string());
             set(&mut r, "producer-received-seq", received.to_string());
             r
@@ -479,8 +472,7 @@ async fn refused(
         Refusal::StreamSeqRegression { last } => {
             let s = ask.stream_seq.as_deref().unwrap_or_default();
             error(
-                StatusCode::CONFLICT,
-                "stream_seq_regression",
+                ErrorCode::StreamSeqRegression,
                 format!("Stream-Seq {s:?} is not above the last one, {last:?}"),
             )
         }

@@ -37,7 +37,7 @@ use crate::transport::query::Query;
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use doc::{LastEventIdHeader, SseAnswers, SseQuery};
 use gapless_core::subscription::{Item, Start, Subscription};
@@ -244,15 +244,9 @@ pub fn is_sse_path(path: &str) -> bool {
 /// no-cache, no-transform` (no proxy may store or re-encode it) and
 /// `X-Accel-Buffering: no` (nginx would otherwise hold frames back).
 pub(crate) fn stream_headers(h: &mut HeaderMap) {
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    for (name, value) in sse::RESPONSE_HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
 }
 
 /// The `retry:` (ms, drawn from this range: jittered, so a node's pages do
