@@ -530,6 +530,19 @@ impl Hub {
         Ok(changed)
     }
 
+    /// The channels under `prefix` that have metadata, in name order, at
+    /// most `limit` ([`Journal::channels_with_meta`]).
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    pub async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError> {
+        self.journal.channels_with_meta(prefix, limit).await
+    }
+
     /// The table of followed channels (the journal's sink).
     pub fn channels(&self) -> &Arc<Channels> {
         &self.channels

@@ -237,6 +237,23 @@ pub trait Journal: Send + Sync + 'static {
         idempotency_key: Option<&str>,
     ) -> Result<Appended, JournalError>;
 
+    /// The names of the channels that start with `prefix` and have metadata
+    /// ([`crate::meta`]: channels created explicitly, such as Durable Streams
+    /// streams), in name order, at most `limit` of them. For what must find
+    /// such channels by name without keeping a list of its own (a Durable
+    /// Streams subscription's pattern, docs/durable-streams.md
+    /// "Subscriptions"). It walks the journal's index (a range of the
+    /// store's `channel_meta` table; Redis `SCAN` over the metadata hashes),
+    /// so it is for rare requests, not for every append.
+    ///
+    /// # Errors
+    /// [`JournalError`] when storage fails.
+    async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError>;
+
     /// The channel's metadata ([`crate::meta`]; `None` for a channel that
     /// has none) with its bounds, read together.
     ///

@@ -223,6 +223,22 @@ impl Journal for MemoryJournal {
         Ok(self.append_locked(log, events, idempotency_key))
     }
 
+    async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError> {
+        let map = self.channels.lock();
+        let mut names: Vec<String> = map
+            .iter()
+            .filter(|(name, l)| name.starts_with(prefix) && l.meta.is_some())
+            .map(|(name, _)| name.to_string())
+            .collect();
+        names.sort_unstable();
+        names.truncate(limit);
+        Ok(names)
+    }
+
     async fn meta(
         &self,
         channel: &str,

@@ -596,6 +596,15 @@ fn epoch_of(v: Option<&Value>) -> Option<Epoch> {
 
 #[async_trait]
 impl Journal for RedisJournal {
+    /// `SCAN` of the metadata hashes (`meta.rs`): for rare requests.
+    async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError> {
+        self.inner.channels_with_meta(prefix, limit).await
+    }
+
     /// One script (`scripts::META`): the metadata hash and the channel's
     /// bounds, read together from Redis (never from the cache).
     async fn meta(

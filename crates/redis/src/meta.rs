@@ -225,6 +225,66 @@ impl Inner {
         Ok(answer)
     }
 
+    /// [`gapless_core::Journal::channels_with_meta`]: `SCAN` over the keys
+    /// `gapless:{<prefix>*}:meta`, then one pipelined `HEXISTS … json` for
+    /// the keys found (a deleted channel's hash is a tombstone without
+    /// `json`). Costs a walk of Redis's whole keyspace: for rare requests.
+    pub(crate) async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError> {
+        let pattern = format!("gapless:{{{}*}}:meta", glob_escape(prefix));
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, found): (u64, Vec<String>) = self
+                .conn
+                .run(|mut c| {
+                    let mut cmd = redis::cmd("SCAN");
+                    cmd.arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000);
+                    async move { cmd.query_async(&mut c).await }
+                })
+                .await?;
+            keys.extend(found);
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let mut names = Vec::new();
+        for chunk in keys.chunks(500) {
+            let live: Vec<bool> = self
+                .conn
+                .run(|mut c| {
+                    let mut pipe = redis::pipe();
+                    for k in chunk {
+                        pipe.cmd("HEXISTS").arg(k).arg("json");
+                    }
+                    async move { pipe.query_async(&mut c).await }
+                })
+                .await?;
+            for (k, live) in chunk.iter().zip(live) {
+                let name = k
+                    .strip_prefix("gapless:{")
+                    .and_then(|r| r.strip_suffix("}:meta"));
+                if let (true, Some(name)) = (live, name) {
+                    names.push(name.to_owned());
+                    if names.len() >= limit {
+                        return Ok(names);
+                    }
+                }
+            }
+        }
+        Ok(names)
+    }
+
     /// [`gapless_core::Journal::change`] (see the module doc).
     pub(crate) async fn change(
         &self,
@@ -567,4 +627,17 @@ mod tests {
         assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
         assert_eq!(locks.len(), 0);
     }
+}
+
+/// `s` with Redis glob's special characters (`*`, `?`, `[`, `]` and the backslash)
+/// escaped, for a `MATCH` pattern that takes it literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }

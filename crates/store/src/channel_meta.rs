@@ -65,6 +65,54 @@ fn stored(
     table_meta(txn, name)
 }
 
+/// [`gapless_core::Journal::channels_with_meta`]: the overlay's changes
+/// not yet checkpointed (a deletion there hides the table's row) over a
+/// range of the `channel_meta` table, the snapshot taken under the
+/// overlay's lock so nothing checkpointed in between is missed or doubled.
+///
+/// # Errors
+/// [`JournalError::Storage`] when the tables cannot be read.
+pub(crate) fn list(
+    db: &Database,
+    overlay: &Overlay,
+    prefix: &str,
+    limit: usize,
+) -> Result<Vec<String>, JournalError> {
+    let (txn, pending) = {
+        let view = overlay.read();
+        let pending: std::collections::BTreeMap<String, bool> = view
+            .metas
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(name, m)| (name.to_string(), m.meta.is_some()))
+            .collect();
+        (db.begin_read().map_err(storage)?, pending)
+    };
+    let mut names: std::collections::BTreeSet<String> = pending
+        .iter()
+        .filter(|(_, live)| **live)
+        .map(|(name, _)| name.clone())
+        .collect();
+    let table = match txn.open_table(CHANNEL_META) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(storage(e)),
+    };
+    if let Some(table) = table {
+        for row in table.range(prefix..).map_err(storage)? {
+            let (name, _) = row.map_err(storage)?;
+            let name = name.value();
+            if !name.starts_with(prefix) || names.len() >= limit + pending.len() {
+                break;
+            }
+            if !pending.contains_key(name) {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    Ok(names.into_iter().take(limit).collect())
+}
+
 /// Channel `name`'s row of the `channel_meta` table in `txn` (none when the
 /// table does not exist: a store from before metadata).
 fn table_meta(txn: &ReadTransaction, name: &str) -> Result<Option<ChannelMeta>, JournalError> {

@@ -234,6 +234,16 @@ impl EmbeddedJournal {
 impl Journal for EmbeddedJournal {
     /// On the calling task: the overlay, then one snapshot of the tables
     /// (two row lookups at most), never the writer (`channel_meta::read`).
+    /// On the calling task: the overlay, then a range of the
+    /// `channel_meta` table (`channel_meta::list`).
+    async fn channels_with_meta(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, JournalError> {
+        channel_meta::list(&self.db, &self.overlay, prefix, limit)
+    }
+
     async fn meta(
         &self,
         channel: &str,

@@ -190,6 +190,7 @@ contract!(
     meta_racing,
     meta_lifecycle,
     meta_reopen,
+    meta_listing,
 );
 
 // ---- the sink ----
@@ -1628,5 +1629,48 @@ async fn meta_reopen(f: Fixture) -> R {
         j.append("s", vec![ev("no")], None).await,
         Err(JournalError::ChannelClosed)
     ));
+    Ok(())
+}
+
+/// The channels with metadata are found by prefix, in name order and up to
+/// the limit: plain channels and deleted ones are not listed, and the list
+/// is the same after a reopen (so from the tables, not only from memory).
+async fn meta_listing(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let create = |name: &'static str| {
+        let j = j.clone();
+        async move {
+            j.change(
+                name,
+                Change::Create {
+                    meta: new_meta("text/plain"),
+                    events: vec![ev("1")],
+                },
+            )
+            .await
+        }
+    };
+    for name in ["r~b", "r~a", "r~c", "q~a", "r"] {
+        create(name).await?;
+    }
+    j.append("r~plain", vec![ev("p")], None).await?;
+    let gone = create("r~gone").await?;
+    let inc = gone.meta.map(|m| m.incarnation).expect("created");
+    j.change("r~gone", Change::Delete { incarnation: inc })
+        .await?;
+    let want = vec!["r~a".to_owned(), "r~b".into(), "r~c".into()];
+    assert_eq!(j.channels_with_meta("r~", 100).await?, want);
+    assert_eq!(j.channels_with_meta("r~", 2).await?, want[..2].to_vec());
+    assert_eq!(j.channels_with_meta("x", 100).await?, Vec::<String>::new());
+    j.close().await?;
+    drop(j);
+    let Some((j, _)) = f.reopen(Retention::default().into()) else {
+        return Ok(());
+    };
+    assert_eq!(
+        j.channels_with_meta("r~", 100).await?,
+        want,
+        "after a reopen"
+    );
     Ok(())
 }

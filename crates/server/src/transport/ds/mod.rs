@@ -86,7 +86,10 @@ fn listen(app: &Arc<App>, ds: &Arc<Ds>) {
         let (Some(app), Some(ds)) = (weak_app.upgrade(), weak_ds.upgrade()) else {
             return;
         };
-        if ds.streams.changed(channel).is_some() {
+        // A stream made on another node is read here too while this node
+        // knows subscriptions, so the delivery's pattern matching
+        // (`subscriptions::matching`) sees it.
+        if ds.streams.changed(channel).is_some() || ds.subs.log.count() > 0 {
             let channel = channel.to_owned();
             rt.spawn(async move {
                 if let Err(e) = ds.streams.load(&app.hub, &channel).await {

@@ -5,7 +5,7 @@ use super::fork::{self, ReadError};
 use super::lifecycle::lookup;
 use super::live::{self, Shape};
 use super::names::{live_cursor, offset, parse_offset, Offset};
-use super::streams::Meta;
+use super::streams::{Meta, Stream};
 use super::{api_error, empty, error, set, Ctx};
 use crate::admin::metrics::Transport;
 use crate::ops::stream;
@@ -149,36 +149,63 @@ fn cache_control(ctx: &Ctx) -> &'static str {
     }
 }
 
-/// `GET {stream}?offset=…[&live=long-poll|sse][&cursor=…]`.
-pub async fn get(ctx: Ctx) -> Response {
+/// How a `GET` reads: once, waiting for the next events, or as SSE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Live {
+    /// Catch-up: what is there now.
+    No,
+    /// `live=long-poll`: the next events, or 204 at the timeout.
+    LongPoll,
+    /// `live=sse`: an SSE response that follows the stream.
+    Sse,
+}
+
+/// A `GET`'s query, checked: the offset, the live mode, the client's cursor.
+struct ReadQuery {
+    off: Offset,
+    live: Live,
+    cursor: Option<String>,
+}
+
+/// Reads `offset`, `live` and `cursor` (PROTOCOL.md 5.6): 400
+/// `invalid_offset` or `invalid_live` naming what is wrong.
+fn read_query(ctx: &Ctx) -> Result<ReadQuery, Response> {
     let q = Query::parse(ctx.query.as_deref());
-    let live = q.get("live").map(str::to_owned);
-    let off = match parse_offset(q.get("offset")) {
-        Ok(o) => o,
-        Err(m) => return error(ErrorCode::InvalidOffset, m),
-    };
+    let off = parse_offset(q.get("offset")).map_err(|m| error(ErrorCode::InvalidOffset, m))?;
     if q.get("offset") == Some("") {
-        return error(
+        return Err(error(
             ErrorCode::InvalidOffset,
             "offset is empty: give -1, now, or an offset this server returned",
-        );
+        ));
     }
-    match live.as_deref() {
-        None | Some("long-poll") | Some("sse") => {}
+    let live = match q.get("live") {
+        None => Live::No,
+        Some("long-poll") => Live::LongPoll,
+        Some("sse") => Live::Sse,
         Some(v) => {
-            return error(
+            return Err(error(
                 ErrorCode::InvalidLive,
                 format!("live={v:?} is not a live mode: use long-poll or sse"),
-            )
+            ))
         }
-    }
-    if live.is_some() && q.get("offset").is_none() {
-        return error(
+    };
+    if live != Live::No && q.get("offset").is_none() {
+        return Err(error(
             ErrorCode::InvalidOffset,
             "a live read (live=long-poll or live=sse) needs an offset: -1, now, or one this \
              server returned",
-        );
+        ));
     }
+    let cursor = q.get("cursor").map(str::to_owned);
+    Ok(ReadQuery { off, live, cursor })
+}
+
+/// `GET {stream}?offset=…[&live=long-poll|sse][&cursor=…]`.
+pub async fn get(ctx: Ctx) -> Response {
+    let q = match read_query(&ctx) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,
@@ -189,87 +216,83 @@ pub async fn get(ctx: Ctx) -> Response {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
-    let from = match resolve(&ctx, &meta, tail, off).await {
+    let from = match resolve(&ctx, &meta, tail, q.off).await {
         Ok(f) => f,
         Err(r) => return r,
     };
-    let client_cursor = q.get("cursor").map(str::to_owned);
-    if live.as_deref() == Some("sse") {
-        let shape = if meta.is_json() {
-            Shape::Json
-        } else if meta.is_text() {
-            Shape::Text
-        } else {
-            Shape::Binary
-        };
-        let start = live::Start {
-            layout: meta.layout.clone(),
-            epoch: meta.epoch,
-            shape,
-            from,
-            head: tail,
-            closed_rx: meta.closed_tx.subscribe(),
-            cursor: client_cursor.and_then(|c| c.parse().ok()),
-            expires: stream::expires_at(&ctx.grant),
-        };
-        drop(meta);
-        return sse(ctx, start).await;
-    }
-    // offset=now without live: the tail, no data (PROTOCOL.md 8).
-    if off == Offset::Now && live.is_none() {
-        let mut r = Response::new(Body::from(if meta.is_json() { "[]" } else { "" }));
-        set(&mut r, "content-type", &meta.content_type);
-        set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
-        set(&mut r, "stream-up-to-date", "true");
-        set(&mut r, "cache-control", "no-store");
-        if meta.closed {
-            set(&mut r, "stream-closed", "true");
+    match q.live {
+        Live::Sse => {
+            let start = sse_start(&ctx, &meta, from, tail, q.cursor.as_deref());
+            drop(meta);
+            sse(ctx, start).await
         }
-        return r;
+        // offset=now without live: the tail, no data (PROTOCOL.md 8).
+        Live::No if q.off == Offset::Now => tail_answer(&meta, tail),
+        live => catch_up(&ctx, &stream, meta, from, live, q.cursor.as_deref()).await,
     }
-    let (events, next) = match fork::read(
+}
+
+/// Where a `live=sse` read starts: the stream's layout and shape, `from`,
+/// the tail, its close watch, the client's cursor and the token's expiry.
+fn sse_start(ctx: &Ctx, meta: &Meta, from: u64, tail: u64, cursor: Option<&str>) -> live::Start {
+    let shape = if meta.is_json() {
+        Shape::Json
+    } else if meta.is_text() {
+        Shape::Text
+    } else {
+        Shape::Binary
+    };
+    live::Start {
+        layout: meta.layout.clone(),
+        epoch: meta.epoch,
+        shape,
+        from,
+        head: tail,
+        closed_rx: meta.closed_tx.subscribe(),
+        cursor: cursor.and_then(|c| c.parse().ok()),
+        expires: stream::expires_at(&ctx.grant),
+    }
+}
+
+/// `offset=now` without `live`: an empty body at the tail.
+fn tail_answer(meta: &Meta, tail: u64) -> Response {
+    let mut r = Response::new(Body::from(if meta.is_json() { "[]" } else { "" }));
+    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
+    set(&mut r, "stream-up-to-date", "true");
+    set(&mut r, "cache-control", "no-store");
+    if meta.closed {
+        set(&mut r, "stream-closed", "true");
+    }
+    r
+}
+
+/// A catch-up read after `from` (at most [`READ_EVENTS`] and about
+/// [`READ_BYTES`]), with its ETag and 304; a long-poll with nothing to read
+/// waits ([`long_poll`]).
+async fn catch_up(
+    ctx: &Ctx,
+    stream: &Stream,
+    meta: tokio::sync::MutexGuard<'_, Meta>,
+    from: u64,
+    live: Live,
+    cursor: Option<&str>,
+) -> Response {
+    let read = fork::read(
         &ctx.app,
         &meta.layout,
         from,
         u64::MAX,
         READ_EVENTS,
         READ_BYTES,
-    )
-    .await
-    {
+    );
+    let (events, next) = match read.await {
         Ok(r) => r,
         Err(e) => return read_failed(e),
     };
-    let long_poll = live.as_deref() == Some("long-poll");
+    let long_poll = live == Live::LongPoll;
     if events.is_empty() && long_poll {
-        if meta.closed {
-            return long_poll_end(&meta, from, true, None);
-        }
-        let mut closed_rx = meta.closed_tx.subscribe();
-        let layout = meta.layout.clone();
-        drop(meta);
-        let waited = wait(&ctx, &layout, from, &mut closed_rx).await;
-        // After a deletion's purge and its mark (`fork::forget` holds the
-        // lock across both), so a deleted stream is seen as deleted.
-        let meta = stream.lock().await;
-        return match waited {
-            Ok(Waited::Events(events, lag)) => {
-                let next = layout.virt(events.last().map_or(layout.seq(from), |e| e.seq));
-                stream::delivered_answer(Transport::Ds, &events, lag);
-                data_answer(&ctx, &meta, next, &events, true, client_cursor.as_deref())
-            }
-            // Deleted while waiting (its purge woke the wait with a gap, or
-            // its watch did): 404, as the reference server answers; a 410
-            // would read as retention to the client (PROTOCOL.md 5.6).
-            Ok(_) if meta.deleted || meta.soft_deleted => {
-                error(ErrorCode::StreamNotFound, "the stream was deleted")
-            }
-            Ok(Waited::Gap) => gone_after(),
-            Ok(Waited::Nothing) => {
-                long_poll_end(&meta, from, meta.closed, client_cursor.as_deref())
-            }
-            Err(r) => r,
-        };
+        return self::long_poll(ctx, stream, meta, from, cursor).await;
     }
     // The tail after the read: `Stream-Up-To-Date` only when nothing
     // committed before the answer lies past it.
@@ -287,32 +310,63 @@ pub async fn get(ctx: Ctx) -> Response {
         next,
         if meta.closed && up_to_date { ":c" } else { "" }
     );
-    if !long_poll {
-        if let Some(inm) = ctx.header("if-none-match") {
-            if inm.split(',').any(|t| t.trim() == etag || t.trim() == "*") {
-                let mut r = empty(StatusCode::NOT_MODIFIED);
-                set(&mut r, "etag", &etag);
-                set(&mut r, "cache-control", cache_control(&ctx));
-                set(&mut r, "stream-next-offset", offset(meta.epoch, next));
-                return r;
-            }
-        }
+    if !long_poll && matches(ctx.header("if-none-match"), &etag) {
+        let mut r = empty(StatusCode::NOT_MODIFIED);
+        set(&mut r, "etag", &etag);
+        set(&mut r, "cache-control", cache_control(ctx));
+        set(&mut r, "stream-next-offset", offset(meta.epoch, next));
+        return r;
     }
     stream::delivered_answer(Transport::Ds, &events, head.saturating_sub(next));
-    let mut r = data_answer(
-        &ctx,
-        &meta,
-        next,
-        &events,
-        long_poll,
-        client_cursor.as_deref(),
-    );
+    let mut r = data_answer(ctx, &meta, next, &events, long_poll, cursor);
     if !up_to_date {
         r.headers_mut().remove("stream-up-to-date");
         r.headers_mut().remove("stream-closed");
     }
     set(&mut r, "etag", &etag);
     r
+}
+
+/// Whether an `If-None-Match` value names `etag` (or is `*`).
+fn matches(if_none_match: Option<&str>, etag: &str) -> bool {
+    if_none_match.is_some_and(|inm| inm.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+}
+
+/// A long-poll at the tail: 204 at once when closed, else the next events
+/// ([`wait`]); a stream deleted meanwhile answers 404, as the reference
+/// server does (a 410 would read as retention to the client, PROTOCOL.md 5.6).
+async fn long_poll(
+    ctx: &Ctx,
+    stream: &Stream,
+    meta: tokio::sync::MutexGuard<'_, Meta>,
+    from: u64,
+    cursor: Option<&str>,
+) -> Response {
+    if meta.closed {
+        return long_poll_end(&meta, from, true, None);
+    }
+    let mut closed_rx = meta.closed_tx.subscribe();
+    let layout = meta.layout.clone();
+    drop(meta);
+    let waited = wait(ctx, &layout, from, &mut closed_rx).await;
+    // After a deletion's purge and its mark (`fork::forget` holds the lock
+    // across both), so a deleted stream is seen as deleted.
+    let meta = stream.lock().await;
+    match waited {
+        Ok(Waited::Events(events, lag)) => {
+            let next = layout.virt(events.last().map_or(layout.seq(from), |e| e.seq));
+            stream::delivered_answer(Transport::Ds, &events, lag);
+            data_answer(ctx, &meta, next, &events, true, cursor)
+        }
+        // Deleted while waiting (its purge woke the wait with a gap, or its
+        // watch did).
+        Ok(_) if meta.deleted || meta.soft_deleted => {
+            error(ErrorCode::StreamNotFound, "the stream was deleted")
+        }
+        Ok(Waited::Gap) => gone_after(),
+        Ok(Waited::Nothing) => long_poll_end(&meta, from, meta.closed, cursor),
+        Err(r) => r,
+    }
 }
 
 /// A 200 with `events` (the last at position `next`): the body,

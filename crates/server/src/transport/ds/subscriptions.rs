@@ -692,7 +692,12 @@ async fn create(
             );
         }
         if let Some(pattern) = sub.config.pattern.clone() {
-            for rel in matching(ds, root, &pattern, sub.config.wake_stream.as_deref()) {
+            let wake_stream = sub.config.wake_stream.as_deref();
+            let found = match existing(app, ds, root, &pattern, wake_stream).await {
+                Ok(found) => found,
+                Err(e) => return api_error(e.into()),
+            };
+            for rel in found {
                 let acked = offsets(app, ds, root, &rel).await.map(|o| o.1);
                 let l = sub.links.entry(rel).or_default();
                 l.glob = true;
@@ -706,8 +711,39 @@ async fn create(
     }
 }
 
-/// The stream paths under `root` (relative) that `pattern` matches now,
-/// except the subscription's own wake stream (its wake events would wake it
+/// The most streams a pattern links when its subscription is created.
+pub const MAX_PATTERN_LINKS: usize = 10_000;
+
+/// The stream paths under `root` that `pattern` matches at a subscription's
+/// creation: every stream of the journal under the root
+/// (`Hub::channels_with_meta`, so also those made on other nodes and never
+/// served here), at most [`MAX_PATTERN_LINKS`], with the ones this node
+/// caches ([`matching`]).
+async fn existing(
+    app: &App,
+    ds: &Ds,
+    root: &str,
+    pattern: &[String],
+    wake_stream: Option<&str>,
+) -> Result<Vec<String>, JournalError> {
+    let prefix = root_prefix(root);
+    let listed = app
+        .hub
+        .channels_with_meta(&prefix, MAX_PATTERN_LINKS)
+        .await?;
+    let mut found: std::collections::BTreeSet<String> = listed
+        .iter()
+        .filter_map(|c| c.strip_prefix(prefix.as_str()).map(names::path_of))
+        .filter(|rel| glob(pattern, rel) && Some(rel.as_str()) != wake_stream)
+        .collect();
+    found.extend(matching(ds, root, pattern, wake_stream));
+    Ok(found.into_iter().collect())
+}
+
+/// The stream paths under `root` (relative) that `pattern` matches among
+/// the streams this node caches (a stream made on another node is cached
+/// here when its creation is heard while subscriptions exist, `mod.rs`
+/// `listen`), except the subscription's own wake stream (its wake events would wake it
 /// again, without end).
 fn matching(ds: &Ds, root: &str, pattern: &[String], wake_stream: Option<&str>) -> Vec<String> {
     let prefix = root_prefix(root);
