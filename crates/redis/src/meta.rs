@@ -590,6 +590,19 @@ fn meta_of(v: Option<&Value>) -> Result<Option<ChannelMeta>, JournalError> {
     }
 }
 
+/// `s` with Redis glob's special characters (`*`, `?`, `[`, `]` and the backslash)
+/// escaped, for a `MATCH` pattern that takes it literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::Locks;
@@ -627,17 +640,4 @@ mod tests {
         assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
         assert_eq!(locks.len(), 0);
     }
-}
-
-/// `s` with Redis glob's special characters (`*`, `?`, `[`, `]` and the backslash)
-/// escaped, for a `MATCH` pattern that takes it literally.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
