@@ -217,7 +217,8 @@ impl Journal for MemoryJournal {
             return Err(JournalError::Closed);
         }
         let log = self.log_of(&mut map, channel);
-        if log.meta.as_ref().is_some_and(ChannelMeta::is_closed) {
+        let retry = idempotency_key.is_some_and(|k| log.keys.contains_key(k));
+        if log.meta.as_ref().is_some_and(ChannelMeta::is_closed) && !retry {
             return Err(JournalError::ChannelClosed);
         }
         Ok(self.append_locked(log, events, idempotency_key))

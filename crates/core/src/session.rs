@@ -3,9 +3,15 @@
 //!
 //! A session's events live in the journal under the channel `session/<id>`
 //! (`/` is outside the channel alphabet, so no client channel can collide).
-//! Its lifecycle is written into the same journal as marker events of reserved
-//! types ([`OPENED`], [`COMPLETED`], [`CANCELLED`]), so it is exactly as durable
-//! as its events and a restart recovers it by reading the last event. Which
+//! Its lifecycle is the channel's own ([`crate::meta`], as for a Durable
+//! Streams stream): created with its metadata and the opening marker in one
+//! change, ended by a closing append of its end marker, so the journal itself
+//! refuses every append after the end, on every node and for every journal
+//! ([`crate::JournalError::ChannelClosed`]). The markers stay events of
+//! reserved types ([`OPENED`], [`COMPLETED`], [`CANCELLED`]), which consumers
+//! read; a closed session's status is its last event's. A session written by
+//! a release before channel metadata (markers only) is given its metadata
+//! when first touched ([`crate::meta::Change::Import`]). Which
 //! connection is attached, and since when nobody is, is kept in memory: after
 //! a restart every open session counts as detached since the restart, so a
 //! consumer that reconnects within the grace window finds it intact.
@@ -19,13 +25,13 @@
 //! another, the grace window counts from the moment the last holder
 //! anywhere left (or its node died and its lease ran out), and the status
 //! is re-read from the journal before each append or end, since another
-//! node may have ended the session. The Redis crate also refuses an append
-//! to a session after its end marker, in the append's own script (the rule
-//! lives with its registry, `sessions.rs` there), so a race between the
-//! two is [`SessionError::Ended`] too.
+//! node may have ended the session; an append that races another node's end
+//! is refused by the journal (the channel is closed), so it is
+//! [`SessionError::Ended`] too.
 
 use crate::hub::Hub;
 use crate::journal::{Appended, ChannelState, JournalError};
+use crate::meta::{Change, ChannelMeta, Guard, Life, Outcome, Refusal};
 use crate::subscription::{Start, Subscription};
 use gapless_protocol::codes::GapReason;
 use gapless_protocol::{NewEvent, Payload};
@@ -44,9 +50,8 @@ pub const COMPLETED: &str = "gapless.session.completed";
 pub const CANCELLED: &str = "gapless.session.cancelled";
 /// Longest session id, in characters (`A-Z a-z 0-9 _ -`).
 pub const MAX_ID_LEN: usize = gapless_protocol::name::MAX_SESSION_ID_LEN;
-/// The idempotency key of a session's opening marker: of two creates of one
-/// id that both found it absent, the journal takes one marker.
-const CREATE_KEY: &str = "gapless.session.create";
+/// The content type recorded in a session channel's metadata.
+const CONTENT_TYPE: &str = "application/octet-stream";
 
 /// The journal channel of session `id`.
 pub fn channel_of(id: &str) -> String {
@@ -228,6 +233,8 @@ struct EntryState {
     /// False until the status was read from the journal or written by `create`.
     known: bool,
     status: Status,
+    /// The incarnation of the session channel's metadata (0 until known).
+    incarnation: u64,
     attached: Option<(u64, CancellationToken)>,
     detached_since: u64,
 }
@@ -365,6 +372,7 @@ impl Sessions {
         let channel = channel_of(&id);
         let entry = self.entry(&id, crate::journal::now_ms());
         let _ops = entry.ops.lock().await;
+        // A session of a release before channel metadata has events only.
         if hub.state(&channel).await?.head > 0 {
             return Err(SessionError::Exists(id));
         }
@@ -372,25 +380,39 @@ impl Sessions {
             event_type: Some(OPENED.to_owned()),
             data: Payload::default(),
         };
+        let meta = ChannelMeta::new(
+            rand::random::<u64>().max(1),
+            CONTENT_TYPE.to_owned(),
+            crate::journal::now_ms(),
+        );
+        let incarnation = meta.incarnation;
         // Two creates of one id may both find it absent (on two nodes, in
-        // cluster mode); the key makes the journal take one opening marker
-        // and answer the other as a duplicate.
-        let appended = hub
-            .publish(&channel, vec![marker], Some(CREATE_KEY))
+        // cluster mode); the journal creates the metadata once and answers
+        // the other `Exists`.
+        let changed = hub
+            .change(
+                &channel,
+                Change::Create {
+                    meta,
+                    events: vec![marker],
+                },
+            )
             .await?;
-        if appended.duplicate {
-            return Err(SessionError::Exists(id));
-        }
+        let head = match changed.outcome {
+            Outcome::Created(_) => changed.state.head,
+            _ => return Err(SessionError::Exists(id)),
+        };
         {
             let mut st = entry.state.lock();
             st.status = Status::Open;
             st.known = true;
+            st.incarnation = incarnation;
             st.detached_since = crate::journal::now_ms();
         }
         Ok(Info {
             id,
             status: Status::Open,
-            head: appended.last_seq,
+            head,
             attached: false,
         })
     }
@@ -705,16 +727,16 @@ impl Sessions {
         if self.registry.is_none() || entry.state.lock().status != Status::Open {
             return Ok(());
         }
-        if let Some(status) = read_status(hub, id).await? {
+        if let Some((status, _, _)) = read_status(hub, id).await? {
             entry.state.lock().status = status;
         }
         Ok(())
     }
 
-    /// Cluster mode: a journal shared between nodes refuses an append after
-    /// a session's end marker (another node ended it between our status
-    /// read and our append); such a refusal becomes [`SessionError::Ended`].
-    /// Any other failure is returned as it is.
+    /// The journal refuses an append to a closed channel (another node
+    /// ended the session between our status read and our append); such a
+    /// refusal becomes [`SessionError::Ended`]. Any other failure is
+    /// returned as it is.
     async fn ended_meanwhile(
         &self,
         hub: &Hub,
@@ -722,8 +744,8 @@ impl Sessions {
         entry: &Entry,
         e: JournalError,
     ) -> SessionError {
-        if self.registry.is_some() && matches!(e, JournalError::Storage(_)) {
-            if let Ok(Some(status)) = read_status(hub, id).await {
+        if matches!(e, JournalError::ChannelClosed) {
+            if let Ok(Some((status, _, _))) = read_status(hub, id).await {
                 if status != Status::Open {
                     entry.state.lock().status = status;
                     return SessionError::Ended {
@@ -754,12 +776,31 @@ impl Sessions {
             ),
             data: Payload::default(),
         };
-        let appended = match hub.publish(&channel_of(id), vec![marker], None).await {
-            Ok(a) => a,
-            Err(e) => return Err(self.ended_meanwhile(hub, id, entry, e).await),
+        let guard = Guard {
+            incarnation: entry.state.lock().incarnation,
+            close: true,
+            ..Guard::default()
         };
-        entry.state.lock().status = status;
-        Ok(appended.last_seq)
+        let change = Change::Append {
+            guard,
+            events: vec![marker],
+            key: None,
+        };
+        let changed = hub.change(&channel_of(id), change).await?;
+        match changed.outcome {
+            Outcome::Appended(_) => {
+                entry.state.lock().status = status;
+                Ok(changed.state.head)
+            }
+            // Ended on another node meanwhile.
+            Outcome::Refused(Refusal::Closed) => Err(self
+                .ended_meanwhile(hub, id, entry, JournalError::ChannelClosed)
+                .await),
+            other => Err(JournalError::Storage(format!(
+                "the end of session {id} was not recorded: {other:?}"
+            ))
+            .into()),
+        }
     }
 
     fn entry(&self, id: &str, detached_since: u64) -> Arc<Entry> {
@@ -771,6 +812,7 @@ impl Sessions {
                     state: Mutex::new(EntryState {
                         known: false,
                         status: Status::Open,
+                        incarnation: 0,
                         attached: None,
                         detached_since,
                     }),
@@ -790,10 +832,9 @@ impl Sessions {
                 return Ok(e);
             }
         }
-        let Some(status) = read_status(hub, id).await? else {
+        let Some((status, incarnation, opened_ms)) = read_status(hub, id).await? else {
             return Err(SessionError::NotFound(id.to_owned()));
         };
-        let opened_ms = read_opened(hub, id).await?;
         // Detached since it was opened, or since this server started if that
         // is later (what an earlier process knew of its consumers is gone).
         // In cluster mode it may have been opened on another node a moment
@@ -803,6 +844,7 @@ impl Sessions {
             let mut es = entry.state.lock();
             if !es.known {
                 es.status = status;
+                es.incarnation = incarnation;
                 es.known = true;
             }
         }
@@ -848,31 +890,63 @@ async fn follow_session(
     Ok((sub, followed.head))
 }
 
-/// The status the journal holds for session `id` (its last event); `None`
-/// when it has no retained event.
-async fn read_status(hub: &Hub, id: &str) -> Result<Option<Status>, SessionError> {
+/// What the journal holds for session `id`: its status (open while its
+/// channel is, else its last event's end marker), the incarnation of its
+/// metadata and when it was opened (Unix ms); `None` when there is no such
+/// session. A session of a release before channel metadata (its markers
+/// only) is given its metadata here ([`Change::Import`], set only where
+/// there is none, so nodes doing it at once agree).
+async fn read_status(hub: &Hub, id: &str) -> Result<Option<(Status, u64, u64)>, SessionError> {
     let channel = channel_of(id);
-    let st = hub.state(&channel).await?;
+    let (meta, st) = hub.meta(&channel).await?;
+    if let Some(m) = meta {
+        let status = match (m.is_closed(), st.head == 0 || st.floor > st.head) {
+            (false, _) => Status::Open,
+            // Ended, and retention took even its end marker: gone, as a
+            // session whose events are all evicted always was.
+            (true, true) => return Ok(None),
+            (true, false) => match last_marker(hub, &channel, st).await? {
+                Status::Open => Status::Cancelled,
+                ended => ended,
+            },
+        };
+        return Ok(Some((status, m.incarnation, m.created_ms)));
+    }
     if st.head == 0 || st.floor > st.head {
         return Ok(None);
     }
-    let page = hub.read(&channel, st.head - 1, 1, usize::MAX).await?;
-    Ok(Some(
-        page.events
-            .last()
-            .and_then(|e| Status::of_marker(e.event_type.as_deref()))
-            .unwrap_or(Status::Open),
-    ))
+    let status = last_marker(hub, &channel, st).await?;
+    let floor = st.floor.max(1);
+    let first = hub.read(&channel, floor - 1, 1, usize::MAX).await?;
+    let opened_ms = first.events.first().map_or(0, |e| e.time);
+    let mut meta = ChannelMeta::new(
+        rand::random::<u64>().max(1),
+        CONTENT_TYPE.to_owned(),
+        opened_ms,
+    );
+    if status != Status::Open {
+        meta.life = Life::Closed;
+    }
+    let changed = hub.change(&channel, Change::Import(meta)).await?;
+    let Some(m) = changed.meta else {
+        return Ok(None);
+    };
+    let status = if m.is_closed() { status } else { Status::Open };
+    Ok(Some((status, m.incarnation, m.created_ms)))
 }
 
-/// When session `id` was opened, Unix ms: the time of its oldest retained
-/// event (the opening marker, unless retention evicted it); 0 when it has
-/// none.
-async fn read_opened(hub: &Hub, id: &str) -> Result<u64, SessionError> {
-    let channel = channel_of(id);
-    let floor = hub.state(&channel).await?.floor.max(1);
-    let page = hub.read(&channel, floor - 1, 1, usize::MAX).await?;
-    Ok(page.events.first().map_or(0, |e| e.time))
+/// The status of session channel `channel`'s last event: its end marker's,
+/// else open.
+async fn last_marker(hub: &Hub, channel: &str, st: ChannelState) -> Result<Status, SessionError> {
+    if st.head == 0 || st.floor > st.head {
+        return Ok(Status::Open);
+    }
+    let page = hub.read(channel, st.head - 1, 1, usize::MAX).await?;
+    Ok(page
+        .events
+        .last()
+        .and_then(|e| Status::of_marker(e.event_type.as_deref()))
+        .unwrap_or(Status::Open))
 }
 
 /// Keeps `holder`'s lease alive until `done` fires; fires `kicked` when the

@@ -364,9 +364,6 @@ if key ~= '' then
 end
 -- a closed channel takes nothing (its metadata, `META`)
 if redis.call('HGET', mk, 'closed') then return {'closed'} end
--- what the features over the journal refuse (`RULES`)
-local refused = refuse_append(k, channel, head)
-if refused then return refused end
 local now = now_ms()
 local time = now
 if last > time then time = last end
@@ -611,25 +608,14 @@ impl Scripts {
             ready: redis::Script::new(READY),
             purge: redis::Script::new(&format!("{PRELUDE}{PURGE}")),
             meta: redis::Script::new(&format!("{PRELUDE}{META}")),
-            change: redis::Script::new(&format!(
-                "{PRELUDE}{}{APPEND_EVENTS}{CHANGE}",
-                RULES.concat()
-            )),
+            change: redis::Script::new(&format!("{PRELUDE}{APPEND_EVENTS}{CHANGE}")),
         }
     }
 }
 
-/// The rules that features kept beside the journal add to the append
-/// script: Lua defining `refuse_append(k, channel, head)`, which returns an
-/// error reply to refuse the append (nothing is written then), or nil. The
-/// append script calls it after the idempotency check (a retry of an
-/// accepted append still answers its seqs). Today one feature has one:
-/// sessions (`sessions.rs`, [`crate::sessions::APPEND_RULE`]).
-const RULES: &[&str] = &[crate::sessions::APPEND_RULE];
-
 /// The Lua source of the append script (as Redis runs it).
 pub(crate) fn append_source() -> String {
-    format!("{PRELUDE}{}{APPEND_EVENTS}{APPEND}", RULES.concat())
+    format!("{PRELUDE}{APPEND_EVENTS}{APPEND}")
 }
 
 /// The Redis key of `channel`'s hash.

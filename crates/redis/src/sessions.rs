@@ -1,7 +1,8 @@
 //! Sessions in Redis: the attach leases shared by every node (the
 //! [`SessionRegistry`] of cluster mode, [`RedisSessions`], which the binary
-//! builds beside the journal and hands to the session layer), and the rule
-//! sessions add to the append script ([`APPEND_RULE`]).
+//! builds beside the journal and hands to the session layer). That nothing
+//! is appended after a session's end is the journal's rule for a closed
+//! channel (the session's channel metadata, `meta.rs`), not one of its own.
 //!
 //! Per session two keys, with the hash tag of the session's channel (one
 //! slot): `gapless:{session/<id>}:att` holds the holder (`<node>:<conn>`)
@@ -57,28 +58,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {1, -1} end
 local d = redis.call('GET', KEYS[2])
 if d then return {0, tonumber(d)} end
 return {0, -1}
-"#;
-
-/// The rule sessions add to the append script (`scripts.rs` calls
-/// `refuse_append(k, channel, head)` before it appends: an error reply, or
-/// nil to append). A session's journal takes nothing after its end marker:
-/// the session layer checks the status before it appends, and this makes
-/// an append that raced another node's end fail instead of landing after it
-/// (the session layer turns the error into `SessionError::Ended`). It reads
-/// the event at the head of `session/` channels only, and knows the end
-/// markers by their type of 25 characters, `gapless.session.completed` /
-/// `.cancelled` (the `gapless.` prefix is reserved, so no publisher can
-/// write one).
-pub(crate) const APPEND_RULE: &str = r#"
-local function refuse_append(k, channel, head)
-  if head > 0 and string.sub(channel, 1, 8) == 'session/' then
-    local v = redis.call('HGET', k, 'e' .. S(head))
-    if v and string.match(v, '^%d+:t25:gapless%.session%.') then
-      return redis.error_reply('gapless: session ' .. channel .. ' has ended; it takes no more events')
-    end
-  end
-  return nil
-end
 "#;
 
 /// The scripts, compiled once.

@@ -591,38 +591,3 @@ async fn an_unreachable_redis_answers_unavailable_within_the_timeout() {
         t0.elapsed()
     );
 }
-
-#[tokio::test]
-async fn a_session_journal_takes_nothing_after_its_end_marker() {
-    let redis = Redis::start().await;
-    let j = journal(&redis, Retention::default(), Arc::new(NoSink));
-    let ch = "session/s1";
-    j.append(ch, vec![typed("gapless.session.opened", "")], None)
-        .await
-        .expect("append");
-    j.append(ch, vec![ev("work")], Some("k"))
-        .await
-        .expect("append");
-    j.append(ch, vec![typed("gapless.session.completed", "")], None)
-        .await
-        .expect("append");
-    let late = j.append(ch, vec![ev("late")], None).await;
-    assert!(
-        matches!(late, Err(JournalError::Storage(ref m)) if m.contains("has ended")),
-        "{late:?}"
-    );
-    // a retry of an append made before the end still answers its seq
-    let retry = j
-        .append(ch, vec![ev("work")], Some("k"))
-        .await
-        .expect("retry");
-    assert_eq!((retry.first_seq, retry.duplicate), (2, true));
-    assert_eq!(j.state(ch).await.expect("state").head, 3);
-    // other channels are not affected by such types
-    j.append("plain", vec![typed("gapless.session.completed", "")], None)
-        .await
-        .expect("append");
-    j.append("plain", vec![ev("after")], None)
-        .await
-        .expect("append");
-}

@@ -389,8 +389,35 @@ pub(crate) struct AppendCx<'a> {
     pub lsn: u64,
 }
 
+/// The seqs an append with `key` to `channel` was answered before (a
+/// duplicate), if the key is known: checked before anything else about the
+/// append, so a retry is answered so even after the channel was closed.
+///
+/// # Errors
+/// [`JournalError::Storage`] when the key table cannot be read.
+pub(crate) fn stored_before(
+    cx: &mut Ctx<'_>,
+    ax: &mut AppendCx<'_>,
+    channel: &str,
+    key: Option<&str>,
+) -> Result<Option<Appended>, JournalError> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let ch = cx.cache.get_or_create(channel);
+    let epoch = ch.state(cx.epoch).epoch;
+    let known = ax
+        .keys
+        .get(ax.db, ax.snapshot, ch.row.id, key, ch.row.floor)?;
+    Ok(known.map(|(first_seq, last_seq)| Appended {
+        epoch,
+        first_seq,
+        last_seq,
+        duplicate: true,
+    }))
+}
 /// Decides an append to `channel` (see `Journal::append`): checks the
-/// idempotency key, assigns seqs and the time, applies count retention to the
+/// idempotency key ([`stored_before`]), assigns seqs and the time, applies count retention to the
 /// cache, and writes the record to `ax.record` (nothing for a duplicate).
 pub(crate) fn append(
     cx: &mut Ctx<'_>,
@@ -399,23 +426,13 @@ pub(crate) fn append(
     events: Vec<NewEvent>,
     idempotency_key: Option<&str>,
 ) -> Result<(Appended, Option<Notice>), JournalError> {
+    if let Some(appended) = stored_before(cx, ax, channel, idempotency_key)? {
+        return Ok((appended, None));
+    }
     let ch = cx.cache.get_or_create(channel);
     // The store's, or the channel's own since a purge (`purge.rs`).
     let epoch = ch.state(cx.epoch).epoch;
     let id = ch.row.id;
-    if let Some(key) = idempotency_key {
-        if let Some((first_seq, last_seq)) =
-            ax.keys.get(ax.db, ax.snapshot, id, key, ch.row.floor)?
-        {
-            let appended = Appended {
-                epoch,
-                first_seq,
-                last_seq,
-                duplicate: true,
-            };
-            return Ok((appended, None));
-        }
-    }
     let time = now_ms().max(ch.row.last_time);
     let first_seq = ch.row.head + 1;
     let head = ch.row.head + events.len() as u64;

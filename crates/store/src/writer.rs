@@ -536,9 +536,15 @@ fn decide_one(
             events,
             key,
         } => {
-            // Decided here, in order: wholly before or after a close.
+            // Decided here, in order: wholly before or after a close; a
+            // retry of an append stored before it is still answered.
             if crate::channel_meta::closed(cx.cache, ax, &channel)? {
-                return Ok((Some(Done::ChannelClosed), Vec::new()));
+                return Ok(
+                    match apply::stored_before(cx, ax, &channel, key.as_deref())? {
+                        Some(a) => (Some(Done::Appended(a)), Vec::new()),
+                        None => (Some(Done::ChannelClosed), Vec::new()),
+                    },
+                );
             }
             let (appended, notice) = apply::append(cx, ax, &channel, events, key.as_deref())?;
             Ok((Some(Done::Appended(appended)), notice.into_iter().collect()))

@@ -1382,6 +1382,7 @@ async fn meta_closed(f: Fixture) -> R {
         },
     )
     .await?;
+    j.append("s", vec![ev("keyed")], Some("k")).await?;
     let mut closing = producer_append(inc, "p", 0, 0, "last");
     if let Change::Append { guard, .. } = &mut closing {
         guard.close = true;
@@ -1416,10 +1417,14 @@ async fn meta_closed(f: Fixture) -> R {
         Err(JournalError::ChannelClosed) => {}
         other => panic!("a plain append to a closed channel: {other:?}"),
     }
+    // A retry of an append stored before the close still answers its seq
+    // (a session's producer retrying after another node ended it).
+    let retry = j.append("s", vec![ev("keyed")], Some("k")).await?;
+    assert_eq!((retry.first_seq, retry.duplicate), (1, true));
     assert_eq!(
         j.state("s").await?.head,
-        1,
-        "only the closing append is stored"
+        2,
+        "only the keyed and the closing appends are stored"
     );
     j.append("open-channel", vec![ev("fine")], None).await?;
     Ok(())
