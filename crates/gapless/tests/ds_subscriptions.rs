@@ -622,3 +622,118 @@ async fn a_cluster_without_a_key_file_shares_one_signing_key_through_redis() {
         "a node started later has the same key"
     );
 }
+
+/// A wake follows the append that causes it at once (the linked stream's
+/// commit wakes delivery; nothing is scanned): within 1 s of each append,
+/// whether made through Durable Streams or through gapless's own publish
+/// (a stream is a channel), and for a stream created after the
+/// subscription that its pattern matches.
+#[tokio::test]
+async fn a_wake_follows_an_append_within_a_second() {
+    let s = Server::start(&["--ds-webhook-allow-loopback"]).await;
+    let mut hook = Hook::start(Mode::Done).await;
+    put(&s, "/ds/q/a", "").await;
+    let sub = "/ds/q/__ds/subscriptions/quick";
+    let def = json!({"type": "webhook", "pattern": "*", "webhook": {"url": hook.url}});
+    let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let within = Duration::from_secs(1);
+    for n in 0..3 {
+        let sent = Instant::now();
+        let tail = append(&s, "/ds/q/a", &json!({ "n": n }).to_string()).await;
+        let w = hook
+            .maybe(within + sent.elapsed())
+            .await
+            .unwrap_or_else(|| panic!("no wake within 1 s of append {n}"));
+        assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+        assert_eq!(w.json["streams"][0]["tail_offset"], tail.as_str());
+        acked(&s, sub, "a", &tail).await;
+    }
+    // gapless's own publish to the stream's channel wakes it too.
+    let sent = Instant::now();
+    let p = s
+        .request("POST", "/v1/channels/q~a/events", &[], r#"{"own":1}"#)
+        .await;
+    assert_eq!(p.status, 201, "{}", p.text);
+    let w = hook
+        .maybe(within)
+        .await
+        .expect("a wake within 1 s of a gapless publish");
+    assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+    // A stream created later, matching the pattern: its first append wakes.
+    put(&s, "/ds/q/b", "").await;
+    let sent = Instant::now();
+    let tail = append(&s, "/ds/q/b", r#"{"b":1}"#).await;
+    let w = loop {
+        let w = hook
+            .maybe(within)
+            .await
+            .expect("a wake within 1 s of the new stream's append");
+        if w.json["streams"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|l| l["path"] == "b" && l["tail_offset"] == tail.as_str())
+        }) {
+            break w;
+        }
+    };
+    assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+}
+
+/// In a cluster, a pull-wake subscription made on node A, whose stream is
+/// created and appended to on node B after it, is woken, claimed through
+/// B (A then refuses another worker), and acked through A.
+#[tokio::test]
+async fn a_subscription_made_on_one_node_is_claimed_on_another() {
+    let Some(redis) = Redis::start_or_skip("ds subscriptions across nodes").await else {
+        return;
+    };
+    let node = || async {
+        Server::with(Opts {
+            args: vec!["--redis".to_owned(), redis.url()],
+            ..Opts::default()
+        })
+        .await
+    };
+    let a = node().await;
+    let b = node().await;
+    put(&a, "/ds/x/wake", "").await;
+    let sub = "/ds/x/__ds/subscriptions/pool";
+    let def =
+        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
+    let r = a.request("PUT", sub, &[JSON], def).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    put(&b, "/ds/x/jobs/1", "").await;
+    let tail = append(&b, "/ds/x/jobs/1", r#"{"job":1}"#).await;
+    eventually("a wake event", WAIT, || async {
+        let w = b.request("GET", "/ds/x/wake?offset=-1", &[], "").await;
+        w.json
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
+    })
+    .await;
+    let c = claim(&b, sub, "on-b").await;
+    assert_eq!(c.status, 200, "claimed on b: {}", c.text);
+    assert_eq!(
+        c.json["streams"][0]["tail_offset"],
+        tail.as_str(),
+        "{}",
+        c.text
+    );
+    let other = claim(&a, sub, "on-a").await;
+    assert_eq!(other.status, 409, "{}", other.text);
+    assert_eq!(other.json["error"]["code"], "ALREADY_CLAIMED");
+    assert_eq!(other.json["error"]["current_holder"], "on-b");
+    let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
+    let ack = json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"],
+                     "acks": [{"stream": "jobs/1", "offset": tail}], "done": true});
+    let done = a
+        .request(
+            "POST",
+            &format!("{sub}/ack"),
+            &[JSON, ("authorization", &auth)],
+            &ack.to_string(),
+        )
+        .await;
+    assert_eq!(done.status, 200, "acked on a: {}", done.text);
+    acked(&b, sub, "jobs/1", &tail).await;
+}
