@@ -737,3 +737,39 @@ async fn a_subscription_made_on_one_node_is_claimed_on_another() {
     assert_eq!(done.status, 200, "acked on a: {}", done.text);
     acked(&b, sub, "jobs/1", &tail).await;
 }
+
+/// A subscription's state is its channel's metadata, not events: with a
+/// retention of 5 events per channel, many changes (wakes, acks) and a
+/// `kill -9`, the subscription reads the same after the restart and its
+/// next wake continues from its acked offset.
+#[tokio::test]
+async fn a_subscription_outlives_retention_and_a_kill_9() {
+    let mut s = Server::start(&["--ds-webhook-allow-loopback", "--retention-events", "5"]).await;
+    let mut hook = Hook::start(Mode::Done).await;
+    put(&s, "/ds/r/a", "").await;
+    let sub = "/ds/r/__ds/subscriptions/kept";
+    let def = json!({"type": "webhook", "streams": ["a"], "webhook": {"url": hook.url}});
+    let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let mut tail = String::new();
+    for n in 0..8 {
+        tail = append(&s, "/ds/r/a", &json!({ "n": n }).to_string()).await;
+        hook.next().await;
+        acked(&s, sub, "a", &tail).await;
+    }
+    let before = s.request("GET", sub, &[], "").await.json;
+    s.kill9().await;
+    s.restart().await;
+    let after = s.request("GET", sub, &[], "").await;
+    assert_eq!(after.status, 200, "{}", after.text);
+    assert_eq!(after.json, before);
+    let next = append(&s, "/ds/r/a", r#"{"n":"after"}"#).await;
+    let w = hook.next().await;
+    assert_eq!(
+        w.json["streams"][0]["acked_offset"],
+        tail.as_str(),
+        "{}",
+        w.json
+    );
+    assert_eq!(w.json["streams"][0]["tail_offset"], next.as_str());
+}
