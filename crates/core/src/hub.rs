@@ -433,12 +433,6 @@ impl HeadWatch {
     }
 }
 
-impl Drop for HeadWatch {
-    fn drop(&mut self) {
-        self.cell.remove_subscriber();
-    }
-}
-
 impl std::fmt::Debug for HeadWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeadWatch")
@@ -766,9 +760,11 @@ impl Hub {
     }
 
     /// Watches `channel`'s head without reading its events: the channel is
-    /// followed while the watch lives (it counts as one subscriber), so its
-    /// commits, here or, in a cluster, on another node, move the head the
-    /// watch sees, and its cell is not forgotten. For a component that
+    /// followed while the watch lives (its cell is held, so it is not
+    /// forgotten, and a journal shared between nodes reads the commits
+    /// other nodes make to it), so its commits move the head the watch
+    /// sees. It is not a subscriber: no count or metric of subscribers
+    /// includes it. For a component that
     /// needs to know that a channel grew, not what it holds (a Durable
     /// Streams subscription's delivery).
     ///
@@ -778,7 +774,6 @@ impl Hub {
         let cell = self.channels.get_or_create(channel);
         cell.ensure_loaded(self.journal.as_ref()).await?;
         let rx = cell.watch_head(None);
-        cell.add_subscriber();
         Ok(HeadWatch { cell, rx })
     }
 
