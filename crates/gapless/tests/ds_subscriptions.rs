@@ -543,32 +543,7 @@ async fn a_cluster_shares_subscriptions_and_delivers_each_wake_once() {
         "one generation per wake: {generations:?}"
     );
 
-    // Two workers claim through two nodes at once: one lease (another
-    // root, so its wake events wake nothing of the webhook's).
-    put(&a, "/ds/c2/wake", "").await;
-    put(&a, "/ds/c2/jobs/1", "").await;
-    let pull = "/ds/c2/__ds/subscriptions/pool";
-    let def =
-        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
-    let r = b.request("PUT", pull, &[JSON], def).await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    append(&a, "/ds/c2/jobs/1", r#"{"job":1}"#).await;
-    eventually("a wake event", WAIT, || async {
-        let w = b.request("GET", "/ds/c2/wake?offset=-1", &[], "").await;
-        w.json
-            .as_array()
-            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
-    })
-    .await;
-    let url = format!("{pull}/claim");
-    let (wa, wb) = (r#"{"worker":"wa"}"#, r#"{"worker":"wb"}"#);
-    let (x, y) = tokio::join!(
-        a.request("POST", &url, &[JSON], wa),
-        b.request("POST", &url, &[JSON], wb),
-    );
-    let mut statuses = [x.status, y.status];
-    statuses.sort_unstable();
-    assert_eq!(statuses, [200, 409], "one lease: {} / {}", x.text, y.text);
+    two_workers_claim_through_two_nodes(&a, &b).await;
 
     // The node that created the subscription dies: the other delivers.
     a.kill9().await;
@@ -585,6 +560,35 @@ async fn a_cluster_shares_subscriptions_and_delivers_each_wake_once() {
         callback(&b, sub, &w.json, &[("s1", &tail)], true).await,
         200
     );
+}
+
+/// Two workers claim through two nodes at once: one lease (another root,
+/// so its wake events wake nothing of the webhook's).
+async fn two_workers_claim_through_two_nodes(a: &Server, b: &Server) {
+    put(a, "/ds/c2/wake", "").await;
+    put(a, "/ds/c2/jobs/1", "").await;
+    let pull = "/ds/c2/__ds/subscriptions/pool";
+    let def =
+        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
+    let r = b.request("PUT", pull, &[JSON], def).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    append(a, "/ds/c2/jobs/1", r#"{"job":1}"#).await;
+    eventually("a wake event", WAIT, || async {
+        let w = b.request("GET", "/ds/c2/wake?offset=-1", &[], "").await;
+        w.json
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
+    })
+    .await;
+    let url = format!("{pull}/claim");
+    let (wa, wb) = (r#"{"worker":"wa"}"#, r#"{"worker":"wb"}"#);
+    let (x, y) = tokio::join!(
+        a.request("POST", &url, &[JSON], wa),
+        b.request("POST", &url, &[JSON], wb),
+    );
+    let mut statuses = [x.status, y.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "one lease: {} / {}", x.text, y.text);
 }
 
 /// A cluster started without `--ds-signing-key` still has one signing key:

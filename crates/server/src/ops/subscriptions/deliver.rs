@@ -95,9 +95,9 @@ struct Run {
     subs: HashMap<String, Arc<Sub>>,
     /// The linked streams followed, by channel.
     links: HashMap<String, Watched>,
-    /// Follows of the subscriptions', indexes' and roots' channels: in a
-    /// cluster, a node whose notifications were lost is told again of
-    /// every followed channel's metadata.
+    /// Cluster mode: follows of the subscriptions', indexes' and roots'
+    /// channels (a node whose notifications were lost is told again of
+    /// every followed channel's metadata).
     held: HashMap<String, HeadWatch>,
     /// (when, subscription channel): leases' ends and retries.
     timers: BTreeSet<(u64, String)>,
@@ -366,10 +366,10 @@ impl Run {
         Ok(())
     }
 
-    /// Follows `channel` (its metadata notices are repeated after lost
-    /// notifications), once.
+    /// In a cluster, follows `channel` (its metadata notices are repeated
+    /// after lost notifications), once; a single server loses none.
     async fn hold(&mut self, channel: &str) {
-        if self.held.contains_key(channel) {
+        if !self.cx.app.config.cluster || self.held.contains_key(channel) {
             return;
         }
         if let Ok(w) = self.cx.app.hub.watch_head(channel).await {
