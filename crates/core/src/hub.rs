@@ -404,6 +404,43 @@ impl CommitSink for Channels {
     }
 }
 
+/// A follow of one channel's head ([`Hub::watch_head`]); dropping it stops
+/// following.
+pub struct HeadWatch {
+    cell: Arc<Cell>,
+    rx: watch::Receiver<u64>,
+}
+
+impl HeadWatch {
+    /// The channel's head as last signalled (its last seq; 0 when empty).
+    pub fn head(&self) -> u64 {
+        *self.rx.borrow()
+    }
+
+    /// Waits until the head is signalled again (a commit, an eviction, a
+    /// purge; sometimes with the head unchanged) and returns it.
+    pub async fn changed(&mut self) -> u64 {
+        if self.rx.changed().await.is_err() {
+            // The cell lives as long as this watch holds it: never closed.
+            std::future::pending::<()>().await;
+        }
+        *self.rx.borrow_and_update()
+    }
+
+    /// The channel watched.
+    pub fn channel(&self) -> &Arc<str> {
+        self.cell.name()
+    }
+}
+
+impl std::fmt::Debug for HeadWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeadWatch")
+            .field("channel", self.cell.name())
+            .finish()
+    }
+}
+
 /// What [`Hub::follow`] resolved.
 #[derive(Debug)]
 pub struct Followed {
@@ -733,6 +770,24 @@ impl Hub {
         sub.unfollow(channel);
         sub.push(Follow::new(cell, st.epoch, pos, head_rx, eph_seen));
         Ok(Followed { gap, head: st.head })
+    }
+
+    /// Watches `channel`'s head without reading its events: the channel is
+    /// followed while the watch lives (its cell is held, so it is not
+    /// forgotten, and a journal shared between nodes reads the commits
+    /// other nodes make to it), so its commits move the head the watch
+    /// sees. It is not a subscriber: no count or metric of subscribers
+    /// includes it. For a component that
+    /// needs to know that a channel grew, not what it holds (a Durable
+    /// Streams subscription's delivery).
+    ///
+    /// # Errors
+    /// [`JournalError`] when the channel's state cannot be read.
+    pub async fn watch_head(&self, channel: &str) -> Result<HeadWatch, JournalError> {
+        let cell = self.channels.get_or_create(channel);
+        cell.ensure_loaded(self.journal.as_ref()).await?;
+        let rx = cell.watch_head(None);
+        Ok(HeadWatch { cell, rx })
     }
 
     /// Wakes every subscriber in wake group `group` (modulo

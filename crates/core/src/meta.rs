@@ -72,6 +72,19 @@ pub struct ChannelMeta {
     /// reference count, PROTOCOL.md 4.2).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub forks: BTreeSet<String>,
+    /// A record a product keeps with a channel that is not a stream (a
+    /// Durable Streams subscription, an index of them): opaque text,
+    /// replaced whole and only by [`Change::Put`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    /// The version of [`ChannelMeta::record`]: 1 when [`Change::Put`]
+    /// created it, one more at each replacement (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub record_version: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where a channel is in its life. Deletion removes the metadata.
@@ -165,6 +178,8 @@ impl ChannelMeta {
             producers: BTreeMap::new(),
             stream_seq: None,
             forks: BTreeSet::new(),
+            record: None,
+            record_version: 0,
         }
     }
 
@@ -243,6 +258,22 @@ pub enum Change {
         /// Add or remove.
         add: bool,
     },
+    /// Compare-and-set of a channel's record ([`ChannelMeta::record`]):
+    /// applied only when the channel's metadata is `version` of
+    /// `incarnation` (`version` 0: the channel has no metadata; it is then
+    /// created as `incarnation`, non-zero, with the record at version 1).
+    /// `record` replaces the record and bumps its version; `None` removes
+    /// the metadata. A guard that is not the current one writes nothing and
+    /// answers [`Outcome::Exists`] (the channel has other metadata, whose
+    /// copy [`Changed::meta`] holds) or [`Refusal::NotFound`] (it has none).
+    Put {
+        /// The incarnation the caller read (to create: the new one).
+        incarnation: u64,
+        /// The record's version the caller read (0: none).
+        version: u64,
+        /// The new record; `None` removes the metadata.
+        record: Option<String>,
+    },
     /// Removes the incarnation's metadata (its events stay until retention
     /// evicts them; a channel created again starts after them).
     Delete {
@@ -289,7 +320,8 @@ pub enum Refusal {
 pub enum Outcome {
     /// Created (or imported), and the first events appended (`None`: none given).
     Created(Option<Appended>),
-    /// The channel had metadata: nothing changed.
+    /// The channel had metadata (for [`Change::Put`]: other than the one
+    /// guarded): nothing changed.
     Exists,
     /// Appended (`None`: a close without events), the metadata updated.
     Appended(Option<Appended>),
@@ -401,6 +433,11 @@ pub fn decide(current: Option<&ChannelMeta>, state: ChannelState, change: Change
                 write_meta(Some(m), Outcome::Updated)
             }
         },
+        Change::Put {
+            incarnation,
+            version,
+            record,
+        } => put(current, incarnation, version, record),
         Change::Delete { incarnation } => match current.filter(|m| m.incarnation == incarnation) {
             None => Decision::Nothing(Outcome::Refused(Refusal::NotFound)),
             Some(_) => write_meta(None, Outcome::Deleted),
@@ -414,6 +451,36 @@ fn write_meta(meta: Option<ChannelMeta>, outcome: Outcome) -> Decision {
         key: None,
         meta,
         outcome,
+    }
+}
+
+/// [`Change::Put`]: a compare-and-set on the record's incarnation and version.
+fn put(
+    current: Option<&ChannelMeta>,
+    incarnation: u64,
+    version: u64,
+    record: Option<String>,
+) -> Decision {
+    match (current, record) {
+        (None, Some(r)) if version == 0 => {
+            let mut m = ChannelMeta::new(incarnation, "application/json".to_owned(), 0);
+            m.record = Some(r);
+            m.record_version = 1;
+            write_meta(Some(m), Outcome::Created(None))
+        }
+        (None, _) => Decision::Nothing(Outcome::Refused(Refusal::NotFound)),
+        (Some(m), _)
+            if version == 0 || m.incarnation != incarnation || m.record_version != version =>
+        {
+            Decision::Nothing(Outcome::Exists)
+        }
+        (Some(_), None) => write_meta(None, Outcome::Deleted),
+        (Some(m), Some(r)) => {
+            let mut m = m.clone();
+            m.record = Some(r);
+            m.record_version = version + 1;
+            write_meta(Some(m), Outcome::Updated)
+        }
     }
 }
 
@@ -712,5 +779,65 @@ mod tests {
         let read = ChannelMeta::decode(old).map(|m| (m.life, m.producers.len()));
         assert_eq!(read, Ok((Life::Open, 0)));
         assert!(ChannelMeta::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn a_put_is_a_compare_and_set_of_the_record() {
+        let put = |cur: Option<&ChannelMeta>, inc, version, record: Option<&str>| {
+            decide(
+                cur,
+                state(),
+                Change::Put {
+                    incarnation: inc,
+                    version,
+                    record: record.map(str::to_owned),
+                },
+            )
+        };
+        let Decision::Write {
+            meta: Some(made), ..
+        } = put(None, 3, 0, Some("a"))
+        else {
+            panic!("a creation writes");
+        };
+        assert_eq!(
+            (made.record.as_deref(), made.record_version),
+            (Some("a"), 1)
+        );
+        assert_eq!(made.incarnation, 3);
+        assert_eq!(
+            put(Some(&made), 3, 0, Some("b")),
+            Decision::Nothing(Outcome::Exists),
+            "a second creation loses"
+        );
+        assert_eq!(
+            put(Some(&made), 4, 1, Some("b")),
+            Decision::Nothing(Outcome::Exists),
+            "another incarnation's guard loses"
+        );
+        assert_eq!(
+            put(Some(&made), 3, 2, Some("b")),
+            Decision::Nothing(Outcome::Exists),
+            "another version's guard loses"
+        );
+        let Decision::Write {
+            meta: Some(next), ..
+        } = put(Some(&made), 3, 1, Some("b"))
+        else {
+            panic!("the current guard writes");
+        };
+        assert_eq!(
+            (next.record.as_deref(), next.record_version),
+            (Some("b"), 2)
+        );
+        assert!(matches!(
+            put(Some(&next), 3, 2, None),
+            Decision::Write { meta: None, .. }
+        ));
+        assert_eq!(
+            put(None, 3, 2, Some("c")),
+            Decision::Nothing(Outcome::Refused(Refusal::NotFound))
+        );
+        assert_eq!(ChannelMeta::decode(next.encode().as_bytes()), Ok(next));
     }
 }

@@ -263,7 +263,7 @@ impl Namespaces {
     /// The effective policy of `channel`'s namespace ([`namespace_of`]).
     /// The server's own channels (names with `/`, which no client channel
     /// can have: a session's `session/ID`, the Durable Streams subscriptions'
-    /// records `gapless/ds-subscriptions`) always have the server's settings, so that no
+    /// channels `gapless/ds-sub…`) always have the server's settings, so that no
     /// namespace table shortens what the server keeps for itself.
     pub fn policy(&self, channel: &str) -> &Policy {
         if self.named.is_empty() || channel.contains('/') {

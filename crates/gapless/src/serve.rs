@@ -348,25 +348,6 @@ fn warn_about_settings(args: &ServeArgs, addr: std::net::SocketAddr, app: &App) 
             );
         }
     }
-    if !args.ds_prefix.is_empty() {
-        // Durable Streams keeps each subscription's latest record in the
-        // reserved channel `gapless/ds-subscriptions` (the server's own
-        // retention), re-journaling a quiet one every 10 minutes: retention
-        // below this evicts records of live subscriptions, which a restart
-        // then forgets (docs/durable-streams.md, "Subscriptions"). Streams'
-        // metadata lives with each channel and needs nothing of retention.
-        let r = app.config.namespaces.retention("gapless/ds-subscriptions");
-        if (r.max_events > 0 && r.max_events < 1000)
-            || (r.max_age_ms > 0 && r.max_age_ms < 20 * 60 * 1000)
-        {
-            tracing::warn!(
-                max_events = r.max_events,
-                max_age_ms = r.max_age_ms,
-                "Durable Streams is on (--ds-prefix {}) and the retention of the namespace `default` is below what its records need: keep at least 1000 + 3 events per subscription, and an age limit of 0 or over 20 minutes (--retention-events, --retention-ms); else subscriptions whose records are evicted are forgotten at a restart (docs/durable-streams.md, \"Subscriptions\"). Set --ds-prefix '' if Durable Streams is not used",
-                args.ds_prefix
-            );
-        }
-    }
     if app.auth.is_open() {
         tracing::warn!(
             "running open: no --jwt-secret or --jwt-public-key, so anyone who can reach {addr} may publish to and read every channel (docs/security.md)"

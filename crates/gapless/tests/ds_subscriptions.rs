@@ -543,32 +543,7 @@ async fn a_cluster_shares_subscriptions_and_delivers_each_wake_once() {
         "one generation per wake: {generations:?}"
     );
 
-    // Two workers claim through two nodes at once: one lease (another
-    // root, so its wake events wake nothing of the webhook's).
-    put(&a, "/ds/c2/wake", "").await;
-    put(&a, "/ds/c2/jobs/1", "").await;
-    let pull = "/ds/c2/__ds/subscriptions/pool";
-    let def =
-        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
-    let r = b.request("PUT", pull, &[JSON], def).await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    append(&a, "/ds/c2/jobs/1", r#"{"job":1}"#).await;
-    eventually("a wake event", WAIT, || async {
-        let w = b.request("GET", "/ds/c2/wake?offset=-1", &[], "").await;
-        w.json
-            .as_array()
-            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
-    })
-    .await;
-    let url = format!("{pull}/claim");
-    let (wa, wb) = (r#"{"worker":"wa"}"#, r#"{"worker":"wb"}"#);
-    let (x, y) = tokio::join!(
-        a.request("POST", &url, &[JSON], wa),
-        b.request("POST", &url, &[JSON], wb),
-    );
-    let mut statuses = [x.status, y.status];
-    statuses.sort_unstable();
-    assert_eq!(statuses, [200, 409], "one lease: {} / {}", x.text, y.text);
+    two_workers_claim_through_two_nodes(&a, &b).await;
 
     // The node that created the subscription dies: the other delivers.
     a.kill9().await;
@@ -585,6 +560,35 @@ async fn a_cluster_shares_subscriptions_and_delivers_each_wake_once() {
         callback(&b, sub, &w.json, &[("s1", &tail)], true).await,
         200
     );
+}
+
+/// Two workers claim through two nodes at once: one lease (another root,
+/// so its wake events wake nothing of the webhook's).
+async fn two_workers_claim_through_two_nodes(a: &Server, b: &Server) {
+    put(a, "/ds/c2/wake", "").await;
+    put(a, "/ds/c2/jobs/1", "").await;
+    let pull = "/ds/c2/__ds/subscriptions/pool";
+    let def =
+        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
+    let r = b.request("PUT", pull, &[JSON], def).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    append(a, "/ds/c2/jobs/1", r#"{"job":1}"#).await;
+    eventually("a wake event", WAIT, || async {
+        let w = b.request("GET", "/ds/c2/wake?offset=-1", &[], "").await;
+        w.json
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
+    })
+    .await;
+    let url = format!("{pull}/claim");
+    let (wa, wb) = (r#"{"worker":"wa"}"#, r#"{"worker":"wb"}"#);
+    let (x, y) = tokio::join!(
+        a.request("POST", &url, &[JSON], wa),
+        b.request("POST", &url, &[JSON], wb),
+    );
+    let mut statuses = [x.status, y.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "one lease: {} / {}", x.text, y.text);
 }
 
 /// A cluster started without `--ds-signing-key` still has one signing key:
@@ -621,4 +625,155 @@ async fn a_cluster_without_a_key_file_shares_one_signing_key_through_redis() {
         jwks,
         "a node started later has the same key"
     );
+}
+
+/// A wake follows the append that causes it at once (the linked stream's
+/// commit wakes delivery; nothing is scanned): within 1 s of each append,
+/// whether made through Durable Streams or through gapless's own publish
+/// (a stream is a channel), and for a stream created after the
+/// subscription that its pattern matches.
+#[tokio::test]
+async fn a_wake_follows_an_append_within_a_second() {
+    let s = Server::start(&["--ds-webhook-allow-loopback"]).await;
+    let mut hook = Hook::start(Mode::Done).await;
+    put(&s, "/ds/q/a", "").await;
+    let sub = "/ds/q/__ds/subscriptions/quick";
+    let def = json!({"type": "webhook", "pattern": "*", "webhook": {"url": hook.url}});
+    let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let within = Duration::from_secs(1);
+    for n in 0..3 {
+        let sent = Instant::now();
+        let tail = append(&s, "/ds/q/a", &json!({ "n": n }).to_string()).await;
+        let w = hook
+            .maybe(within + sent.elapsed())
+            .await
+            .unwrap_or_else(|| panic!("no wake within 1 s of append {n}"));
+        assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+        assert_eq!(w.json["streams"][0]["tail_offset"], tail.as_str());
+        acked(&s, sub, "a", &tail).await;
+    }
+    // gapless's own publish to the stream's channel wakes it too.
+    let sent = Instant::now();
+    let p = s
+        .request("POST", "/v1/channels/q~a/events", &[], r#"{"own":1}"#)
+        .await;
+    assert_eq!(p.status, 201, "{}", p.text);
+    let w = hook
+        .maybe(within)
+        .await
+        .expect("a wake within 1 s of a gapless publish");
+    assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+    // A stream created later, matching the pattern: its first append wakes.
+    put(&s, "/ds/q/b", "").await;
+    let sent = Instant::now();
+    let tail = append(&s, "/ds/q/b", r#"{"b":1}"#).await;
+    let w = loop {
+        let w = hook
+            .maybe(within)
+            .await
+            .expect("a wake within 1 s of the new stream's append");
+        if w.json["streams"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|l| l["path"] == "b" && l["tail_offset"] == tail.as_str())
+        }) {
+            break w;
+        }
+    };
+    assert!(w.at.duration_since(sent) < within + Duration::from_millis(250));
+}
+
+/// In a cluster, a pull-wake subscription made on node A, whose stream is
+/// created and appended to on node B after it, is woken, claimed through
+/// B (A then refuses another worker), and acked through A.
+#[tokio::test]
+async fn a_subscription_made_on_one_node_is_claimed_on_another() {
+    let Some(redis) = Redis::start_or_skip("ds subscriptions across nodes").await else {
+        return;
+    };
+    let node = || async {
+        Server::with(Opts {
+            args: vec!["--redis".to_owned(), redis.url()],
+            ..Opts::default()
+        })
+        .await
+    };
+    let a = node().await;
+    let b = node().await;
+    put(&a, "/ds/x/wake", "").await;
+    let sub = "/ds/x/__ds/subscriptions/pool";
+    let def =
+        r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":60000}"#;
+    let r = a.request("PUT", sub, &[JSON], def).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    put(&b, "/ds/x/jobs/1", "").await;
+    let tail = append(&b, "/ds/x/jobs/1", r#"{"job":1}"#).await;
+    eventually("a wake event", WAIT, || async {
+        let w = b.request("GET", "/ds/x/wake?offset=-1", &[], "").await;
+        w.json
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["stream"] == "jobs/1"))
+    })
+    .await;
+    let c = claim(&b, sub, "on-b").await;
+    assert_eq!(c.status, 200, "claimed on b: {}", c.text);
+    assert_eq!(
+        c.json["streams"][0]["tail_offset"],
+        tail.as_str(),
+        "{}",
+        c.text
+    );
+    let other = claim(&a, sub, "on-a").await;
+    assert_eq!(other.status, 409, "{}", other.text);
+    assert_eq!(other.json["error"]["code"], "ALREADY_CLAIMED");
+    assert_eq!(other.json["error"]["current_holder"], "on-b");
+    let auth = format!("Bearer {}", c.json["token"].as_str().expect("token"));
+    let ack = json!({"wake_id": c.json["wake_id"], "generation": c.json["generation"],
+                     "acks": [{"stream": "jobs/1", "offset": tail}], "done": true});
+    let done = a
+        .request(
+            "POST",
+            &format!("{sub}/ack"),
+            &[JSON, ("authorization", &auth)],
+            &ack.to_string(),
+        )
+        .await;
+    assert_eq!(done.status, 200, "acked on a: {}", done.text);
+    acked(&b, sub, "jobs/1", &tail).await;
+}
+
+/// A subscription's state is its channel's metadata, not events: with a
+/// retention of 5 events per channel, many changes (wakes, acks) and a
+/// `kill -9`, the subscription reads the same after the restart and its
+/// next wake continues from its acked offset.
+#[tokio::test]
+async fn a_subscription_outlives_retention_and_a_kill_9() {
+    let mut s = Server::start(&["--ds-webhook-allow-loopback", "--retention-events", "5"]).await;
+    let mut hook = Hook::start(Mode::Done).await;
+    put(&s, "/ds/r/a", "").await;
+    let sub = "/ds/r/__ds/subscriptions/kept";
+    let def = json!({"type": "webhook", "streams": ["a"], "webhook": {"url": hook.url}});
+    let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let mut tail = String::new();
+    for n in 0..8 {
+        tail = append(&s, "/ds/r/a", &json!({ "n": n }).to_string()).await;
+        hook.next().await;
+        acked(&s, sub, "a", &tail).await;
+    }
+    let before = s.request("GET", sub, &[], "").await.json;
+    s.kill9().await;
+    s.restart().await;
+    let after = s.request("GET", sub, &[], "").await;
+    assert_eq!(after.status, 200, "{}", after.text);
+    assert_eq!(after.json, before);
+    let next = append(&s, "/ds/r/a", r#"{"n":"after"}"#).await;
+    let w = hook.next().await;
+    assert_eq!(
+        w.json["streams"][0]["acked_offset"],
+        tail.as_str(),
+        "{}",
+        w.json
+    );
+    assert_eq!(w.json["streams"][0]["tail_offset"], next.as_str());
 }

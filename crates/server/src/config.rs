@@ -226,7 +226,7 @@ pub struct TrustedProxies {
 
 /// The Durable Streams webhook signing key (`--ds-signing-key`): the 32-byte
 /// Ed25519 seed (RFC 8032) of the key that signs webhooks
-/// (`transport/ds/webhook.rs`, PROTOCOL.md 6.5). `Debug` never shows it.
+/// (`ops/subscriptions/signing.rs`, PROTOCOL.md 6.5). `Debug` never shows it.
 #[derive(Clone)]
 pub struct DsSigningKey(pub [u8; 32]);
 

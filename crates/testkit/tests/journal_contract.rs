@@ -191,6 +191,7 @@ contract!(
     meta_lifecycle,
     meta_reopen,
     meta_listing,
+    meta_put,
 );
 
 // ---- the sink ----
@@ -1677,5 +1678,92 @@ async fn meta_listing(f: Fixture) -> R {
         want,
         "after a reopen"
     );
+    Ok(())
+}
+
+/// `Change::Put` is a compare-and-set: tasks (in Redis, on two journals
+/// sharing it, as two nodes) each add to a counter kept as a channel's
+/// record, computing again on the winner when they lose, and no increment
+/// is lost; a stale guard writes nothing; a removal and a creation again
+/// make another incarnation that an old guard cannot touch; the record
+/// survives a reopen.
+async fn meta_put(f: Fixture) -> R {
+    let (j, _) = f.open(Retention::default());
+    let other = if f.kind == Kind::Redis {
+        f.open(Retention::default()).0
+    } else {
+        j.clone()
+    };
+    let put = |inc, version, record: Option<String>| Change::Put {
+        incarnation: inc,
+        version,
+        record,
+    };
+    let c = j.change("r", put(7, 0, Some("0".into()))).await?;
+    assert!(
+        matches!(c.outcome, Outcome::Created(None)),
+        "{:?}",
+        c.outcome
+    );
+    let lost = j.change("r", put(8, 0, Some("x".into()))).await?;
+    assert_eq!(lost.outcome, Outcome::Exists, "a second creation loses");
+    assert_eq!(
+        lost.meta.as_ref().and_then(|m| m.record.as_deref()),
+        Some("0")
+    );
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let j = if t % 2 == 0 { j.clone() } else { other.clone() };
+        tasks.push(tokio::spawn(async move {
+            let (mut m, _) = j.meta("r").await?;
+            for _ in 0..10 {
+                loop {
+                    let cur = m.clone().expect("the record");
+                    let n: u64 = cur.record.as_deref().unwrap_or("0").parse().unwrap_or(0);
+                    let c = j
+                        .change(
+                            "r",
+                            Change::Put {
+                                incarnation: cur.incarnation,
+                                version: cur.record_version,
+                                record: Some((n + 1).to_string()),
+                            },
+                        )
+                        .await?;
+                    let won = c.outcome == Outcome::Updated;
+                    m = c.meta;
+                    if won {
+                        break;
+                    }
+                }
+            }
+            Ok::<_, JournalError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task")?;
+    }
+    let m = j.meta("r").await?.0.expect("the record");
+    assert_eq!(m.record.as_deref(), Some("40"), "no increment lost");
+    assert_eq!(m.record_version, 41);
+    let stale = j.change("r", put(7, 3, Some("stale".into()))).await?;
+    assert_eq!(
+        stale.outcome,
+        Outcome::Exists,
+        "a stale version writes nothing"
+    );
+    let gone = j.change("r", put(7, 41, None)).await?;
+    assert_eq!(gone.outcome, Outcome::Deleted);
+    assert_eq!(j.meta("r").await?.0, None);
+    j.change("r", put(9, 0, Some("again".into()))).await?;
+    let old = j.change("r", put(7, 1, Some("old".into()))).await?;
+    assert_eq!(old.outcome, Outcome::Exists, "another incarnation's guard");
+    let before = j.meta("r").await?.0;
+    j.close().await?;
+    drop((j, other));
+    let Some((j, _)) = f.reopen(Retention::default().into()) else {
+        return Ok(());
+    };
+    assert_eq!(j.meta("r").await?.0, before, "the record survives a reopen");
     Ok(())
 }

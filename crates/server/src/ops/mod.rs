@@ -23,7 +23,11 @@
 //! - [`streams`]: Durable Streams streams over the journal's channel
 //!   metadata: the node's cache, their layout and stitched reads, their
 //!   lifecycle (deletion, soft deletion, the fork cascade) and the upgrade
-//!   from the side channel of older releases.
+//!   from the side channel of older releases;
+//! - [`subscriptions`]: Durable Streams subscriptions (webhook, pull-wake):
+//!   their state journaled per subscription, the rules of wakes,
+//!   generations, fencing, leases and acks, and their delivery, woken by
+//!   the linked streams' commits.
 //!
 //! A transport reads its wire into these calls and writes their answers in
 //! its own shape; a refusal is an [`ApiError`](crate::error::ApiError) whose
@@ -41,5 +45,6 @@ pub(crate) mod start;
 pub(crate) mod stream;
 pub(crate) mod stream_log;
 pub mod streams;
+pub mod subscriptions;
 
 pub use stream::Clock as StreamClock;

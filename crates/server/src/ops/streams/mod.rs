@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 pub mod layout;
 pub mod lifecycle;
+pub mod names;
 pub mod upgrade;
 
 /// Most streams a node keeps in its cache; past it, streams nobody is using

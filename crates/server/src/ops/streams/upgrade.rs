@@ -144,6 +144,8 @@ impl Record {
             producers: self.producers.clone(),
             stream_seq: self.sseq.clone(),
             forks: Default::default(),
+            record: None,
+            record_version: 0,
         }
     }
 }

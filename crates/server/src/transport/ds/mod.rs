@@ -27,7 +27,6 @@ pub mod live;
 pub mod names;
 pub mod read;
 pub mod streams;
-pub mod sub_meta;
 pub mod subscriptions;
 pub mod webhook;
 pub mod write;
@@ -47,12 +46,11 @@ use gapless_protocol::codes::ErrorCode;
 use std::sync::Arc;
 
 /// The room's shared state: the streams this node serves now.
-#[derive(Default)]
 pub struct Ds {
     /// The streams' metadata, cached ([`streams::Streams`]).
-    pub streams: streams::Streams,
-    /// The subscriptions (the reserved `__ds/` APIs).
-    pub subs: subscriptions::Subscriptions,
+    pub streams: Arc<streams::Streams>,
+    /// The subscriptions (the reserved `__ds/` APIs; `ops::subscriptions`).
+    pub subs: Arc<crate::ops::subscriptions::Subscriptions>,
     /// Set once the side channel of older releases was read and emptied
     /// (`ops::streams::upgrade`).
     pub upgraded: tokio::sync::OnceCell<()>,
@@ -62,13 +60,19 @@ pub struct Ds {
 pub type DsState = (Arc<App>, Arc<Ds>);
 
 /// The state of the layer [`intercept`] for `app`; starts the subscriptions'
-/// delivery task (it reads their records back at once, so wakes go out
-/// after a restart before any request comes).
+/// delivery task (it reads them at once, so wakes go out after a restart
+/// before any request comes).
 pub fn state(app: Arc<App>) -> DsState {
-    let ds = Arc::new(Ds::default());
+    let ds = Arc::new(Ds {
+        streams: Arc::default(),
+        subs: Arc::new(crate::ops::subscriptions::Subscriptions::new(
+            webhook::poster(),
+        )),
+        upgraded: tokio::sync::OnceCell::new(),
+    });
     if !app.config.ds_prefix.is_empty() {
         listen(&app, &ds);
-        subscriptions::start(&app, &ds);
+        crate::ops::subscriptions::deliver::start(&subscriptions::cx(&app, &ds));
     }
     (app, ds)
 }
@@ -76,7 +80,9 @@ pub fn state(app: Arc<App>) -> DsState {
 /// Hears of every change of a channel's metadata (`CommitSink::meta_changed`,
 /// here or on another node): the cached copy is stale, and when live
 /// readers wait on it, it is read again at once so they learn of a close or
-/// a deletion. Called where the journal commits: it only spawns.
+/// a deletion; the subscriptions are told too (a subscription changed, a
+/// stream was created). Called where the journal commits: it only spawns
+/// and sends.
 fn listen(app: &Arc<App>, ds: &Arc<Ds>) {
     let (weak_app, weak_ds) = (Arc::downgrade(app), Arc::downgrade(ds));
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -86,10 +92,8 @@ fn listen(app: &Arc<App>, ds: &Arc<Ds>) {
         let (Some(app), Some(ds)) = (weak_app.upgrade(), weak_ds.upgrade()) else {
             return;
         };
-        // A stream made on another node is read here too while this node
-        // knows subscriptions, so the delivery's pattern matching
-        // (`subscriptions::matching`) sees it.
-        if ds.streams.changed(channel).is_some() || ds.subs.log.count() > 0 {
+        ds.subs.meta_changed(channel);
+        if ds.streams.changed(channel).is_some() {
             let channel = channel.to_owned();
             rt.spawn(async move {
                 if let Err(e) = ds.streams.load(&app.hub, &channel).await {
