@@ -21,11 +21,12 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// How soon jemalloc returns freed pages to the system, in milliseconds
 /// (its `dirty_decay_ms`, then `muzzy_decay_ms`; jemalloc's default is
 /// 10 s). Measured with `crates/gapless/tests/memory_bound.rs` (1 MiB events
-/// published, followed and read back; docs/deploy.md "Memory"): peak RSS 197
-/// to 201 MB while publishing and 152 to 159 MB while reading back, against
-/// 244 to 377 MB and 257 MB with the default; at 0 (at once) 166 and
-/// 115 MB, at the cost of an `madvise` on nearly every free.
-pub const DECAY_MS: usize = 1_000;
+/// published, followed and read back; docs/deploy.md "Memory"), peak RSS
+/// while publishing / while reading back: 174 to 182 / 135 to 143 MB at
+/// 200 ms; 184 to 299 / 145 to 159 MB at 1 s; 228 to 377 / 235 to 257 MB
+/// at the 10 s default; at 0 (at once) 158 to 198 / 115 MB, but publishing
+/// took a quarter longer (an `madvise` on nearly every free).
+pub const DECAY_MS: usize = 200;
 
 /// Most often a thread's cache is handed back: idle threads park often
 /// under light load, and a cache refills after each flush.
