@@ -314,7 +314,15 @@ async fn a_failing_webhooks_retry_schedule_survives_a_kill_9() {
     let mut hook = Hook::start(Mode::Fail).await;
     put(&s, "/ds/f/a", "").await;
     let sub = "/ds/f/__ds/subscriptions/retry";
-    let def = json!({"type": "webhook", "pattern": "*", "webhook": {"url": hook.url}});
+    // `failed` shows from the first failure on, also while the next wake is
+    // in flight, so the kill below may land after the second wake was
+    // recorded and before its failure was: that wake is then lost with the
+    // process and issued again when its lease ends (the at-least-once rule
+    // of docs/durable-streams.md). A 2 s lease keeps that path as short as
+    // the backoff (with the 30 s default the test waited 30 s, about one
+    // run in two); either way the next attempt comes at least 1.5 s after
+    // the second.
+    let def = json!({"type": "webhook", "pattern": "*", "webhook": {"url": hook.url}, "lease_ttl_ms": 2000});
     let r = s.request("PUT", sub, &[JSON], &def.to_string()).await;
     assert_eq!(r.status, 201, "{}", r.text);
     let tail = append(&s, "/ds/f/a", r#"{"n":1}"#).await;
