@@ -590,6 +590,32 @@ fn int_of(v: Option<&Value>) -> Option<u64> {
     }
 }
 
+/// The events an append stored, as committed: `events` at seqs from
+/// `first_seq` on, in `epoch`, at `time` (Unix ms).
+pub(crate) fn committed_events(
+    channel: &str,
+    epoch: Epoch,
+    first_seq: u64,
+    time: u64,
+    events: Vec<NewEvent>,
+) -> Vec<Arc<Event>> {
+    let name: Arc<str> = Arc::from(channel);
+    events
+        .into_iter()
+        .zip(first_seq..)
+        .map(|(e, seq)| {
+            Arc::new(Event::new(
+                name.clone(),
+                epoch,
+                seq,
+                e.event_type,
+                e.data,
+                time,
+            ))
+        })
+        .collect()
+}
+
 fn epoch_of(v: Option<&Value>) -> Option<Epoch> {
     int_of(v).map(Epoch)
 }
@@ -648,21 +674,7 @@ impl Journal for RedisJournal {
             // notification of the first send, or the head re-read).
             return Ok(appended);
         }
-        let name: Arc<str> = Arc::from(channel);
-        let committed: Vec<Arc<Event>> = events
-            .into_iter()
-            .zip(appended.first_seq..=appended.last_seq)
-            .map(|(e, seq)| {
-                Arc::new(Event::new(
-                    name.clone(),
-                    appended.epoch,
-                    seq,
-                    e.event_type,
-                    e.data,
-                    time,
-                ))
-            })
-            .collect();
+        let committed = committed_events(channel, appended.epoch, appended.first_seq, time, events);
         self.inner
             .deliver_local(channel, state, committed, held)
             .await;

@@ -37,7 +37,7 @@ use crate::{codec, epoch_of, int_of, request_token, scripts, Inner, BUS_CHANNEL}
 use gapless_core::journal::{Appended, ChannelState};
 use gapless_core::meta::{self, Change, Changed, ChannelMeta, Decision, Outcome};
 use gapless_core::JournalError;
-use gapless_protocol::{Event, NewEvent};
+use gapless_protocol::NewEvent;
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -480,21 +480,8 @@ impl Inner {
                         duplicate: dup == 1 && !own,
                     });
                     if dup != 1 {
-                        let name: Arc<str> = Arc::from(channel);
-                        let committed: Vec<Arc<Event>> = events
-                            .into_iter()
-                            .zip(first..=last)
-                            .map(|(e, seq)| {
-                                Arc::new(Event::new(
-                                    name.clone(),
-                                    epoch,
-                                    seq,
-                                    e.event_type,
-                                    e.data,
-                                    time,
-                                ))
-                            })
-                            .collect();
+                        let committed =
+                            crate::committed_events(channel, epoch, first, time, events);
                         self.deliver_local(channel, state, committed, held).await;
                     }
                 }
