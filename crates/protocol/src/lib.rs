@@ -1,7 +1,8 @@
 //! The gapless wire protocol, with no I/O.
 //!
 //! Everything a server and a client must agree on byte for byte lives here:
-//! [`event`] (the event and its JSON shapes), [`answers`] (the JSON bodies
+//! [`event`] (the event and its JSON shapes), [`ds`] (the Durable Streams
+//! bodies and SSE events), [`answers`] (the JSON bodies
 //! of the HTTP API), [`ws`] (the WebSocket messages), [`cursor`] (the opaque,
 //! self-checking position string), [`name`] (channel and type name rules),
 //! [`since`] (where a start without a cursor begins, as sent), [`sse`] (the
@@ -14,6 +15,7 @@
 pub mod answers;
 pub mod codes;
 pub mod cursor;
+pub mod ds;
 pub mod event;
 pub mod json;
 pub mod name;

@@ -3,7 +3,10 @@
 //! forgotten), and the cascade up a fork chain when the last fork of a
 //! soft-deleted source goes ("Garbage collection cascades"). Each step is
 //! one `Journal::change` of a channel's metadata (`gapless_core::meta`).
+//! And finding a stream for a request: an expired one is ended at its next
+//! request ([`lookup`]).
 
+use super::error::StreamError;
 use super::{Life, Stream, Streams};
 use crate::App;
 use gapless_core::journal::{now_ms, JournalError};
@@ -17,6 +20,58 @@ pub enum Ended {
     Soft,
     /// Forgotten: its metadata and events are gone.
     Forgotten,
+}
+
+/// The stream on `channel` for an append: the cached copy as it is when
+/// there is one (an append needs only what never changes within an
+/// incarnation, and what is final once true: the journal decides the
+/// rest), so an append goes from its arrival to the journal's per-channel
+/// order without waiting on a read; else as [`lookup`].
+///
+/// # Errors
+/// As [`lookup`].
+pub async fn lookup_for_append(
+    app: &App,
+    streams: &Streams,
+    channel: &str,
+) -> Result<Stream, StreamError> {
+    if let Some(s) = streams.cached(channel) {
+        let m = s.lock().await;
+        if !m.deleted && !m.soft_deleted && !m.expired(now_ms()) {
+            drop(m);
+            return Ok(s);
+        }
+    }
+    lookup(app, streams, channel).await
+}
+
+/// The stream on `channel`, unless it is absent, expired (an expired one
+/// is ended here: forgotten, or soft-deleted while forks use it) or
+/// soft-deleted (PROTOCOL.md 4.2).
+///
+/// # Errors
+/// [`StreamError::NotFound`], [`StreamError::SoftDeleted`], or the
+/// journal's failure.
+pub async fn lookup(app: &App, streams: &Streams, channel: &str) -> Result<Stream, StreamError> {
+    let Some(s) = streams.load(&app.hub, channel).await? else {
+        return Err(StreamError::NotFound);
+    };
+    let m = s.lock().await;
+    if m.deleted {
+        return Err(StreamError::NotFound);
+    }
+    if m.soft_deleted {
+        return Err(StreamError::SoftDeleted);
+    }
+    if m.expired(now_ms()) {
+        drop(m);
+        return match end(app, streams, channel, &s).await? {
+            Ended::Soft => Err(StreamError::SoftDeleted),
+            Ended::Forgotten => Err(StreamError::NotFound),
+        };
+    }
+    drop(m);
+    Ok(s)
 }
 
 /// Ends `stream` (on `channel`; deleted or expired): soft-deleted while a

@@ -13,6 +13,7 @@
 //! ([`Streams::changed`], from `CommitSink::meta_changed`), plus what is the
 //! node's own: the sliding TTL's deadline and the watch live readers wait on.
 
+pub use error::StreamError;
 use gapless_core::journal::{now_ms, ChannelState, JournalError};
 use gapless_core::meta::{ChannelMeta, ForkOrigin};
 use gapless_protocol::Epoch;
@@ -22,6 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
+pub mod append;
+pub mod create;
+pub mod error;
+pub mod fork;
 pub mod layout;
 pub mod lifecycle;
 pub mod names;

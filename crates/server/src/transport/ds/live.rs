@@ -21,20 +21,19 @@
 //! `gapless_events_delivered_total{transport="ds"}` and its end is logged
 //! as every stream's (`ops::stream_log`, `transport=ds`).
 
-use super::fork::{self, Layout};
-use super::names::{next_cursor, offset};
 use super::read::{READ_BYTES, READ_EVENTS};
-use super::streams::Life;
 use crate::admin::metrics::Transport;
 use crate::net::conn::{Flow, Frames, Gone, Waited};
 use crate::ops::stream::{self, End, EndSignal};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};
+use crate::ops::streams::layout::{self, Layout};
+use crate::ops::streams::names::{next_cursor, offset};
+use crate::ops::streams::Life;
 use crate::App;
-use base64::Engine;
 use bytes::Bytes;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Item, Subscription};
-use gapless_protocol::sse::{DataLines, Space};
+use gapless_protocol::ds::{control_event, data_event, Shape};
 use gapless_protocol::{Epoch, Event};
 use std::future::Future;
 use std::sync::Arc;
@@ -57,17 +56,6 @@ fn period_ms(config: &crate::ServerConfig) -> u64 {
     }
 }
 
-/// How a stream's messages go into a `data` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// `application/json`: the messages as one JSON array.
-    Json,
-    /// Other text (`text/*`): the bytes one after another.
-    Text,
-    /// Any other type: the bytes one after another, in base64.
-    Binary,
-}
-
 /// Where a live read starts: what the handler knew under the stream's lock.
 pub struct Start {
     /// The stream's layout (where its messages are).
@@ -80,7 +68,7 @@ pub struct Start {
     pub from: u64,
     /// The stream's tail at the request.
     pub head: u64,
-    /// The stream's watch ([`Meta::closed_tx`](super::streams::Meta::closed_tx)),
+    /// The stream's watch ([`Meta::closed_tx`](crate::ops::streams::Meta::closed_tx)),
     /// subscribed under the same lock, so it says whether the stream was
     /// closed then and nothing after is missed.
     pub closed_rx: watch::Receiver<Life>,
@@ -254,7 +242,7 @@ impl Feed {
 
     /// The next page of a fork's inherited messages, with its control event.
     async fn inherited(&mut self, out: &mut Vec<Bytes>) -> Flow {
-        let page = fork::read(
+        let page = layout::read(
             &self.app,
             &self.layout,
             self.pos,
@@ -365,166 +353,5 @@ impl Drop for Feed {
     /// The feed's log line (`ops::stream_log`), as every stream's.
     fn drop(&mut self) {
         self.tally.log("ds", &ChannelList(&self.sub));
-    }
-}
-
-/// One SSE `data` event holding `events` in `shape` (see [`Shape`]). Text
-/// goes one `data:` line per line, a line ending at CRLF, CR or LF (as SSE
-/// reads them, also across two messages), so no text can end the event or
-/// start another (a lone CR comes back as LF). `data:` is followed directly
-/// by the line (as the protocol's reference server and conformance suite
-/// have it), except before a line that begins with a space: there one space
-/// more, which SSE readers drop, so the line keeps its own. The lines are
-/// written by gapless's one SSE line rule (`gapless_protocol::sse::DataLines`,
-/// [`Space::WhenNeeded`]). A text stream's
-/// messages are UTF-8 (appends are checked; one published as bytes over
-/// gapless's own API is read lossily).
-pub fn data_event(shape: Shape, events: &[Arc<Event>]) -> Vec<u8> {
-    let size: usize = events.iter().map(|e| e.data.len() + 1).sum();
-    let mut out = Vec::with_capacity(24 + size + size / 3);
-    out.extend_from_slice(b"event: data\n");
-    match shape {
-        Shape::Binary => {
-            let mut body = Vec::with_capacity(size);
-            for e in events {
-                body.extend_from_slice(e.data.as_bytes());
-            }
-            out.extend_from_slice(b"data:");
-            let text = base64::engine::general_purpose::STANDARD.encode(&body);
-            out.extend_from_slice(text.as_bytes());
-            out.push(b'\n');
-        }
-        Shape::Json | Shape::Text => {
-            let mut lines = DataLines::new(&mut out, Space::WhenNeeded);
-            let json = shape == Shape::Json;
-            if json {
-                lines.push(b"[");
-            }
-            for (i, e) in events.iter().enumerate() {
-                if json && i > 0 {
-                    lines.push(b",");
-                }
-                let bytes = e.data.as_bytes();
-                if json {
-                    lines.push(&super::read::json_element(bytes));
-                } else {
-                    match std::str::from_utf8(bytes) {
-                        Ok(_) => lines.push(bytes),
-                        Err(_) => lines.push(String::from_utf8_lossy(bytes).as_bytes()),
-                    }
-                }
-            }
-            if json {
-                lines.push(b"]");
-            }
-            lines.finish();
-        }
-    }
-    // The blank line that ends the event.
-    out.push(b'\n');
-    out
-}
-
-/// One SSE `control` event: `streamNextOffset` `next`, `streamCursor` when
-/// given (a string of its digits), `upToDate` when `up`, `streamClosed` when
-/// `closed`. Offsets are hex digits, `_` and digits only, so they need no
-/// JSON escaping.
-pub fn control_event(next: &str, cursor: Option<u64>, up: bool, closed: bool) -> Vec<u8> {
-    use std::io::Write;
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
-    out.extend_from_slice(next.as_bytes());
-    out.push(b'"');
-    if let Some(c) = cursor {
-        let _ = write!(out, ",\"streamCursor\":\"{c}\"");
-    }
-    if up {
-        out.extend_from_slice(b",\"upToDate\":true");
-    }
-    if closed {
-        out.extend_from_slice(b",\"streamClosed\":true");
-    }
-    out.extend_from_slice(b"}\n\n");
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use gapless_protocol::Payload;
-
-    fn ev(seq: u64, data: Payload) -> Arc<Event> {
-        Arc::new(Event::new(
-            Arc::from("c"),
-            gapless_protocol::Epoch(1),
-            seq,
-            None,
-            data,
-            0,
-        ))
-    }
-
-    fn text(data: &[&str]) -> Vec<Arc<Event>> {
-        data.iter()
-            .enumerate()
-            .map(|(i, d)| ev(i as u64 + 1, Payload::Text((*d).to_owned())))
-            .collect()
-    }
-
-    #[test]
-    fn a_data_event_holds_every_message_in_the_streams_shape() {
-        let json = data_event(Shape::Json, &text(&["1", "{\"a\":\n 2}"]));
-        assert_eq!(
-            String::from_utf8(json).expect("UTF-8"),
-            "event: data\ndata:[1,{\"a\":\ndata:  2}]\n\n"
-        );
-        let lines = data_event(Shape::Text, &text(&["a\r", "\nb\r\r", "c\n"]));
-        assert_eq!(
-            String::from_utf8(lines).expect("UTF-8"),
-            "event: data\ndata:a\ndata:b\ndata:\ndata:c\ndata:\n\n",
-            "CRLF across two messages is one break; a lone CR is a break"
-        );
-        let spaced = data_event(Shape::Text, &text(&[" a\n", "  b", "c d"]));
-        assert_eq!(
-            String::from_utf8(spaced).expect("UTF-8"),
-            "event: data\ndata:  a\ndata:   bc d\n\n",
-            "a line that begins with a space gets one more, which readers drop"
-        );
-        let bin = data_event(
-            Shape::Binary,
-            &[
-                ev(1, Payload::Binary(vec![0, 255])),
-                ev(2, Payload::Binary(vec![7])),
-            ],
-        );
-        assert_eq!(
-            String::from_utf8(bin).expect("UTF-8"),
-            "event: data\ndata:AP8H\n\n"
-        );
-    }
-
-    #[test]
-    fn a_control_event_is_json_with_what_applies() {
-        let c = control_event("0a_00000000000000000003", Some(42), true, false);
-        let c = String::from_utf8(c).expect("UTF-8");
-        let data = c
-            .strip_prefix("event: control\ndata:")
-            .and_then(|d| d.strip_suffix("\n\n"))
-            .expect("one control event");
-        let v: serde_json::Value = serde_json::from_str(data).expect("JSON");
-        assert_eq!(
-            v,
-            serde_json::json!({"streamNextOffset": "0a_00000000000000000003",
-                "streamCursor": "42", "upToDate": true})
-        );
-        let c = control_event("x", None, true, true);
-        let v: serde_json::Value = serde_json::from_str(
-            std::str::from_utf8(&c).expect("UTF-8")["event: control\ndata:".len()..].trim(),
-        )
-        .expect("JSON");
-        assert_eq!(
-            v,
-            serde_json::json!({"streamNextOffset": "x", "upToDate": true, "streamClosed": true})
-        );
     }
 }

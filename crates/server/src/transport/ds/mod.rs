@@ -21,12 +21,9 @@
 #![allow(clippy::result_large_err)]
 
 pub mod create;
-pub mod fork;
 pub mod lifecycle;
 pub mod live;
-pub mod names;
 pub mod read;
-pub mod streams;
 pub mod subscriptions;
 pub mod webhook;
 pub mod write;
@@ -36,6 +33,8 @@ use crate::error::ApiError;
 use crate::net::conn::DirectStream;
 use crate::net::listener::Refused;
 use crate::net::liveness::Flushes;
+use crate::ops::streams::names;
+use crate::ops::streams::{StreamError, Streams};
 use crate::App;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
@@ -47,8 +46,8 @@ use std::sync::Arc;
 
 /// The room's shared state: the streams this node serves now.
 pub struct Ds {
-    /// The streams' metadata, cached ([`streams::Streams`]).
-    pub streams: Arc<streams::Streams>,
+    /// The streams' metadata, cached ([`Streams`]).
+    pub streams: Arc<Streams>,
     /// The subscriptions (the reserved `__ds/` APIs; `ops::subscriptions`).
     pub subs: Arc<crate::ops::subscriptions::Subscriptions>,
     /// Set once the side channel of older releases was read and emptied
@@ -315,13 +314,38 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     api_error(ApiError::new(code, message))
 }
 
-/// [`error`] answered with `status` instead of the code's own: only where
-/// PROTOCOL.md names another status for a code gapless gives one
-/// (`invalid_utf8` 415 on a text stream; `stream_deleted` 409 when forking
-/// a soft-deleted stream; see [`ErrorCode::InvalidUtf8`]).
-pub fn error_as(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
-    let mut r = error(code, message);
-    *r.status_mut() = status;
+/// The answer to a refused stream operation ([`StreamError`]): its code's
+/// status (or the one PROTOCOL.md names instead: `invalid_utf8` 415 on a
+/// text stream, 409 for a fork of a soft-deleted source), its message, and
+/// the headers PROTOCOL.md names for it (5.2: a closed stream's
+/// `Stream-Next-Offset` and `Stream-Closed`; 5.2.1: `Producer-Epoch`,
+/// `Producer-Expected-Seq`, `Producer-Received-Seq`).
+pub fn refuse(ctx: &Ctx, e: StreamError) -> Response {
+    let e = match e {
+        StreamError::Api(api) => return api_error(api),
+        e => e,
+    };
+    let mut r = error(e.code(), e.message(&ctx.url_path));
+    match e {
+        StreamError::Invalid(ErrorCode::InvalidUtf8, _) => {
+            *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        }
+        StreamError::SourceDeleted(_) => *r.status_mut() = StatusCode::CONFLICT,
+        StreamError::Closed { epoch, tail } => {
+            set(&mut r, "stream-next-offset", names::offset(epoch, tail));
+            set(&mut r, "stream-closed", "true");
+        }
+        StreamError::StaleEpoch { current, .. } => {
+            set(&mut r, "producer-epoch", current.to_string());
+        }
+        StreamError::SeqGap {
+            expected, received, ..
+        } => {
+            set(&mut r, "producer-expected-seq", expected.to_string());
+            set(&mut r, "producer-received-seq", received.to_string());
+        }
+        _ => {}
+    }
     r
 }
 

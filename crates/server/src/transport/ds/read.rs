@@ -1,14 +1,14 @@
 //! Reads: `HEAD` (metadata), `GET` catch-up (with ETag and 304), long-poll
 //! (`live=long-poll`) and SSE (`live=sse`) (PROTOCOL.md 5.5 to 5.8).
 
-use super::fork::{self, ReadError};
 use super::lifecycle::lookup;
-use super::live::{self, Shape};
-use super::names::{live_cursor, offset, parse_offset, Offset};
-use super::streams::{Meta, Stream};
+use super::live;
 use super::{api_error, empty, error, set, Ctx};
 use crate::admin::metrics::Transport;
 use crate::ops::stream;
+use crate::ops::streams::layout::{self, ReadError};
+use crate::ops::streams::names::{live_cursor, offset, parse_offset, Offset};
+use crate::ops::streams::{Meta, Stream};
 use crate::transport::query::Query;
 use axum::body::Body;
 use axum::http::StatusCode;
@@ -16,6 +16,7 @@ use axum::response::Response;
 use gapless_core::journal::now_ms;
 use gapless_core::subscription::{Gap, Item, Start, Subscription};
 use gapless_protocol::codes::ErrorCode;
+use gapless_protocol::ds::Shape;
 use gapless_protocol::Event;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +36,7 @@ pub async fn head(ctx: Ctx) -> Response {
         Err(r) => return r,
     };
     let mut meta = stream.lock().await;
-    let tail = match fork::synced_tail(&ctx.app, &mut meta).await {
+    let tail = match layout::synced_tail(&ctx.app, &mut meta).await {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
@@ -78,7 +79,7 @@ async fn resolve(ctx: &Ctx, meta: &Meta, tail: u64, off: Offset) -> Result<u64, 
     match off {
         // The stream's start, or the oldest retained message when retention
         // has passed it.
-        Offset::Start => fork::first_position(&ctx.app, &meta.layout)
+        Offset::Start => layout::first_position(&ctx.app, &meta.layout)
             .await
             .map_err(|e| api_error(e.into())),
         Offset::Now => Ok(tail),
@@ -103,42 +104,6 @@ async fn resolve(ctx: &Ctx, meta: &Meta, tail: u64, off: Offset) -> Result<u64, 
             Ok(seq)
         }
     }
-}
-
-/// The body of `events` for a stream of `meta`'s type: JSON mode, an array
-/// of the messages; any other type, their bytes one after another.
-fn body_of(meta: &Meta, events: &[Arc<Event>]) -> Vec<u8> {
-    let mut s = Vec::new();
-    if meta.is_json() {
-        s.push(b'[');
-        for (i, e) in events.iter().enumerate() {
-            if i > 0 {
-                s.push(b',');
-            }
-            s.extend_from_slice(&json_element(e.data.as_bytes()));
-        }
-        s.push(b']');
-    } else {
-        for e in events {
-            s.extend_from_slice(e.data.as_bytes());
-        }
-    }
-    s
-}
-
-/// One event as one element of a JSON stream's array: its data as it is
-/// when it is exactly one JSON value (every append over Durable Streams:
-/// JSON mode checks and splits them), else its text as a JSON string (an
-/// event published over gapless's own API into the stream's channel, with
-/// data such as `5,6` or `7]` that would forge or break the array's
-/// message boundaries; bytes that are not UTF-8 lossily). See
-/// docs/durable-streams.md, "JSON mode".
-pub(super) fn json_element(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok() {
-        return std::borrow::Cow::Borrowed(data);
-    }
-    let text = String::from_utf8_lossy(data);
-    std::borrow::Cow::Owned(serde_json::to_vec(&text).unwrap_or_else(|_| b"\"\"".to_vec()))
 }
 
 fn cache_control(ctx: &Ctx) -> &'static str {
@@ -212,7 +177,7 @@ pub async fn get(ctx: Ctx) -> Response {
     };
     let mut meta = stream.lock().await;
     meta.touch(now_ms());
-    let tail = match fork::synced_tail(&ctx.app, &mut meta).await {
+    let tail = match layout::synced_tail(&ctx.app, &mut meta).await {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
@@ -278,7 +243,7 @@ async fn catch_up(
     live: Live,
     cursor: Option<&str>,
 ) -> Response {
-    let read = fork::read(
+    let read = layout::read(
         &ctx.app,
         &meta.layout,
         from,
@@ -296,7 +261,7 @@ async fn catch_up(
     }
     // The tail after the read: `Stream-Up-To-Date` only when nothing
     // committed before the answer lies past it.
-    let head = match fork::tail(&ctx.app, &meta.layout).await {
+    let head = match layout::tail(&ctx.app, &meta.layout).await {
         Ok(t) => t,
         Err(e) => return api_error(e.into()),
     };
@@ -349,7 +314,7 @@ async fn long_poll(
     let layout = meta.layout.clone();
     drop(meta);
     let waited = wait(ctx, &layout, from, &mut closed_rx).await;
-    // After a deletion's purge and its mark (`fork::forget` holds the lock
+    // After a deletion's purge and its mark (`lifecycle::forget` holds the lock
     // across both), so a deleted stream is seen as deleted.
     let meta = stream.lock().await;
     match waited {
@@ -380,7 +345,10 @@ fn data_answer(
     live: bool,
     client_cursor: Option<&str>,
 ) -> Response {
-    let mut r = Response::new(Body::from(body_of(meta, events)));
+    let mut r = Response::new(Body::from(gapless_protocol::ds::body(
+        meta.is_json(),
+        events,
+    )));
     set(&mut r, "content-type", &meta.content_type);
     set(&mut r, "stream-next-offset", offset(meta.epoch, next));
     set(&mut r, "stream-up-to-date", "true");
@@ -437,9 +405,9 @@ enum Waited {
 /// shutdown), so nothing is delivered under an expired token.
 async fn wait(
     ctx: &Ctx,
-    layout: &fork::Layout,
+    layout: &layout::Layout,
     from: u64,
-    closed_rx: &mut tokio::sync::watch::Receiver<super::streams::Life>,
+    closed_rx: &mut tokio::sync::watch::Receiver<crate::ops::streams::Life>,
 ) -> Result<Waited, Response> {
     let timeout = Duration::from_millis(ctx.app.config.ds_long_poll_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -510,7 +478,7 @@ fn sse_headers(r: &mut Response, binary: bool) {
 /// while the server shuts down).
 async fn follow(
     ctx: &Ctx,
-    layout: &fork::Layout,
+    layout: &layout::Layout,
     from: u64,
 ) -> Result<(Subscription, Vec<Gap>), crate::error::ApiError> {
     let start = Start::After {

@@ -11,8 +11,9 @@
 //! …}}` (PROTOCOL.md 7.1), a gapless refusal (a token's, the journal's) in
 //! gapless's own.
 
-use super::{names, Ds};
+use super::Ds;
 use crate::auth::Access;
+use crate::ops::streams::names;
 use crate::ops::subscriptions::fenced::Op;
 use crate::ops::subscriptions::rules::{self, MAX_BODY};
 use crate::ops::subscriptions::{Cx, Error};

@@ -1,15 +1,15 @@
-//! Fork requests (PROTOCOL.md 4.2): `PUT` with `Stream-Forked-From`, read
-//! into a [`Plan`] against the source (its layout and how reads stitch it:
-//! `ops::streams::layout`, re-exported here).
+//! Forks (PROTOCOL.md 4.2): a creation with `Stream-Forked-From`, planned
+//! against its source ([`plan`]: the source's layout, the fork point, a
+//! sub-offset's split message). How reads stitch a fork's layout is
+//! [`super::layout`].
 
-pub use crate::ops::streams::layout::{first_position, read, synced_tail, tail, Layout, ReadError};
-
+use super::error::StreamError;
+use super::layout::{read, synced_tail, tail, Layout, ReadError};
+use super::media_type;
 use super::names::{parse_offset, Offset};
-use super::streams::media_type;
-use super::{error, error_as, Ctx};
-use axum::http::StatusCode;
-use axum::response::Response;
-use gapless_core::journal::JournalError;
+use super::Streams;
+use crate::auth::Grant;
+use crate::App;
 use gapless_core::meta::ForkOrigin;
 use gapless_protocol::codes::ErrorCode;
 use gapless_protocol::{Epoch, Payload};
@@ -19,7 +19,18 @@ use std::sync::Arc;
 /// with 400, so a read visits a bounded number of channels.
 pub const MAX_DEPTH: usize = 16;
 
-/// A validated fork request: everything [`super::write::create`] needs.
+/// What a fork asks: its request's fork headers, as sent.
+#[derive(Debug, Clone, Default)]
+pub struct ForkAsk {
+    /// `Stream-Forked-From`.
+    pub from: String,
+    /// `Stream-Fork-Offset`.
+    pub offset: Option<String>,
+    /// `Stream-Fork-Sub-Offset`.
+    pub sub: Option<String>,
+}
+
+/// A validated fork request: everything [`super::create::create`] needs.
 pub struct Plan {
     /// The source stream's incarnation (to register the fork with).
     pub source_inc: u64,
@@ -45,8 +56,8 @@ pub struct Plan {
     pub prefix: Option<Payload>,
 }
 
-fn bad(code: ErrorCode, m: impl Into<String>) -> Response {
-    error(code, m)
+fn bad(code: ErrorCode, m: impl Into<String>) -> StreamError {
+    StreamError::invalid(code, m)
 }
 
 /// Reads `Stream-Fork-Sub-Offset`: a non-negative decimal integer without
@@ -69,7 +80,7 @@ fn parse_sub(v: &str) -> Result<u64, String> {
 /// given with the prefix (`/ds/a/b`) or relative to it (`/a/b`); an
 /// absolute URL's path is taken. The prefixed reading wins when a stream
 /// exists there.
-async fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
+async fn source_channel(app: &App, streams: &Streams, v: &str) -> Result<String, StreamError> {
     let mut p = v.trim();
     for scheme in ["http://", "https://"] {
         if let Some(rest) = p.strip_prefix(scheme) {
@@ -78,14 +89,14 @@ async fn source_channel(ctx: &Ctx, v: &str) -> Result<String, Response> {
     }
     let p = p.split(['?', '#']).next().unwrap_or("");
     let rel = p.trim_start_matches('/');
-    let prefix = ctx.app.config.ds_prefix.trim_matches('/');
+    let prefix = app.config.ds_prefix.trim_matches('/');
     if let Some(inner) = rel
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('/'))
         .filter(|_| !prefix.is_empty())
     {
         if let Ok(c) = super::names::channel_of(inner) {
-            if let Ok(Some(_)) = ctx.ds.streams.load(&ctx.app.hub, &c).await {
+            if let Ok(Some(_)) = streams.load(&app.hub, &c).await {
                 return Ok(c);
             }
         }
@@ -109,28 +120,33 @@ struct Source {
     inc: u64,
 }
 
-/// Validates a fork request (`PUT` with `Stream-Forked-From`) against its
-/// source: the source exists and is not soft-deleted (404, 409), the
-/// caller may read it, the content type matches (409), the fork point is
-/// an offset of the source within its tail (400), and a sub-offset names a
-/// position inside the next message (400). `content_type` is the request's,
-/// if given.
-pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<Plan, Response> {
-    let source_ch = source_channel(ctx, from).await?;
-    if let Err(e) = ctx
-        .grant
-        .require(crate::auth::Action::Subscribe, &source_ch)
-    {
-        return Err(super::api_error(e));
-    }
-    if source_ch == ctx.channel {
-        return Err(error(
-            ErrorCode::StreamExists,
-            "a stream cannot be forked onto its own path",
+/// Validates a fork of `channel` (a `PUT` with `Stream-Forked-From`)
+/// against its source: the source exists and is not soft-deleted (404,
+/// 409), `grant` may read it, the content type matches (409), the fork
+/// point is an offset of the source within its tail (400), and a
+/// sub-offset names a position inside the next message (400).
+/// `content_type` is the request's, if given.
+///
+/// # Errors
+/// [`StreamError`] saying which.
+pub async fn plan(
+    app: &App,
+    streams: &Streams,
+    grant: &Grant,
+    channel: &str,
+    ask: &ForkAsk,
+    content_type: Option<&str>,
+) -> Result<Plan, StreamError> {
+    let from = ask.from.as_str();
+    let source_ch = source_channel(app, streams, from).await?;
+    grant.require(crate::auth::Action::Subscribe, &source_ch)?;
+    if source_ch == channel {
+        return Err(StreamError::Exists(
+            "cannot be forked onto its own path".into(),
         ));
     }
-    let offset_header = ctx.header("stream-fork-offset").map(str::to_owned);
-    let sub = match ctx.header("stream-fork-sub-offset") {
+    let offset_header = ask.offset.clone();
+    let sub = match ask.sub.as_deref() {
         None => 0,
         Some(v) => parse_sub(v.trim()).map_err(|m| bad(ErrorCode::InvalidFork, m))?,
     };
@@ -140,10 +156,10 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             "Stream-Fork-Sub-Offset above 0 needs a Stream-Fork-Offset to count from",
         ));
     }
-    let src = source(ctx, from, &source_ch).await?;
+    let src = source(app, streams, from, &source_ch).await?;
     if let Some(ct_req) = content_type {
         if media_type(ct_req) != media_type(&src.content_type) {
-            return Err(error(
+            return Err(bad(
                 ErrorCode::ContentTypeMismatch,
                 format!(
                     "Content-Type {ct_req:?} differs from the source stream's {:?}",
@@ -158,9 +174,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
             format!("the source is already {MAX_DEPTH} forks deep; fork a shallower stream"),
         ));
     }
-    let head = tail(&ctx.app, &src.layout)
-        .await
-        .map_err(|e| super::api_error(e.into()))?;
+    let head = tail(app, &src.layout).await?;
     let at = fork_point(
         offset_header.as_deref(),
         head,
@@ -168,7 +182,7 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
         src.epoch,
     )?;
     let (origin, prefix) = if sub > 0 {
-        sub_offset(ctx, &src, at, sub, head).await?
+        sub_offset(app, &src, at, sub, head).await?
     } else {
         (at, None)
     };
@@ -192,41 +206,29 @@ pub async fn plan(ctx: &Ctx, from: &str, content_type: Option<&str>) -> Result<P
 
 /// The source stream on `source_ch` (named `from` by the request), unless
 /// it is absent or expired (404) or soft-deleted (409).
-async fn source(ctx: &Ctx, from: &str, source_ch: &str) -> Result<Source, Response> {
-    let not_found = || {
-        error(
-            ErrorCode::StreamNotFound,
-            format!("the source stream {from:?} (Stream-Forked-From) does not exist"),
-        )
-    };
-    let source = ctx
-        .ds
-        .streams
-        .load(&ctx.app.hub, source_ch)
-        .await
-        .map_err(|e| super::api_error(e.into()))?
+async fn source(
+    app: &App,
+    streams: &Streams,
+    from: &str,
+    source_ch: &str,
+) -> Result<Source, StreamError> {
+    let not_found = || StreamError::SourceNotFound(from.to_owned());
+    let source = streams
+        .load(&app.hub, source_ch)
+        .await?
         .ok_or_else(not_found)?;
     let mut m = source.lock().await;
     if m.deleted {
         return Err(not_found());
     }
     if m.soft_deleted {
-        return Err(error_as(
-            StatusCode::CONFLICT,
-            ErrorCode::StreamDeleted,
-            format!(
-                "the source stream {from:?} was deleted and is kept only for its forks; \
-                 it cannot be forked again"
-            ),
-        ));
+        return Err(StreamError::SourceDeleted(from.to_owned()));
     }
     if m.expired(gapless_core::journal::now_ms()) {
         return Err(not_found());
     }
     // A source whose channel was purged is forked from its new epoch.
-    synced_tail(&ctx.app, &mut m)
-        .await
-        .map_err(|e| super::api_error(e.into()))?;
+    synced_tail(app, &mut m).await?;
     Ok(Source {
         layout: m.layout.clone(),
         epoch: m.epoch,
@@ -245,7 +247,7 @@ fn fork_point(
     head: u64,
     start: u64,
     epoch: Epoch,
-) -> Result<u64, Response> {
+) -> Result<u64, StreamError> {
     Ok(match offset_header {
         None => head,
         Some(v) => match parse_offset(Some(v.trim())) {
@@ -288,13 +290,12 @@ fn fork_point(
 /// are inherited; otherwise `sub` bytes of the next message, the rest of
 /// which becomes the fork's first own message.
 async fn sub_offset(
-    ctx: &Ctx,
+    app: &App,
     src: &Source,
     at: u64,
     sub: u64,
     head: u64,
-) -> Result<(u64, Option<Payload>), Response> {
-    let journal = |e: JournalError| super::api_error(e.into());
+) -> Result<(u64, Option<Payload>), StreamError> {
     let (parent, json) = (&src.layout, src.json);
     let mut origin = at;
     let mut prefix = None;
@@ -314,15 +315,15 @@ async fn sub_offset(
             origin = at + sub;
         } else {
             // Other types: `sub` bytes of the next message are inherited.
-            let next = match read(&ctx.app, parent, at, at + 1, 1, usize::MAX).await {
+            let next = match read(app, parent, at, at + 1, 1, usize::MAX).await {
                 Ok((evs, _)) => evs.into_iter().next(),
                 Err(ReadError::Gone) => {
-                    return Err(error(
+                    return Err(bad(
                         ErrorCode::OffsetGone,
                         "the source's message after Stream-Fork-Offset is no longer retained",
                     ))
                 }
-                Err(ReadError::Journal(e)) => return Err(journal(e)),
+                Err(ReadError::Journal(e)) => return Err(e.into()),
             };
             let Some(next) = next else {
                 return Err(bad(
@@ -349,8 +350,7 @@ async fn sub_offset(
                     Payload::Text(t) => match t.get(..cut) {
                         Some(t) => Payload::Text(t.to_owned()),
                         None => {
-                            return Err(error_as(
-                                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                            return Err(bad(
                                 ErrorCode::InvalidUtf8,
                                 format!(
                                     "Stream-Fork-Sub-Offset {sub} splits a UTF-8 character of a \
