@@ -67,9 +67,14 @@ pub struct Meta {
     /// Whether the stream was forgotten (deleted, expired, or its
     /// metadata is gone from the journal): live readers holding it end.
     pub deleted: bool,
-    /// Bumped on closure and deletion ([`Meta::announce`]), so live readers
-    /// waiting at the tail wake up and know which without the lock.
-    pub closed_tx: watch::Sender<Life>,
+    /// How far along its life the stream is, as announced ([`Meta::announce`]).
+    life: Life,
+    /// The watch of the stream's live readers ([`Meta::watch`]), made for
+    /// the first one (about 450 bytes, so a stream no live reader has
+    /// followed since it was cached has none): bumped on closure and
+    /// deletion, so readers waiting at the tail wake up and know which
+    /// without the lock. Dropped with the copy, which ends them too.
+    watch: std::sync::OnceLock<watch::Sender<Life>>,
     /// The stream's incarnation ([`ChannelMeta::incarnation`]): part of
     /// every change's guard and of its appends' idempotency keys.
     pub inc: u64,
@@ -77,7 +82,7 @@ pub struct Meta {
     pub stored: Arc<ChannelMeta>,
 }
 
-/// What a stream's watch ([`Meta::closed_tx`]) tells its live readers; it
+/// What a stream's watch ([`Meta::watch`]) tells its live readers; it
 /// only moves forward.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Life {
@@ -88,11 +93,6 @@ pub enum Life {
     Closed,
     /// Deleted, expired or soft-deleted: its live readers end.
     Gone,
-}
-
-/// A new stream's watch ([`Meta::closed_tx`]).
-pub fn life() -> watch::Sender<Life> {
-    watch::Sender::new(Life::Open)
 }
 
 impl Meta {
@@ -128,7 +128,8 @@ impl Meta {
             soft_deleted: stored.soft_deleted,
             closed: stored.is_closed(),
             deleted: false,
-            closed_tx: life(),
+            life: Life::Open,
+            watch: std::sync::OnceLock::new(),
             inc: stored.incarnation,
             stored: Arc::new(stored),
         };
@@ -148,7 +149,7 @@ impl Meta {
     }
 
     /// Announces what the flags say.
-    fn announce_state(&self) {
+    fn announce_state(&mut self) {
         if self.deleted || self.soft_deleted {
             self.announce(Life::Gone);
         } else if self.closed {
@@ -158,12 +159,28 @@ impl Meta {
 
     /// Tells the stream's live readers that it is now `life` (or further
     /// along), waking every one of them.
-    pub fn announce(&self, life: Life) {
-        self.closed_tx.send_if_modified(|l| {
-            let was = *l;
-            *l = (*l).max(life);
-            *l != was
-        });
+    pub fn announce(&mut self, life: Life) {
+        if life <= self.life {
+            return;
+        }
+        self.life = life;
+        if let Some(tx) = self.watch.get() {
+            tx.send_replace(life);
+        }
+    }
+
+    /// A live reader's watch of the stream's life: it says where the
+    /// stream is now, and changes at each [`Meta::announce`] after; it
+    /// ends (`changed` fails) when the stream's copy is dropped.
+    pub fn watch(&self) -> watch::Receiver<Life> {
+        self.watch
+            .get_or_init(|| watch::Sender::new(self.life))
+            .subscribe()
+    }
+
+    /// Whether a live reader follows the stream now.
+    pub fn watched(&self) -> bool {
+        self.watch.get().is_some_and(|tx| tx.receiver_count() > 0)
     }
 
     /// The bare media type: lower case, without parameters.
@@ -368,7 +385,7 @@ impl Streams {
         let watched = s
             .meta
             .try_lock()
-            .map_or(true, |m| m.closed_tx.receiver_count() > 0);
+            .map_or(true, |m| m.watched());
         watched.then_some(s)
     }
 

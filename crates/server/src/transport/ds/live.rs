@@ -11,7 +11,7 @@
 //! line), a binary stream's bytes one after another in base64; then one
 //! `event: control` with the offset after them. The feed reads nothing of
 //! the stream's metadata on the way and takes no lock: its closure and
-//! deletion come through the stream's watch (`Meta::closed_tx`).
+//! deletion come through the stream's watch (`Meta::watch`).
 //!
 //! What ends a feed on its own is gapless's rule for every stream
 //! (`ops::stream::end_signal`): shutdown, and the expiry of the token that
@@ -68,7 +68,7 @@ pub struct Start {
     pub from: u64,
     /// The stream's tail at the request.
     pub head: u64,
-    /// The stream's watch ([`Meta::closed_tx`](crate::ops::streams::Meta::closed_tx)),
+    /// The stream's watch ([`Meta::watch`](crate::ops::streams::Meta::watch)),
     /// subscribed under the same lock, so it says whether the stream was
     /// closed then and nothing after is missed.
     pub closed_rx: watch::Receiver<Life>,

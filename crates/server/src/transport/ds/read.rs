@@ -213,7 +213,7 @@ fn sse_start(ctx: &Ctx, meta: &Meta, from: u64, tail: u64, cursor: Option<&str>)
         shape,
         from,
         head: tail,
-        closed_rx: meta.closed_tx.subscribe(),
+        closed_rx: meta.watch(),
         cursor: cursor.and_then(|c| c.parse().ok()),
         expires: stream::expires_at(&ctx.grant),
     }
@@ -310,7 +310,7 @@ async fn long_poll(
     if meta.closed {
         return long_poll_end(&meta, from, true, None);
     }
-    let mut closed_rx = meta.closed_tx.subscribe();
+    let mut closed_rx = meta.watch();
     let layout = meta.layout.clone();
     drop(meta);
     let waited = wait(ctx, &layout, from, &mut closed_rx).await;
