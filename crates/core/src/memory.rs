@@ -263,7 +263,7 @@ impl Journal for MemoryJournal {
         match meta::decide(current, state, change) {
             Decision::Nothing(outcome) => Ok(Changed {
                 outcome,
-                meta: current.cloned(),
+                meta: current.cloned().map(std::sync::Arc::new),
                 state,
             }),
             Decision::Write {
@@ -279,7 +279,7 @@ impl Journal for MemoryJournal {
                 self.sink.meta_changed(channel);
                 Ok(Changed {
                     outcome: meta::with_appended(outcome, appended),
-                    meta: log.meta.clone(),
+                    meta: log.meta.clone().map(std::sync::Arc::new),
                     state: log.state(),
                 })
             }

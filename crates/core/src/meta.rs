@@ -63,8 +63,8 @@ pub struct ChannelMeta {
     /// Where its messages are (decided at creation by [`decide`]).
     pub layout: Layout,
     /// Idempotent producers: id → (epoch, last seq accepted).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub producers: BTreeMap<String, (u64, u64)>,
+    #[serde(default, skip_serializing_if = "Producers::is_empty")]
+    pub producers: Producers,
     /// The newest `Stream-Seq` accepted (compared byte-wise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_seq: Option<String>,
@@ -81,6 +81,76 @@ pub struct ChannelMeta {
     /// created it, one more at each replacement (0: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub record_version: u64,
+}
+
+/// A channel's idempotent producers: id → (epoch, last seq accepted),
+/// sorted by id. Stored as a JSON object (as a `BTreeMap` was, so metadata
+/// written before reads the same), held as one vector: a stream has one
+/// producer or a few, and a `BTreeMap`'s first node costs about 500 bytes
+/// in every copy of the metadata (the node's cache, the journal's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Producers(Vec<(String, (u64, u64))>);
+
+impl Producers {
+    /// The producer `id`'s (epoch, last seq).
+    pub fn get(&self, id: &str) -> Option<&(u64, u64)> {
+        self.find(id).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Sets the producer `id`'s (epoch, last seq).
+    pub fn insert(&mut self, id: String, at: (u64, u64)) {
+        match self.find(&id) {
+            Ok(i) => self.0[i].1 = at,
+            Err(i) => self.0.insert(i, (id, at)),
+        }
+    }
+
+    /// How many producers.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Forgets every producer.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Each producer, by id.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &(u64, u64))> {
+        self.0.iter().map(|(id, at)| (id, at))
+    }
+
+    fn find(&self, id: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(id))
+    }
+}
+
+impl FromIterator<(String, (u64, u64))> for Producers {
+    fn from_iter<I: IntoIterator<Item = (String, (u64, u64))>>(items: I) -> Self {
+        let mut p = Producers::default();
+        for (id, at) in items {
+            p.insert(id, at);
+        }
+        p
+    }
+}
+
+impl Serialize for Producers {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Producers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, (u64, u64)>::deserialize(d)?;
+        Ok(Producers(map.into_iter().collect()))
+    }
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -175,7 +245,7 @@ impl ChannelMeta {
             closed_by: None,
             soft_deleted: false,
             layout: Layout::default(),
-            producers: BTreeMap::new(),
+            producers: Producers::default(),
             stream_seq: None,
             forks: BTreeSet::new(),
             record: None,
@@ -343,8 +413,9 @@ pub enum Outcome {
 pub struct Changed {
     /// What the change did.
     pub outcome: Outcome,
-    /// The metadata after it (`None`: the channel has none).
-    pub meta: Option<ChannelMeta>,
+    /// The metadata after it (`None`: the channel has none), shared with
+    /// the journal's own copy where it keeps one.
+    pub meta: Option<std::sync::Arc<ChannelMeta>>,
     /// The channel's bounds after it.
     pub state: ChannelState,
 }
@@ -839,5 +910,23 @@ mod tests {
             Decision::Nothing(Outcome::Refused(Refusal::NotFound))
         );
         assert_eq!(ChannelMeta::decode(next.encode().as_bytes()), Ok(next));
+    }
+
+    /// Producers are kept sorted by id and stored as a JSON object, as the
+    /// `BTreeMap` before them was, so either reads the other's metadata.
+    #[test]
+    fn producers_are_a_sorted_json_object() {
+        let mut p = Producers::default();
+        p.insert("b".into(), (0, 3));
+        p.insert("a".into(), (1, 1));
+        p.insert("b".into(), (0, 4));
+        assert_eq!((p.len(), p.get("b"), p.get("c")), (2, Some(&(0, 4)), None));
+        let json = serde_json::to_string(&p).unwrap_or_default();
+        assert_eq!(json, r#"{"a":[1,1],"b":[0,4]}"#);
+        let map: BTreeMap<String, (u64, u64)> = serde_json::from_str(&json).unwrap_or_default();
+        assert_eq!(map.len(), 2);
+        let back: Producers = serde_json::from_str(r#"{"z":[2,0],"a":[1,1]}"#).unwrap_or_default();
+        let ids: Vec<&String> = back.iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, ["a", "z"]);
     }
 }

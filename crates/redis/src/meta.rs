@@ -176,7 +176,7 @@ enum Cas {
     /// Committed: the answer to return.
     Done(Changed),
     /// Another version or other bounds: decide again on these.
-    Conflict(Known),
+    Conflict(Box<Known>),
 }
 
 impl Inner {
@@ -311,7 +311,7 @@ impl Inner {
                     self.metas.put(channel, known.clone());
                     return Ok(Changed {
                         outcome,
-                        meta: known.meta,
+                        meta: known.meta.map(std::sync::Arc::new),
                         state: known.state,
                     });
                 }
@@ -339,7 +339,7 @@ impl Inner {
                         )));
                     }
                     fresh = true;
-                    cached = Some(now);
+                    cached = Some(*now);
                 }
                 Err(e) => {
                     // It may have been applied (Unavailable): read next time.
@@ -432,11 +432,11 @@ impl Inner {
                     head: n(5)?,
                 };
                 self.note_lineage(channel, state.epoch, v.get(6), v.get(7));
-                Ok(Cas::Conflict(Known {
+                Ok(Cas::Conflict(Box::new(Known {
                     ver: text_of(v.get(1)).ok_or_else(bad)?,
                     meta: meta_of(v.get(2))?,
                     state,
-                }))
+                })))
             }
             Some("own") => {
                 // This request, sent again after its answer was lost: its
@@ -526,7 +526,7 @@ impl Inner {
         self.sink.meta_changed(channel);
         Changed {
             outcome: meta::with_appended(outcome, appended),
-            meta: next,
+            meta: next.map(std::sync::Arc::new),
             state,
         }
     }

@@ -279,7 +279,7 @@ async fn a_plain_append_racing_a_close_never_lands_after_it() {
         let Outcome::Appended(Some(closing)) = c.outcome else {
             panic!("not closed: {:?}", c.outcome)
         };
-        assert!(c.meta.as_ref().is_some_and(ChannelMeta::is_closed));
+        assert!(c.meta.as_ref().is_some_and(|m| m.is_closed()));
         tokio::time::sleep(Duration::from_millis(30)).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut refusals = 0;

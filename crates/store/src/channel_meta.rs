@@ -219,7 +219,7 @@ pub(crate) fn change(
         Decision::Nothing(outcome) => {
             let changed = Changed {
                 outcome,
-                meta: current.map(Arc::unwrap_or_clone),
+                meta: current,
                 state,
             };
             return Ok((Done::Changed(Box::new(changed)), Vec::new()));
@@ -275,7 +275,7 @@ pub(crate) fn change(
     });
     let changed = Changed {
         outcome: meta::with_appended(outcome, appended),
-        meta: next.map(Arc::unwrap_or_clone),
+        meta: next,
         state,
     };
     Ok((Done::Changed(Box::new(changed)), notices))

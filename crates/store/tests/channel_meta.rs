@@ -100,7 +100,7 @@ async fn a_crash_keeps_each_change_with_its_events() -> R {
             assert!(matches!(c.outcome, Outcome::Appended(Some(_))), "{c:?}");
         }
         let closing = j.change("s", produce(7, 3, "last", true)).await?;
-        assert!(closing.meta.as_ref().is_some_and(ChannelMeta::is_closed));
+        assert!(closing.meta.as_ref().is_some_and(|m| m.is_closed()));
         let d = j.change("d", Change::Delete { incarnation: 9 }).await?;
         assert_eq!(d.outcome, Outcome::Deleted);
         let before = j.meta("s").await?;

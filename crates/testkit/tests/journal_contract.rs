@@ -1269,7 +1269,7 @@ async fn meta_create(f: Fixture) -> R {
     );
     assert_eq!(c.state.head, 3);
     let (read, st) = j.meta("s").await?;
-    assert_eq!(read.as_ref(), Some(&held));
+    assert_eq!(read.as_ref(), Some(&*held));
     assert_eq!(st.head, 3);
     let again = j
         .change(
@@ -1390,7 +1390,7 @@ async fn meta_closed(f: Fixture) -> R {
     }
     let c = j.change("s", closing.clone()).await?;
     assert!(matches!(c.outcome, Outcome::Appended(Some(_))));
-    assert!(c.meta.as_ref().is_some_and(ChannelMeta::is_closed));
+    assert!(c.meta.as_ref().is_some_and(|m| m.is_closed()));
     assert_eq!(
         j.change("s", closing).await?.outcome,
         Outcome::AlreadyClosed(true)
@@ -1583,7 +1583,7 @@ async fn meta_lifecycle(f: Fixture) -> R {
         )
         .await?;
     assert_eq!(again.outcome, Outcome::Created(None));
-    let layout = again.meta.map(|m| m.layout);
+    let layout = again.meta.map(|m| m.layout.clone());
     assert_eq!(
         layout.map(|l| (l.base, l.channel_epoch)),
         Some((1, purged.epoch.0))
@@ -1731,7 +1731,7 @@ async fn meta_put(f: Fixture) -> R {
                         )
                         .await?;
                     let won = c.outcome == Outcome::Updated;
-                    m = c.meta;
+                    m = c.meta.map(std::sync::Arc::unwrap_or_clone);
                     if won {
                         break;
                     }

@@ -98,7 +98,8 @@ pub enum Life {
 impl Meta {
     /// The copy of `stored`, the metadata of `channel` whose bounds are
     /// `state` now (a purge since creation is followed at once).
-    pub fn of(channel: &str, stored: ChannelMeta, state: ChannelState) -> Self {
+    pub fn of(channel: &str, stored: impl Into<Arc<ChannelMeta>>, state: ChannelState) -> Self {
+        let stored: Arc<ChannelMeta> = stored.into();
         let l = &stored.layout;
         let mut parent: Option<Arc<layout::Layout>> = None;
         for a in l.inherited.iter().rev() {
@@ -131,7 +132,7 @@ impl Meta {
             life: Life::Open,
             watch: std::sync::OnceLock::new(),
             inc: stored.incarnation,
-            stored: Arc::new(stored),
+            stored,
         };
         m.follow_epoch(state.epoch);
         m.touch(now_ms());
@@ -141,10 +142,11 @@ impl Meta {
 
     /// Takes `stored`, a newer copy of the same incarnation: closure and
     /// soft deletion, announced to live readers.
-    pub fn refresh(&mut self, stored: ChannelMeta) {
+    pub fn refresh(&mut self, stored: impl Into<Arc<ChannelMeta>>) {
+        let stored: Arc<ChannelMeta> = stored.into();
         self.closed |= stored.is_closed();
         self.soft_deleted |= stored.soft_deleted;
-        self.stored = Arc::new(stored);
+        self.stored = stored;
         self.announce_state();
     }
 
@@ -382,10 +384,7 @@ impl Streams {
     pub fn changed(&self, channel: &str) -> Option<Stream> {
         let s = self.cached(channel)?;
         s.changes.fetch_add(1, Ordering::AcqRel);
-        let watched = s
-            .meta
-            .try_lock()
-            .map_or(true, |m| m.watched());
+        let watched = s.meta.try_lock().map_or(true, |m| m.watched());
         watched.then_some(s)
     }
 

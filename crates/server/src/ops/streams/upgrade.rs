@@ -141,7 +141,7 @@ impl Record {
                     .map(|(source, at, sub)| ForkOrigin { source, at, sub }),
                 inherited,
             },
-            producers: self.producers.clone(),
+            producers: self.producers.clone().into_iter().collect(),
             stream_seq: self.sseq.clone(),
             forks: Default::default(),
             record: None,

@@ -177,7 +177,7 @@ pub async fn put<T: Serialize + DeserializeOwned>(
         record,
     };
     let c = app.hub.change(channel, change).await?;
-    let now = decode(c.meta)?;
+    let now = decode(c.meta.map(Arc::unwrap_or_clone))?;
     Ok(match c.outcome {
         Outcome::Created(_) | Outcome::Updated | Outcome::Deleted => Ok(now),
         _ => Err(now),
