@@ -344,6 +344,7 @@ impl Keys {
     /// Forgets the keys the tables hold (their frames up to `applied`).
     pub(crate) fn purge(&mut self, applied: u64) {
         self.pending.retain(|_, &mut (_, _, lsn)| lsn > applied);
+        crate::overlay::shrink(&mut self.pending);
     }
 
     /// The seqs of `key` on channel `id`, if it is known and its events are

@@ -42,7 +42,7 @@ pub(crate) struct Channel {
     pub retention: Retention,
     /// With a byte limit: the data size of each retained event, from the
     /// floor to the head, and their sum.
-    pub sizes: Option<Sizes>,
+    pub sizes: Option<Box<Sizes>>,
     /// A lower bound of the time of the event at the floor (`None` when no
     /// event is retained or ages are not tracked).
     oldest: Option<u64>,
@@ -210,7 +210,7 @@ impl Channels {
                         }
                     }
                 }
-                Some(sizes)
+                Some(Box::new(sizes))
             } else {
                 None
             };
@@ -259,7 +259,7 @@ impl Channels {
                 },
                 epoch: None,
                 retention,
-                sizes: (retention.max_bytes != 0).then(Sizes::default),
+                sizes: (retention.max_bytes != 0).then(Box::default),
                 oldest: None,
                 // Every channel with metadata has a `channels` row, so is
                 // loaded: a new one has none.

@@ -286,6 +286,10 @@ pub(crate) fn change(
 /// its last change (its frame is at or below `applied`), else waits for a
 /// later call. Looks at no more than twice the excess entries per call.
 pub(crate) fn bound(cache: &mut Channels, applied: u64) {
+    let held = &mut cache.held;
+    if held.capacity() > 4 * MAX_HELD && held.capacity() / 4 > held.len() {
+        held.shrink_to(held.len() * 2);
+    }
     let excess = cache.held.len().saturating_sub(MAX_HELD);
     for _ in 0..excess.saturating_mul(2) {
         if cache.held.len() <= MAX_HELD {

@@ -108,6 +108,16 @@ pub(crate) fn set_meta(
 pub(crate) fn trim_metas(metas: &mut HashMap<Arc<str>, MetaTail>, applied: u64) {
     if !metas.is_empty() {
         metas.retain(|_, m| m.lsn > applied);
+        shrink(metas);
+    }
+}
+
+/// Gives back a map's room once it holds a quarter of it or less: a map
+/// of what awaits a checkpoint grows with a burst of appends to many
+/// channels (up to the backlog bound) and would otherwise keep that size.
+pub(crate) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 1024 && map.capacity() / 4 > map.len() {
+        map.shrink_to(map.len() * 2);
     }
 }
 
@@ -150,4 +160,5 @@ pub(crate) fn trim(tails: &mut HashMap<Arc<str>, Tail>, applied: &HashMap<String
             tails.remove(name.as_str());
         }
     }
+    shrink(tails);
 }

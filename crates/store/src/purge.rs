@@ -131,7 +131,7 @@ pub(crate) fn purge(
     ch.row.floor = 1;
     ch.epoch = Some(epoch);
     if let Some(sizes) = ch.sizes.as_mut() {
-        *sizes = crate::cache::Sizes::default();
+        **sizes = crate::cache::Sizes::default();
     }
     cache.set_oldest(&name, None);
     Ok(Some(ChannelState::empty(epoch)))

@@ -187,11 +187,11 @@ fn events(
             ErrorCode::ContentTypeMismatch,
             format!(
                 "Content-Type {ct:?} differs from the stream's {:?}",
-                meta.content_type
+                meta.content_type()
             ),
         ));
     }
-    let msgs = messages(&meta.content_type, &ask.body)?;
+    let msgs = messages(meta.content_type(), &ask.body)?;
     if msgs.is_empty() {
         return Err(StreamError::invalid(
             ErrorCode::EmptyJsonArray,

@@ -92,7 +92,7 @@ pub async fn create(
             Some(a) => appended_at(&mut meta, a.epoch, a.last_seq),
             None => (meta.layout.origin, meta.epoch),
         };
-        let content_type = meta.content_type.clone();
+        let content_type = meta.content_type().to_owned();
         streams.insert(channel, meta);
         return Ok(Created {
             new: true,
@@ -170,7 +170,7 @@ fn ancestors(parent: &Layout) -> Vec<Ancestor> {
     let mut l = Some(parent);
     while let Some(x) = l {
         out.push(Ancestor {
-            channel: x.channel.clone(),
+            channel: x.channel.to_string(),
             channel_epoch: x.epoch.0,
             base: x.base,
             origin: x.origin,
@@ -209,16 +209,16 @@ async fn existing(
         };
     }
     let t = &planned.template;
-    let same_fork = match (&old.fork_of, &t.layout.fork, &ask.fork) {
+    let same_fork = match (old.fork_of(), &t.layout.fork, &ask.fork) {
         (None, None, _) => true,
         (Some(a), Some(b), Some(f)) => {
             a.source == b.source && a.sub == b.sub && (f.offset.is_none() || a.at == b.at)
         }
         _ => false,
     };
-    let same = media_type(&old.content_type) == media_type(&t.content_type)
-        && old.ttl_s == t.ttl_s
-        && old.expires_at.as_ref().map(|e| e.1) == t.expires_at.as_ref().map(|e| e.1)
+    let same = old.media_type() == media_type(&t.content_type)
+        && old.ttl_s() == t.ttl_s
+        && old.expires_at().map(|e| e.1) == t.expires_at.as_ref().map(|e| e.1)
         && old.closed == ask.closed
         && same_fork;
     if !same {
@@ -229,7 +229,7 @@ async fn existing(
     let tail = synced_tail(app, &mut old).await?;
     Ok(Some(Created {
         new: false,
-        content_type: old.content_type.clone(),
+        content_type: old.content_type().to_owned(),
         epoch: old.epoch,
         tail,
         closed: old.closed,

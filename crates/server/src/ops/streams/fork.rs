@@ -232,9 +232,9 @@ async fn source(
     Ok(Source {
         layout: m.layout.clone(),
         epoch: m.epoch,
-        content_type: m.content_type.clone(),
-        ttl_s: m.ttl_s,
-        expires_at: m.expires_at.clone(),
+        content_type: m.content_type().to_owned(),
+        ttl_s: m.ttl_s(),
+        expires_at: m.expires_at().cloned(),
         json: m.is_json(),
         inc: m.inc,
     })

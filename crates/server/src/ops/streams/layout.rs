@@ -28,7 +28,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Layout {
     /// The stream's own channel.
-    pub channel: String,
+    pub channel: Arc<str>,
     /// The own channel's journal epoch at creation.
     pub epoch: Epoch,
     /// The own channel's head at creation: the stream's own events are the
@@ -47,7 +47,7 @@ pub struct Layout {
 #[derive(Debug, Clone)]
 pub struct Segment {
     /// The channel.
-    pub channel: String,
+    pub channel: Arc<str>,
     /// Its epoch at the stream's creation (another one now: history lost).
     pub epoch: Epoch,
     /// The channel seq at `origin`.
@@ -71,9 +71,9 @@ impl Segment {
 
 impl Layout {
     /// A plain stream on `channel` (epoch and head at creation).
-    pub fn plain(channel: &str, epoch: Epoch, head: u64) -> Self {
+    pub fn plain(channel: Arc<str>, epoch: Epoch, head: u64) -> Self {
         Layout {
-            channel: channel.to_owned(),
+            channel,
             epoch,
             base: head,
             origin: head,
@@ -277,7 +277,7 @@ mod tests {
 
     fn layout(origin: u64, base: u64, parent: Option<Arc<Layout>>) -> Arc<Layout> {
         Arc::new(Layout {
-            channel: format!("c{origin}-{base}"),
+            channel: format!("c{origin}-{base}").into(),
             epoch: Epoch(1),
             base,
             origin,

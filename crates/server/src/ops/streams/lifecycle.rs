@@ -124,7 +124,7 @@ pub async fn has_live_forks(
             continue;
         };
         let m = s.lock().await;
-        let of_this = m.fork_of.as_ref().is_some_and(|o| o.source == channel);
+        let of_this = m.fork_of().is_some_and(|o| o.source == channel);
         if !m.deleted && of_this && (m.soft_deleted || !m.expired(now)) {
             return Ok(true);
         }
@@ -150,7 +150,7 @@ async fn forget(
     loop {
         let (inc, source) = {
             let m = s.lock().await;
-            (m.inc, m.fork_of.as_ref().map(|f| f.source.clone()))
+            (m.inc, m.fork_of().map(|f| f.source.clone()))
         };
         purge_events(app, &ch).await;
         app.hub

@@ -41,15 +41,9 @@ pub const CACHED_STREAMS: usize = 65_536;
 /// commit (the journal orders a stream's changes).
 #[derive(Debug)]
 pub struct Meta {
-    /// The content type as created (compared case-insensitively, without
-    /// parameters).
-    pub content_type: String,
-    /// The sliding time-to-live, in seconds.
-    pub ttl_s: Option<u64>,
-    /// The absolute expiry as given (RFC 3339) and in Unix milliseconds.
-    pub expires_at: Option<(String, u64)>,
     /// When the stream expires (Unix ms): the earlier of the TTL's deadline
-    /// (refreshed by reads and writes on this node) and `expires_at`.
+    /// (refreshed by reads and writes on this node) and
+    /// [`Meta::expires_at`].
     pub deadline_ms: Option<u64>,
     /// The epoch of the stream's offsets: its channel's journal epoch at
     /// creation (a fork's is its source's), or after a purge the channel's
@@ -57,8 +51,6 @@ pub struct Meta {
     pub epoch: Epoch,
     /// Where the stream's messages are ([`layout::Layout`]).
     pub layout: Arc<layout::Layout>,
-    /// What a fork was forked from (`None` for a plain stream).
-    pub fork_of: Option<ForkOrigin>,
     /// Deleted (or expired) while forks still use it: its URL answers 410
     /// and cannot be created again until the last fork is gone.
     pub soft_deleted: bool,
@@ -78,7 +70,8 @@ pub struct Meta {
     /// The stream's incarnation ([`ChannelMeta::incarnation`]): part of
     /// every change's guard and of its appends' idempotency keys.
     pub inc: u64,
-    /// The journal's metadata as last read or written here.
+    /// The journal's metadata as last read or written here (the content
+    /// type, expiry and fork origin are read from it: [`Meta::content_type`]).
     pub stored: Arc<ChannelMeta>,
 }
 
@@ -104,7 +97,7 @@ impl Meta {
         let mut parent: Option<Arc<layout::Layout>> = None;
         for a in l.inherited.iter().rev() {
             parent = Some(Arc::new(layout::Layout {
-                channel: a.channel.clone(),
+                channel: Arc::from(a.channel.as_str()),
                 epoch: Epoch(a.channel_epoch),
                 base: a.base,
                 origin: a.origin,
@@ -112,20 +105,16 @@ impl Meta {
             }));
         }
         let layout = Arc::new(layout::Layout {
-            channel: channel.to_owned(),
+            channel: Arc::from(channel),
             epoch: Epoch(l.channel_epoch),
             base: l.base,
             origin: l.origin,
             parent,
         });
         let mut m = Meta {
-            content_type: stored.content_type.clone(),
-            ttl_s: stored.ttl_s,
-            expires_at: stored.expires_at.clone(),
             deadline_ms: None,
             epoch: Epoch(l.offset_epoch),
             layout,
-            fork_of: l.fork.clone(),
             soft_deleted: stored.soft_deleted,
             closed: stored.is_closed(),
             deleted: false,
@@ -185,29 +174,50 @@ impl Meta {
         self.watch.get().is_some_and(|tx| tx.receiver_count() > 0)
     }
 
+    /// The content type as created (compared case-insensitively, without
+    /// parameters).
+    pub fn content_type(&self) -> &str {
+        &self.stored.content_type
+    }
+
+    /// The sliding time-to-live, in seconds.
+    pub fn ttl_s(&self) -> Option<u64> {
+        self.stored.ttl_s
+    }
+
+    /// The absolute expiry as given (RFC 3339) and in Unix milliseconds.
+    pub fn expires_at(&self) -> Option<&(String, u64)> {
+        self.stored.expires_at.as_ref()
+    }
+
+    /// What a fork was forked from (`None` for a plain stream).
+    pub fn fork_of(&self) -> Option<&ForkOrigin> {
+        self.stored.layout.fork.as_ref()
+    }
+
     /// The bare media type: lower case, without parameters.
     pub fn media_type(&self) -> String {
-        media_type(&self.content_type)
+        media_type(self.content_type())
     }
 
     /// Whether the stream is JSON mode (PROTOCOL.md 9.1).
     pub fn is_json(&self) -> bool {
-        is_json(&self.content_type)
+        is_json(self.content_type())
     }
 
     /// Whether SSE carries the data as text (`text/*`, `application/json`)
     /// rather than base64.
     pub fn is_text(&self) -> bool {
-        is_text(&self.content_type)
+        is_text(self.content_type())
     }
 
     /// Restarts the TTL window at `now_ms` (a read or write that reached the
     /// server; `HEAD` does not).
     pub fn touch(&mut self, now_ms: u64) {
         let ttl = self
-            .ttl_s
+            .ttl_s()
             .map(|t| now_ms.saturating_add(t.saturating_mul(1000)));
-        let abs = self.expires_at.as_ref().map(|e| e.1);
+        let abs = self.expires_at().map(|e| e.1);
         self.deadline_ms = match (ttl, abs) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -233,7 +243,7 @@ impl Meta {
         if self.layout.epoch == epoch {
             return false;
         }
-        self.layout = Arc::new(layout::Layout::plain(&self.layout.channel, epoch, 0));
+        self.layout = Arc::new(layout::Layout::plain(self.layout.channel.clone(), epoch, 0));
         self.epoch = epoch;
         true
     }
@@ -314,7 +324,8 @@ pub type Stream = Arc<Entry>;
 /// journal: [`CACHED_STREAMS`]).
 #[derive(Default)]
 pub struct Streams {
-    map: Mutex<HashMap<String, Stream>>,
+    /// Keyed by the name its layout holds (one copy of it).
+    map: Mutex<HashMap<Arc<str>, Stream>>,
 }
 
 impl Streams {
@@ -368,13 +379,18 @@ impl Streams {
     /// Caches `meta` as the stream on `channel` (replacing any other), and
     /// returns it.
     pub fn insert(&self, channel: &str, meta: Meta) -> Stream {
+        let key = if &*meta.layout.channel == channel {
+            meta.layout.channel.clone()
+        } else {
+            Arc::from(channel)
+        };
         let stream = Arc::new(Entry::new(meta));
         let mut map = self.map.lock();
         if map.len() >= CACHED_STREAMS && !map.contains_key(channel) {
             // Dropped: streams nobody holds now (read again when next used).
             map.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        map.insert(channel.to_owned(), stream.clone());
+        map.insert(key, stream.clone());
         stream
     }
 
@@ -391,7 +407,7 @@ impl Streams {
     /// The channels of the cached streams (the subscriptions' pattern
     /// matching: streams this node has served since it started).
     pub fn channels(&self) -> Vec<String> {
-        self.map.lock().keys().cloned().collect()
+        self.map.lock().keys().map(|k| k.to_string()).collect()
     }
 
     /// Drops `stream` (on `channel`) from the cache, if it is still there.

@@ -41,13 +41,13 @@ pub async fn head(ctx: Ctx) -> Response {
         Err(e) => return api_error(e.into()),
     };
     let mut r = empty(StatusCode::OK);
-    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "content-type", meta.content_type());
     set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
     set(&mut r, "cache-control", "no-store");
-    if let Some(t) = meta.ttl_s {
+    if let Some(t) = meta.ttl_s() {
         set(&mut r, "stream-ttl", t.to_string());
     }
-    if let Some((e, _)) = &meta.expires_at {
+    if let Some((e, _)) = meta.expires_at() {
         set(&mut r, "stream-expires-at", e);
     }
     if meta.closed {
@@ -222,7 +222,7 @@ fn sse_start(ctx: &Ctx, meta: &Meta, from: u64, tail: u64, cursor: Option<&str>)
 /// `offset=now` without `live`: an empty body at the tail.
 fn tail_answer(meta: &Meta, tail: u64) -> Response {
     let mut r = Response::new(Body::from(if meta.is_json() { "[]" } else { "" }));
-    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "content-type", meta.content_type());
     set(&mut r, "stream-next-offset", offset(meta.epoch, tail));
     set(&mut r, "stream-up-to-date", "true");
     set(&mut r, "cache-control", "no-store");
@@ -349,7 +349,7 @@ fn data_answer(
         meta.is_json(),
         events,
     )));
-    set(&mut r, "content-type", &meta.content_type);
+    set(&mut r, "content-type", meta.content_type());
     set(&mut r, "stream-next-offset", offset(meta.epoch, next));
     set(&mut r, "stream-up-to-date", "true");
     set(&mut r, "cache-control", cache_control(ctx));
@@ -486,7 +486,7 @@ async fn follow(
         seq: layout.seq(from),
     };
     // In no wake group: a Durable Streams reader is not on the stream clock.
-    crate::ops::stream::open(&ctx.app, vec![(layout.channel.clone(), start)], None).await
+    crate::ops::stream::open(&ctx.app, vec![(layout.channel.to_string(), start)], None).await
 }
 
 #[cfg(test)]
