@@ -384,6 +384,7 @@ impl Run {
             Some(s) => {
                 self.hold(ch).await;
                 self.follow_links(ch, &s).await;
+                self.cx.subs.saw_one();
                 self.subs.insert(ch.to_owned(), s);
                 self.dirty.insert(ch.to_owned());
             }

@@ -195,6 +195,11 @@ pub struct Subscriptions {
     pub node: String,
     /// Whether this node delivers now (the delivery task sets it).
     delivering: AtomicBool,
+    /// Whether a subscription was seen since start (one changed, or the
+    /// delivery task read one): only then can a stream's change concern
+    /// delivery, so a server without subscriptions tells its task nothing
+    /// of the streams' appends.
+    seen: AtomicBool,
     signals: mpsc::UnboundedSender<deliver::Signal>,
     inbox: parking_lot::Mutex<Option<mpsc::UnboundedReceiver<deliver::Signal>>>,
 }
@@ -210,6 +215,7 @@ impl Subscriptions {
             poster,
             node: format!("n{:016x}", rand::random::<u64>()),
             delivering: AtomicBool::new(false),
+            seen: AtomicBool::new(false),
             signals,
             inbox: parking_lot::Mutex::new(Some(inbox)),
         }
@@ -224,10 +230,17 @@ impl Subscriptions {
         let ours = channel.starts_with("gapless/ds-sub");
         if channel.starts_with(store::SUB_PREFIX) {
             self.store.forget(channel);
+            self.seen.store(true, Ordering::Release);
         }
-        if ours || self.delivering.load(Ordering::Acquire) {
+        let concerns = self.delivering.load(Ordering::Acquire) && self.seen.load(Ordering::Acquire);
+        if ours || concerns {
             let _ = self.signals.send(deliver::Signal::Meta(channel.to_owned()));
         }
+    }
+
+    /// Notes that a subscription exists (the delivery task read one).
+    pub(crate) fn saw_one(&self) {
+        self.seen.store(true, Ordering::Release);
     }
 
     /// The webhook signing key: `--ds-signing-key` (or the data
