@@ -249,8 +249,10 @@ pub struct ServeArgs {
     /// (docs/durable-streams.md): a stream's URL is PREFIX/PATH. It starts
     /// with `/`, has at most 256 bytes, and its segments are non-empty and
     /// of A-Z a-z 0-9 - . _ ~ ! $ & ' ( ) * + , ; = : @ (not `.`, `..` or
-    /// `__ds`); `/v1` and under it are gapless's own API. Empty turns the
-    /// protocol off.
+    /// `__ds`); not `/`, `/v1`, or one of gapless's own paths (`/v1/channels`,
+    /// `/v1/sessions`, `/v1/sse`, `/v1/ws`, `/v1/openapi.json`, `/healthz`,
+    /// `/readyz`, `/metrics`) or under one; `/v1/stream` is free. Empty
+    /// turns the protocol off.
     #[arg(long, env = "GAPLESS_DS_PREFIX", default_value = "/ds", value_parser = ds_prefix)]
     pub ds_prefix: String,
     /// How long a Durable Streams long-poll (`live=long-poll`) waits for data
@@ -401,16 +403,27 @@ const MAX_DS_PREFIX: usize = 256;
 /// non-empty segments of RFC 3986 path characters (unreserved, sub-delims,
 /// `:` and `@`; no percent-encoding), without a trailing `/` (one is
 /// dropped). A segment `.` or `..` could never be reached (clients remove
-/// them), and `__ds` is the protocol's reserved segment; `/v1` and what is
-/// under it belong to gapless's own API.
+/// them), and `__ds` is the protocol's reserved segment; it may not be,
+/// hold or lie under one of gapless's own paths
+/// ([`gapless_server::OWN_PATHS`]; `/v1/stream` is free).
 fn ds_prefix(s: &str) -> Result<String, String> {
     let p = s.trim().trim_end_matches('/');
     if s.trim().is_empty() {
         return Ok(String::new());
     }
-    if p.is_empty() || p == "/v1" || p.starts_with("/v1/") {
+    let own = |path: &str| {
+        let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+        under(p, path) || under(path, p)
+    };
+    if let Some(path) = gapless_server::OWN_PATHS.iter().find(|path| own(path)) {
         return Err(format!(
-            "{s:?} would hide gapless's own API (/ and /v1); pick another prefix, e.g. /ds"
+            "{s:?} would hide gapless's own API ({path}); pick another prefix, e.g. /ds or \
+             /v1/stream"
+        ));
+    }
+    if p.is_empty() {
+        return Err(format!(
+            "{s:?} would hide gapless's own API (/); pick another prefix, e.g. /ds or /v1/stream"
         ));
     }
     let Some(path) = p.strip_prefix('/') else {

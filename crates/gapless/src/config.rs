@@ -267,7 +267,7 @@ fn apply(
 fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, String> {
     let toml::Value::Table(all) = value else {
         return Err(format!(
-            "`{NAMESPACES}` must be tables of namespace settings ([{NAMESPACES}.chat],              retention_events = 1000, ...), not {}",
+            "`{NAMESPACES}` must be tables of namespace settings ([{NAMESPACES}.chat], retention_events = 1000, ...), not {}",
             describe(value)
         ));
     };
@@ -277,7 +277,7 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
         namespace::check_name(name).map_err(|e| format!("{at}: {e}"))?;
         let toml::Value::Table(table) = table else {
             return Err(format!(
-                "`{NAMESPACES}.{}` must be a table ({at} followed by keys such as                  retention_events = 1000), not {}",
+                "`{NAMESPACES}.{}` must be a table ({at} followed by keys such as retention_events = 1000), not {}",
                 toml_key(name),
                 describe(table)
             ));
@@ -332,7 +332,7 @@ fn namespace_tables(value: &toml::Value) -> Result<BTreeMap<String, Table>, Stri
                         .copied()
                         .unwrap_or_default();
                     return Err(format!(
-                        "{at}: unknown namespace setting `{key}`; did you mean `{closest}`?                          (a namespace takes {}; `gapless config --default` shows an example)",
+                        "{at}: unknown namespace setting `{key}`; did you mean `{closest}`? (a namespace takes {}; `gapless config --default` shows an example)",
                         namespace::KEYS.join(", ")
                     ));
                 }

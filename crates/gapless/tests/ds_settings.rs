@@ -97,8 +97,12 @@ fn a_malformed_prefix_is_refused_at_start() {
     let long = format!("/{}", "p".repeat(300));
     for (prefix, says) in [
         ("ds", "starting with `/`"),
+        ("/", "gapless's own API"),
         ("/v1", "gapless's own API"),
-        ("/v1/ds", "gapless's own API"),
+        ("/v1/channels", "gapless's own API (/v1/channels)"),
+        ("/v1/ws/x", "gapless's own API (/v1/ws)"),
+        ("/v1/sessions", "gapless's own API (/v1/sessions)"),
+        ("/healthz", "gapless's own API (/healthz)"),
         ("/a//b", "empty segment"),
         ("/a?b", "holds '?'"),
         ("/a#b", "holds '#'"),
@@ -144,6 +148,39 @@ async fn values_at_the_bounds_start() {
     .await;
     let r = s.request("PUT", "/ds/a", &[JSON], "").await;
     assert_eq!(r.status, 201, "{}", r.text);
+}
+
+/// Durable Streams at `/v1/stream`, where the Yjs server of
+/// `@durable-streams/y-durable-streams` looks for them (issue 29): the
+/// prefix starts, serves streams, and leaves every path of gapless's own
+/// API to it. And `gapless_server::OWN_PATHS`, which the check refuses,
+/// covers every path of the OpenAPI document, so a new route cannot be
+/// hidden by a prefix.
+#[tokio::test]
+async fn durable_streams_can_live_under_v1_stream() {
+    let s = Server::memory(&["--ds-prefix", "/v1/stream"]).await;
+    let r = s.request("PUT", "/v1/stream/docs/a", &[JSON], "[1]").await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = s
+        .request("GET", "/v1/stream/docs/a?offset=-1", &[], "")
+        .await;
+    assert_eq!((r.status, r.text.as_str()), (200, "[1]"));
+    s.publish("plain", "own API").await;
+    let r = s.request("GET", "/v1/channels/plain/events", &[], "").await;
+    assert!(r.status == 200 && r.text.contains("own API"), "{}", r.text);
+    let doc = s.request("GET", "/v1/openapi.json", &[], "").await;
+    assert_eq!(doc.status, 200);
+    let doc: serde_json::Value = serde_json::from_str(&doc.text).expect("JSON");
+    let paths = doc["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 10, "{paths:?}");
+    for path in paths.keys().filter(|p| p.as_str() != "/") {
+        assert!(
+            gapless_server::OWN_PATHS
+                .iter()
+                .any(|own| path == own || path.starts_with(&format!("{own}/"))),
+            "{path} is gapless's own but not in OWN_PATHS: a --ds-prefix could hide it"
+        );
+    }
 }
 
 /// `--ds-signing-key` names a PKCS#8 PEM Ed25519 key that must exist: a

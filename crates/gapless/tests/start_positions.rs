@@ -288,6 +288,38 @@ async fn a_cursor_wins_over_since() {
     assert_eq!(page_data(page), ["w2", "w3", "w4"]);
 }
 
+/// `lastEventId=`, the query parameter the `event-source-polyfill` npm
+/// package resumes with (it sends no `Last-Event-ID` header), is read as
+/// `last_event_id=` (issue 29: the stream started live and lost what came
+/// between), on both SSE operations; a garbage one is 400 naming it, and
+/// `last_event_id` wins when both are given.
+#[tokio::test]
+async fn the_polyfills_last_event_id_parameter_resumes() {
+    let s = Server::start(&[]).await;
+    for i in 1..=4 {
+        s.publish("p", &format!("p{i}")).await;
+    }
+    let epoch = s.epoch("p").await;
+    let (at1, at2) = (make_cursor("p", &epoch, 1), make_cursor("p", &epoch, 2));
+    for path in [
+        format!("/v1/channels/p/sse?lastEventId={at1}"),
+        format!("/v1/sse?channel=p&lastEventId={at1}"),
+    ] {
+        let (mut c, pre) = stream(&s, &path).await;
+        assert!(pre.gaps.is_empty(), "{path}");
+        assert_eq!(data(&c.events(3).await), ["p2", "p3", "p4"], "{path}");
+    }
+    let (mut c, _) = stream(
+        &s,
+        &format!("/v1/channels/p/sse?last_event_id={at2}&lastEventId={at1}"),
+    )
+    .await;
+    assert_eq!(data(&c.events(2).await), ["p3", "p4"]);
+    let r = s.get("/v1/channels/p/sse?lastEventId=garbage").await;
+    r.expect_error(400, "invalid_cursor");
+    assert!(r.message().contains("lastEventId"), "{}", r.message());
+}
+
 fn page_data(page: &Value) -> Vec<&str> {
     page["events"]
         .as_array()

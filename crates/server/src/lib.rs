@@ -20,6 +20,23 @@ pub mod transport;
 
 pub use config::ServerConfig;
 
+/// The paths gapless's own API answers at and under, other than `/` (the
+/// console): what a `--ds-prefix` may neither be, nor lie under, nor hold.
+/// A prefix anywhere else is free, under `/v1` too (`/v1/stream`, where
+/// the Durable Streams Yjs server looks: docs/durable-streams.md,
+/// "Integrations"). `crates/gapless/tests/ds_settings.rs` checks it
+/// against every path of the OpenAPI document.
+pub const OWN_PATHS: &[&str] = &[
+    "/v1/channels",
+    "/v1/sessions",
+    "/v1/sse",
+    "/v1/ws",
+    "/v1/openapi.json",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+];
+
 use axum::extract::DefaultBodyLimit;
 use axum::{Extension, Router};
 use error::ApiError;

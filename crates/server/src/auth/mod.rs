@@ -777,7 +777,7 @@ impl Grant {
     fn needs_token(&self, what: &str) -> ApiError {
         unauthorized(
             &format!(
-                "{what} needs a token on this server: send `Authorization: Bearer <token>`,                  the gapless_token cookie, or ?access_token= (only the channels of public                  namespaces may be read without one)"
+                "{what} needs a token on this server: send `Authorization: Bearer <token>`, the gapless_token cookie, or ?access_token= (only the channels of public namespaces may be read without one)"
             ),
             false,
         )

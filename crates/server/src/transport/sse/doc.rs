@@ -18,6 +18,9 @@ pub struct SseQuery {
     /// Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`.
     #[param(value_type = Option<gapless_protocol::Cursor>, nullable = false)]
     pub last_event_id: Option<String>,
+    /// The same as `last_event_id`, under the name the `event-source-polyfill` npm package uses when it reconnects (it sends no `Last-Event-ID` header); `last_event_id` wins when both are given.
+    #[param(rename = "lastEventId", value_type = Option<gapless_protocol::Cursor>, nullable = false)]
+    pub last_event_id_polyfill: Option<String>,
     /// Without a cursor (checked also with one): `live` (the default) follows events published from now on; `earliest` replays everything retained; `last:N` the last N retained events (1 to 1000); `time:UNIX_MS` from the first retained event at or after that time (a gap notice `evicted` first when an event no longer retained may be at or after it); each then follows live. Any other value: 400 `invalid_request` naming it.
     #[param(value_type = Option<Since>, nullable = false)]
     pub since: Option<String>,

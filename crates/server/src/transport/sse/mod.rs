@@ -413,7 +413,7 @@ async fn open(
     let mut starts = starts(&channels, q, headers)?;
     // A namespace's `latest`: only for a client that gave no start at all.
     let given = q.get("since").is_some()
-        || q.get("last_event_id").is_some_and(|s| !s.is_empty())
+        || query_cursor(q).is_some()
         || headers
             .get("last-event-id")
             .is_some_and(|v| !v.as_bytes().is_empty());
@@ -487,13 +487,13 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
     // The query is checked even when the header wins: a garbage one is the
     // caller's bug whether or not a reconnect added the header (a browser
     // that put it in the URL got this 400 on its first connection already).
-    let query =
-        match q.get("last_event_id").filter(|s| !s.is_empty()) {
-            None => None,
-            Some(s) => Some(start::read(s.as_bytes()).map_err(|e| {
-                ApiError::new(ErrorCode::InvalidCursor, format!("last_event_id: {e}"))
-            })?),
-        };
+    let query = match query_cursor(q) {
+        None => None,
+        Some((name, s)) => Some(
+            start::read(s.as_bytes())
+                .map_err(|e| ApiError::new(ErrorCode::InvalidCursor, format!("{name}: {e}")))?,
+        ),
+    };
     let resume = match header {
         // A browser cannot change its header: anything unreadable is a gap, not an error.
         Some(h) => start::read(h).unwrap_or(Resume::Unreadable),
@@ -501,6 +501,15 @@ pub fn starts(channels: &[String], q: &Query, headers: &HeaderMap) -> Result<Vec
     };
     let since = start::since(q.get("since"))?;
     Ok(start::starts(channels, &resume, since))
+}
+
+/// The cursor a client put in the query, and the parameter's name:
+/// `last_event_id=`, or `lastEventId=` as the `event-source-polyfill` npm
+/// package sends it on a reconnect (it sends no `Last-Event-ID` header);
+/// empty counts as absent, and `last_event_id` wins when both are given.
+fn query_cursor(q: &Query) -> Option<(&'static str, &str)> {
+    let get = |name: &'static str| q.get(name).filter(|s| !s.is_empty()).map(|s| (name, s));
+    get("last_event_id").or_else(|| get("lastEventId"))
 }
 
 /// Appends an event's pre-encoded `frame` to `out`; with `untyped`, without
