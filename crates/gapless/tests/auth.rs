@@ -120,8 +120,20 @@ async fn each_bad_token_is_a_401_saying_what_is_wrong() {
     let array_claim = sign(&good(
         json!({"exp": now_s() + 60, "gapless": [["*"], ["*"]]}),
     ));
+    // Three parts, the last character of the signature changed so that it
+    // leaves bits over (not canonical base64url): a malformed signature,
+    // not "not a JWT" (issue 29).
+    let mut bent = sign(&good(claims(&["*"], &["*"], 60)));
+    let last = if bent.ends_with('B') { 'C' } else { 'B' };
+    bent.pop();
+    bent.push(last);
     let cases = [
         ("not a JWT", "garbage", "not a JWT"),
+        (
+            "a non-canonical signature",
+            bent.as_str(),
+            "a JWT whose signature is malformed",
+        ),
         ("bad signature", bad_sig.as_str(), "signature"),
         ("expired", expired.as_str(), "expired"),
         ("not yet valid", not_yet.as_str(), "not valid yet"),

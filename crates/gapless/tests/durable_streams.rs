@@ -220,6 +220,74 @@ async fn bad_paths_and_bodies_are_refused_clearly() {
     let read = s.request("GET", "/ds/bin?offset=-1", &[], "").await;
     assert_eq!(read.status, 200);
     assert_eq!(read.text, "", "nothing was stored");
+
+    // A message over --max-event-bytes is named as a stream's message, not
+    // as "event 0 of the batch" (issue 29); in JSON mode, by its element.
+    let small = Server::memory(&["--max-event-bytes", "8"]).await;
+    for (ct, path) in [("text/plain", "/ds/t"), ("application/json", "/ds/j")] {
+        let r = small
+            .request("PUT", path, &[("content-type", ct)], "")
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+    }
+    let cases = [
+        (
+            "/ds/t",
+            "text/plain",
+            "0123456789",
+            "the message has 10 bytes",
+        ),
+        (
+            "/ds/j",
+            "application/json",
+            r#"[1,"0123456789"]"#,
+            "element 1 of the JSON array",
+        ),
+    ];
+    for (path, ct, body, says) in cases {
+        let r = small
+            .request("POST", path, &[("content-type", ct)], body)
+            .await;
+        let e = r.expect_error(413, "too_large");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(m.contains(says) && !m.contains("batch"), "{path}: {m}");
+        assert_eq!(e["limit"], 8);
+    }
+
+    // One rule for integer headers (PROTOCOL.md 5.1's, for Stream-TTL):
+    // no leading zeros in Producer-Epoch or Producer-Seq either; an empty
+    // Stream-Seq is refused (issue 29). Nothing is stored.
+    let text = [("content-type", "text/plain")];
+    let prod = |epoch: &'static str, seq: &'static str| {
+        [
+            ("content-type", "text/plain"),
+            ("producer-id", "p"),
+            ("producer-epoch", epoch),
+            ("producer-seq", seq),
+        ]
+    };
+    for (epoch, seq, says) in [("0", "01", "Producer-Seq"), ("00", "0", "Producer-Epoch")] {
+        let r = s.request("POST", "/ds/bin", &prod(epoch, seq), "x").await;
+        let e = r.expect_error(400, "invalid_producer");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(m.contains(says) && m.contains("leading zeros"), "{m}");
+    }
+    let r = s
+        .request("POST", "/ds/bin", &[text[0], ("stream-seq", "")], "x")
+        .await;
+    let e = r.expect_error(400, "invalid_request");
+    assert!(e["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("Stream-Seq"));
+    let r = s
+        .request("PUT", "/ds/ttl", &[text[0], ("stream-ttl", "01")], "")
+        .await;
+    r.expect_error(400, "invalid_ttl");
+    let read = s.request("GET", "/ds/bin?offset=-1", &[], "").await;
+    assert_eq!(read.text, "", "nothing was stored");
+    let ok = s.request("POST", "/ds/bin", &prod("0", "0"), "x").await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
 }
 
 /// A fork reads its source up to the fork point, then its own messages,

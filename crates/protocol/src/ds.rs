@@ -21,22 +21,42 @@ pub enum Shape {
     Binary,
 }
 
-/// Reads a `Stream-TTL` value: a non-negative decimal integer without sign
-/// or leading zeros (PROTOCOL.md 5.1).
+/// The largest integer a Durable Streams header may hold: 2^53-1, the
+/// largest a JavaScript number holds exactly (PROTOCOL.md 5.2.1).
+pub const MAX_INTEGER: u64 = (1 << 53) - 1;
+
+/// Reads the integer header `name` (`Stream-TTL`, `Producer-Epoch`,
+/// `Producer-Seq`, `Stream-Fork-Sub-Offset`): one rule for all of them, the
+/// strictest the protocol gives (PROTOCOL.md 5.1, for `Stream-TTL`): a
+/// non-negative integer in decimal, without sign, leading zeros, decimal
+/// point or exponent, at most [`MAX_INTEGER`]. Surrounding spaces are
+/// the header's, not the value's.
+///
+/// # Errors
+/// A message naming the header and the rule.
+pub fn parse_int(name: &str, v: &str) -> Result<u64, String> {
+    let t = v.trim();
+    let ok = !t.is_empty()
+        && t.bytes().all(|b| b.is_ascii_digit())
+        && !(t.len() > 1 && t.starts_with('0'));
+    if !ok {
+        return Err(format!(
+            "{name} {v:?} must be a non-negative integer in decimal, without sign or leading \
+             zeros (e.g. 0 or 42)"
+        ));
+    }
+    match t.parse::<u64>() {
+        Ok(n) if n <= MAX_INTEGER => Ok(n),
+        _ => Err(format!("{name} {v:?} is above 2^53-1")),
+    }
+}
+
+/// Reads a `Stream-TTL` value, in seconds ([`parse_int`]).
 ///
 /// # Errors
 /// A message saying what is wrong.
 pub fn parse_ttl(v: &str) -> Result<u64, String> {
-    let ok = !v.is_empty()
-        && v.bytes().all(|b| b.is_ascii_digit())
-        && !(v.len() > 1 && v.starts_with('0'));
-    if !ok {
-        return Err(format!(
-            "Stream-TTL {v:?} must be whole seconds in decimal, without sign or leading zeros"
-        ));
-    }
-    v.parse::<u64>()
-        .map_err(|_| format!("Stream-TTL {v:?} is too large"))
+    parse_int("Stream-TTL", v)
 }
 
 /// Splits a JSON-mode body into its messages (PROTOCOL.md 9.1): a
@@ -309,8 +329,17 @@ mod tests {
     fn ttls_are_read_strictly() {
         assert_eq!(parse_ttl("3600"), Ok(3600));
         assert_eq!(parse_ttl("0"), Ok(0));
-        for bad in ["", "+1", "01", "1.0", "1e3", "-1", "x"] {
+        for bad in ["", "+1", "01", "1.0", "1e3", "-1", "x", "9007199254740992"] {
             assert!(parse_ttl(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            parse_int("Producer-Seq", "9007199254740991"),
+            Ok(MAX_INTEGER)
+        );
+        let m = parse_int("Producer-Seq", "01").err().unwrap_or_default();
+        assert!(
+            m.contains("Producer-Seq") && m.contains("leading zeros"),
+            "{m}"
+        );
     }
 }

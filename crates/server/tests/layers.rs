@@ -428,5 +428,9 @@ fn no_message_holds_a_run_of_spaces() {
             }
         }
     }
-    assert!(found.is_empty(), "runs of spaces in messages:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "runs of spaces in messages:\n{}",
+        found.join("\n")
+    );
 }

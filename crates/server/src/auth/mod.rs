@@ -359,7 +359,7 @@ impl Auth {
                 jsonwebtoken::errors::ErrorKind::InvalidToken
                 | jsonwebtoken::errors::ErrorKind::Base64(_)
                 | jsonwebtoken::errors::ErrorKind::Utf8(_),
-            ) => NOT_A_JWT.to_owned(),
+            ) => malformed_part(token).unwrap_or(NOT_A_JWT).to_owned(),
             Some(other) => format!("the token does not verify: {other:?}"),
         };
         Err(unauthorized(&why, true))
@@ -523,6 +523,33 @@ fn critical(header: &Value) -> Option<String> {
 /// The refusal of a token that is not a JWT at all.
 const NOT_A_JWT: &str =
     "the token is not a JWT: three base64url parts separated by dots (RFC 7519 section 3)";
+
+/// Which part of a token of three parts (its header already read) is not
+/// what RFC 7515 section 2 says it is: base64url without padding (which
+/// also refuses a last character with bits left over, as a signature
+/// changed by hand has), the payload of UTF-8. `None` when the token is
+/// not three parts.
+fn malformed_part(token: &str) -> Option<&'static str> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let parts: Vec<&str> = token.split('.').collect();
+    let [_, payload, signature] = parts.as_slice() else {
+        return None;
+    };
+    match b64.decode(payload) {
+        Err(_) => {
+            return Some("the token is a JWT whose payload is not base64url (RFC 7515 section 2)")
+        }
+        Ok(bytes) if std::str::from_utf8(&bytes).is_err() => {
+            return Some("the token is a JWT whose payload is not UTF-8 (RFC 7519 section 7.2)")
+        }
+        Ok(_) => {}
+    }
+    b64.decode(signature).err().map(|_| {
+        "the token is a JWT whose signature is malformed: not base64url without padding \
+         (RFC 7515 section 2)"
+    })
+}
 
 /// What each claim gapless reads must hold, for a refusal's message.
 fn claim_shape(claim: &str) -> &'static str {

@@ -99,7 +99,9 @@ pub fn messages(ct: &str, body: &[u8]) -> Result<Vec<Payload>, StreamError> {
 
 /// `msgs` as events after the publish limits (`--max-event-bytes` or the
 /// namespace's, `--max-batch-events`, `--publish-rate`): the same checks as
-/// every publish (`ops::publish::check_batch`).
+/// every publish (`ops::publish::check_batch`), a message too large named
+/// as a stream's (the body, or an element of a JSON array), not as an
+/// event of a batch.
 ///
 /// # Errors
 /// The limit's refusal.
@@ -109,6 +111,22 @@ pub fn checked(
     channel: &str,
     msgs: Vec<Payload>,
 ) -> Result<Vec<NewEvent>, StreamError> {
+    let max = crate::ops::namespaces::max_event_bytes(app, channel);
+    if let Some((i, m)) = msgs.iter().enumerate().find(|(_, m)| m.len() > max) {
+        let len = m.len();
+        let what = if msgs.len() == 1 {
+            format!("the message has {len} bytes")
+        } else {
+            format!("element {i} of the JSON array (counting from 0) has {len} bytes")
+        };
+        let setting = crate::ops::namespaces::max_event_bytes_setting(app, channel);
+        let e = crate::error::ApiError::new(
+            ErrorCode::TooLarge,
+            format!("{what}; a message may have at most {max} bytes ({setting})"),
+        )
+        .with("limit", max);
+        return Err(StreamError::Api(e));
+    }
     let events = msgs
         .into_iter()
         .map(|data| NewEvent {

@@ -60,20 +60,10 @@ fn bad(code: ErrorCode, m: impl Into<String>) -> StreamError {
     StreamError::invalid(code, m)
 }
 
-/// Reads `Stream-Fork-Sub-Offset`: a non-negative decimal integer without
-/// sign or leading zeros.
+/// Reads `Stream-Fork-Sub-Offset` (the one rule of integer headers,
+/// [`gapless_protocol::ds::parse_int`]).
 fn parse_sub(v: &str) -> Result<u64, String> {
-    let ok = !v.is_empty()
-        && v.bytes().all(|b| b.is_ascii_digit())
-        && !(v.len() > 1 && v.starts_with('0'));
-    if !ok {
-        return Err(format!(
-            "Stream-Fork-Sub-Offset {v:?} must be a non-negative integer, without sign or \
-             leading zeros"
-        ));
-    }
-    v.parse::<u64>()
-        .map_err(|_| format!("Stream-Fork-Sub-Offset {v:?} is too large"))
+    gapless_protocol::ds::parse_int("Stream-Fork-Sub-Offset", v)
 }
 
 /// The channel `Stream-Forked-From` names: a stream path under the prefix,

@@ -10,7 +10,7 @@ use crate::ops::streams::names::offset;
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
-use gapless_core::meta::{ProducerTuple, MAX_SAFE_INTEGER};
+use gapless_core::meta::ProducerTuple;
 use gapless_protocol::codes::ErrorCode;
 
 /// Reads the request body, at most `--max-batch-bytes`: a larger one is
@@ -60,16 +60,7 @@ fn producer(ctx: &Ctx) -> Result<Option<ProducerTuple>, Response> {
     if id.trim().is_empty() {
         return Err(bad("Producer-Id is empty".into()));
     }
-    let int = |name: &str, v: &str| -> Result<u64, Response> {
-        let v = v.trim();
-        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad(format!("{name} {v:?} must be a non-negative integer")));
-        }
-        match v.parse::<u64>() {
-            Ok(n) if n <= MAX_SAFE_INTEGER => Ok(n),
-            _ => Err(bad(format!("{name} {v:?} is above 2^53-1"))),
-        }
-    };
+    let int = |name: &str, v: &str| gapless_protocol::ds::parse_int(name, v).map_err(&bad);
     Ok(Some(ProducerTuple {
         id: id.to_owned(),
         epoch: int("Producer-Epoch", epoch)?,
@@ -91,9 +82,24 @@ pub async fn append(ctx: Ctx, body: Body) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
+    let stream_seq = ctx
+        .headers
+        .get("stream-seq")
+        .map(|v| v.to_str().map(str::trim));
+    let stream_seq = match stream_seq {
+        None => None,
+        Some(Ok(s)) if !s.is_empty() => Some(s.to_owned()),
+        // An empty value would be below every other and is a client's bug.
+        Some(_) => {
+            return error(
+                ErrorCode::InvalidRequest,
+                "Stream-Seq must be a non-empty string of visible ASCII (compared byte-wise)",
+            )
+        }
+    };
     let ask = Append {
         producer,
-        stream_seq: ctx.header("stream-seq").map(str::to_owned),
+        stream_seq,
         close: ctx.closes(),
         content_type: ctx.header("content-type").map(str::to_owned),
         body: match body_bytes(&ctx, body).await {
