@@ -320,6 +320,42 @@ async fn the_polyfills_last_event_id_parameter_resumes() {
     assert!(r.message().contains("lastEventId"), "{}", r.message());
 }
 
+/// `since=time:` takes an RFC 3339 time on SSE, WebSocket and history, as
+/// `gapless tail --since` does (issue 29: it took Unix milliseconds only):
+/// 1970 replays everything, a time to come nothing, an impossible date is
+/// 400 naming it.
+#[tokio::test]
+async fn since_time_takes_rfc3339_everywhere() {
+    let s = Server::start(&[]).await;
+    for i in 1..=3 {
+        s.publish("r", &format!("r{i}")).await;
+    }
+    let all = "time:1970-01-01T00:00:00Z";
+    let later = "time:2200-01-01T00:00:00%2B01:00";
+    let (mut c, _) = stream(&s, &format!("/v1/channels/r/sse?since={all}")).await;
+    assert_eq!(data(&c.events(3).await), ["r1", "r2", "r3"]);
+    let page = s.history("r", &format!("since={all}")).await;
+    assert_eq!(page_data(page.expect(200)), ["r1", "r2", "r3"]);
+    let page = s.history("r", &format!("since={later}")).await;
+    assert!(page_data(page.expect(200)).is_empty());
+    let mut ws = Ws::channels(&s).await;
+    ws.subscribe(
+        json!(1),
+        "r",
+        json!({"since": "time:1970-01-01T01:00:00+01:00"}),
+    )
+    .await;
+    let msgs = ws.read_until_seq("r", 3, Duration::from_secs(5)).await;
+    assert_eq!(datas(&msgs, "r"), ["r1", "r2", "r3"]);
+    let bad = "time:2025-02-29T00:00:00Z";
+    let r = s.get(&format!("/v1/channels/r/sse?since={bad}")).await;
+    r.expect_error(400, "invalid_request");
+    assert!(r.message().contains("RFC 3339"), "{}", r.message());
+    ws.expect_op("subscribed").await;
+    ws.subscribe(json!(2), "r", json!({"since": bad})).await;
+    assert_error(&ws.expect_op("error").await, "invalid_request");
+}
+
 fn page_data(page: &Value) -> Vec<&str> {
     page["events"]
         .as_array()

@@ -1,7 +1,7 @@
 //! `since`: where a subscription or a history page without a cursor starts,
 //! as it travels (the SSE and history query parameter `since=`, the
-//! WebSocket subscribe's `"since"`): `live`, `earliest`, `last:N` or
-//! `time:UNIX_MS`. What each one delivers is the server's rule
+//! WebSocket subscribe's `"since"`): `live`, `earliest`, `last:N`,
+//! `time:UNIX_MS` or `time:` and an RFC 3339 time (`crate::time`). What each one delivers is the server's rule
 //! (`gapless_server::ops::start`, docs/api.md "Where a stream starts");
 //! this module only reads and writes the values, and gives their schema.
 
@@ -43,6 +43,9 @@ pub enum SinceError {
     Last,
     /// `time:` without a whole number from 0 to [`MAX_TIME_MS`].
     Time,
+    /// `time:` with a text that is not an RFC 3339 time from 1970 to
+    /// [`MAX_TIME_MS`] (the reason, from `crate::time`).
+    Rfc3339(&'static str),
 }
 
 impl fmt::Display for SinceError {
@@ -50,7 +53,8 @@ impl fmt::Display for SinceError {
         match self {
             SinceError::Unknown => write!(
                 f,
-                "since must be live, earliest, last:N (N from 1 to {MAX_LAST}) or time:UNIX_MS"
+                "since must be live, earliest, last:N (N from 1 to {MAX_LAST}), time:UNIX_MS \
+                 or time:RFC3339 (e.g. time:2025-01-31T12:00:00Z)"
             ),
             SinceError::Last => write!(
                 f,
@@ -59,7 +63,13 @@ impl fmt::Display for SinceError {
             SinceError::Time => write!(
                 f,
                 "time:UNIX_MS takes a whole number of milliseconds since 1970-01-01 UTC, \
-                 from 0 to {MAX_TIME_MS}"
+                 from 0 to {MAX_TIME_MS}, or time:RFC3339 a time such as \
+                 time:2025-01-31T12:00:00Z or time:2025-01-31T13:00:00.250+01:00"
+            ),
+            SinceError::Rfc3339(why) => write!(
+                f,
+                "time: takes milliseconds since 1970 or an RFC 3339 time (e.g. \
+                 time:2025-01-31T12:00:00Z): {why}"
             ),
         }
     }
@@ -77,7 +87,9 @@ fn digits(s: &str) -> Option<u64> {
 
 impl Since {
     /// Reads a value: `live`, `earliest`, `last:N`, `time:UNIX_MS` (numbers
-    /// in plain decimal digits, leading zeros allowed).
+    /// in plain decimal digits, leading zeros allowed), or `time:` and an
+    /// RFC 3339 time read strictly (`crate::time::parse_rfc3339`: `Z` or an
+    /// offset, an optional fraction of which milliseconds count).
     ///
     /// # Errors
     /// [`SinceError`] for anything else, or a number out of its range.
@@ -89,6 +101,17 @@ impl Since {
             };
         }
         if let Some(t) = s.strip_prefix("time:") {
+            // RFC 3339 begins with four digits and `-`; a number never has one.
+            if t.len() > 4
+                && t.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+                && t.as_bytes()[4] == b'-'
+            {
+                return match crate::time::parse_rfc3339(t) {
+                    Ok(ms) if ms <= MAX_TIME_MS => Ok(Since::Time(ms)),
+                    Ok(_) => Err(SinceError::Rfc3339("the time is after the year 2286")),
+                    Err(e) => Err(SinceError::Rfc3339(e.reason())),
+                };
+            }
             return match digits(t) {
                 Some(t) if t <= MAX_TIME_MS => Ok(Since::Time(t)),
                 _ => Err(SinceError::Time),
@@ -137,7 +160,9 @@ impl PartialSchema for Since {
              now on; `earliest` every retained event, then live; `last:N` the last N retained \
              events (N from 1 to {MAX_LAST}; fewer when fewer are retained), then live; \
              `time:UNIX_MS` the first retained event whose `time` is at or after UNIX_MS \
-             (milliseconds since 1970, 0 to {MAX_TIME_MS}), then live (none: live only; when \
+             (milliseconds since 1970, 0 to {MAX_TIME_MS}; `time:RFC3339`, e.g. \
+             `time:2025-01-31T12:00:00Z`, is the same time written in RFC 3339, which the \
+             pattern leaves out), then live (none: live only; when \
              an event no longer retained may be at or after it: from the floor, after a gap \
              notice of reason `evicted` naming the evicted seqs). A cursor wins over `since`. \
              Any other value is refused with 400 `invalid_request` naming it."
@@ -195,10 +220,35 @@ mod tests {
             ("time:1.5", SinceError::Time),
             ("time:10000000000000", SinceError::Time),
             ("time:1764442800123000", SinceError::Time),
-            ("time:2025-01-01T00:00:00Z", SinceError::Time),
+            (
+                "time:2025-02-29T00:00:00Z",
+                SinceError::Rfc3339("the day does not exist in that month"),
+            ),
         ];
         for (text, want) in bad {
             assert_eq!(Since::parse(text), Err(want), "{text:?}");
+        }
+    }
+
+    /// `time:` takes RFC 3339 as the CLI's `--since` does (issue 29).
+    #[test]
+    fn time_takes_rfc3339() {
+        for (text, ms) in [
+            ("time:2025-01-31T12:00:00Z", 1_738_324_800_000),
+            ("time:2025-01-31T13:00:00.250+01:00", 1_738_324_800_250),
+            ("time:2025-01-31t07:30:00.123456-04:30", 1_738_324_800_123),
+            ("time:1970-01-01T00:00:00Z", 0),
+        ] {
+            assert_eq!(Since::parse(text), Ok(Since::Time(ms)), "{text}");
+        }
+        for bad in [
+            "time:2025-01-31T12:00:00",
+            "time:1969-12-31T23:59:59Z",
+            "time:2300-01-01T00:00:00Z",
+        ] {
+            let e = Since::parse(bad).expect_err(bad);
+            assert!(matches!(e, SinceError::Rfc3339(_)), "{bad}: {e:?}");
+            assert!(e.to_string().contains("RFC 3339"), "{e}");
         }
     }
 

@@ -23,6 +23,13 @@ impl fmt::Display for TimeError {
 
 impl std::error::Error for TimeError {}
 
+impl TimeError {
+    /// What is wrong, as a static text.
+    pub fn reason(&self) -> &'static str {
+        self.0
+    }
+}
+
 /// Whether `year` is a leap year of the proleptic Gregorian calendar.
 fn leap(year: i64) -> bool {
     (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
