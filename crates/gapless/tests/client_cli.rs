@@ -328,6 +328,41 @@ async fn publish_help_says_a_rerun_appends_nothing_twice_only_while_retained() {
     );
 }
 
+/// A token the server refuses is reported as refused, with the server's
+/// reason, not as missing (issue 29: "pass --token" though one was
+/// passed); without one, the command says to pass one.
+#[tokio::test]
+async fn a_refused_token_is_told_apart_from_a_missing_one() {
+    let secret = "a-test-secret-that-is-long-enough-32";
+    let server = clients::memory(&["--jwt-secret", secret]).await;
+    let base = server.base();
+    for cmd in [
+        vec!["tail", "c", "--token", "garbage", "--server", base.as_str()],
+        vec![
+            "publish",
+            "c",
+            "x",
+            "--token",
+            "garbage",
+            "--server",
+            base.as_str(),
+        ],
+    ] {
+        let out = gapless(&cmd, b"");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("refused the token")
+                && err.contains("not a JWT")
+                && !err.contains("pass --token"),
+            "{cmd:?}: {err}"
+        );
+    }
+    let out = gapless(&["tail", "c", "--server", base.as_str()], b"");
+    let err = text(&out.stderr);
+    assert!(err.contains("pass --token"), "{err}");
+}
+
 #[tokio::test]
 async fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
     let secret = "a-test-secret-that-is-long-enough-32";
@@ -367,7 +402,9 @@ async fn tail_at_token_expiry_says_why_first_and_how_to_resume() {
     );
     assert!(!err.contains("reconnecting in"), "{err}");
     assert!(
-        lines.iter().any(|l| l.contains("pass --token")),
+        lines.iter().any(
+            |l| l.contains("refused the token given by --token") && l.contains("gapless token")
+        ),
         "what to do: {err}"
     );
     assert!(

@@ -12,6 +12,11 @@ pub mod token;
 use gapless_client::{Client, Ephemeral, Error, Event};
 use std::io::{self, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether this command sends a token (`--token` or `GAPLESS_TOKEN`): a 401
+/// then means the token was refused, not that one is missing.
+static TOKEN_SENT: AtomicBool = AtomicBool::new(false);
 
 /// The `--server` flag shared by every client subcommand.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +36,7 @@ impl ServerArg {
         let mut b = Client::builder(&self.server);
         if let Some(t) = &self.token {
             b = b.token(t.trim());
+            TOKEN_SENT.store(true, Ordering::Relaxed);
         }
         b.build().map_err(|e| explain(&e, Hint::None))
     }
@@ -106,8 +112,11 @@ pub fn explain(e: &Error, hint: Hint) -> String {
                 "not_found" | "method_not_allowed" => format!(
                     "the server has no such endpoint ({msg}): is --server the base URL of a gapless server?"
                 ),
+                "unauthorized" if TOKEN_SENT.load(Ordering::Relaxed) => format!(
+                    "the server refused the token given by --token (or GAPLESS_TOKEN): {msg}; `gapless token` makes one with the server's --jwt-secret"
+                ),
                 "unauthorized" => format!(
-                    "the server wants a valid token ({msg}): pass --token (or GAPLESS_TOKEN); `gapless token` makes one"
+                    "the server wants a token ({msg}): pass --token (or GAPLESS_TOKEN); `gapless token` makes one"
                 ),
                 "forbidden" => format!("the token does not allow this ({msg}): use a token whose patterns name the channel"),
                 "rate_limited" => format!("the server's publish rate limit was reached ({msg}): slow down and retry"),
