@@ -174,6 +174,28 @@ test('the console starts with the last 10 retained events when asked (since=last
   await page.close();
 });
 
+test('a refused Follow shows the server\'s own message, and the page has its icon', async () => {
+  const srv = await suite.newServer({ memory: true, extraArgs: ['--jwt-secret', SECRET] });
+  const page = await suite.browser.context.newPage();
+  const icons = [];
+  page.on('response', (r) => { if (r.url().endsWith('/favicon.ico')) icons.push(r.status()); });
+  await page.goto(`${srv.base}/`);
+  await page.fill('#channels', 'demo');
+  await page.click('#follow');
+  const conn = () => page.$$eval('#timeline tr[data-kind="conn"]', (trs) => trs.map((tr) => tr.textContent));
+  await waitFor('the refusal on the page', async () => (await conn()).some((t) => t.includes('refused the stream')), {
+    describe: async () => (await conn()).join('\n'),
+  });
+  const refusal = (await conn()).find((t) => t.includes('refused the stream'));
+  assert.ok(refusal.includes('401 unauthorized') && refusal.includes('requires a token'), refusal);
+  const res = await fetch(`${srv.base}/favicon.ico`);
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('content-type'), 'image/svg+xml');
+  assert.match(await res.text(), /^<svg /);
+  assert.ok(!icons.includes(404), `icon requests: ${icons}`);
+  await page.close();
+});
+
 test('--console false serves no page', async () => {
   const srv = await suite.newServer({ memory: true, extraArgs: ['--console', 'false'] });
   const res = await fetch(`${srv.base}/`);

@@ -352,8 +352,8 @@ async fn the_document_is_openapi_3_1_and_lists_exactly_the_routes_served() {
     // Without --console, `/` is neither served nor documented.
     let quiet = Server::memory(&["--console", "false"]).await;
     let doc = document(&quiet).await;
-    assert!(doc["paths"].get("/").is_none());
-    assert_eq!(operations(&doc).len(), handlers.len() - 1);
+    assert!(doc["paths"].get("/").is_none() && doc["paths"].get("/favicon.ico").is_none());
+    assert_eq!(operations(&doc).len(), handlers.len() - 2);
     quiet.get("/").await.expect_error(404, "not_found");
 }
 
@@ -406,7 +406,14 @@ async fn security_and_limits_are_the_servers_own() {
     assert_eq!(schemes["cookie"]["name"], "gapless_token");
     assert_eq!(schemes["query"]["in"], "query");
     assert_eq!(schemes["query"]["name"], "access_token");
-    let open_ids = ["healthz", "readyz", "metrics", "console", "openapi"];
+    let open_ids = [
+        "healthz",
+        "readyz",
+        "metrics",
+        "console",
+        "console_icon",
+        "openapi",
+    ];
     for (path, method, op) in operations(&doc) {
         let what = format!("{method} {path}");
         let secured = op.get("security").is_some();

@@ -35,6 +35,7 @@ pub const OWN_PATHS: &[&str] = &[
     "/healthz",
     "/readyz",
     "/metrics",
+    "/favicon.ico",
 ];
 
 use axum::extract::DefaultBodyLimit;

@@ -37,3 +37,32 @@ pub async fn page() -> impl IntoResponse {
         PAGE,
     )
 }
+
+/// The console's icon: the page's one, an SVG (a dot on a line, the colour
+/// of an open stream), so a browser's request for it is not a 404.
+pub const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">\
+<rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#1d2733\"/>\
+<path d=\"M2 8h12\" stroke=\"#6b7d90\" stroke-width=\"1.5\"/>\
+<circle cx=\"11\" cy=\"8\" r=\"3\" fill=\"#3fb950\"/></svg>";
+
+/// `GET /favicon.ico`.
+#[utoipa::path(
+    get,
+    path = "/favicon.ico",
+    operation_id = "console_icon",
+    summary = "The console's icon",
+    tag = "operations",
+    description = "The console page's icon, an SVG image (served with the console: `--console`).",
+    responses(
+        (status = 200, description = "The icon.", content_type = "image/svg+xml", body = String),
+    ),
+)]
+pub async fn icon() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "max-age=86400"),
+        ],
+        ICON,
+    )
+}

@@ -34,6 +34,7 @@ pub(crate) fn routes(console: bool) -> OpenApiRouter<Arc<App>> {
         .routes(routes!(openapi::serve));
     if console {
         api.routes(routes!(console::page))
+            .routes(routes!(console::icon))
     } else {
         api
     }

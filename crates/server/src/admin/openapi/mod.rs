@@ -39,7 +39,14 @@ use utoipa::OpenApi;
 
 /// Operations that never need a token: probes, metrics, the console page and
 /// this document (`auth` is not consulted by their handlers).
-pub const OPEN: &[&str] = &["healthz", "readyz", "metrics", "console", "openapi"];
+pub const OPEN: &[&str] = &[
+    "healthz",
+    "readyz",
+    "metrics",
+    "console",
+    "console_icon",
+    "openapi",
+];
 
 /// The names of the three security schemes, one per way of presenting a token.
 const SCHEMES: [&str; 3] = ["bearer", "cookie", "query"];
