@@ -79,6 +79,21 @@ struct State {
     stop: bool,
 }
 
+impl State {
+    /// Nothing pending, nothing failed.
+    fn new() -> Self {
+        State {
+            chunks: VecDeque::new(),
+            bytes: 0,
+            waiters: Vec::new(),
+            retry_at: None,
+            failing: None,
+            broken: None,
+            stop: false,
+        }
+    }
+}
+
 /// The checkpointer's shared half (the thread runs [`run`]).
 pub(crate) struct Checkpointer {
     state: Mutex<State>,
@@ -187,15 +202,7 @@ pub(crate) fn spawn(
     threshold: usize,
 ) -> std::io::Result<(Arc<Checkpointer>, JoinHandle<()>)> {
     let ck = Arc::new(Checkpointer {
-        state: Mutex::new(State {
-            chunks: VecDeque::new(),
-            bytes: 0,
-            waiters: Vec::new(),
-            retry_at: None,
-            failing: None,
-            broken: None,
-            stop: false,
-        }),
+        state: Mutex::new(State::new()),
         work: Condvar::new(),
         done: Condvar::new(),
         applied: AtomicU64::new(applied),
@@ -443,15 +450,7 @@ mod tests {
     /// first, and always one commit, however large.
     #[test]
     fn a_checkpoint_takes_a_bounded_batch() {
-        let mut st = State {
-            chunks: VecDeque::new(),
-            bytes: 0,
-            waiters: Vec::new(),
-            retry_at: None,
-            failing: None,
-            broken: None,
-            stop: false,
-        };
+        let mut st = State::new();
         for (lsn, len) in [(1, MAX_BATCH + 1), (2, 3 << 20), (3, 3 << 20), (4, 3 << 20)] {
             st.bytes += len;
             st.chunks.push_back((lsn, vec![0u8; len]));
