@@ -426,7 +426,7 @@ async fn retention_of_the_source_channel_bounds_what_a_fork_inherits() {
         .to_owned();
     // The offset before the first message: this server's form, seq 0.
     let (epoch, _) = after_two.split_once('_').expect("EPOCH_SEQ");
-    let before_one = format!("{epoch}_{:020}", 0);
+    let before_one = format!("{epoch}_{:019}", 0);
     let forked = s
         .request("PUT", "/ds/fork", &[("stream-forked-from", "/src")], "")
         .await;

@@ -114,23 +114,49 @@ pub enum Offset {
     },
 }
 
-/// The offset after `seq` in `epoch`: `EEEEEEEEEEEEEEEE_SSSSSSSSSSSSSSSSSSSS`,
-/// the epoch in 16 lowercase hex digits and the seq in 20 decimal digits, so
-/// offsets of one epoch sort as their seqs do (byte-wise) and never equal
-/// the reserved `-1` or `now`.
+/// How far apart the numbers of two consecutive positions are: the offset
+/// after `seq` carries `seq * STEP`, and every number from it up to the
+/// next position's names the same position (the earlier boundary), as a
+/// byte position inside a message does on the protocol's reference server.
+/// A client that steps an offset's number by less than `STEP` (the Yjs
+/// server of `@durable-streams/y-durable-streams` adds 1) reads the same
+/// messages (docs/durable-streams.md, "Offsets and cursors").
+pub const STEP: u64 = 1000;
+
+/// Digits of an offset's number: `seq * STEP` for every seq below 10^16.
+const DIGITS: usize = 19;
+
+/// Digits of the number in the offsets this server minted before [`STEP`]
+/// (f3611da and earlier releases): the seq itself. They keep their meaning.
+const EXACT_DIGITS: usize = 20;
+
+/// The offset after `seq` in `epoch`: `EEEEEEEEEEEEEEEE_NNNNNNNNNNNNNNNNNNN`,
+/// the epoch in 16 lowercase hex digits and `seq * STEP` in 19 decimal
+/// digits, so offsets of one epoch sort as their seqs do (byte-wise, also
+/// after the 20-digit offsets of earlier releases) and never equal the
+/// reserved `-1` or `now`. A seq of 10^16 or more (unreachable in practice:
+/// 317 years at a million events a second) takes the 20-digit exact form.
 pub fn offset(epoch: Epoch, seq: u64) -> String {
-    format!("{epoch}_{seq:020}")
+    match seq
+        .checked_mul(STEP)
+        .filter(|n| *n < 10u64.pow(DIGITS as u32))
+    {
+        Some(n) => format!("{epoch}_{n:0DIGITS$}"),
+        None => format!("{epoch}_{seq:0EXACT_DIGITS$}"),
+    }
 }
 
 /// The zero offset, `0000000000000000_0000000000000000`: the form of the
 /// protocol's reference server for "before the first byte", which clients
 /// and the conformance suite construct (e.g. as a `Stream-Fork-Offset`).
-/// This server never mints it (its epochs are never 0 and its seqs have 20
-/// digits) and reads it as `-1`, the stream's start.
+/// This server never mints it (its epochs are never 0 and its numbers have
+/// 19 or 20 digits) and reads it as `-1`, the stream's start.
 pub const ZERO: &str = "0000000000000000_0000000000000000";
 
 /// Reads an offset query parameter (`None`: absent, the start; `-1` and
-/// [`ZERO`]: the start).
+/// [`ZERO`]: the start). The number of a 19-digit offset names the
+/// position after seq `number / STEP` (rounded down); a 20-digit one, of
+/// earlier releases, the position after seq `number`.
 ///
 /// # Errors
 /// A message naming the expected shape.
@@ -146,12 +172,12 @@ pub fn parse_offset(s: Option<&str>) -> Result<Offset, String> {
     let bad = || {
         format!(
             "offset {s:?} is not an offset of this server: give -1, now, or a Stream-Next-Offset \
-             it returned (16 hex digits, `_`, 20 digits)"
+             it returned (16 hex digits, `_`, 19 digits)"
         )
     };
     let (e, q) = s.split_once('_').ok_or_else(bad)?;
     if e.len() != 16
-        || q.len() != 20
+        || !(q.len() == DIGITS || q.len() == EXACT_DIGITS)
         || !e
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -160,7 +186,8 @@ pub fn parse_offset(s: Option<&str>) -> Result<Offset, String> {
         return Err(bad());
     }
     let epoch = u64::from_str_radix(e, 16).map_err(|_| bad())?;
-    let seq = q.parse::<u64>().map_err(|_| bad())?;
+    let n = q.parse::<u64>().map_err(|_| bad())?;
+    let seq = if q.len() == DIGITS { n / STEP } else { n };
     Ok(Offset::At {
         epoch: Epoch(epoch),
         seq,
@@ -228,6 +255,7 @@ mod tests {
         let a = offset(e, 9);
         let b = offset(e, 10);
         assert!(a < b);
+        assert_eq!(b, "00000000000000ab_0000000000000010000");
         assert_eq!(parse_offset(Some(&b)), Ok(Offset::At { epoch: e, seq: 10 }));
         assert_eq!(parse_offset(Some("-1")), Ok(Offset::Start));
         assert_eq!(parse_offset(None), Ok(Offset::Start));
@@ -238,10 +266,55 @@ mod tests {
             "x",
             "1_2",
             "00000000000000ab_1",
-            "00000000000000AB_00000000000000000001",
+            "00000000000000AB_0000000000000001000",
+            "00000000000000ab_000000000000000001000",
         ] {
             assert!(parse_offset(Some(bad)).is_err(), "{bad:?}");
         }
+    }
+
+    /// What the Yjs server does (its `incrementOffset`: the number plus 1,
+    /// padded to the same width) reads from the same position.
+    #[test]
+    fn a_stepped_offset_reads_from_the_earlier_boundary() {
+        let e = Epoch(0x9a64d58d9c04a016);
+        for seq in [0, 1, 7, 41, 999, 1000, 123_456_789] {
+            let o = offset(e, seq);
+            let (head, n) = o.split_once('_').expect("EPOCH_N");
+            for step in [1, 2, STEP - 1] {
+                let n = n.parse::<u64>().expect("digits") + step;
+                let stepped = format!("{head}_{n:0width$}", width = DIGITS);
+                assert_eq!(
+                    parse_offset(Some(&stepped)),
+                    Ok(Offset::At { epoch: e, seq })
+                );
+                assert!(
+                    stepped < offset(e, seq + 1),
+                    "{stepped} sorts before the next"
+                );
+            }
+        }
+    }
+
+    /// Offsets minted before [`STEP`] keep their meaning and sort before
+    /// the offsets of the same and later positions minted now.
+    #[test]
+    fn offsets_of_earlier_releases_keep_their_meaning() {
+        let e = Epoch(0x9a64d58d9c04a016);
+        let old = "9a64d58d9c04a016_00000000000000000002";
+        assert_eq!(parse_offset(Some(old)), Ok(Offset::At { epoch: e, seq: 2 }));
+        for seq in [2, 3, 10, 1_000_000] {
+            assert!(old < offset(e, seq).as_str());
+        }
+        let huge = 10u64.pow(16);
+        assert_eq!(offset(e, huge), format!("{e}_{huge:020}"));
+        assert_eq!(
+            parse_offset(Some(&offset(e, huge))),
+            Ok(Offset::At {
+                epoch: e,
+                seq: huge
+            })
+        );
     }
 
     #[test]
