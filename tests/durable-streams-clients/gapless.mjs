@@ -1,6 +1,6 @@
 // A gapless server for the client tests: the binary in GAPLESS_BIN, serving Durable Streams
-// under /ds, with its own fresh data directory, on a free port; kill -9 and restart on the
-// same port and data directory. Used by clients.test.mjs (the Python tests have the same
+// under /ds (or the prefix given), with its own fresh data directory, on a free port; kill -9
+// and restart on the same port and data directory. Used by clients.test.mjs (the Python tests have the same
 // harness in clients_test.py).
 import { spawn } from "node:child_process"
 import { mkdtempSync, openSync, readFileSync, rmSync } from "node:fs"
@@ -11,18 +11,20 @@ import { createInterface } from "node:readline"
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 export class Gapless {
-  /** Starts a server; `extra` flags are added to `gapless serve`. */
-  static async start(extra = []) {
-    const g = new Gapless(extra)
+  /** Starts a server; `extra` flags are added to `gapless serve`; `prefix` is its
+   * `--ds-prefix`. */
+  static async start(extra = [], prefix = "/ds") {
+    const g = new Gapless(extra, prefix)
     g.addr = await g.#spawn("127.0.0.1:0")
     return g
   }
 
-  constructor(extra) {
+  constructor(extra, prefix = "/ds") {
     const bin = process.env.GAPLESS_BIN
     if (!bin) throw new Error("GAPLESS_BIN is not set")
     this.bin = bin
     this.extra = extra
+    this.prefix = prefix
     this.dir = mkdtempSync(join(tmpdir(), "gapless-ds-clients-"))
     this.starts = 0
     this.child = null
@@ -36,7 +38,7 @@ export class Gapless {
 
   /** The URL of the Durable Streams stream at `path` (no leading slash). */
   url(path) {
-    return `${this.base}/ds/${path}`
+    return `${this.base}${this.prefix}/${path}`
   }
 
   #logPath() {
@@ -64,7 +66,7 @@ export class Gapless {
         "--data-dir",
         join(this.dir, "data"),
         "--ds-prefix",
-        "/ds",
+        this.prefix,
         ...this.extra,
       ],
       { stdio: ["ignore", "pipe", err] },
