@@ -2,6 +2,7 @@
 //! idempotency and ephemeral events.
 
 use gapless_testkit::{pct, seq_of, Server};
+use serde_json::json;
 
 #[tokio::test]
 async fn publish_answers_201_with_dense_seqs_and_cursors() {
@@ -244,7 +245,7 @@ async fn idempotency_key_returns_original_seq_with_200_and_appends_nothing() {
     let retry = s
         .post(
             "/v1/channels/c/events",
-            "one again",
+            "one",
             &[("Idempotency-Key", "k-1")],
         )
         .await;
@@ -269,6 +270,46 @@ async fn idempotency_key_returns_original_seq_with_200_and_appends_nothing() {
         )
         .await;
     assert_eq!(r.expect(201)["seq"], 3);
+}
+
+/// A key reused for other content is a client's bug: 422, nothing appended,
+/// on both journals; the same content again is still the duplicate.
+#[tokio::test]
+async fn an_idempotency_key_reused_with_other_content_is_422() {
+    for memory in [false, true] {
+        let s = if memory {
+            Server::memory(&[]).await
+        } else {
+            Server::start(&[]).await
+        };
+        let key = [("Idempotency-Key", "k-1")];
+        let r = s.post("/v1/channels/c/events", "one", &key).await;
+        assert_eq!(r.expect(201)["seq"], 1);
+        let other = s.post("/v1/channels/c/events", "one again", &key).await;
+        let e = other.expect_error(422, "idempotency_key_reused");
+        let m = e["message"].as_str().expect("message");
+        assert!(
+            m.contains("Idempotency-Key") && m.contains("data differs"),
+            "{m}"
+        );
+        assert_eq!(e["seq"], 1, "{e}");
+        let typed = s.post("/v1/channels/c/events?type=note", "one", &key).await;
+        typed.expect_error(422, "idempotency_key_reused");
+        let batch = s
+            .batch("c", &json!([{"data": "one"}, {"data": "two"}]), &key)
+            .await;
+        let e = batch.expect_error(422, "idempotency_key_reused");
+        assert!(
+            e["message"]
+                .as_str()
+                .expect("message")
+                .contains("1 event(s)"),
+            "{e}"
+        );
+        let same = s.post("/v1/channels/c/events", "one", &key).await;
+        assert_eq!(same.expect(200)["seq"], 1, "memory={memory}");
+        assert_eq!(s.all_data("c").await, ["one"], "nothing appended");
+    }
 }
 
 #[tokio::test]

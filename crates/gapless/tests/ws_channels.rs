@@ -483,7 +483,6 @@ async fn publish_over_ws_replies_delivers_dedups_and_sends_ephemerals_without_se
     );
     let mut retry = k.clone();
     retry["id"] = json!("k2");
-    retry["data"] = json!("d2-retry");
     publisher.send(&retry).await;
     let again = publisher.expect_op("published").await;
     assert_eq!(again["id"], "k2");
@@ -492,12 +491,26 @@ async fn publish_over_ws_replies_delivers_dedups_and_sends_ephemerals_without_se
         (json!(2), json!(true))
     );
     assert_eq!(again["cursor"], first["cursor"]);
+    // The same key with other data: refused, nothing appended.
+    let mut other = k.clone();
+    other["id"] = json!("k3");
+    other["data"] = json!("d2-other");
+    publisher.send(&other).await;
+    let e = publisher.json().await;
+    assert_error(&e, "idempotency_key_reused");
+    assert_eq!(e["id"], "k3", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("idempotency_key")),
+        "{e}"
+    );
     assert_event(&sub.json().await, "orders", 2, "d2");
     // The same key over HTTP is the same key.
     let http = s
         .post(
             "/v1/channels/orders/events",
-            "d2-http",
+            "d2",
             &[("Idempotency-Key", "k-17")],
         )
         .await;

@@ -122,6 +122,11 @@ pub enum ErrorCode {
     StreamDeleted,
     /// 410: Durable Streams: the data after the offset is no longer retained, or the offset is of another journal epoch or a deleted predecessor; read again from `-1`.
     OffsetGone,
+    /// 422: an `Idempotency-Key` (WebSocket `idempotency_key`) reused on a
+    /// channel with events that differ from the first publish's (another
+    /// body, type or count) while those are retained; nothing was appended
+    /// (docs/api.md, "Publish").
+    IdempotencyKeyReused,
 }
 
 impl ErrorCode {
@@ -178,6 +183,7 @@ impl ErrorCode {
         ErrorCode::StreamSeqRegression,
         ErrorCode::StreamDeleted,
         ErrorCode::OffsetGone,
+        ErrorCode::IdempotencyKeyReused,
     ];
 
     /// The string used in the `error` field.
@@ -232,6 +238,7 @@ impl ErrorCode {
             ErrorCode::StreamSeqRegression => "stream_seq_regression",
             ErrorCode::StreamDeleted => "stream_deleted",
             ErrorCode::OffsetGone => "offset_gone",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 
@@ -282,6 +289,7 @@ impl ErrorCode {
             | ErrorCode::ProducerSeqGap
             | ErrorCode::StreamSeqRegression => 409,
             ErrorCode::StreamDeleted | ErrorCode::OffsetGone => 410,
+            ErrorCode::IdempotencyKeyReused => 422,
         }
     }
 }
@@ -428,9 +436,10 @@ mod tests {
                 ErrorCode::StreamSeqRegression => 46,
                 ErrorCode::StreamDeleted => 47,
                 ErrorCode::OffsetGone => 48,
+                ErrorCode::IdempotencyKeyReused => 49,
             }
         }
-        const COUNT: usize = 49;
+        const COUNT: usize = 50;
         assert_eq!(ErrorCode::ALL.len(), COUNT);
         for (i, c) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(position(*c), i, "{c:?}");
@@ -462,6 +471,7 @@ mod tests {
             ("stream_seq_regression", 409),
             ("stream_deleted", 410),
             ("offset_gone", 410),
+            ("idempotency_key_reused", 422),
         ];
         for (code, status) in want {
             let c = ErrorCode::ALL.iter().find(|c| c.as_str() == code);

@@ -216,8 +216,87 @@ async fn journal(
     key: Option<&str>,
     name: KeyName,
 ) -> Result<Appended, ApiError> {
-    app.hub
+    // Kept for the comparison a duplicate answer needs (only with a key).
+    let sent = key.map(|_| events.clone());
+    let appended = app
+        .hub
         .publish(channel, events, key)
         .await
-        .map_err(|e| ApiError::from(e).publish_refused(name.as_str()))
+        .map_err(|e| ApiError::from(e).publish_refused(name.as_str()))?;
+    if let (true, Some(sent)) = (appended.duplicate, sent) {
+        check_same(app, channel, &appended, &sent, name).await?;
+    }
+    Ok(appended)
+}
+
+/// Refuses a duplicate whose events differ from those the key first
+/// stored: a key reused for other content is a client's bug, and answering
+/// the original seqs would drop the new content silently. Compared while the
+/// first publish's events are all retained (the journal forgets a key with
+/// them); a read that fails or finds them evicted answers as a duplicate.
+///
+/// # Errors
+/// 422 `idempotency_key_reused`, naming the first difference.
+async fn check_same(
+    app: &App,
+    channel: &str,
+    appended: &Appended,
+    sent: &[NewEvent],
+    name: KeyName,
+) -> Result<(), ApiError> {
+    let stored_count = appended.last_seq + 1 - appended.first_seq;
+    let differs = if stored_count != sent.len() as u64 {
+        Some(format!(
+            "it stored {stored_count} event(s), this publish has {}",
+            sent.len()
+        ))
+    } else {
+        let Ok(page) = app
+            .hub
+            .read(channel, appended.first_seq - 1, sent.len(), usize::MAX)
+            .await
+        else {
+            return Ok(());
+        };
+        let stored: Vec<_> = page
+            .events
+            .iter()
+            .filter(|e| e.epoch == appended.epoch && e.seq <= appended.last_seq)
+            .collect();
+        if stored.len() != sent.len() {
+            return Ok(()); // evicted: nothing left to compare with
+        }
+        stored
+            .iter()
+            .zip(sent)
+            .enumerate()
+            .find_map(|(i, (old, new))| {
+                let what = if old.data != new.data {
+                    "data"
+                } else if old.event_type != new.event_type {
+                    "type"
+                } else {
+                    return None;
+                };
+                Some(if sent.len() == 1 {
+                    format!("this publish's {what} differs")
+                } else {
+                    format!("the {what} of event {i} of the batch differs")
+                })
+            })
+    };
+    match differs {
+        None => Ok(()),
+        Some(why) => Err(ApiError::new(
+            ErrorCode::IdempotencyKeyReused,
+            format!(
+                "{} was used on this channel for other events (seq {} to {}): {why}; \
+                 nothing was appended. Use a new key for new content",
+                name.as_str(),
+                appended.first_seq,
+                appended.last_seq
+            ),
+        )
+        .with("seq", appended.first_seq)),
+    }
 }
