@@ -82,10 +82,16 @@ async fn publish_single_typed_idempotent_batch_and_ephemeral() {
     let retry = client
         .publish_batch(
             "orders",
-            [NewEvent {
-                event_type: None,
-                data: "a".into(),
-            }],
+            [
+                NewEvent {
+                    event_type: None,
+                    data: "a".into(),
+                },
+                NewEvent {
+                    event_type: Some("note".into()),
+                    data: "b".into(),
+                },
+            ],
         )
         .idempotency_key("import-1")
         .send()
@@ -93,6 +99,22 @@ async fn publish_single_typed_idempotent_batch_and_ephemeral() {
         .expect("batch retry");
     assert!(retry.duplicate);
     assert_eq!(retry.last_seq, 4);
+    // The key reused for other events: the server's 422, as the SDK's error.
+    let reused = client
+        .publish_batch(
+            "orders",
+            [NewEvent {
+                event_type: None,
+                data: "a".into(),
+            }],
+        )
+        .idempotency_key("import-1")
+        .send()
+        .await;
+    assert!(
+        matches!(&reused, Err(e) if e.to_string().contains("idempotency_key_reused")),
+        "{reused:?}"
+    );
 
     let sent = client
         .publish("orders", "typing…")
