@@ -54,6 +54,10 @@ pub struct ErrorBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = session_status)]
     pub status: Option<String>,
+    /// `idempotency_key_reused`: the first seq of the earlier publish that
+    /// holds the key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
     /// Any other field given to [`ApiError::with`]: none today. The schema
     /// has no room for one (`additionalProperties: false`), so a new field
     /// that is not listed above breaks the document's promise and the
@@ -89,6 +93,7 @@ impl ErrorBody {
             number("retry_after_ms"),
             number("floor"),
         );
+        let seq = number("seq");
         let mut text = |k: &str| extra.remove(k).and_then(|v| v.as_str().map(str::to_owned));
         let (reason, floor_cursor, status) = (text("reason"), text("floor_cursor"), text("status"));
         ErrorBody {
@@ -101,6 +106,7 @@ impl ErrorBody {
             floor,
             floor_cursor,
             status,
+            seq,
             other: extra,
         }
     }
