@@ -569,6 +569,36 @@ async fn a_raw_message_over_ws_max_message_bytes_is_closed_1009() {
     assert_eq!(a, Answer::Close(Some(1009)));
 }
 
+/// A client still sending a message over the limit when the server closes
+/// 1009 (a browser writing a large `send`) finishes its write and reads the
+/// close: the server reads on and drops the rest of the message (a
+/// lingering close) instead of resetting the connection, which the client
+/// would report as 1006. 8 MiB: more than loopback's socket buffers hold,
+/// so the client is still writing when the server closes (with 1 MiB the
+/// write ends in the buffers and the reset comes too late to matter). On
+/// both WebSocket endpoints.
+#[tokio::test]
+async fn a_client_still_sending_a_message_over_the_limit_reads_the_1009() {
+    let s = Server::memory(&["--ws-max-message-bytes", "4096"]).await;
+    s.post("/v1/sessions", r#"{"id": "s1"}"#, &[])
+        .await
+        .expect(201);
+    let frame = gapless_testkit::ws::masked_frame(0x81, &vec![b'x'; 8 << 20]);
+    for path in ["/v1/ws", "/v1/sessions/s1/ws"] {
+        let mut ws = ByteWs::connect(s.addr, path).await;
+        let wrote = ws.try_write_raw(&frame).await;
+        assert!(
+            wrote.is_ok(),
+            "{path}: the server reset the connection while the client was still sending: {wrote:?}"
+        );
+        assert_eq!(
+            ws.close_answer(Duration::from_secs(5)).await,
+            Answer::Close(Some(1009)),
+            "{path}"
+        );
+    }
+}
+
 /// What the server answers a client's close frame with `payload`, on `path`.
 async fn close_reply(s: &Server, path: &str, payload: &[u8]) -> Answer {
     let mut ws = ByteWs::connect(s.addr, path).await;
@@ -901,6 +931,11 @@ mod raw {
         /// Writes `bytes` as they are.
         pub async fn write_raw(&mut self, bytes: &[u8]) {
             self.tcp.write_all(bytes).await.expect("write");
+        }
+
+        /// Writes `bytes` as they are; the error if the write failed.
+        pub async fn try_write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.tcp.write_all(bytes).await
         }
 
         /// Writes one masked frame: `first` is the first byte (FIN, RSV, opcode).

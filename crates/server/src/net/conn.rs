@@ -24,11 +24,12 @@
 //!
 //! An answer given before the request's body was read to its end (an early
 //! refusal: 413, 401, 408, ...) says `connection: close`, and every
-//! connection closes with a lingering close ([`linger`]: FIN, then what the
-//! client still sends is read and dropped, at most [`LINGER`] and
-//! [`LINGER_BYTES`]), so a client still sending its body reads the answer
-//! rather than a reset.
+//! connection closes with a lingering close ([`crate::net::linger`]: FIN,
+//! then what the client still sends is read and dropped, for a bounded
+//! while), so a client still sending its body reads the answer rather than
+//! a reset.
 
+use crate::net::linger::{linger, shut_write};
 use crate::net::listener::{Conn, Refused};
 use crate::{Peer, ServerConfig};
 use axum::body::Body;
@@ -866,7 +867,7 @@ async fn write_frames(
 }
 
 /// Writes a whole answer, then closes the sending side: no other request is
-/// read on this connection; then a [lingering close](linger).
+/// read on this connection; then a [lingering close](crate::net::linger).
 async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) {
     let wrote = tokio::select! {
         r = write_frames(conn.tcp(), &mut out, |_| std::task::Poll::Pending, None) => r.is_ok(),
@@ -875,69 +876,6 @@ async fn send_whole(conn: &Conn, mut out: Vec<Bytes>, stop: &CancellationToken) 
     if wrote {
         linger(conn, stop).await;
     }
-}
-
-/// The lingering close of a connection whose last answer is written: sends
-/// FIN, then reads and drops what the client still sends until it closes
-/// its side, up to [`LINGER_BYTES`] or [`LINGER`] (or server shutdown); the
-/// caller then closes the socket.
-///
-/// Why: an answer given before the request's body was read (413 over a
-/// limit, 401/403, 415, a refused head) leaves the client still sending.
-/// Closing a socket with unread bytes makes the kernel send a reset instead
-/// of a FIN, and a client that sees the reset while still writing (or
-/// before it has read what arrived) loses the answer: "other side closed",
-/// "connection reset". Reading on for a bounded while lets the answer
-/// arrive and be read, as nginx's `lingering_close` does. The connection
-/// keeps its place under `--max-connections` and `--max-connections-per-ip`
-/// while it lingers (the [`Conn`] holds it), and a slow or silent client
-/// holds it at most [`LINGER`].
-async fn linger(conn: &Conn, stop: &CancellationToken) {
-    let tcp = conn.tcp();
-    shut_write(tcp);
-    let drain = async {
-        // Allocated only for a connection that is closing, never held by an
-        // open one (a connection's future stays small).
-        let mut scratch = vec![0u8; LINGER_READ];
-        let mut drained = 0usize;
-        while drained < LINGER_BYTES {
-            if tcp.readable().await.is_err() {
-                return;
-            }
-            match tcp.try_read(&mut scratch) {
-                Ok(0) => return,
-                Ok(n) => drained += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return,
-            }
-        }
-        tracing::debug!(
-            bytes = drained,
-            "closing a connection that was still sending after its answer"
-        );
-    };
-    tokio::select! {
-        _ = tokio::time::timeout(LINGER, drain) => {}
-        () = stop.cancelled() => {}
-    }
-}
-
-/// How long a closing connection keeps reading (and dropping) what its
-/// client still sends: long enough for a client on a slow link to read an
-/// early answer, short enough that a client cannot hold a connection with
-/// it (nginx's `lingering_time` is 30 s, its `lingering_timeout` 5 s; a
-/// refusal needs far less).
-const LINGER: Duration = Duration::from_secs(2);
-/// Most bytes a closing connection reads and drops: 16 MiB, over the
-/// default `--max-batch-bytes`, so a client sending a body at the size of
-/// the largest limit is read to its end on a fast link and never reset.
-const LINGER_BYTES: usize = 16 << 20;
-/// The read size while lingering.
-const LINGER_READ: usize = 64 << 10;
-
-/// Sends FIN: the end of a close-delimited body.
-fn shut_write(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
 }
 
 /// Hands the connection to hyper's HTTP/1 server (with upgrades, for
@@ -1038,7 +976,9 @@ async fn serve_http(
     let Some(parts) = conn.into_parts() else {
         return;
     };
-    let tcp = parts.io.inner().conn();
+    let mut io = parts.io.into_inner();
+    io.lingered();
+    let tcp = io.conn();
     if timed_out && !parts.read_buf.is_empty() {
         // A later head that timed out part way (slowloris): 408 first, as
         // for a first head.

@@ -120,6 +120,9 @@ pub struct Watched {
     judge: Judge,
     /// The check timer: made on the first write, reset while [`Judge::Own`].
     timer: Option<Pin<Box<Sleep>>>,
+    /// Closed by its owner with a [lingering close](crate::net::linger::linger):
+    /// its drop has nothing left to do.
+    lingered: bool,
 }
 
 impl Watched {
@@ -146,7 +149,14 @@ impl Watched {
                 Judge::Kernel
             },
             timer: None,
+            lingered: false,
         }
+    }
+
+    /// Notes that the owner closed the connection with a lingering close
+    /// ([`crate::net::linger::linger`]), so its drop need not.
+    pub fn lingered(&mut self) {
+        self.lingered = true;
     }
 
     /// How often the client is checked while something is owed to it.
@@ -247,6 +257,18 @@ fn gone() -> io::Error {
         io::ErrorKind::TimedOut,
         "the client acknowledged nothing for --tcp-user-timeout-ms while the server waited for it",
     )
+}
+
+/// A connection dropped by a layer above (an upgraded WebSocket's, when its
+/// task ends) closes without a reset while its client is still sending
+/// ([`crate::net::linger::on_drop`]); one its owner closed already, or
+/// found gone and reset on purpose, closes as it is.
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if !self.lingered && self.judge != Judge::Gone {
+            crate::net::linger::on_drop(self.conn.tcp());
+        }
+    }
 }
 
 impl AsyncRead for Watched {
