@@ -8,7 +8,7 @@
 # accepted (but for the rules listed in scripts/schemathesis.toml), or a
 # server that died or panicked. Server-Sent Events are read for a fraction
 # of a second each and their events validated; the two WebSocket upgrades
-# are left to crates/gapless/tests/openapi.rs (schemathesis speaks HTTP only).
+# are left to crates/gapless/tests/it/openapi.rs (schemathesis speaks HTTP only).
 #
 # Two runs: an open server, then one with a JWT key, where every request
 # carries a token and schemathesis also checks that the operations the
@@ -105,7 +105,7 @@ run() {
 
 failed=0
 echo "every operation but the two WebSocket upgrades (ws_channels, ws_session: schemathesis speaks"
-echo "HTTP only; crates/gapless/tests/openapi.rs checks their answers); each SSE stream is read"
+echo "HTTP only; crates/gapless/tests/it/openapi.rs checks their answers); each SSE stream is read"
 echo "for 0.3 s and its events validated (scripts/schemathesis.toml)"
 
 echo "-- an open server"

@@ -20,7 +20,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// How soon jemalloc returns freed pages to the system, in milliseconds
 /// (its `dirty_decay_ms`, then `muzzy_decay_ms`; jemalloc's default is
-/// 10 s). Measured with `crates/gapless/tests/memory_bound.rs` (1 MiB events
+/// 10 s). Measured with `crates/gapless/tests/it/memory_bound.rs` (1 MiB events
 /// published, followed and read back; docs/deploy.md "Memory"), peak RSS
 /// while publishing / while reading back: 174 to 182 / 135 to 143 MB at
 /// 200 ms; 184 to 299 / 145 to 159 MB at 1 s; 228 to 377 / 235 to 257 MB

@@ -73,7 +73,7 @@ impl Settings {
     pub(crate) fn warnings(&self, sync: bool) -> Vec<String> {
         let mut warnings = Vec::new();
         // What a loss does is docs/cluster.md's ("Durability", "Redis back
-        // with an older copy"), tested in tests/cluster_restore.rs.
+        // with an older copy"), tested in tests/it/cluster_restore.rs.
         if sync && self.appendonly != "yes" {
             let loss = if self.save.trim().is_empty() {
                 "every channel whole; clients are told with an epoch gap"

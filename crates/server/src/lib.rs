@@ -24,7 +24,7 @@ pub use config::ServerConfig;
 /// console): what a `--ds-prefix` may neither be, nor lie under, nor hold.
 /// A prefix anywhere else is free, under `/v1` too (`/v1/stream`, where
 /// the Durable Streams Yjs server looks: docs/durable-streams.md,
-/// "Integrations"). `crates/gapless/tests/ds_settings.rs` checks it
+/// "Integrations"). `crates/gapless/tests/it/ds_settings.rs` checks it
 /// against every path of the OpenAPI document.
 pub const OWN_PATHS: &[&str] = &[
     "/v1/channels",
@@ -84,7 +84,7 @@ pub(crate) struct Peer(pub std::net::SocketAddr);
 
 /// Every route, each registered with its handler's `#[utoipa::path]`
 /// annotation, so the router and the OpenAPI document cannot differ (one
-/// `routes!` per path; `crates/gapless/tests/openapi.rs` checks that nothing
+/// `routes!` per path; `crates/gapless/tests/it/openapi.rs` checks that nothing
 /// is registered another way). `console`: whether `GET /` serves the console.
 pub(crate) fn api(console: bool) -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::with_openapi(admin::openapi::ApiDoc::openapi())

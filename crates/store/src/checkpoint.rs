@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 /// hold: the records pending and being applied, their overlay copies and
 /// the transaction's pages. At 64 MiB and no bound on a batch, a
 /// checkpoint of 300 ms let a server fed 1 MiB events reach 421 MB
-/// resident (`crates/gapless/tests/memory_bound.rs`).
+/// resident (`crates/gapless/tests/it/memory_bound.rs`).
 pub(crate) const MAX_BACKLOG: usize = 16 << 20;
 /// Record bytes one checkpoint applies at most (8 MiB; always at least one
 /// commit): the rest waits for the next, which starts at once.

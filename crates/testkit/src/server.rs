@@ -104,6 +104,21 @@ impl Resp {
     }
 }
 
+/// The bound on servers starting at once across a test binary's tests
+/// (libtest runs several tests per core, `scripts/test.sh`): the number of
+/// cores, or `GAPLESS_TEST_STARTS`. Only starts are bounded, never a
+/// server's life, so a test holding several servers cannot wait on another.
+fn starts() -> &'static tokio::sync::Semaphore {
+    static STARTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    STARTS.get_or_init(|| {
+        let n = std::env::var("GAPLESS_TEST_STARTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        tokio::sync::Semaphore::new(n.max(1))
+    })
+}
+
 impl Server {
     /// A durable server (its own temporary data directory) with extra flags.
     pub async fn start(args: &[&str]) -> Server {
@@ -204,6 +219,9 @@ impl Server {
     }
 
     async fn spawn(&mut self, listen: &str) -> Result<SocketAddr, String> {
+        // Held from the spawn to the listening line: a start is the costly
+        // part of a server's life in a test (exec, the journal's open).
+        let _starting = starts().acquire().await.map_err(|e| e.to_string())?;
         self.starts += 1;
         let log_path = self.dir.path().join(format!("server-{}.log", self.starts));
         let log = std::fs::File::create(&log_path).map_err(|e| format!("log file: {e}"))?;

@@ -1,5 +1,5 @@
 // The join's tip filter with frames forced into every window of the join, as the Rust SDK's
-// tests do it (crates/gapless/tests/client_join.rs): a phase hook publishes at every boundary
+// tests do it (crates/gapless/tests/it/client_join.rs): a phase hook publishes at every boundary
 // (before the stream opens, after it registered, between history pages, after the tip, during
 // the drain), against the real binary; and a scripted fake server that puts already-seen seqs
 // into the stream's buffer, a gap notice on the stream, and a 410 in history.

@@ -1,5 +1,5 @@
 // The SSE parser against the WHATWG event-stream rules, one table row per rule (the same
-// table as the Rust SDK's crates/client/tests/sse.rs), plus properties: any chunking of a
+// table as the Rust SDK's crates/client/tests/it/sse.rs), plus properties: any chunking of a
 // stream yields the same items.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

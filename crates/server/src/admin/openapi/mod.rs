@@ -7,7 +7,7 @@
 //! handler; the bodies' schemas are derived from the types the handlers
 //! serialize (`ToSchema`), and the wire types' schemas from the rules they
 //! describe (`gapless_protocol::schema`). A route added without an
-//! annotation cannot be registered; `crates/gapless/tests/openapi.rs` checks
+//! annotation cannot be registered; `crates/gapless/tests/it/openapi.rs` checks
 //! that no route bypasses `routes!`.
 //!
 //! [`Document::new`] then fits the document to the server that serves it:

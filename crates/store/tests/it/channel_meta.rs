@@ -3,7 +3,7 @@
 //! written with, kept by checkpoints, decided atomically with plain appends
 //! racing a close, and absent (then created) in stores from before it.
 
-mod common;
+use crate::common;
 
 use common::{ev, options};
 use gapless_core::journal::{ChannelState, CommitSink, JournalError};

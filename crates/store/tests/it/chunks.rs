@@ -3,7 +3,7 @@
 //! every position, count and age floors that fall inside a chunk, a reopen
 //! and `journal check` all see exactly the events retained.
 
-mod common;
+use crate::common;
 
 use common::{ev, options, Recorder};
 use gapless_core::{Journal, JournalError};

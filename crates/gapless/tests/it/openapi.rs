@@ -460,7 +460,7 @@ async fn streams_and_upgrades_answer_as_documented() {
         );
         // The journal unreachable at open is a 200 with `retry:` only (an
         // EventSource gives up on a 503): documented there, not as a 503
-        // (tests/cluster_outage.rs drives it).
+        // (tests/it/cluster_outage.rs drives it).
         let ok_text = ok["description"].as_str().unwrap_or_default();
         assert!(
             ok_text.contains("journal is unreachable") && ok_text.contains("`retry:`"),

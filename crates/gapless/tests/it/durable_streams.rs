@@ -185,7 +185,7 @@ async fn tokens_grant_streams_as_channels() {
 
 /// A stream path that cannot name a channel is refused with 400 naming the
 /// rule; an unknown stream is 404; a non-UTF-8 body on a text stream is 415,
-/// not stored (a binary stream keeps any bytes: tests/binary_payloads.rs).
+/// not stored (a binary stream keeps any bytes: tests/it/binary_payloads.rs).
 #[tokio::test]
 async fn bad_paths_and_bodies_are_refused_clearly() {
     let s = Server::memory(&[]).await;

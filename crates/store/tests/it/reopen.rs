@@ -1,6 +1,6 @@
 //! Reopening a data directory resumes the same history; group commit keeps seqs dense.
 
-mod common;
+use crate::common;
 
 use common::{ev, open, options};
 use gapless_core::{Journal, JournalError};

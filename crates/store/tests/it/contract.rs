@@ -3,7 +3,7 @@
 //! store too): eviction by the caller's clock to the millisecond, close and
 //! reopen, and bounded reads across the commit log and the tables.
 
-mod common;
+use crate::common;
 
 use common::{ev, open, options, Record};
 use gapless_core::{Journal, JournalError};

@@ -1,7 +1,7 @@
 //! Throughput and read-latency figures (not assertions). Run with
-//! `cargo test --release -p gapless-store --test throughput -- --ignored --nocapture`.
+//! `cargo test --release -p gapless-store --test it throughput:: -- --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use common::{ev, open, options};
 use gapless_core::Journal;

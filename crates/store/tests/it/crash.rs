@@ -3,7 +3,7 @@
 //! reopens the store, and checks nothing acknowledged was lost and seqs stay
 //! dense. Repeated over several kill/reopen rounds on the same directory.
 
-mod common;
+use crate::common;
 
 use common::{ev, options};
 use gapless_core::journal::NoSink;
@@ -93,7 +93,12 @@ fn crash_child() {
 fn run_round(dir: &Path, mode: &str, acks: usize) -> (u64, Vec<(String, u64, String)>) {
     let exe = std::env::current_exe().expect("current exe");
     let mut child = Command::new(exe)
-        .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "crash::crash_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(DIR_VAR, dir)
         .env(MODE_VAR, mode)
         .stdout(Stdio::piped())
@@ -114,7 +119,7 @@ fn run_round(dir: &Path, mode: &str, acks: usize) -> (u64, Vec<(String, u64, Str
         let Some(text) = line.strip_suffix('\n') else {
             break;
         };
-        // libtest prints "test crash_child ... " before the child's first line.
+        // libtest prints "test crash::crash_child ... " before the child's first line.
         let text = text.rsplit(" ... ").next().unwrap_or(text);
         let parts: Vec<&str> = text.split(' ').collect();
         match parts.as_slice() {

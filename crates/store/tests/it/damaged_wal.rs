@@ -5,7 +5,7 @@
 //! refused by both with the same words, and the refused log is left as it
 //! was; a torn tail is accepted by both.
 
-mod common;
+use crate::common;
 
 use common::{options, Recorder};
 use gapless_core::{Journal, JournalError};

@@ -2,7 +2,7 @@
 //! the checkpoint interval, reads, states, idempotency keys and count
 //! retention match a simple model, across checkpoints and reopens.
 
-mod common;
+use crate::common;
 
 use common::{options, Recorder};
 use gapless_core::{Journal, JournalError};
