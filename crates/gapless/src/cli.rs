@@ -81,12 +81,33 @@ pub enum LogFormat {
     Json,
 }
 
+/// The headings the settings of `gapless serve` are grouped under (each
+/// flag's `help_heading`), in the order `gapless config --markdown` prints
+/// them.
+pub const HEADINGS: &[&str] = &[
+    "Storage",
+    "Retention",
+    "Streams",
+    "Limits",
+    "Network",
+    "Authorization",
+    "Durable Streams",
+    "Sessions",
+    "Cluster",
+    "Logging and console",
+];
+
 /// `gapless config` flags: the same settings as `serve`, printed instead of run.
 #[derive(Debug, clap::Args)]
 pub struct ConfigArgs {
     /// Print a commented configuration file with every setting, its unit and its default.
     #[arg(long)]
     pub default: bool,
+    /// Print the settings as Markdown tables (flag, default, meaning), every
+    /// heading's or one's (`--markdown Cluster`): the tables of the README
+    /// and docs.
+    #[arg(long, value_name = "HEADING", num_args = 0..=1, default_missing_value = "all", conflicts_with = "default")]
+    pub markdown: Option<String>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub serve: ServeArgs,
@@ -99,21 +120,35 @@ pub struct ServeArgs {
     /// (`retention_events = 1000`), and of namespace tables
     /// (`[namespaces.chat]`: the rules of channels named `chat:…`; see
     /// `gapless config --default`). Flags and GAPLESS_* variables win over it.
-    #[arg(long, env = "GAPLESS_CONFIG")]
+    #[arg(long, value_name = "FILE", env = "GAPLESS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (printed at start).
-    #[arg(long, env = "GAPLESS_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(
+        help_heading = "Network",
+        value_name = "ADDR",
+        long,
+        env = "GAPLESS_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
     pub listen: SocketAddr,
     /// Directory of the embedded durable journal (created if missing).
-    #[arg(long, env = "GAPLESS_DATA_DIR", default_value = "./gapless-data")]
+    #[arg(
+        help_heading = "Storage",
+        value_name = "DIR",
+        long,
+        env = "GAPLESS_DATA_DIR",
+        default_value = "./gapless-data"
+    )]
     pub data_dir: PathBuf,
-    /// Keep everything in memory instead of on disk (history is lost on restart).
-    #[arg(long, env = "GAPLESS_MEMORY")]
+    /// Keep everything in memory instead of on disk: a restart loses history,
+    /// and clients are told (a gap with reason `epoch`).
+    #[arg(help_heading = "Storage", long, env = "GAPLESS_MEMORY")]
     pub memory: bool,
     /// Bytes that must stay free on the data directory's filesystem: below it
     /// publishes are refused (507 journal_full) and resume by themselves once
     /// space is freed; 0 turns the check off.
     #[arg(
+        help_heading = "Storage",
         long,
         env = "GAPLESS_MIN_FREE_DISK_BYTES",
         default_value_t = 67_108_864
@@ -124,54 +159,100 @@ pub struct ServeArgs {
     /// pages written and not yet on disk); at least 1048576. A larger cache
     /// serves more reads of old events from memory; the kernel's page cache
     /// holds the file beside it (docs/deploy.md, "Memory").
-    #[arg(long, env = "GAPLESS_JOURNAL_CACHE_BYTES", default_value_t = 67_108_864, value_parser = clap::value_parser!(u64).range(1_048_576..))]
+    #[arg(help_heading = "Storage", long, env = "GAPLESS_JOURNAL_CACHE_BYTES", default_value_t = 67_108_864, value_parser = clap::value_parser!(u64).range(1_048_576..))]
     pub journal_cache_bytes: u64,
-    /// Most events retained per channel; 0 = no count limit. A namespace
-    /// table's retention_events wins over it for its channels.
-    #[arg(long, env = "GAPLESS_RETENTION_EVENTS", default_value_t = 100_000)]
+    /// Most events retained per channel: right after a publish a channel
+    /// serves at most its newest N; 0 = no count limit. A namespace table's
+    /// retention_events wins over it for its channels.
+    #[arg(
+        help_heading = "Retention",
+        long,
+        env = "GAPLESS_RETENTION_EVENTS",
+        default_value_t = 100_000
+    )]
     pub retention_events: u64,
-    /// Age in milliseconds after which events are evicted; 0 keeps them forever.
-    #[arg(long, env = "GAPLESS_RETENTION_MS", default_value_t = 86_400_000)]
+    /// Age in milliseconds after which events are evicted (eviction lags at
+    /// most 1 s); 0 keeps them forever.
+    #[arg(
+        help_heading = "Retention",
+        long,
+        env = "GAPLESS_RETENTION_MS",
+        default_value_t = 86_400_000
+    )]
     pub retention_ms: u64,
     /// Most bytes of event data retained per channel (its newest events
     /// whose data fits; the newest event is always kept); 0 = no byte limit.
-    #[arg(long, env = "GAPLESS_RETENTION_BYTES", default_value_t = 0)]
+    #[arg(
+        help_heading = "Retention",
+        long,
+        env = "GAPLESS_RETENTION_BYTES",
+        default_value_t = 0
+    )]
     pub retention_bytes: u64,
     /// Milliseconds between SSE heartbeat comments and WebSocket pings (every N ms, whether or not events flow); 0 sends none.
-    #[arg(long, env = "GAPLESS_HEARTBEAT_MS", default_value_t = 15_000)]
+    #[arg(
+        help_heading = "Streams",
+        long,
+        env = "GAPLESS_HEARTBEAT_MS",
+        default_value_t = 15_000
+    )]
     pub heartbeat_ms: u64,
     /// Threads that write SSE streams, apart from the threads that serve
     /// publishes and other requests; 0 means one per CPU core but one (at least one); at most 1024.
-    #[arg(long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    #[arg(help_heading = "Streams", long, env = "GAPLESS_FANOUT_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub fanout_threads: u16,
-    /// When a publish is acknowledged.
-    #[arg(long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
+    /// When a publish is acknowledged (in cluster mode it only decides which
+    /// Redis settings are checked at start: docs/cluster.md).
+    #[arg(help_heading = "Storage", long, env = "GAPLESS_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,
     /// Largest event data, in bytes (413 above); at least 1.
-    #[arg(long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_MAX_EVENT_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
     pub max_event_bytes: usize,
     /// Most events in one batch publish (413 above); at least 1.
-    #[arg(long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000, value_parser = at_least_one)]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_MAX_BATCH_EVENTS", default_value_t = 1000, value_parser = at_least_one)]
     pub max_batch_events: usize,
     /// Largest batch publish body, in bytes (413 above); at least 1.
-    #[arg(long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216, value_parser = at_least_one)]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_MAX_BATCH_BYTES", default_value_t = 16_777_216, value_parser = at_least_one)]
     pub max_batch_bytes: usize,
     /// Most channels one SSE subscription or WebSocket may follow (SSE: 400 above; WebSocket: a `limit_reached` error).
-    #[arg(long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_MAX_SUBSCRIPTION_CHANNELS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
     pub max_subscription_channels: u16,
-    /// Most open client connections (above it a connection is answered 503 and closed); 0 = no limit.
-    #[arg(long, env = "GAPLESS_MAX_CONNECTIONS", default_value_t = 10_000)]
+    /// Most open client connections; 0 = no limit. Above it a connection is
+    /// answered 503 and closed (an SSE client is told to retry; probes are
+    /// still served: docs/security.md, "Limits").
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "GAPLESS_MAX_CONNECTIONS",
+        default_value_t = 10_000
+    )]
     pub max_connections: usize,
     /// Reconnect delay sent to SSE clients in `retry:`, in milliseconds.
-    #[arg(long, env = "GAPLESS_RETRY_MS", default_value_t = 1000)]
+    #[arg(
+        help_heading = "Streams",
+        long,
+        env = "GAPLESS_RETRY_MS",
+        default_value_t = 1000
+    )]
     pub retry_ms: u64,
     /// TCP keepalive idle time and probe interval, in milliseconds; 0 turns it off.
-    #[arg(long, env = "GAPLESS_TCP_KEEPALIVE_MS", default_value_t = 15_000)]
+    #[arg(
+        help_heading = "Network",
+        long,
+        env = "GAPLESS_TCP_KEEPALIVE_MS",
+        default_value_t = 15_000
+    )]
     pub tcp_keepalive_ms: u64,
     /// The liveness bound in milliseconds: a client that acknowledges nothing this long while the server
     /// waits for an answer is dropped (TCP_USER_TIMEOUT, and on streams a check by progress that keeps
-    /// slow readers); 0 = kernel default.
-    #[arg(long, env = "GAPLESS_TCP_USER_TIMEOUT_MS", default_value_t = 30_000)]
+    /// slow readers); a client that reads slowly but answers stays. 0 = kernel
+    /// default (docs/reliability.md).
+    #[arg(
+        help_heading = "Network",
+        long,
+        env = "GAPLESS_TCP_USER_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
     pub tcp_user_timeout_ms: u64,
     /// An origin allowed to call the API and open streams from a browser
     /// (repeatable, or comma-separated), spelled as a browser's Origin header:
@@ -182,6 +263,8 @@ pub struct ServeArgs {
     /// and these. `*` allows any origin without credentials. Default: `*` when the server is open, none (no
     /// cross-origin access) once a JWT key is set.
     #[arg(
+        help_heading = "Network",
+        value_name = "ORIGIN",
         long = "cors-origin",
         alias = "cors-origins",
         env = "GAPLESS_CORS_ORIGIN",
@@ -190,30 +273,68 @@ pub struct ServeArgs {
     pub cors_origin: Vec<String>,
     /// HS256 secret that tokens are verified with (at least 32 bytes advised).
     /// With any JWT key set, every publish, subscribe, history read, channel
-    /// read and session operation needs a token (docs/security.md).
-    #[arg(long, env = "GAPLESS_JWT_SECRET", hide_env_values = true)]
+    /// read and session operation needs a token (docs/security.md); or
+    /// --jwt-secret-file.
+    #[arg(
+        help_heading = "Authorization",
+        value_name = "SECRET",
+        long,
+        env = "GAPLESS_JWT_SECRET",
+        hide_env_values = true
+    )]
     pub jwt_secret: Option<String>,
     /// File holding the HS256 secret (its bytes, without a trailing newline).
-    #[arg(long, env = "GAPLESS_JWT_SECRET_FILE", conflicts_with = "jwt_secret")]
+    #[arg(
+        help_heading = "Authorization",
+        value_name = "FILE",
+        long,
+        env = "GAPLESS_JWT_SECRET_FILE",
+        conflicts_with = "jwt_secret"
+    )]
     pub jwt_secret_file: Option<PathBuf>,
     /// PEM file of a public key tokens are verified with: RSA (RS256) or EC P-256 (ES256).
-    #[arg(long, env = "GAPLESS_JWT_PUBLIC_KEY")]
+    #[arg(
+        help_heading = "Authorization",
+        value_name = "FILE",
+        long,
+        env = "GAPLESS_JWT_PUBLIC_KEY"
+    )]
     pub jwt_public_key: Option<PathBuf>,
     /// Clock skew allowed on a token's `exp` and `nbf`, in milliseconds; a
     /// token is honoured until `exp` plus this.
-    #[arg(long, env = "GAPLESS_JWT_LEEWAY_MS", default_value_t = 5000)]
+    #[arg(
+        help_heading = "Authorization",
+        long,
+        env = "GAPLESS_JWT_LEEWAY_MS",
+        default_value_t = 5000
+    )]
     pub jwt_leeway_ms: u64,
     /// When set, a token's `aud` must contain this.
-    #[arg(long, env = "GAPLESS_JWT_AUDIENCE")]
+    #[arg(
+        help_heading = "Authorization",
+        value_name = "AUD",
+        long,
+        env = "GAPLESS_JWT_AUDIENCE"
+    )]
     pub jwt_audience: Option<String>,
     /// When set, a token's `iss` must be this.
-    #[arg(long, env = "GAPLESS_JWT_ISSUER")]
+    #[arg(
+        help_heading = "Authorization",
+        value_name = "ISS",
+        long,
+        env = "GAPLESS_JWT_ISSUER"
+    )]
     pub jwt_issuer: Option<String>,
     /// Most open connections from one client IP address (past it: refused
     /// like past --max-connections); 0 = no limit. Behind a reverse proxy set
     /// --trusted-proxy: from the proxy it counts each forwarded client's
     /// requests in flight instead (docs/deploy.md).
-    #[arg(long, env = "GAPLESS_MAX_CONNECTIONS_PER_IP", default_value_t = 1000)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "GAPLESS_MAX_CONNECTIONS_PER_IP",
+        default_value_t = 1000
+    )]
     pub max_connections_per_ip: usize,
     /// A reverse proxy or load balancer whose forwarded client address is
     /// believed: a network in CIDR notation or one address (repeatable, or
@@ -222,6 +343,8 @@ pub struct ServeArgs {
     /// per-IP limit, the publish rate per IP and the logs use it. Default:
     /// none (every peer is the client).
     #[arg(
+        help_heading = "Network",
+        value_name = "CIDR",
         long = "trusted-proxy",
         env = "GAPLESS_TRUSTED_PROXY",
         value_delimiter = ',',
@@ -232,18 +355,33 @@ pub struct ServeArgs {
     /// `x-forwarded-for` (nginx, HAProxy, Envoy, cloud load balancers) or
     /// `forwarded` (RFC 7239 `for=`). Only this one is read: a proxy passes the
     /// other through from the client untouched.
-    #[arg(long, env = "GAPLESS_FORWARDED_HEADER", value_enum, default_value_t = ForwardedHeaderArg::XForwardedFor)]
+    #[arg(help_heading = "Network", long, env = "GAPLESS_FORWARDED_HEADER", value_enum, default_value_t = ForwardedHeaderArg::XForwardedFor)]
     pub forwarded_header: ForwardedHeaderArg,
     /// Publish rate per publisher (token `sub`, else client IP), in events per
     /// second (past it: 429 with Retry-After); 0 = no limit.
-    #[arg(long, env = "GAPLESS_PUBLISH_RATE", default_value_t = 0)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "GAPLESS_PUBLISH_RATE",
+        default_value_t = 0
+    )]
     pub publish_rate: u32,
     /// Events a publisher may send in a burst above --publish-rate; 0 = the same as the rate.
-    #[arg(long, env = "GAPLESS_PUBLISH_BURST", default_value_t = 0)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "GAPLESS_PUBLISH_BURST",
+        default_value_t = 0
+    )]
     pub publish_burst: u32,
     /// Slowest accepted request body, in bytes per second on average after
     /// --header-timeout-ms (slower: 408 and close); 0 = no limit.
-    #[arg(long, env = "GAPLESS_MIN_BODY_RATE", default_value_t = 4096)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "GAPLESS_MIN_BODY_RATE",
+        default_value_t = 4096
+    )]
     pub min_body_rate: u64,
     /// The path prefix the Durable Streams protocol is served under
     /// (docs/durable-streams.md): a stream's URL is PREFIX/PATH. It starts
@@ -253,26 +391,26 @@ pub struct ServeArgs {
     /// `/v1/sessions`, `/v1/sse`, `/v1/ws`, `/v1/openapi.json`, `/healthz`,
     /// `/readyz`, `/metrics`) or under one; `/v1/stream` is free. Empty
     /// turns the protocol off.
-    #[arg(long, env = "GAPLESS_DS_PREFIX", default_value = "/ds", value_parser = ds_prefix)]
+    #[arg(help_heading = "Durable Streams", value_name = "PATH", long, env = "GAPLESS_DS_PREFIX", default_value = "/ds", value_parser = ds_prefix)]
     pub ds_prefix: String,
     /// How long a Durable Streams long-poll (`live=long-poll`) waits for data
     /// before answering 204, in milliseconds; 1 to 600000.
-    #[arg(long, env = "GAPLESS_DS_LONG_POLL_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    #[arg(help_heading = "Durable Streams", long, env = "GAPLESS_DS_LONG_POLL_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub ds_long_poll_timeout_ms: u64,
     /// Let Durable Streams webhook subscriptions target loopback addresses
     /// (localhost, 127.0.0.0/8, ::1), over http or https: the protocol's
     /// development exception. Off: only public https:// URLs are accepted.
     /// Other internal addresses (RFC 1918, link-local, …) are always refused.
-    #[arg(long, env = "GAPLESS_DS_WEBHOOK_ALLOW_LOOPBACK", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(help_heading = "Durable Streams", long, env = "GAPLESS_DS_WEBHOOK_ALLOW_LOOPBACK", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub ds_webhook_allow_loopback: bool,
     /// How long one Durable Streams webhook delivery may take, in
     /// milliseconds (slower: a failed delivery, retried with backoff); 100 to 600000.
-    #[arg(long, env = "GAPLESS_DS_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    #[arg(help_heading = "Durable Streams", long, env = "GAPLESS_DS_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub ds_webhook_timeout_ms: u64,
     /// Most Durable Streams subscriptions the server (the cluster, with
     /// --redis) holds (one more: 403); 1 to 100000. The delivery task looks
     /// at every subscription every 50 ms.
-    #[arg(long, env = "GAPLESS_DS_MAX_SUBSCRIPTIONS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(help_heading = "Durable Streams", long, env = "GAPLESS_DS_MAX_SUBSCRIPTIONS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub ds_max_subscriptions: u64,
     /// PEM file (PKCS#8) of the Ed25519 key that signs Durable Streams
     /// webhooks, as `openssl genpkey -algorithm ed25519 -out FILE` writes it
@@ -281,7 +419,12 @@ pub struct ServeArgs {
     /// across restarts; with --memory, a key per process; in cluster mode
     /// (--redis), one key for every node, made by the first and kept in
     /// Redis (give every node the same file to keep it out of Redis).
-    #[arg(long, env = "GAPLESS_DS_SIGNING_KEY")]
+    #[arg(
+        help_heading = "Durable Streams",
+        value_name = "FILE",
+        long,
+        env = "GAPLESS_DS_SIGNING_KEY"
+    )]
     pub ds_signing_key: Option<PathBuf>,
     /// Largest WebSocket message a client may send, in bytes (close 1009 above).
     /// Keep it at least 6 x --max-event-bytes + 65536, so that a WebSocket
@@ -289,6 +432,7 @@ pub struct ServeArgs {
     /// escaped (the default is that for the default --max-event-bytes; the
     /// server warns at start when it is lower).
     #[arg(
+        help_heading = "Limits",
         long,
         env = "GAPLESS_WS_MAX_MESSAGE_BYTES",
         default_value_t = 6_356_992,
@@ -296,39 +440,51 @@ pub struct ServeArgs {
     )]
     pub ws_max_message_bytes: usize,
     /// Milliseconds an open session survives with no consumer attached before it is cancelled.
-    #[arg(long, env = "GAPLESS_SESSION_GRACE_MS", default_value_t = 60_000)]
+    #[arg(
+        help_heading = "Sessions",
+        long,
+        env = "GAPLESS_SESSION_GRACE_MS",
+        default_value_t = 60_000
+    )]
     pub session_grace_ms: u64,
     /// Whether session consumers may resume with last_seq (false: refused with close 4400).
-    #[arg(long, env = "GAPLESS_SESSION_RESUME", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Sessions", long, env = "GAPLESS_SESSION_RESUME", default_value_t = true, action = clap::ArgAction::Set)]
     pub session_resume: bool,
     /// Milliseconds a client has to send a whole request head (slower: 408 if part of one came, then close).
-    #[arg(long, env = "GAPLESS_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes (431 above); 8192 to 1048576.
-    #[arg(long, env = "GAPLESS_MAX_HEADER_BYTES", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(8192..=1_048_576))]
+    #[arg(help_heading = "Limits", long, env = "GAPLESS_MAX_HEADER_BYTES", default_value_t = 16_384, value_parser = clap::value_parser!(u64).range(8192..=1_048_576))]
     pub max_header_bytes: u64,
     /// Log format: text (for people) or json (one object per line), to standard error.
-    #[arg(long, env = "GAPLESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(help_heading = "Logging and console", long, env = "GAPLESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log level or filter (error, warn, info, debug, trace; or e.g. `gapless_server=debug`).
     /// Default: RUST_LOG if set, else info.
-    #[arg(long, env = "GAPLESS_LOG_LEVEL")]
+    #[arg(
+        help_heading = "Logging and console",
+        value_name = "LEVEL",
+        long,
+        env = "GAPLESS_LOG_LEVEL"
+    )]
     pub log_level: Option<String>,
-    /// Serve the console page at `GET /` (watch channels, publish, read history).
+    /// Serve the console page at `GET /` (follow channels, publish test
+    /// events, read history); the page needs no token, the API calls it makes do.
     /// Default: true when listening on a loopback address, false otherwise.
-    #[arg(long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Logging and console", long, env = "GAPLESS_CONSOLE", action = clap::ArgAction::Set)]
     pub console: Option<bool>,
-    /// Most recent events kept in memory per followed channel; at least 1.
-    #[arg(long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024, value_parser = at_least_one)]
+    /// Most recent events kept in memory per followed channel (older ones are
+    /// read from the journal); at least 1.
+    #[arg(help_heading = "Storage", long, env = "GAPLESS_WINDOW_EVENTS", default_value_t = 1024, value_parser = at_least_one)]
     pub window_events: usize,
     /// Most bytes of recent event data kept in memory per followed channel;
     /// the newest event is kept whatever its size. The frames built from the
     /// kept events for the streams that read them add about as much per
     /// format in use (docs/deploy.md, "Memory"); at least 1.
-    #[arg(long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
+    #[arg(help_heading = "Storage", long, env = "GAPLESS_WINDOW_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
     pub window_bytes: usize,
     /// Cluster mode (docs/cluster.md).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Cluster")]
     pub redis: RedisArgs,
 }
 
@@ -336,12 +492,19 @@ pub struct ServeArgs {
 #[derive(Debug, clap::Args)]
 pub struct RedisArgs {
     /// Keep the journal in Redis: `redis://[user:password@]host:port[/db]` or `rediss://…`
-    /// (TLS); with --redis-sentinel, comma-separated Sentinel URLs. Default: none (embedded journal).
-    #[arg(long = "redis", env = "GAPLESS_REDIS", conflicts_with = "memory")]
+    /// (TLS); with --redis-sentinel, comma-separated Sentinel URLs (docs/cluster.md).
+    /// Default: none (the embedded journal).
+    #[arg(
+        long = "redis",
+        value_name = "URL",
+        env = "GAPLESS_REDIS",
+        conflicts_with = "memory"
+    )]
     pub url: Option<String>,
     /// Sentinel master name: --redis then names the Sentinels, asked for the primary at each connect.
     #[arg(
         long = "redis-sentinel",
+        value_name = "NAME",
         env = "GAPLESS_REDIS_SENTINEL",
         requires = "url"
     )]

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 /// Subcommands whose flags a file may set.
 const WITH_FILE: &[&str] = &["serve", "config"];
 /// Arguments that are not settings.
-const NOT_SETTINGS: &[&str] = &["config", "default", "help", "version"];
+const NOT_SETTINGS: &[&str] = &["config", "default", "markdown", "help", "version"];
 /// Settings printed redacted.
 const SECRETS: &[&str] = &["jwt_secret"];
 /// The file's key of the namespace tables.
@@ -123,7 +123,7 @@ fn finish(
 }
 
 /// The `serve` subcommand's definition (its arguments are the settings).
-fn serve_command() -> Command {
+pub(crate) fn serve_command() -> Command {
     Cli::command()
         .find_subcommand("serve")
         .cloned()
@@ -131,7 +131,7 @@ fn serve_command() -> Command {
 }
 
 /// The settings: every argument of `serve` but `--config` and help.
-fn settings(serve: &Command) -> Vec<&clap::Arg> {
+pub(crate) fn settings(serve: &Command) -> Vec<&clap::Arg> {
     serve
         .get_arguments()
         .filter(|a| !NOT_SETTINGS.contains(&a.get_id().as_str()) && !a.is_hide_set())
@@ -149,14 +149,14 @@ fn key_of(arg: &clap::Arg) -> String {
 /// The kind of value a setting takes, from its default (all numeric
 /// settings have numeric defaults, booleans `true`/`false`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Integer,
     Boolean,
     Text,
     List,
 }
 
-fn kind(arg: &clap::Arg) -> Kind {
+pub(crate) fn kind(arg: &clap::Arg) -> Kind {
     if arg.get_value_delimiter().is_some() {
         return Kind::List;
     }

@@ -6,10 +6,23 @@ mod cli;
 mod cmd;
 mod config;
 mod serve;
+mod settings_table;
 
 fn main() -> std::process::ExitCode {
     let parsed = config::parse();
     if let cli::Command::Config(args) = &parsed.cli.command {
+        if let Some(heading) = &args.markdown {
+            return match settings_table::print(Some(heading)) {
+                Ok(tables) => {
+                    print!("{tables}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gapless: {e}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
         print!(
             "{}",
             if args.default {

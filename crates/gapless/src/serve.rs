@@ -131,7 +131,7 @@ struct Store {
     ds_shared_signing_key: Option<Arc<dyn gapless_server::config::SharedSigningKey>>,
 }
 
-/// Opens the journal `args` name: Redis (`--redis-url`), memory
+/// Opens the journal `args` name: Redis (`--redis`), memory
 /// (`--memory`), or the embedded store in `--data-dir`; each channel with
 /// the retention of its namespace.
 async fn open_store(

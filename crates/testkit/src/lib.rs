@@ -3,7 +3,7 @@
 //! speak the wire protocols from outside, over real sockets.
 //!
 //! - [`Server`]: one `gapless serve` process (durable in its own temporary
-//!   data directory, `--memory`, or a cluster node with `--redis-url`; any
+//!   data directory, `--memory`, or a cluster node with `--redis`; any
 //!   flags and environment through [`Opts`]): its address, HTTP helpers
 //!   answering a [`Resp`], SSE helpers, `kill -9`, SIGTERM, restart on the
 //!   same port and data, and its log (stderr, one file per run, whose tail

@@ -47,6 +47,7 @@ mod publish;
 mod purge;
 mod regression;
 mod restart;
+mod settings_docs;
 mod slow;
 mod slow_readers;
 mod socket_options;

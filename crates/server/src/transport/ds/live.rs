@@ -6,9 +6,9 @@
 //! request, hyper writes the same feed (`conn::body`).
 //!
 //! Each write is one `event: data` holding every append the subscription
-//! has ready (up to `--read-batch`): a JSON stream's messages as one array,
-//! a text stream's bytes one after another (each line its own `data:`
-//! line), a binary stream's bytes one after another in base64; then one
+//! has ready (up to `ServerConfig::read_batch`, 256 messages): a JSON
+//! stream's messages as one array, a text stream's bytes one after another
+//! (each line its own `data:` line), a binary stream's bytes one after another in base64; then one
 //! `event: control` with the offset after them. The feed reads nothing of
 //! the stream's metadata on the way and takes no lock: its closure and
 //! deletion come through the stream's watch (`Meta::watch`).
