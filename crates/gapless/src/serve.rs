@@ -51,7 +51,7 @@ pub fn run(args: ServeArgs, tables: &BTreeMap<String, Table>) -> anyhow::Result<
         tracing::warn!(error = %e, "could not start the allocator's background thread");
     }
     // Before anything records: the process-wide Prometheus recorder for /metrics.
-    let _ = gapless_server::admin::metrics::install();
+    let _ = gapless_server::metrics::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_park(crate::alloc::on_thread_idle)

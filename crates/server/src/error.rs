@@ -114,7 +114,7 @@ impl ErrorBody {
 
 /// The metric of error answers, by `code` (the `error` of the JSON body:
 /// `unauthorized`, `rate_limited`, …); described with the others in
-/// `admin::metrics`.
+/// `crate::metrics`.
 pub const REFUSALS: &str = "gapless_refusals_total";
 
 /// The end of a 503 `unavailable` message (the journal is unreachable)

@@ -4,7 +4,9 @@
 //! Five parts (docs/design.md, "Parts"; `tests/layers.rs` keeps their rules):
 //! [`ops`] (what the server does, once for every transport), [`auth`]
 //! (tokens and grants), [`net`] (sockets and bytes), [`transport`] (one room
-//! per wire protocol) and [`admin`] (probes, metrics, console, OpenAPI).
+//! per wire protocol) and [`admin`] (probes, `GET /metrics`, console,
+//! OpenAPI); beside them [`config`], `error` and [`metrics`] (the registry
+//! every part records into), which every part may use.
 //! This file assembles them: [`api`] merges each part's `routes()`,
 //! [`router`] adds the fallbacks and middleware, and [`serve`] runs it all
 //! until the shutdown token fires, then ends every stream so clients
@@ -14,6 +16,7 @@ pub mod admin;
 pub mod auth;
 pub mod config;
 pub(crate) mod error;
+pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod transport;

@@ -1,12 +1,12 @@
-//! Running the server: health and readiness (here), metrics ([`metrics`]:
-//! the registry every part records into, and `GET /metrics`), the console
+//! Running the server: health and readiness (here), `GET /metrics`
+//! ([`metrics`], serving the registry of [`crate::metrics`]), the console
 //! page ([`console`]) and the OpenAPI document ([`openapi`]), with the
 //! `routes()` that `lib.rs` merges. May use: `auth` (the token schemes the
 //! document names), `config`, `error` and `App`; the transports' schemas
 //! come with their own `routes()`.
 
 pub(crate) mod console;
-pub mod metrics;
+pub(crate) mod metrics;
 pub(crate) mod openapi;
 
 use crate::error::{ApiError, ErrorBody};

@@ -181,15 +181,15 @@ pub(crate) fn body<F: Frames>(
     shutdown: CancellationToken,
 ) -> Body {
     Body::from_stream(async_stream::stream! {
-        let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+        let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
         let mut out = Vec::new();
         loop {
             let flow = feed.next(&mut out).await;
             // Whatever the flow, what it queued goes out first: the
             // expiry frame comes with `Flow::End`.
             if !out.is_empty() {
-                crate::admin::metrics::written(
-                    crate::admin::metrics::Transport::Sse,
+                crate::metrics::written(
+                    crate::metrics::Transport::Sse,
                     out.iter().map(Bytes::len).sum(),
                 );
                 for frame in out.drain(..) {
@@ -341,7 +341,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut conn: Conn, peer: SocketAddr)
             conn.unread(buf.freeze());
             // hyper times the head from scratch: give it only what is left.
             let left = timeout.saturating_sub(started.elapsed());
-            let _open = crate::admin::metrics::Open::<crate::admin::metrics::HttpConn>::new();
+            let _open = crate::metrics::Open::<crate::metrics::HttpConn>::new();
             boxed(serve_http(shared, conn, left, peer, refused)).await;
         }
     }
@@ -624,7 +624,7 @@ fn stream<F: Frames>(
     async move {
         // Held (moved into the task) until the stream ends.
         let _place = &place;
-        let _open = crate::admin::metrics::Open::<crate::admin::metrics::SseConn>::new();
+        let _open = crate::metrics::Open::<crate::metrics::SseConn>::new();
         let bound = crate::net::tcp_info::Peer::take_over_bound(&tcp, bound_ms);
         // Whether the response head is still to be written (it is `out[0]`).
         let mut first = true;
@@ -662,8 +662,8 @@ fn stream<F: Frames>(
                 out.push(Bytes::from_static(b"0\r\n\r\n"));
             }
             // Counted as handed to the socket (nothing held across the write).
-            crate::admin::metrics::written(
-                crate::admin::metrics::Transport::Sse,
+            crate::metrics::written(
+                crate::metrics::Transport::Sse,
                 out.iter().map(Bytes::len).sum(),
             );
             let ticks = bound.is_some();

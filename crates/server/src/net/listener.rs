@@ -87,7 +87,7 @@ impl PerIp {
     /// `ip` was warned about less than [`WARN_EVERY`] ago. `via`: the trusted
     /// proxy it came through.
     fn refuse(&self, ip: IpAddr, via: Option<IpAddr>, max: usize, close: bool) -> Refused {
-        crate::admin::metrics::connection_refused("per_ip");
+        crate::metrics::connection_refused("per_ip");
         let now = Instant::now();
         let warn = {
             let mut warned = self.warned.lock();
@@ -272,7 +272,7 @@ impl GaplessListener {
                 proxied,
             )),
             Err(_) => {
-                crate::admin::metrics::connection_refused("connections");
+                crate::metrics::connection_refused("connections");
                 Err(Refused {
                     why: format!(
                         "the server holds its maximum of {} connections (--max-connections); retry later",

@@ -10,7 +10,7 @@
 //!   [`conn::Frames`] source (the SSE transport's feed);
 //! - [`linger`]: closing while the client may still send, without a reset.
 //!
-//! May use: `admin` (metrics), `config`, `error`, and `Peer` from the top.
+//! May use: `config`, `error`, `metrics`, and `Peer` from the top.
 
 pub mod conn;
 pub mod forwarded;

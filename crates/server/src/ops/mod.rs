@@ -31,8 +31,8 @@
 //!
 //! A transport reads its wire into these calls and writes their answers in
 //! its own shape; a refusal is an [`ApiError`](crate::error::ApiError) whose
-//! code and message do not depend on the transport. May use: `auth`, `admin`
-//! (metrics), `config`, `error` and the shared state `App`.
+//! code and message do not depend on the transport. May use: `auth`,
+//! `config`, `error`, `metrics` and the shared state `App`.
 
 pub mod history;
 pub mod limits;

@@ -10,9 +10,9 @@
 //! boxed future and the timer is made on first use, on the runtime that
 //! drives the stream (docs/design.md, "Fan-out", "Memory").
 
-use crate::admin::metrics::{self, Transport};
 use crate::auth::Grant;
 use crate::error::ApiError;
+use crate::metrics::{self, Transport};
 use crate::ops::stream_log::Tally;
 use crate::{App, ServerConfig};
 use gapless_core::subscription::{Gap, Start, Subscription};

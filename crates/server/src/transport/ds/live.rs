@@ -22,7 +22,7 @@
 //! as every stream's (`ops::stream_log`, `transport=ds`).
 
 use super::read::{READ_BYTES, READ_EVENTS};
-use crate::admin::metrics::Transport;
+use crate::metrics::Transport;
 use crate::net::conn::{Flow, Frames, Gone, Waited};
 use crate::ops::stream::{self, End, EndSignal};
 use crate::ops::stream_log::{ChannelList, Ended, Tally};

@@ -4,7 +4,7 @@
 use super::lifecycle::lookup;
 use super::live;
 use super::{api_error, empty, error, set, Ctx};
-use crate::admin::metrics::Transport;
+use crate::metrics::Transport;
 use crate::ops::stream;
 use crate::ops::streams::layout::{self, ReadError};
 use crate::ops::streams::names::{live_cursor, offset, parse_offset, Offset};

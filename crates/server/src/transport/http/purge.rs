@@ -39,7 +39,7 @@ pub async fn purge(
 ) -> Result<StatusCode, ApiError> {
     op::check_channel(&grant, &channel)?;
     app.hub.purge(&channel).await?;
-    crate::admin::metrics::channel_purged();
+    crate::metrics::channel_purged();
     tracing::info!(channel = %channel, "channel purged");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -23,9 +23,9 @@ pub(crate) mod busy;
 #[allow(dead_code)]
 mod doc;
 
-use crate::admin::metrics::Transport;
 use crate::auth::{Access, Action, Grant};
 use crate::error::{ApiError, ErrorBody};
+use crate::metrics::Transport;
 use crate::net::conn::{DirectStream, Flow, Frames, Gone, Waited};
 use crate::net::liveness::Flushes;
 use crate::ops::names;
@@ -433,8 +433,7 @@ async fn open(
             // An EventSource gives up for good on a 503 or a 500: tell it to
             // come back (the journal unreachable, or failing: Redis refusing
             // scripts for lack of memory, say).
-            metrics::counter!(crate::admin::metrics::REFUSALS, "code" => e.code.as_str())
-                .increment(1);
+            metrics::counter!(crate::metrics::REFUSALS, "code" => e.code.as_str()).increment(1);
             let retry_ms = rand::random_range(UNAVAILABLE_RETRY_MS);
             return Ok(retry_later(
                 retry_ms,

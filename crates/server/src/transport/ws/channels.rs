@@ -164,7 +164,7 @@ async fn run(
     peer: Option<IpAddr>,
     tcp: Option<crate::net::tcp_info::Peer>,
 ) {
-    let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
+    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     let shutdown = app.shutdown.clone();
     let mut expiry = Expiry::new(&grant);
@@ -543,14 +543,14 @@ impl Conn {
         match item {
             Item::Events { index, events } => {
                 stream::delivered(
-                    crate::admin::metrics::Transport::Ws,
+                    crate::metrics::Transport::Ws,
                     &mut self.tally,
                     &self.sub,
                     index,
                     &events,
                 );
-                crate::admin::metrics::written(
-                    crate::admin::metrics::Transport::Ws,
+                crate::metrics::written(
+                    crate::metrics::Transport::Ws,
                     events.iter().map(|e| e.ws_message().len()).sum(),
                 );
                 let channel = self.sub.channel(index).clone();

@@ -18,10 +18,10 @@
 use super::channels::receive_error;
 use super::Handshake;
 use super::{close, configure, json, Beat, Heartbeat};
-use crate::admin::metrics::Transport;
 use crate::admin::openapi::shared::{HandshakeForbidden, SessionPath};
 use crate::auth::Grant;
 use crate::error::{ApiError, ErrorBody};
+use crate::metrics::Transport;
 use crate::ops::sessions::{self, Replay, Step};
 use crate::ops::stream::{self, Expiry};
 use crate::ops::stream_log::{Ended, Tally};
@@ -187,7 +187,7 @@ async fn consume(
     // A silent consumer whose TCP shows it reading behind is not closed.
     let mut hb = Heartbeat::new(app.config.heartbeat_ms, tcp);
     let mut expiry = Expiry::new(grant);
-    let _open = crate::admin::metrics::Open::<crate::admin::metrics::WsConn>::new();
+    let _open = crate::metrics::Open::<crate::metrics::WsConn>::new();
     let id = att.id().to_owned();
     let (mut replay, now) = Replay::start(&att);
     for step in now {
