@@ -208,7 +208,7 @@ async fn zero_means_no_limit_for_connection_limits_and_is_refused_where_there_is
         .expect("run gapless");
     let help = String::from_utf8_lossy(&help.stdout).replace('\n', " ");
     assert!(
-        help.contains("closed); 0 = no limit"),
+        help.contains("Most open client connections; 0 = no limit"),
         "--max-connections: {help}"
     );
 }

@@ -201,7 +201,7 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     // The names are in metrics.rs, but for the refusals' counter, which
     // error.rs names (it imports no part of the server; metrics.rs
     // re-exports it).
-    let source = ["admin/metrics.rs", "error.rs"]
+    let source = ["metrics.rs", "error.rs"]
         .map(|f| {
             let path = format!("{}/../server/src/{f}", env!("CARGO_MANIFEST_DIR"));
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
