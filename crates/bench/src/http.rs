@@ -17,7 +17,7 @@ const MAX_HEAD: usize = 16 * 1024;
 /// A URL template: `http://HOST:PORT/path` where the path may hold
 /// `{channel}` (and, for history, `{limit}`).
 #[derive(Debug, Clone)]
-pub struct UrlTemplate {
+pub(crate) struct UrlTemplate {
     /// Where to connect.
     pub addr: SocketAddr,
     /// The `Host` header value.
@@ -31,7 +31,7 @@ impl UrlTemplate {
     ///
     /// # Errors
     /// When the URL is not `http://`, has no path, or the host does not resolve.
-    pub fn parse(url: &str) -> Result<Self> {
+    pub(crate) fn parse(url: &str) -> Result<Self> {
         let rest = url
             .strip_prefix("http://")
             .ok_or_else(|| anyhow!("{url}: only http:// URLs are supported"))?;
@@ -52,7 +52,7 @@ impl UrlTemplate {
     }
 
     /// The path for one channel (and page size).
-    pub fn path_for(&self, channel: &str, limit: usize) -> String {
+    pub(crate) fn path_for(&self, channel: &str, limit: usize) -> String {
         self.path
             .replace("{channel}", channel)
             .replace("{limit}", &limit.to_string())
@@ -82,19 +82,19 @@ enum ChunkState {
 
 /// Decodes one response body incrementally.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyDecoder {
+pub(crate) struct BodyDecoder {
     framing: Framing,
     done: bool,
 }
 
 impl BodyDecoder {
     /// True once the body's end was seen (never for an until-close body).
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.done
     }
 
     /// The connection ended: fine only for an until-close body.
-    pub fn eof_ok(&self) -> bool {
+    pub(crate) fn eof_ok(&self) -> bool {
         self.done || self.framing == Framing::UntilClose
     }
 
@@ -103,7 +103,11 @@ impl BodyDecoder {
     ///
     /// # Errors
     /// A malformed chunk header.
-    pub fn decode<'a>(&mut self, input: &'a [u8], out: &mut impl FnMut(&'a [u8])) -> Result<usize> {
+    pub(crate) fn decode<'a>(
+        &mut self,
+        input: &'a [u8],
+        out: &mut impl FnMut(&'a [u8]),
+    ) -> Result<usize> {
         if self.done {
             return Ok(0);
         }
@@ -215,7 +219,7 @@ fn unreachable_state() -> Result<ChunkState> {
 
 /// A response head.
 #[derive(Debug)]
-pub struct Head {
+pub(crate) struct Head {
     /// The status code.
     pub status: u16,
     /// The body's decoder.
@@ -230,7 +234,7 @@ pub struct Head {
 
 /// What [`Client::call_full`] learned besides the body.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The status code.
     pub status: u16,
     /// Durable Streams: the `Stream-Next-Offset` header.
@@ -241,7 +245,7 @@ pub struct Answer {
 
 /// One client connection with its read buffer.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
     start: usize,
@@ -253,7 +257,7 @@ impl Conn {
     ///
     /// # Errors
     /// The connect failed.
-    pub async fn connect(addr: SocketAddr, buf_size: usize) -> Result<Self> {
+    pub(crate) async fn connect(addr: SocketAddr, buf_size: usize) -> Result<Self> {
         let stream = TcpStream::connect(addr)
             .await
             .with_context(|| format!("connect to {addr}"))?;
@@ -270,7 +274,7 @@ impl Conn {
     ///
     /// # Errors
     /// The write failed.
-    pub async fn send(&mut self, request: &[u8]) -> Result<()> {
+    pub(crate) async fn send(&mut self, request: &[u8]) -> Result<()> {
         self.stream
             .write_all(request)
             .await
@@ -303,7 +307,7 @@ impl Conn {
     ///
     /// # Errors
     /// The connection closed or the head is malformed.
-    pub async fn read_head(&mut self) -> Result<Head> {
+    pub(crate) async fn read_head(&mut self) -> Result<Head> {
         loop {
             let avail = &self.buf[self.start..self.end];
             if let Some(pos) = memchr::memmem::find(avail, b"\r\n\r\n") {
@@ -373,7 +377,11 @@ impl Conn {
     ///
     /// # Errors
     /// The connection failed or closed early, or the body is malformed.
-    pub async fn read_body(&mut self, body: &mut BodyDecoder, out: &mut Vec<u8>) -> Result<()> {
+    pub(crate) async fn read_body(
+        &mut self,
+        body: &mut BodyDecoder,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         loop {
             let used = body.decode(&self.buf[self.start..self.end], &mut |piece| {
                 out.extend_from_slice(piece);
@@ -396,7 +404,7 @@ impl Conn {
     ///
     /// # Errors
     /// The read failed or the body is malformed.
-    pub async fn stream_body(
+    pub(crate) async fn stream_body(
         &mut self,
         body: &mut BodyDecoder,
         out: &mut impl FnMut(&[u8]),
@@ -422,7 +430,7 @@ impl Conn {
     ///
     /// # Errors
     /// The read failed, `take` failed, or an incomplete frame fills the whole buffer.
-    pub async fn read_raw(
+    pub(crate) async fn read_raw(
         &mut self,
         take: &mut impl FnMut(&[u8]) -> Result<usize>,
     ) -> Result<bool> {
@@ -442,7 +450,7 @@ impl Conn {
 }
 
 /// Builds a request with an optional body.
-pub fn request(
+pub(crate) fn request(
     method: &str,
     host: &str,
     path: &str,
@@ -475,14 +483,14 @@ pub fn request(
 /// A keep-alive client for request/response traffic (publishing, history):
 /// reconnects when the server closed the previous connection.
 #[derive(Debug)]
-pub struct Client {
+pub(crate) struct Client {
     addr: SocketAddr,
     conn: Option<Conn>,
 }
 
 impl Client {
     /// A client that connects on first use.
-    pub fn new(addr: SocketAddr) -> Self {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
         Client { addr, conn: None }
     }
 
@@ -491,7 +499,7 @@ impl Client {
     ///
     /// # Errors
     /// Connect, write or read failures, or a malformed answer.
-    pub async fn call(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<u16> {
+    pub(crate) async fn call(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<u16> {
         Ok(self.call_full(request, body).await?.status)
     }
 
@@ -499,7 +507,7 @@ impl Client {
     ///
     /// # Errors
     /// Connect, write or read failures, or a malformed answer.
-    pub async fn call_full(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<Answer> {
+    pub(crate) async fn call_full(&mut self, request: &[u8], body: &mut Vec<u8>) -> Result<Answer> {
         self.exchange(request, body, false).await
     }
 
@@ -508,7 +516,7 @@ impl Client {
     ///
     /// # Errors
     /// Connect, write or read failures, or a malformed answer.
-    pub async fn head(&mut self, request: &[u8]) -> Result<Answer> {
+    pub(crate) async fn head(&mut self, request: &[u8]) -> Result<Answer> {
         let mut body = Vec::new();
         self.exchange(request, &mut body, true).await
     }

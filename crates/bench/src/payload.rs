@@ -16,7 +16,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Now, in Unix microseconds.
-pub fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -25,7 +25,7 @@ pub fn now_us() -> u64 {
 
 /// What a subscriber read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// A measured event.
     Event {
         /// Its number in its channel, from 1.
@@ -41,7 +41,7 @@ pub enum Payload {
 
 /// How event data travels in an append's body and comes back in reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wire {
+pub(crate) enum Wire {
     /// The body is the data; a read (an SSE event, a history entry) holds one event.
     Raw,
     /// Durable Streams `application/json`: the body is the data as one JSON string; a read
@@ -54,7 +54,7 @@ pub enum Wire {
 
 impl Wire {
     /// The `Content-Type` of appends (and of stream creation).
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Wire::Raw | Wire::Line => "text/plain",
             Wire::JsonString => "application/json",
@@ -62,7 +62,7 @@ impl Wire {
     }
 
     /// Wraps the data in `out` (as written by [`encode`] or [`encode_warm`]) into a body.
-    pub fn wrap(self, out: &mut Vec<u8>) {
+    pub(crate) fn wrap(self, out: &mut Vec<u8>) {
         match self {
             Wire::Raw => {}
             // The data is ASCII digits, `:`, `w` and `x`: nothing to escape.
@@ -76,7 +76,7 @@ impl Wire {
 
     /// Calls `each` with every message of one read; returns false when the read is
     /// not of this wire's shape (not a JSON array of strings).
-    pub fn split(self, read: &str, mut each: impl FnMut(&str)) -> bool {
+    pub(crate) fn split(self, read: &str, mut each: impl FnMut(&str)) -> bool {
         match self {
             Wire::Raw => {
                 each(read);
@@ -104,13 +104,13 @@ impl Wire {
 }
 
 /// Writes a measured event's data into `out` (cleared first).
-pub fn encode(out: &mut Vec<u8>, seq: u64, sent_us: u64, bytes: usize) {
+pub(crate) fn encode(out: &mut Vec<u8>, seq: u64, sent_us: u64, bytes: usize) {
     encode_tagged(out, seq, sent_us, None, bytes);
 }
 
 /// Writes a measured event's data into `out` (cleared first), with the channel tag
 /// `cK:` after the publish time when `channel` is given.
-pub fn encode_tagged(
+pub(crate) fn encode_tagged(
     out: &mut Vec<u8>,
     seq: u64,
     sent_us: u64,
@@ -134,7 +134,7 @@ pub fn encode_tagged(
 
 /// Writes warm-up event `n`'s data for channel `channel` (its index in the run) into
 /// `out` (cleared first).
-pub fn encode_warm(out: &mut Vec<u8>, n: u64, channel: usize) {
+pub(crate) fn encode_warm(out: &mut Vec<u8>, n: u64, channel: usize) {
     out.clear();
     out.push(b'w');
     push_u64(out, n);
@@ -148,7 +148,7 @@ pub fn encode_warm(out: &mut Vec<u8>, n: u64, channel: usize) {
 
 /// The channel tag of event data (`SEQ:MICROS:cK:…` or `wN:MICROS:cK:…`): K, the
 /// channel's index in the run; `None` when the data carries none.
-pub fn channel_tag(data: &str) -> Option<usize> {
+pub(crate) fn channel_tag(data: &str) -> Option<usize> {
     let b = data.as_bytes();
     let c1 = memchr::memchr(b':', b)?;
     let rest = &b[c1 + 1..];
@@ -182,7 +182,7 @@ fn parse_u64(s: &[u8]) -> Option<u64> {
 }
 
 /// Reads event data.
-pub fn parse(data: &str) -> Payload {
+pub(crate) fn parse(data: &str) -> Payload {
     let b = data.as_bytes();
     let Some(c1) = memchr::memchr(b':', b) else {
         return Payload::Foreign;

@@ -24,7 +24,12 @@ const COLORS: [RGBColor; 4] = [
 ///
 /// # Errors
 /// A file has no record with that curve, or the SVG cannot be written.
-pub fn plot(out: &Path, curve: &str, title: &str, files: &[std::path::PathBuf]) -> Result<()> {
+pub(crate) fn plot(
+    out: &Path,
+    curve: &str,
+    title: &str,
+    files: &[std::path::PathBuf],
+) -> Result<()> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;

@@ -34,7 +34,7 @@ use tokio::sync::Semaphore;
 
 /// `presence` arguments.
 #[derive(Debug, Args)]
-pub struct PresenceArgs {
+pub(crate) struct PresenceArgs {
     /// Members that join and leave.
     #[arg(long, default_value_t = 10_000)]
     pub members: usize,
@@ -129,7 +129,7 @@ async fn watch(mut r: BufReader<TcpStream>, seen: Arc<Mutex<Seen>>) -> Result<()
 /// # Errors
 /// A watcher or member could not connect, or the notices did not all
 /// arrive within `--timeout-secs`.
-pub async fn presence(c: &Common, a: &PresenceArgs) -> Result<Record> {
+pub(crate) async fn presence(c: &Common, a: &PresenceArgs) -> Result<Record> {
     let label = c.label.clone().unwrap_or_else(|| "gapless".to_owned());
     let mut r = Record::new(
         "presence",

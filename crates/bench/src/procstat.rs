@@ -11,7 +11,7 @@ const USER_HZ: u64 = 100;
 
 /// CPU time used so far, in microseconds.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Cpu {
+pub(crate) struct Cpu {
     /// User time.
     pub user_us: u64,
     /// System (kernel) time.
@@ -20,12 +20,12 @@ pub struct Cpu {
 
 impl Cpu {
     /// User plus system time.
-    pub fn total_us(&self) -> u64 {
+    pub(crate) fn total_us(&self) -> u64 {
         self.user_us + self.sys_us
     }
 
     /// `self - earlier`, saturating.
-    pub fn since(&self, earlier: &Cpu) -> Cpu {
+    pub(crate) fn since(&self, earlier: &Cpu) -> Cpu {
         Cpu {
             user_us: self.user_us.saturating_sub(earlier.user_us),
             sys_us: self.sys_us.saturating_sub(earlier.sys_us),
@@ -44,7 +44,7 @@ fn stat_path(pid: Option<u32>, file: &str) -> String {
 ///
 /// # Errors
 /// The process does not exist or its stat line is malformed.
-pub fn cpu(pid: Option<u32>) -> Result<Cpu> {
+pub(crate) fn cpu(pid: Option<u32>) -> Result<Cpu> {
     let path = stat_path(pid, "stat");
     let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
     // The command name may hold spaces and parentheses: fields start after the last ')'.
@@ -70,7 +70,7 @@ pub fn cpu(pid: Option<u32>) -> Result<Cpu> {
 ///
 /// # Errors
 /// The process does not exist or has no `VmRSS` line.
-pub fn rss_kb(pid: Option<u32>) -> Result<u64> {
+pub(crate) fn rss_kb(pid: Option<u32>) -> Result<u64> {
     let path = stat_path(pid, "status");
     let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
     text.lines()
@@ -84,7 +84,7 @@ pub fn rss_kb(pid: Option<u32>) -> Result<u64> {
 ///
 /// # Errors
 /// `/proc/stat` is unreadable or malformed.
-pub fn machine_busy_us() -> Result<u64> {
+pub(crate) fn machine_busy_us() -> Result<u64> {
     let text = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
     let line = text
         .lines()
@@ -102,7 +102,7 @@ pub fn machine_busy_us() -> Result<u64> {
 
 /// The processes measured as "the server".
 #[derive(Debug, Clone, Default)]
-pub struct Server {
+pub(crate) struct Server {
     /// Their pids; empty means no server-side readings.
     pub pids: Vec<u32>,
 }
@@ -112,7 +112,7 @@ impl Server {
     ///
     /// # Errors
     /// A process vanished.
-    pub fn cpu(&self) -> Result<Option<Cpu>> {
+    pub(crate) fn cpu(&self) -> Result<Option<Cpu>> {
         if self.pids.is_empty() {
             return Ok(None);
         }
@@ -129,7 +129,7 @@ impl Server {
     ///
     /// # Errors
     /// A process vanished.
-    pub fn rss_kb(&self) -> Result<Option<u64>> {
+    pub(crate) fn rss_kb(&self) -> Result<Option<u64>> {
         if self.pids.is_empty() {
             return Ok(None);
         }
@@ -143,7 +143,7 @@ impl Server {
 
 /// CPU readings of the server and of this process over one measured phase.
 #[derive(Debug)]
-pub struct Meter {
+pub(crate) struct Meter {
     server: Server,
     server0: Option<Cpu>,
     own0: Cpu,
@@ -153,7 +153,7 @@ pub struct Meter {
 
 /// What a [`Meter`] measured.
 #[derive(Debug, Clone, Copy)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Server CPU over the phase (`None` without pids).
     pub server: Option<Cpu>,
     /// This process's CPU over the phase.
@@ -169,7 +169,7 @@ impl Meter {
     ///
     /// # Errors
     /// A process vanished.
-    pub fn start(server: &Server) -> Result<Self> {
+    pub(crate) fn start(server: &Server) -> Result<Self> {
         Ok(Meter {
             server: server.clone(),
             server0: server.cpu()?,
@@ -183,7 +183,7 @@ impl Meter {
     ///
     /// # Errors
     /// A process vanished.
-    pub fn stop(&self) -> Result<Usage> {
+    pub(crate) fn stop(&self) -> Result<Usage> {
         let wall_s = self.t0.elapsed().as_secs_f64();
         let server = match (self.server.cpu()?, &self.server0) {
             (Some(now), Some(then)) => Some(now.since(then)),

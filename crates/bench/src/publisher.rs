@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 /// Where and what to publish.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Server address.
     pub addr: SocketAddr,
     /// `Host` header.
@@ -44,7 +44,7 @@ pub struct Plan {
 
 /// What a publishing run did.
 #[derive(Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Events numbered per channel (published or attempted).
     pub issued: Vec<u64>,
     /// 2xx answers.
@@ -65,7 +65,7 @@ struct Shared {
 }
 
 /// Publishes per the plan.
-pub async fn run(plan: Plan) -> Outcome {
+pub(crate) async fn run(plan: Plan) -> Outcome {
     let shared = Arc::new(Shared {
         ticket: AtomicU64::new(0),
         counters: plan.paths.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -184,7 +184,7 @@ async fn publisher(plan: Plan, shared: Arc<Shared>, t0: Instant) -> One {
 ///
 /// # Errors
 /// A warm-up publish failed.
-pub async fn warm_round(
+pub(crate) async fn warm_round(
     addr: SocketAddr,
     host: &str,
     paths: &Arc<Vec<String>>,

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// A latency histogram in microseconds, 1 µs to 1 hour, 3 significant digits.
-pub fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
 }
 
@@ -21,7 +21,7 @@ const CURVE_PERCENTILES: [f64; 16] = [
 
 /// One run's results.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Record {
+pub(crate) struct Record {
     /// Scenario name.
     pub scenario: String,
     /// Target label (e.g. `gapless`, `nchan`).
@@ -41,7 +41,7 @@ pub struct Record {
 
 impl Record {
     /// An empty record.
-    pub fn new(scenario: &str, target: &str, params: String) -> Self {
+    pub(crate) fn new(scenario: &str, target: &str, params: String) -> Self {
         Record {
             scenario: scenario.to_owned(),
             target: target.to_owned(),
@@ -54,12 +54,12 @@ impl Record {
     }
 
     /// Adds one figure.
-    pub fn metric(&mut self, name: &str, value: f64) {
+    pub(crate) fn metric(&mut self, name: &str, value: f64) {
         self.metrics.push((name.to_owned(), value));
     }
 
     /// Adds p50/p90/p99/p999/max of a µs histogram, in milliseconds, as `PREFIX_p50_ms` etc.
-    pub fn latency(&mut self, prefix: &str, h: &Histogram<u64>) {
+    pub(crate) fn latency(&mut self, prefix: &str, h: &Histogram<u64>) {
         if h.is_empty() {
             return;
         }
@@ -79,7 +79,7 @@ impl Record {
 
     /// Records `{prefix}_p50_ms` and `{prefix}_p99_ms` of a latency histogram
     /// (µs), without a curve (per-node breakdowns of a latency already recorded).
-    pub fn quantiles(&mut self, prefix: &str, h: &Histogram<u64>) {
+    pub(crate) fn quantiles(&mut self, prefix: &str, h: &Histogram<u64>) {
         if h.is_empty() {
             return;
         }
@@ -92,13 +92,13 @@ impl Record {
     }
 
     /// Records a failed exactness check.
-    pub fn problem(&mut self, what: String) {
+    pub(crate) fn problem(&mut self, what: String) {
         self.exact = false;
         self.problems.push(what);
     }
 
     /// Prints the record for people.
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         println!("== {} on {} ({})", self.scenario, self.target, self.params);
         for (k, v) in &self.metrics {
             println!("  {k:<34} {}", fmt_num(*v));
@@ -116,7 +116,7 @@ impl Record {
     ///
     /// # Errors
     /// The file cannot be written.
-    pub fn append_json(&self, path: &Path) -> Result<()> {
+    pub(crate) fn append_json(&self, path: &Path) -> Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -128,7 +128,7 @@ impl Record {
 }
 
 /// A number with sensible precision.
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
         "0".to_owned()
@@ -189,7 +189,7 @@ fn median(records: &[Record]) -> Option<Record> {
 ///
 /// # Errors
 /// A file is missing, empty or not made of records.
-pub fn compare(a: &Path, others: &[PathBuf]) -> Result<()> {
+pub(crate) fn compare(a: &Path, others: &[PathBuf]) -> Result<()> {
     let all_a = read_records(a)?;
     let ra = median(&all_a).ok_or_else(|| anyhow::anyhow!("{} holds no result", a.display()))?;
     let mut rest = Vec::with_capacity(others.len());

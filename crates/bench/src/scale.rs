@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 /// `multi` arguments.
 #[derive(Debug, Args)]
-pub struct MultiArgs {
+pub(crate) struct MultiArgs {
     /// Subscribers; each follows `--channels-per-sub` channels on one connection (with
     /// `--split`, on one connection per channel).
     #[arg(long, default_value_t = 1000)]
@@ -73,7 +73,7 @@ pub struct MultiArgs {
 ///
 /// # Errors
 /// Bad arguments, or subscribers could not attach or warm up.
-pub async fn multi(ctx: &Ctx, a: &MultiArgs) -> Result<Record> {
+pub(crate) async fn multi(ctx: &Ctx, a: &MultiArgs) -> Result<Record> {
     if ctx.transport != Transport::Sse {
         bail!("multi follows over SSE only (--transport sse)");
     }
@@ -211,7 +211,7 @@ pub async fn multi(ctx: &Ctx, a: &MultiArgs) -> Result<Record> {
 
 /// `burst` arguments.
 #[derive(Debug, Args)]
-pub struct BurstArgs {
+pub(crate) struct BurstArgs {
     /// Subscribers, all on one channel.
     #[arg(long, default_value_t = 10_000)]
     pub subs: usize,
@@ -243,7 +243,7 @@ fn median(v: &mut [f64]) -> f64 {
 ///
 /// # Errors
 /// Subscribers could not attach or warm up.
-pub async fn burst(ctx: &Ctx, a: &BurstArgs) -> Result<Record> {
+pub(crate) async fn burst(ctx: &Ctx, a: &BurstArgs) -> Result<Record> {
     let mut r = ctx.sub_record(
         "burst",
         format!(

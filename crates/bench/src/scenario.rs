@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Everything a scenario needs besides its own arguments.
-pub struct Ctx {
+pub(crate) struct Ctx {
     label: String,
     sub: UrlTemplate,
     pub(crate) publ: UrlTemplate,
@@ -62,7 +62,7 @@ impl Ctx {
     ///
     /// # Errors
     /// A template is malformed.
-    pub fn new(c: &Common) -> Result<Self> {
+    pub(crate) fn new(c: &Common) -> Result<Self> {
         let a = &c.addr;
         let (mut sub, publ, history, info) = match c.kind {
             Kind::Gapless => (
@@ -502,7 +502,7 @@ pub(crate) fn delivery_problems(
 
 /// `idle` arguments.
 #[derive(Debug, Args)]
-pub struct IdleArgs {
+pub(crate) struct IdleArgs {
     /// Subscribers.
     #[arg(long, default_value_t = 1000)]
     pub subs: usize,
@@ -524,7 +524,7 @@ pub struct IdleArgs {
 ///
 /// # Errors
 /// Subscribers could not attach.
-pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
+pub(crate) async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
     let mut r = ctx.sub_record(
         "idle",
         format!(
@@ -599,7 +599,7 @@ pub async fn idle(ctx: &Ctx, a: &IdleArgs) -> Result<Record> {
 
 /// `fanout` arguments.
 #[derive(Debug, Args)]
-pub struct FanoutArgs {
+pub(crate) struct FanoutArgs {
     /// Subscribers, all on one channel.
     #[arg(long, default_value_t = 1000)]
     pub subs: usize,
@@ -622,7 +622,7 @@ pub struct FanoutArgs {
 
 /// `channels` arguments.
 #[derive(Debug, Args)]
-pub struct ChannelsArgs {
+pub(crate) struct ChannelsArgs {
     /// Channels.
     #[arg(long, default_value_t = 1000)]
     pub channels: usize,
@@ -650,7 +650,7 @@ pub struct ChannelsArgs {
 ///
 /// # Errors
 /// Subscribers could not attach or warm up.
-pub async fn fanout(ctx: &Ctx, a: &FanoutArgs) -> Result<Record> {
+pub(crate) async fn fanout(ctx: &Ctx, a: &FanoutArgs) -> Result<Record> {
     let rate = if a.rate > 0.0 {
         a.rate.to_string()
     } else {
@@ -679,7 +679,7 @@ pub async fn fanout(ctx: &Ctx, a: &FanoutArgs) -> Result<Record> {
 ///
 /// # Errors
 /// Subscribers could not attach or warm up.
-pub async fn channels(ctx: &Ctx, a: &ChannelsArgs) -> Result<Record> {
+pub(crate) async fn channels(ctx: &Ctx, a: &ChannelsArgs) -> Result<Record> {
     let rate = if a.rate > 0.0 {
         a.rate.to_string()
     } else {
@@ -788,7 +788,7 @@ async fn spread(
 
 /// `storm` arguments.
 #[derive(Debug, Args)]
-pub struct StormArgs {
+pub(crate) struct StormArgs {
     /// Subscribers, all on one channel.
     #[arg(long, default_value_t = 1000)]
     pub subs: usize,
@@ -808,7 +808,7 @@ pub struct StormArgs {
 ///
 /// # Errors
 /// Subscribers could not attach or warm up.
-pub async fn storm(ctx: &Ctx, a: &StormArgs) -> Result<Record> {
+pub(crate) async fn storm(ctx: &Ctx, a: &StormArgs) -> Result<Record> {
     if ctx.transport == Transport::Ws && !ctx.ws_gapless {
         bail!("storm --transport ws needs --kind gapless: Nchan's WebSocket frames carry no message id to resume from");
     }
@@ -878,7 +878,7 @@ pub async fn storm(ctx: &Ctx, a: &StormArgs) -> Result<Record> {
 
 /// `publish` arguments.
 #[derive(Debug, Args)]
-pub struct PublishArgs {
+pub(crate) struct PublishArgs {
     /// Concurrent publisher connections.
     #[arg(long, default_value_t = 64)]
     pub publishers: usize,
@@ -903,7 +903,7 @@ pub struct PublishArgs {
 ///
 /// # Errors
 /// The server vanished.
-pub async fn publish(ctx: &Ctx, a: &PublishArgs) -> Result<Record> {
+pub(crate) async fn publish(ctx: &Ctx, a: &PublishArgs) -> Result<Record> {
     let mut params = format!(
         "publishers={} events={} bytes={} channels={}",
         a.publishers,
@@ -985,7 +985,7 @@ pub async fn publish(ctx: &Ctx, a: &PublishArgs) -> Result<Record> {
 
 /// `history` arguments.
 #[derive(Debug, Args)]
-pub struct HistoryArgs {
+pub(crate) struct HistoryArgs {
     /// Events in the channel.
     #[arg(long, default_value_t = 100_000)]
     pub events: u64,
@@ -1019,7 +1019,7 @@ struct PageEvent<'a> {
 ///
 /// # Errors
 /// No history URL, or a page is malformed.
-pub async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
+pub(crate) async fn history(ctx: &Ctx, a: &HistoryArgs) -> Result<Record> {
     let tpl = ctx
         .history
         .as_ref()

@@ -40,7 +40,7 @@ const FIRST_FAILURES: usize = 5;
 
 /// `streams` arguments.
 #[derive(Debug, Args)]
-pub struct StreamsArgs {
+pub(crate) struct StreamsArgs {
     /// Streams to create (channels with `--kind gapless`).
     #[arg(long, default_value_t = 1000)]
     pub streams: usize,
@@ -68,7 +68,7 @@ pub struct StreamsArgs {
 
 /// `restart-probe` arguments.
 #[derive(Debug, Args)]
-pub struct RestartProbeArgs {
+pub(crate) struct RestartProbeArgs {
     /// The file `streams --probe-file` wrote: `PATH NEXT_OFFSET`.
     #[arg(long)]
     pub probe_file: PathBuf,
@@ -319,7 +319,7 @@ fn sample_indices(n: usize, sample: usize) -> Vec<usize> {
 ///
 /// # Errors
 /// A target without streams or channels (Nchan), the server vanished, or a read-back failed.
-pub async fn streams(ctx: &Ctx, a: &StreamsArgs) -> Result<Record> {
+pub(crate) async fn streams(ctx: &Ctx, a: &StreamsArgs) -> Result<Record> {
     if !ctx.ds && ctx.kind != Kind::Gapless {
         bail!("streams needs a Durable Streams kind or --kind gapless");
     }
@@ -474,7 +474,7 @@ pub async fn streams(ctx: &Ctx, a: &StreamsArgs) -> Result<Record> {
 ///
 /// # Errors
 /// The probe or results file is unreadable or malformed.
-pub async fn restart_probe(common: &Common, a: &RestartProbeArgs) -> Result<bool> {
+pub(crate) async fn restart_probe(common: &Common, a: &RestartProbeArgs) -> Result<bool> {
     let text = std::fs::read_to_string(&a.probe_file)
         .with_context(|| format!("read {}", a.probe_file.display()))?;
     let (path, offset) = text

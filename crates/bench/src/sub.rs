@@ -41,7 +41,7 @@ const SHARDS: usize = 16;
 
 /// What subscriber tasks share with the scenario driving them.
 #[derive(Debug)]
-pub struct Board {
+pub(crate) struct Board {
     /// Per subscriber: the highest warm-up number seen.
     pub warm: Vec<AtomicU64>,
     /// Measured events received for the first time, over all subscribers.
@@ -73,7 +73,7 @@ pub struct Board {
 impl Board {
     /// A board for `n` subscribers spread round robin over `nodes` nodes (1
     /// for a single server).
-    pub fn new(n: usize, nodes: usize) -> Arc<Self> {
+    pub(crate) fn new(n: usize, nodes: usize) -> Arc<Self> {
         let nodes = nodes.max(1);
         let shards = SHARDS.div_ceil(nodes) * nodes;
         Arc::new(Board {
@@ -95,7 +95,7 @@ impl Board {
     }
 
     /// Delivery latency (µs) over all subscribers.
-    pub fn latency(&self) -> Histogram<u64> {
+    pub(crate) fn latency(&self) -> Histogram<u64> {
         let mut all = histogram();
         for s in &self.latency {
             // Same bounds everywhere, so adding cannot fail.
@@ -106,7 +106,7 @@ impl Board {
 
     /// Delivery latency (µs) of the subscribers on node `node` (0-based, in
     /// the order of `--addr` then `--nodes`).
-    pub fn node_latency(&self, node: usize) -> Histogram<u64> {
+    pub(crate) fn node_latency(&self, node: usize) -> Histogram<u64> {
         let mut all = histogram();
         for (i, s) in self.latency.iter().enumerate() {
             if i % self.nodes == node {
@@ -117,7 +117,7 @@ impl Board {
     }
 
     /// How many nodes the subscribers are spread over.
-    pub fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         self.nodes
     }
 
@@ -149,19 +149,19 @@ impl Board {
     }
 
     /// Clears the latency histograms.
-    pub fn reset_latency(&self) {
+    pub(crate) fn reset_latency(&self) {
         for s in &self.latency {
             s.lock().reset();
         }
     }
 
     /// Connect time (µs, connect to response head).
-    pub fn connect_times(&self) -> Histogram<u64> {
+    pub(crate) fn connect_times(&self) -> Histogram<u64> {
         self.connect.lock().clone()
     }
 
     /// The first subscriber error, if any.
-    pub fn first_error(&self) -> Option<String> {
+    pub(crate) fn first_error(&self) -> Option<String> {
         self.first_error.lock().clone()
     }
 
@@ -169,7 +169,7 @@ impl Board {
     ///
     /// # Errors
     /// A subscriber failed, or the timeout passed.
-    pub async fn wait_connected(&self, n: usize, timeout: Duration) -> Result<()> {
+    pub(crate) async fn wait_connected(&self, n: usize, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         loop {
             if self.failed.load(Ordering::Relaxed) > 0 {
@@ -194,7 +194,7 @@ impl Board {
 
     /// Waits until `delivered` reaches `target`; false on timeout or when
     /// every subscriber has failed.
-    pub async fn wait_delivered(&self, target: u64, timeout: Duration, subs: usize) -> bool {
+    pub(crate) async fn wait_delivered(&self, target: u64, timeout: Duration, subs: usize) -> bool {
         let start = Instant::now();
         loop {
             if self.delivered.load(Ordering::Acquire) >= target {
@@ -210,7 +210,7 @@ impl Board {
 
 /// One subscriber's view of what it received.
 #[derive(Debug, Clone, Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     /// Index of the subscriber.
     pub id: usize,
     /// Index of its channel.
@@ -247,7 +247,7 @@ pub struct Tracker {
 
 impl Tracker {
     /// A fresh tracker.
-    pub fn new(id: usize, channel: usize) -> Self {
+    pub(crate) fn new(id: usize, channel: usize) -> Self {
         Tracker {
             id,
             channel,
@@ -256,7 +256,7 @@ impl Tracker {
     }
 
     /// Records measured event `seq`; true when it is new.
-    pub fn event(&mut self, seq: u64) -> bool {
+    pub(crate) fn event(&mut self, seq: u64) -> bool {
         let (word, bit) = ((seq / 64) as usize, seq % 64);
         if word >= self.seen.len() {
             self.seen.resize(word + 1, 0);
@@ -277,7 +277,7 @@ impl Tracker {
 
     /// A tracker for subscriber `id` following `follows` (channel indexes, at least one)
     /// on one connection.
-    pub fn multi(id: usize, follows: Vec<usize>) -> Self {
+    pub(crate) fn multi(id: usize, follows: Vec<usize>) -> Self {
         Tracker {
             id,
             channel: follows.first().copied().unwrap_or(0),
@@ -289,7 +289,7 @@ impl Tracker {
 
     /// The per-channel trackers of a multi-channel subscriber (its error and foreign
     /// events carried by the first), or the tracker itself.
-    pub fn flatten(mut self) -> Vec<Tracker> {
+    pub(crate) fn flatten(mut self) -> Vec<Tracker> {
         if self.per.is_empty() {
             return vec![self];
         }
@@ -300,12 +300,12 @@ impl Tracker {
     }
 
     /// How many of events `1..=expected` never arrived.
-    pub fn missing(&self, expected: u64) -> u64 {
+    pub(crate) fn missing(&self, expected: u64) -> u64 {
         expected - self.received_in(1, expected)
     }
 
     /// How many distinct events `from..=to` arrived.
-    pub fn received_in(&self, from: u64, to: u64) -> u64 {
+    pub(crate) fn received_in(&self, from: u64, to: u64) -> u64 {
         (from..=to)
             .filter(|&s| {
                 self.seen
@@ -316,14 +316,14 @@ impl Tracker {
     }
 
     /// Distinct events with numbers above `expected` (not published by us).
-    pub fn unexpected(&self, expected: u64) -> u64 {
+    pub(crate) fn unexpected(&self, expected: u64) -> u64 {
         self.unique - self.received_in(1, expected)
     }
 }
 
 /// How to open one subscription.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// Server address.
     pub addr: SocketAddr,
     /// `Host` header.
@@ -342,7 +342,7 @@ pub struct Target {
 
 impl Target {
     /// An SSE GET for `path`, resuming after `last_event_id` when given.
-    pub fn sse(
+    pub(crate) fn sse(
         addr: SocketAddr,
         host: &str,
         path: &str,
@@ -362,7 +362,13 @@ impl Target {
 
     /// A Durable Streams SSE GET: `path` holds `{offset}`, which is `from` at the first
     /// connect (`now`, or an offset to resume from), then the last `control` offset.
-    pub fn ds(addr: SocketAddr, host: &str, path: &str, wire: Wire, buf_size: usize) -> Self {
+    pub(crate) fn ds(
+        addr: SocketAddr,
+        host: &str,
+        path: &str,
+        wire: Wire,
+        buf_size: usize,
+    ) -> Self {
         Target {
             addr,
             host: host.to_owned(),
@@ -376,7 +382,7 @@ impl Target {
 
     /// A WebSocket to `path` speaking `mode`; a gapless subscriber resumes after `cursor`
     /// when given (its `subscribe` carries it).
-    pub fn ws(
+    pub(crate) fn ws(
         addr: SocketAddr,
         host: &str,
         path: &str,
@@ -413,7 +419,7 @@ impl Target {
 
 /// What a WebSocket subscriber speaks after the handshake.
 #[derive(Debug, Clone)]
-pub enum WsSub {
+pub(crate) enum WsSub {
     /// gapless `/v1/ws` (docs/protocol.md): subprotocol `gapless.v1`, one `subscribe` for
     /// `channel` (with `cursor` when resuming), then `event` messages whose `data` is the
     /// event data. Attached at `subscribed`; a `gap` or an `error` ends the subscriber.
@@ -428,7 +434,7 @@ pub enum WsSub {
 
 /// Starts one subscriber task; it returns its tracker when `stop` fires or
 /// its stream ends.
-pub fn spawn(
+pub(crate) fn spawn(
     target: Target,
     tracker: Tracker,
     board: Arc<Board>,

@@ -23,11 +23,11 @@ const COLORS: [RGBColor; 5] = [
 ];
 
 /// One target's points: its label and (x, y) pairs sorted by x.
-pub type Line = (String, Vec<(f64, f64)>);
+pub(crate) type Line = (String, Vec<(f64, f64)>);
 
 /// What to draw.
 #[derive(Debug)]
-pub struct Spec<'a> {
+pub(crate) struct Spec<'a> {
     /// The SVG file to write.
     pub out: &'a Path,
     /// The x figure (metric, or `param:NAME`).
@@ -76,7 +76,12 @@ fn median(v: &mut [f64]) -> f64 {
 ///
 /// # Errors
 /// A file cannot be read or holds something other than records.
-pub fn series(files: &[PathBuf], x: &str, y: &str, scenario: Option<&str>) -> Result<Vec<Line>> {
+pub(crate) fn series(
+    files: &[PathBuf],
+    x: &str,
+    y: &str,
+    scenario: Option<&str>,
+) -> Result<Vec<Line>> {
     let mut order: Vec<String> = Vec::new();
     let mut points: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for f in files {
@@ -124,7 +129,7 @@ pub fn series(files: &[PathBuf], x: &str, y: &str, scenario: Option<&str>) -> Re
 ///
 /// # Errors
 /// No point to draw, a non-positive x on a log axis, or the SVG cannot be written.
-pub fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
+pub(crate) fn plot_sweep(spec: &Spec<'_>, files: &[PathBuf]) -> Result<()> {
     let lines = series(files, spec.x, spec.y, spec.scenario)?;
     let all: Vec<(f64, f64)> = lines.iter().flat_map(|(_, p)| p.iter().copied()).collect();
     if all.is_empty() {

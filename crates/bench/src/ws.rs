@@ -15,25 +15,25 @@ use crate::http::request;
 use anyhow::{bail, Result};
 
 /// Frame opcodes (RFC 6455 section 5.2).
-pub mod op {
+pub(crate) mod op {
     /// A continuation of a fragmented message.
-    pub const CONTINUATION: u8 = 0x0;
+    pub(crate) const CONTINUATION: u8 = 0x0;
     /// A UTF-8 text message.
-    pub const TEXT: u8 = 0x1;
+    pub(crate) const TEXT: u8 = 0x1;
     /// A binary message.
-    pub const BINARY: u8 = 0x2;
+    pub(crate) const BINARY: u8 = 0x2;
     /// The closing handshake.
-    pub const CLOSE: u8 = 0x8;
+    pub(crate) const CLOSE: u8 = 0x8;
     /// A ping, to be answered with a pong carrying the same payload.
-    pub const PING: u8 = 0x9;
+    pub(crate) const PING: u8 = 0x9;
     /// A pong.
-    pub const PONG: u8 = 0xA;
+    pub(crate) const PONG: u8 = 0xA;
 }
 
 /// One frame as read from the server: its FIN bit, opcode and payload (borrowed from the
 /// read buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame<'a> {
+pub(crate) struct Frame<'a> {
     /// The last frame of its message.
     pub fin: bool,
     /// See [`op`].
@@ -48,7 +48,7 @@ pub struct Frame<'a> {
 /// # Errors
 /// A frame a server must not send: masked, reserved bits set, an unknown opcode, a
 /// control frame over 125 bytes or not final, or a length over 2^63.
-pub fn parse_frame(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>> {
+pub(crate) fn parse_frame(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>> {
     if buf.len() < 2 {
         return Ok(None);
     }
@@ -112,7 +112,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>> {
 
 /// Appends a final, masked client frame (`opcode`, `payload`) to `out`, masked with
 /// `mask` (RFC 6455 section 5.3: every client frame is masked).
-pub fn client_frame(opcode: u8, payload: &[u8], mask: [u8; 4], out: &mut Vec<u8>) {
+pub(crate) fn client_frame(opcode: u8, payload: &[u8], mask: [u8; 4], out: &mut Vec<u8>) {
     out.push(0x80 | (opcode & 0x0F));
     let len = payload.len();
     if len < 126 {
@@ -130,7 +130,7 @@ pub fn client_frame(opcode: u8, payload: &[u8], mask: [u8; 4], out: &mut Vec<u8>
 
 /// A masking key from a small xorshift state (the key need not be unpredictable here:
 /// no proxy sits between the load tool and the server).
-pub fn next_mask(state: &mut u64) -> [u8; 4] {
+pub(crate) fn next_mask(state: &mut u64) -> [u8; 4] {
     let mut x = *state | 1;
     x ^= x << 13;
     x ^= x >> 7;
@@ -141,7 +141,7 @@ pub fn next_mask(state: &mut u64) -> [u8; 4] {
 
 /// The opening handshake's request: `GET path` with `Upgrade: websocket`, offering
 /// `subprotocol` when given (gapless: `gapless.v1`).
-pub fn handshake(host: &str, path: &str, subprotocol: Option<&str>) -> Vec<u8> {
+pub(crate) fn handshake(host: &str, path: &str, subprotocol: Option<&str>) -> Vec<u8> {
     let mut headers = vec![
         ("Upgrade", "websocket"),
         ("Connection", "Upgrade"),

@@ -26,7 +26,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// 200 ms; 184 to 299 / 145 to 159 MB at 1 s; 228 to 377 / 235 to 257 MB
 /// at the 10 s default; at 0 (at once) 158 to 198 / 115 MB, but publishing
 /// took a quarter longer (an `madvise` on nearly every free).
-pub const DECAY_MS: usize = 200;
+pub(crate) const DECAY_MS: usize = 200;
 
 /// Most often a thread's cache is handed back: idle threads park often
 /// under light load, and a cache refills after each flush.
@@ -42,7 +42,7 @@ thread_local! {
 ///
 /// # Errors
 /// jemalloc refused (for example, built without background threads).
-pub fn start_background_purge() -> Result<(), tikv_jemalloc_ctl::Error> {
+pub(crate) fn start_background_purge() -> Result<(), tikv_jemalloc_ctl::Error> {
     set_decay(DECAY_MS);
     tikv_jemalloc_ctl::background_thread::write(true)
 }
@@ -70,7 +70,7 @@ fn set_decay(ms: usize) {
 /// their pages), at most every [`FLUSH_EVERY`]. jemalloc has no safe call to
 /// flush a cache, so it is turned off and on again (`thread.tcache.enabled`),
 /// which flushes it.
-pub fn on_thread_idle() {
+pub(crate) fn on_thread_idle() {
     let now = Instant::now();
     let due = FLUSHED.with(|f| {
         let due = f.get().is_none_or(|t| now.duration_since(t) >= FLUSH_EVERY);

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 /// event once and in order, or is told exactly which range it missed.
 #[derive(Debug, Parser)]
 #[command(name = "gapless", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -21,7 +21,7 @@ pub struct Cli {
 // Parsed once per process: the size of the serve flags does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the server.
     Serve(ServeArgs),
     /// Publish one event, each line of standard input, or a file of JSON lines.
@@ -56,7 +56,7 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 /// When a publish is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DurabilityArg {
+pub(crate) enum DurabilityArg {
     /// After the event is on disk (fsync); concurrent publishers share one fsync.
     Sync,
     /// Before the fsync; a crash may lose up to about one second of acknowledged events.
@@ -65,7 +65,7 @@ pub enum DurabilityArg {
 
 /// The header a trusted proxy writes the client's address in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ForwardedHeaderArg {
+pub(crate) enum ForwardedHeaderArg {
     /// `X-Forwarded-For: client, proxy1, …`.
     XForwardedFor,
     /// `Forwarded: for=client, for=proxy1, …` (RFC 7239).
@@ -74,7 +74,7 @@ pub enum ForwardedHeaderArg {
 
 /// How log lines are written (to standard error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// For people: one line per record, with its fields.
     Text,
     /// One JSON object per line (`timestamp`, `level`, `target`, `message`, and the fields).
@@ -84,7 +84,7 @@ pub enum LogFormat {
 /// The headings the settings of `gapless serve` are grouped under (each
 /// flag's `help_heading`), in the order `gapless config --markdown` prints
 /// them.
-pub const HEADINGS: &[&str] = &[
+pub(crate) const HEADINGS: &[&str] = &[
     "Storage",
     "Retention",
     "Streams",
@@ -99,7 +99,7 @@ pub const HEADINGS: &[&str] = &[
 
 /// `gapless config` flags: the same settings as `serve`, printed instead of run.
 #[derive(Debug, clap::Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// Print a commented configuration file with every setting, its unit and its default.
     #[arg(long)]
     pub default: bool,
@@ -115,7 +115,7 @@ pub struct ConfigArgs {
 
 /// `gapless serve` flags.
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// A TOML file of settings, named as these flags with `_` for `-`
     /// (`retention_events = 1000`), and of namespace tables
     /// (`[namespaces.chat]`: the rules of channels named `chat:…`; see
@@ -490,7 +490,7 @@ pub struct ServeArgs {
 
 /// Cluster mode: the journal in Redis, shared by every node (docs/cluster.md).
 #[derive(Debug, clap::Args)]
-pub struct RedisArgs {
+pub(crate) struct RedisArgs {
     /// Keep the journal in Redis: `redis://[user:password@]host:port[/db]` or `rediss://…`
     /// (TLS); with --redis-sentinel, comma-separated Sentinel URLs (docs/cluster.md).
     /// Default: none (the embedded journal).

@@ -37,7 +37,7 @@ const SECRETS: &[&str] = &["jwt_secret"];
 const NAMESPACES: &str = "namespaces";
 
 /// The parsed command line, and which settings came from the file.
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// The command line, with the file's values applied.
     pub cli: Cli,
     /// The file, if one was given.
@@ -53,7 +53,7 @@ pub struct Parsed {
 /// Parses the command line, applying a `--config` file if one is named.
 /// Exits with clap's message on a command-line error, and with a one-line
 /// message (status 2) on a file that cannot be used.
-pub fn parse() -> Parsed {
+pub(crate) fn parse() -> Parsed {
     let first = Cli::command().get_matches();
     let Some((sub, sub_matches)) = first.subcommand() else {
         return finish(first, None, BTreeSet::new(), BTreeMap::new());
@@ -360,7 +360,7 @@ fn toml_key(name: &str) -> String {
 /// (`--retention-events`, `--retention-ms`, `--retention-bytes`,
 /// `--max-event-bytes`; the other keys have no flag and take
 /// [`Policy::default`]'s), with each of `tables` over them.
-pub fn namespaces(args: &ServeArgs, tables: &BTreeMap<String, Table>) -> Namespaces {
+pub(crate) fn namespaces(args: &ServeArgs, tables: &BTreeMap<String, Table>) -> Namespaces {
     let server = Policy {
         retention: Retention {
             max_events: args.retention_events,
@@ -415,7 +415,7 @@ fn describe(v: &toml::Value) -> String {
 
 /// `gapless config`: the effective settings as TOML, each with its source
 /// (`default`, `file`, `env`, `flag`).
-pub fn print_effective(p: &Parsed) -> String {
+pub(crate) fn print_effective(p: &Parsed) -> String {
     let serve = serve_command();
     let mut out = String::new();
     if let Some(f) = &p.file {
@@ -516,7 +516,7 @@ fn toml_value(kind: Kind, values: &[String]) -> String {
 
 /// `gapless config --default`: every setting, commented, with its help
 /// (unit and meaning), its environment variable and its default.
-pub fn print_default() -> String {
+pub(crate) fn print_default() -> String {
     let serve = serve_command();
     let mut out = String::from(
         "# gapless configuration file (TOML): `gapless serve --config FILE`.\n\

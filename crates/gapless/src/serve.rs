@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs the server until a shutdown signal, with the namespace `tables` of
 /// the configuration file.
-pub fn run(args: ServeArgs, tables: &BTreeMap<String, Table>) -> anyhow::Result<()> {
+pub(crate) fn run(args: ServeArgs, tables: &BTreeMap<String, Table>) -> anyhow::Result<()> {
     // --log-level (GAPLESS_LOG_LEVEL), else RUST_LOG, else info.
     let filter = match &args.log_level {
         Some(level) => tracing_subscriber::EnvFilter::try_new(level).with_context(|| {

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 ///
 /// # Errors
 /// An unknown heading, naming the known ones.
-pub fn print(heading: Option<&str>) -> Result<String, String> {
+pub(crate) fn print(heading: Option<&str>) -> Result<String, String> {
     let serve = serve_command();
     let args = settings(&serve);
     let all = matches!(heading, None | Some("" | "all"));

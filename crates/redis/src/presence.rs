@@ -37,10 +37,10 @@ use std::time::Duration;
 pub(crate) const PREFIX: &[u8] = b"pres ";
 
 /// How long a node's liveness key lives without renewal, ms.
-pub const NODE_TTL_MS: u64 = 10_000;
+pub(crate) const NODE_TTL_MS: u64 = 10_000;
 
 /// How often a node renews its key and looks for stopped nodes, ms.
-pub const BEAT_MS: u64 = 3_000;
+pub(crate) const BEAT_MS: u64 = 3_000;
 
 const NODES: &str = "gapless:presence:nodes";
 

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 // schemathesis step of `scripts/test.sh` until it is listed here.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ErrorBody {
+pub(crate) struct ErrorBody {
     /// The code; it decides the status (docs/api.md, "Errors").
     #[schema(value_type = ErrorCode)]
     pub error: &'static str,
@@ -85,7 +85,7 @@ fn session_status() -> utoipa::openapi::schema::Schema {
 impl ErrorBody {
     /// The body of an error with `code`, `message` and the extra fields of
     /// [`ApiError::with`] (the known ones are moved to their fields).
-    pub fn new(code: ErrorCode, message: String, mut extra: Map<String, Value>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: String, mut extra: Map<String, Value>) -> Self {
         let mut number = |k: &str| extra.remove(k).and_then(|v| v.as_u64());
         let (limit, retry_after, retry_after_ms, floor) = (
             number("limit"),
@@ -115,7 +115,7 @@ impl ErrorBody {
 /// The metric of error answers, by `code` (the `error` of the JSON body:
 /// `unauthorized`, `rate_limited`, …); described with the others in
 /// `crate::metrics`.
-pub const REFUSALS: &str = "gapless_refusals_total";
+pub(crate) const REFUSALS: &str = "gapless_refusals_total";
 
 /// The end of a 503 `unavailable` message (the journal is unreachable)
 /// outside a publish, where [`ApiError::publish_refused`] replaces it.
@@ -241,7 +241,7 @@ impl IntoResponse for ApiError {
 /// plain-text rejection, e.g. a path that is not valid UTF-8 or a WebSocket
 /// handshake without upgrade headers) becomes `{"error","message"}` with the
 /// same status and the original text as the message.
-pub async fn json_errors(resp: Response) -> Response {
+pub(crate) async fn json_errors(resp: Response) -> Response {
     use axum::http::header::CONTENT_TYPE;
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {

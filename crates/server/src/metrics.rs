@@ -348,7 +348,7 @@ fn open_gauge(label: &str) -> &'static metrics::Gauge {
 
 impl<T: Kind> Open<T> {
     /// A connection opened.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         open_gauge(T::LABEL).increment(1.0);
         Open(std::marker::PhantomData)
     }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How long a reading well above the reserve is trusted, in milliseconds.
-pub const RECHECK_MS: u64 = 100;
+pub(crate) const RECHECK_MS: u64 = 100;
 
 /// Watches the free space of one directory's filesystem.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 /// `gapless history` flags.
 #[derive(Debug, clap::Args)]
-pub struct HistoryArgs {
+pub(crate) struct HistoryArgs {
     /// The channel to read.
     pub channel: String,
     /// Start after this cursor (as printed by `--json`) instead of the oldest retained event.
@@ -34,7 +34,7 @@ pub struct HistoryArgs {
 }
 
 /// Runs `gapless history`.
-pub fn run(args: HistoryArgs) -> ExitCode {
+pub(crate) fn run(args: HistoryArgs) -> ExitCode {
     let start = match args.since.as_deref().map(since::parse) {
         None => args
             .after

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 /// `gapless journal` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum JournalCommand {
+pub(crate) enum JournalCommand {
     /// Check that a journal is whole (stop the server using it first).
     Check {
         /// Directory of the embedded journal.
@@ -21,7 +21,7 @@ pub enum JournalCommand {
 /// Runs `gapless journal …`. Logs go to standard error at the level of
 /// `RUST_LOG` (default `warn`): `RUST_LOG=debug` shows the storage engine's
 /// own words on a damaged file.
-pub fn run(cmd: JournalCommand) -> ExitCode {
+pub(crate) fn run(cmd: JournalCommand) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -2,12 +2,12 @@
 //! `gapless-client`. Each failure is reported as one line that says what went
 //! wrong and what to do, and exits with status 1.
 
-pub mod history;
-pub mod journal;
-pub mod publish;
-pub mod since;
-pub mod tail;
-pub mod token;
+pub(crate) mod history;
+pub(crate) mod journal;
+pub(crate) mod publish;
+pub(crate) mod since;
+pub(crate) mod tail;
+pub(crate) mod token;
 
 use gapless_client::{Client, Ephemeral, Error, Event};
 use std::io::{self, Write};
@@ -20,7 +20,7 @@ static TOKEN_SENT: AtomicBool = AtomicBool::new(false);
 
 /// The `--server` flag shared by every client subcommand.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ServerArg {
+pub(crate) struct ServerArg {
     /// Base URL of the gapless server.
     #[arg(long, env = "GAPLESS_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
@@ -32,7 +32,7 @@ pub struct ServerArg {
 
 impl ServerArg {
     /// A client for the server, or the line explaining why the URL is unusable.
-    pub fn client(&self) -> Result<Client, String> {
+    pub(crate) fn client(&self) -> Result<Client, String> {
         let mut b = Client::builder(&self.server);
         if let Some(t) = &self.token {
             b = b.token(t.trim());
@@ -46,7 +46,7 @@ impl ServerArg {
     ///
     /// # Errors
     /// The failure status, its one line already printed ([`fail`]).
-    pub fn client_and_runtime(&self) -> Result<(Client, tokio::runtime::Runtime), ExitCode> {
+    pub(crate) fn client_and_runtime(&self) -> Result<(Client, tokio::runtime::Runtime), ExitCode> {
         let client = self.client().map_err(|line| fail(&line))?;
         let rt = runtime().map_err(|line| fail(&line))?;
         Ok((client, rt))
@@ -55,7 +55,7 @@ impl ServerArg {
 
 /// Which advice fits a `cursor_not_served` or `invalid_cursor` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hint {
+pub(crate) enum Hint {
     /// No cursor flag involved.
     None,
     /// The cursor came from `--since`.
@@ -65,7 +65,7 @@ pub enum Hint {
 }
 
 /// A single-threaded runtime for one command.
-pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -73,13 +73,13 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 /// Prints `gapless: <line>` to stderr and returns the failure status.
-pub fn fail(line: &str) -> ExitCode {
+pub(crate) fn fail(line: &str) -> ExitCode {
     eprintln!("gapless: {line}");
     ExitCode::FAILURE
 }
 
 /// One line saying what went wrong and what to do about it.
-pub fn explain(e: &Error, hint: Hint) -> String {
+pub(crate) fn explain(e: &Error, hint: Hint) -> String {
     match e {
         Error::Unreachable { server, detail } => format!(
             "cannot reach {server} ({detail}): is the server running? start it with `gapless serve`, or point --server (or GAPLESS_SERVER) at it"
@@ -136,7 +136,7 @@ pub fn explain(e: &Error, hint: Hint) -> String {
 
 /// How events are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Output {
+pub(crate) enum Output {
     /// The data, then a newline (data containing newlines is printed as is).
     Plain,
     /// One JSON object per line: `channel`, `seq`, `cursor`, `type`, `data`, `time`.
@@ -145,7 +145,7 @@ pub enum Output {
 
 impl Output {
     /// The mode for a `--json` flag.
-    pub fn from_flag(json: bool) -> Self {
+    pub(crate) fn from_flag(json: bool) -> Self {
         if json {
             Output::Json
         } else {
@@ -154,7 +154,7 @@ impl Output {
     }
 
     /// Writes one journaled event.
-    pub fn event(self, out: &mut impl Write, e: &Event) -> io::Result<()> {
+    pub(crate) fn event(self, out: &mut impl Write, e: &Event) -> io::Result<()> {
         match self {
             Output::Plain => {
                 out.write_all(e.data.as_bytes())?;
@@ -175,7 +175,7 @@ impl Output {
     }
 
     /// Writes one ephemeral event (`seq` and `cursor` null, `"ephemeral": true`).
-    pub fn ephemeral(self, out: &mut impl Write, e: &Ephemeral) -> io::Result<()> {
+    pub(crate) fn ephemeral(self, out: &mut impl Write, e: &Ephemeral) -> io::Result<()> {
         match self {
             Output::Plain => {
                 out.write_all(e.data.as_bytes())?;
@@ -199,7 +199,7 @@ impl Output {
 
 /// The status for a failed write to stdout: a closed pipe (`| head`) is a
 /// normal end, anything else is reported.
-pub fn write_failed(e: &io::Error) -> ExitCode {
+pub(crate) fn write_failed(e: &io::Error) -> ExitCode {
     if e.kind() == io::ErrorKind::BrokenPipe {
         ExitCode::SUCCESS
     } else {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// `gapless publish` flags.
 #[derive(Debug, clap::Args)]
-pub struct PublishArgs {
+pub(crate) struct PublishArgs {
     /// The channel to publish to.
     pub channel: String,
     /// The event's data; `-` reads one event per line from standard input.
@@ -55,7 +55,7 @@ const MAX_BATCH_JSON: usize = 8 * 1024 * 1024;
 const ATTEMPTS: u32 = 5;
 
 /// Runs `gapless publish`.
-pub fn run(args: PublishArgs) -> ExitCode {
+pub(crate) fn run(args: PublishArgs) -> ExitCode {
     let (client, rt) = match args.server.client_and_runtime() {
         Ok(both) => both,
         Err(status) => return status,

@@ -7,14 +7,14 @@ use gapless_client::{Cursor, Start};
 use gapless_protocol::since::Since;
 
 /// What `--since` accepts, for error messages.
-pub const FORMS: &str = "live, earliest, last:N (1 to 1000), time:UNIX_MS, time:RFC3339 \
+pub(crate) const FORMS: &str = "live, earliest, last:N (1 to 1000), time:UNIX_MS, time:RFC3339 \
                          (e.g. time:2025-01-31T12:00:00Z) or a cursor printed by --json";
 
 /// Reads a `--since` value.
 ///
 /// # Errors
 /// One line saying what is wrong and what is accepted.
-pub fn parse(text: &str) -> Result<Start, String> {
+pub(crate) fn parse(text: &str) -> Result<Start, String> {
     let since = match text {
         // One rule for the server and the CLI (`gapless_protocol::since`).
         _ if text.starts_with("last:") || text.starts_with("time:") => {

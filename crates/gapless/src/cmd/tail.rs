@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 /// `gapless tail` flags.
 #[derive(Debug, clap::Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     /// The channels to follow.
     #[arg(required = true, value_name = "CHANNEL")]
     pub channels: Vec<String>,
@@ -57,7 +57,7 @@ fn reconnect_line(r: &Reconnect<'_>) -> String {
 }
 
 /// Runs `gapless tail`.
-pub fn run(args: TailArgs) -> ExitCode {
+pub(crate) fn run(args: TailArgs) -> ExitCode {
     let start = match since::parse(&args.since) {
         Ok(start) => start,
         Err(line) => return fail(&line),

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 /// `gapless token` flags.
 #[derive(Debug, clap::Args)]
-pub struct TokenArgs {
+pub(crate) struct TokenArgs {
     /// A channel pattern the token may follow and read (repeatable): a name,
     /// a prefix ending in `*`, `*` for every channel, or `session/ID`.
     #[arg(long, value_name = "PATTERN")]
@@ -43,7 +43,7 @@ pub struct TokenArgs {
 }
 
 /// Runs `gapless token`.
-pub fn run(args: TokenArgs) -> ExitCode {
+pub(crate) fn run(args: TokenArgs) -> ExitCode {
     match make(&args) {
         Ok(token) => {
             println!("{token}");

@@ -835,7 +835,7 @@ mod raw {
 
     /// How a raw socket read ended.
     #[derive(Debug, PartialEq, Eq)]
-    pub enum Ending {
+    pub(super) enum Ending {
         /// The server closed the connection (EOF or reset) after this many bytes.
         Closed(Vec<u8>),
         /// Still open when the deadline passed (with what was read).
@@ -843,7 +843,7 @@ mod raw {
     }
 
     /// Reads `tcp` until the server closes it or `within` passes.
-    pub async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> Ending {
+    pub(super) async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> Ending {
         let deadline = Instant::now() + within;
         let mut got = Vec::new();
         loop {
@@ -859,7 +859,7 @@ mod raw {
 
     /// Sends a whole request (`raw`) on a new connection and returns the status of
     /// the answer's status line (`None`: the connection closed or stayed silent).
-    pub async fn raw_status(addr: SocketAddr, raw: &str) -> Option<u16> {
+    pub(super) async fn raw_status(addr: SocketAddr, raw: &str) -> Option<u16> {
         let mut tcp = TcpStream::connect(addr).await.ok()?;
         tcp.write_all(raw.as_bytes()).await.ok()?;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -879,14 +879,14 @@ mod raw {
     }
 
     /// A WebSocket on `/v1/ws` over a bare TCP socket: the test writes bytes as is.
-    pub struct ByteWs {
+    pub(super) struct ByteWs {
         tcp: TcpStream,
         buf: Vec<u8>,
     }
 
     /// What the server answered a protocol violation with.
     #[derive(Debug, PartialEq, Eq)]
-    pub enum Answer {
+    pub(super) enum Answer {
         /// A close frame with this code (`None`: a close frame without a code).
         Close(Option<u16>),
         /// The connection ended without a close frame.
@@ -897,7 +897,7 @@ mod raw {
 
     impl ByteWs {
         /// Upgrades `path` with subprotocol `gapless.v1`; asserts 101.
-        pub async fn connect(addr: SocketAddr, path: &str) -> ByteWs {
+        pub(super) async fn connect(addr: SocketAddr, path: &str) -> ByteWs {
             let mut tcp = TcpStream::connect(addr).await.expect("TCP connect");
             let req = format!(
                 "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -929,23 +929,23 @@ mod raw {
         }
 
         /// Writes `bytes` as they are.
-        pub async fn write_raw(&mut self, bytes: &[u8]) {
+        pub(super) async fn write_raw(&mut self, bytes: &[u8]) {
             self.tcp.write_all(bytes).await.expect("write");
         }
 
         /// Writes `bytes` as they are; the error if the write failed.
-        pub async fn try_write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        pub(super) async fn try_write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
             self.tcp.write_all(bytes).await
         }
 
         /// Writes one masked frame: `first` is the first byte (FIN, RSV, opcode).
-        pub async fn write_masked(&mut self, first: u8, payload: &[u8]) {
+        pub(super) async fn write_masked(&mut self, first: u8, payload: &[u8]) {
             self.write_raw(&gapless_testkit::ws::masked_frame(first, payload))
                 .await;
         }
 
         /// Reads frames (skipping all but close) until a close frame, EOF or `within`.
-        pub async fn close_answer(&mut self, within: Duration) -> Answer {
+        pub(super) async fn close_answer(&mut self, within: Duration) -> Answer {
             let deadline = Instant::now() + within;
             loop {
                 while let Some((frame, used)) = gapless_testkit::ws::parse_frame(&self.buf) {

@@ -9,7 +9,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 /// The page.
-pub const PAGE: &str = include_str!("console.html");
+pub(crate) const PAGE: &str = include_str!("console.html");
 
 /// `GET /`.
 #[utoipa::path(
@@ -23,7 +23,7 @@ pub const PAGE: &str = include_str!("console.html");
         (status = 200, description = "The page.", content_type = "text/html; charset=utf-8", body = String),
     ),
 )]
-pub async fn page() -> impl IntoResponse {
+pub(crate) async fn page() -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -40,7 +40,7 @@ pub async fn page() -> impl IntoResponse {
 
 /// The console's icon: the page's one, an SVG (a dot on a line, the colour
 /// of an open stream), so a browser's request for it is not a 404.
-pub const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">\
+pub(crate) const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">\
 <rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#1d2733\"/>\
 <path d=\"M2 8h12\" stroke=\"#6b7d90\" stroke-width=\"1.5\"/>\
 <circle cx=\"11\" cy=\"8\" r=\"3\" fill=\"#3fb950\"/></svg>";
@@ -57,7 +57,7 @@ pub const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 
         (status = 200, description = "The icon.", content_type = "image/svg+xml", body = String),
     ),
 )]
-pub async fn icon() -> impl IntoResponse {
+pub(crate) async fn icon() -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "image/svg+xml"),

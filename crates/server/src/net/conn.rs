@@ -122,7 +122,7 @@ type Launch = Box<dyn FnOnce(Launcher) + Send>;
 
 impl DirectStream {
     /// Keeps `feed` for the socket writer; the response carries only the status and headers.
-    pub fn hand_over<F: Frames>(&self, feed: F) -> axum::response::Response {
+    pub(crate) fn hand_over<F: Frames>(&self, feed: F) -> axum::response::Response {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(Box::new(move |l: Launcher| l.spawn(feed)));
         }

@@ -24,7 +24,7 @@
 /// not), which the parser refused with `e`. The words name the part (method,
 /// request target, HTTP version, a header's name or value) and quote it,
 /// escaped, cut to 40 characters.
-pub fn describe(head: &[u8], e: httparse::Error) -> String {
+pub(crate) fn describe(head: &[u8], e: httparse::Error) -> String {
     let (line, rest) = first_line(head);
     request_line(line, rest.is_some())
         .or_else(|| rest.and_then(field_lines))
@@ -186,7 +186,11 @@ fn field_lines(rest: &[u8]) -> Option<String> {
 ///   `Content-Length` that is not digits (`-1`, `+2`, `2, 2`), over the
 ///   largest length hyper takes, or repeated with a different value (rule 5;
 ///   RFC 9110 section 8.6). Repeats of one value are accepted.
-pub fn framing(target: &str, version: u8, headers: &[httparse::Header<'_>]) -> Option<String> {
+pub(crate) fn framing(
+    target: &str,
+    version: u8,
+    headers: &[httparse::Header<'_>],
+) -> Option<String> {
     if let Err(e) = axum::http::Uri::try_from(target) {
         return Some(format!(
             "the request target {} is not a URI this server reads ({e}): a target is a path \
@@ -281,7 +285,7 @@ fn ends_chunked(value: &[u8]) -> bool {
 /// `Last-Event-ID` field line replaced by `?`; `None` if no such byte is
 /// there (nothing to repair). Only the head's field lines are read (up to
 /// the empty line).
-pub fn mask_last_event_id_controls(head: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn mask_last_event_id_controls(head: &[u8]) -> Option<Vec<u8>> {
     const NAME: &[u8] = b"last-event-id:";
     let mut out = head.to_vec();
     let mut changed = false;

@@ -42,10 +42,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Most refused connections answered at once; more are closed unanswered.
-pub const REFUSING_MAX: usize = 256;
+pub(crate) const REFUSING_MAX: usize = 256;
 
 /// A TCP listener that applies socket options and the connection limits.
-pub struct GaplessListener {
+pub(crate) struct GaplessListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
@@ -151,7 +151,7 @@ impl Drop for IpGuard {
 /// Why a connection (or, on a trusted proxy's connection, one request) was
 /// refused: the limit and its flag, for the answer (`busy.rs`).
 #[derive(Debug, Clone)]
-pub struct Refused {
+pub(crate) struct Refused {
     /// What the answer says: the limit, its flag, and to retry later.
     pub why: String,
     /// Whether the connection closes after the answer: true for a connection
@@ -178,7 +178,7 @@ enum Slot {
 /// each request's service; one allocation per such connection, none for
 /// other connections.
 #[derive(Clone)]
-pub struct Proxied(Arc<ProxiedInner>);
+pub(crate) struct Proxied(Arc<ProxiedInner>);
 
 struct ProxiedInner {
     per_ip: Arc<PerIp>,
@@ -191,7 +191,7 @@ struct ProxiedInner {
 
 /// One request's place under the per-IP cap for its forwarded client; the
 /// place is freed when this is dropped.
-pub struct ClientSlot {
+pub(crate) struct ClientSlot {
     _guard: IpGuard,
 }
 
@@ -202,7 +202,7 @@ impl Proxied {
     /// # Errors
     /// (In the pair.) [`Refused`] with `close: false` when that client already
     /// has the maximum of requests in flight; logged as the module doc says.
-    pub fn admit(&self, headers: &HeaderMap) -> (IpAddr, Result<ClientSlot, Refused>) {
+    pub(crate) fn admit(&self, headers: &HeaderMap) -> (IpAddr, Result<ClientSlot, Refused>) {
         let p = &self.0;
         let client = p.trusted.client(p.peer, headers);
         let slot = match p.per_ip.enter(client, p.max) {
@@ -215,14 +215,14 @@ impl Proxied {
     /// Keeps `slot` until the connection closes: for the request that takes
     /// the connection over (a WebSocket upgrade, a stream written to the
     /// socket), after which the connection carries no other request.
-    pub fn hold(&self, slot: ClientSlot) {
+    pub(crate) fn hold(&self, slot: ClientSlot) {
         *self.0.held.lock() = Some(slot);
     }
 }
 
 impl GaplessListener {
     /// Wraps a bound listener.
-    pub fn new(inner: TcpListener, config: ServerConfig) -> Self {
+    pub(crate) fn new(inner: TcpListener, config: ServerConfig) -> Self {
         GaplessListener {
             inner,
             // 0: no limit, as for every connection limit.
@@ -306,7 +306,7 @@ impl GaplessListener {
 
 /// An accepted connection holding its slot under the connection limits
 /// (or its place among the refusals).
-pub struct Conn {
+pub(crate) struct Conn {
     tcp: TcpStream,
     /// Bytes already read that reads return first (see [`Conn::unread`]).
     unread: Bytes,
@@ -317,12 +317,12 @@ pub struct Conn {
 impl Conn {
     /// For a connection from a trusted proxy, what counts its requests by
     /// their forwarded client (`None` for any other connection).
-    pub fn proxied(&self) -> Option<&Proxied> {
+    pub(crate) fn proxied(&self) -> Option<&Proxied> {
         self.proxied.as_ref()
     }
 
     /// Why this connection is refused (`None`: it is admitted).
-    pub fn refused(&self) -> Option<&Refused> {
+    pub(crate) fn refused(&self) -> Option<&Refused> {
         match &self.slot {
             Slot::Refused { why, .. } => Some(why),
             Slot::Admitted { .. } => None,
@@ -330,13 +330,13 @@ impl Conn {
     }
 
     /// The socket, for writers that bypass the HTTP server.
-    pub fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
     }
 
     /// Puts `bytes` back: the next reads return them before anything new
     /// from the socket (so hyper can parse a request head read elsewhere).
-    pub fn unread(&mut self, bytes: Bytes) {
+    pub(crate) fn unread(&mut self, bytes: Bytes) {
         self.unread = bytes;
     }
 
@@ -345,7 +345,7 @@ impl Conn {
     ///
     /// # Errors
     /// Failing to deregister the socket.
-    pub fn detach(self) -> io::Result<Detached> {
+    pub(crate) fn detach(self) -> io::Result<Detached> {
         Ok(Detached {
             tcp: self.tcp.into_std()?,
             slot: self.slot,
@@ -355,7 +355,7 @@ impl Conn {
 }
 
 /// A connection between runtimes: still holding its slot, registered on none.
-pub struct Detached {
+pub(crate) struct Detached {
     tcp: std::net::TcpStream,
     slot: Slot,
     proxied: Option<Proxied>,
@@ -365,7 +365,7 @@ pub struct Detached {
 /// trusted proxy, its client's count) while a stream written straight to
 /// the socket holds it: a [`Conn`] without its read-back buffer, which a
 /// stream never reads (32 bytes less in every stream's task).
-pub struct Place {
+pub(crate) struct Place {
     _permit: OwnedSemaphorePermit,
     /// Admitted connections only (a refused one is answered, never streamed).
     _ip: IpGuard,
@@ -378,7 +378,7 @@ impl Detached {
     ///
     /// # Errors
     /// Failing to register the socket (outside a runtime, or out of resources).
-    pub fn attach_stream(self) -> io::Result<(TcpStream, Place)> {
+    pub(crate) fn attach_stream(self) -> io::Result<(TcpStream, Place)> {
         Ok((
             TcpStream::from_std(self.tcp)?,
             match self.slot {
@@ -400,7 +400,7 @@ impl Detached {
 impl GaplessListener {
     /// Accepts the next connection: admitted within the limits, or marked
     /// [`Refused`] past them (see the module doc).
-    pub async fn accept(&mut self) -> (Conn, SocketAddr) {
+    pub(crate) async fn accept(&mut self) -> (Conn, SocketAddr) {
         loop {
             let (tcp, addr) = match self.inner.accept().await {
                 Ok(x) => x,

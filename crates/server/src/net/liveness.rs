@@ -68,7 +68,7 @@ enum Judge {
 /// extension, by each of its requests; one body at a time waits on it
 /// (HTTP/1 answers in order).
 #[derive(Clone, Default)]
-pub struct Flushes(std::sync::Arc<FlushesInner>);
+pub(crate) struct Flushes(std::sync::Arc<FlushesInner>);
 
 #[derive(Default)]
 struct FlushesInner {
@@ -78,7 +78,7 @@ struct FlushesInner {
 
 impl Flushes {
     /// Flushes so far.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.0.count.load(std::sync::atomic::Ordering::Acquire)
     }
 
@@ -86,7 +86,7 @@ impl Flushes {
     /// read after the body's last bytes were taken by hyper): everything
     /// hyper had then is in the socket. Forever on a connection that
     /// never flushes again (its client does not read); the caller bounds it.
-    pub async fn after(&self, seen: u64) {
+    pub(crate) async fn after(&self, seen: u64) {
         std::future::poll_fn(|cx| {
             if self.count() > seen {
                 return Poll::Ready(());
@@ -111,7 +111,7 @@ impl Flushes {
 
 /// A connection's socket that judges its client's liveness by progress
 /// (see the module doc): what hyper reads and writes.
-pub struct Watched {
+pub(crate) struct Watched {
     conn: Conn,
     /// Counts hyper's flushes (for bodies that must know their bytes left).
     flushes: Flushes,
@@ -127,18 +127,18 @@ pub struct Watched {
 
 impl Watched {
     /// The connection it watches.
-    pub fn conn(&self) -> &Conn {
+    pub(crate) fn conn(&self) -> &Conn {
         &self.conn
     }
 
     /// The connection's flush count, for its requests.
-    pub fn flushes(&self) -> Flushes {
+    pub(crate) fn flushes(&self) -> Flushes {
         self.flushes.clone()
     }
 
     /// Wraps `conn` with `bound_ms` (`--tcp-user-timeout-ms`; 0: no bound,
     /// the wrapper does nothing).
-    pub fn new(conn: Conn, bound_ms: u64) -> Self {
+    pub(crate) fn new(conn: Conn, bound_ms: u64) -> Self {
         Watched {
             conn,
             flushes: Flushes::default(),
@@ -155,7 +155,7 @@ impl Watched {
 
     /// Notes that the owner closed the connection with a lingering close
     /// ([`crate::net::linger::linger`]), so its drop need not.
-    pub fn lingered(&mut self) {
+    pub(crate) fn lingered(&mut self) {
         self.lingered = true;
     }
 

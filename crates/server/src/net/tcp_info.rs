@@ -37,7 +37,7 @@ const ATTRS_AT: usize = 88;
 
 /// What [`lookup`] read of one connection's `tcp_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpInfo {
+pub(crate) struct TcpInfo {
     /// Segments sent and not yet acknowledged (`tcpi_unacked`).
     pub unacked: u32,
     /// Window or keepalive probes sent and not answered (`tcpi_probes`).
@@ -68,7 +68,7 @@ thread_local! {
 /// The netlink socket could not be made or used (not Linux, or no
 /// `inet_diag` support), the kernel refused the request, or no such
 /// connection exists (`NotFound`, for example once it has closed).
-pub fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpInfo> {
+pub(crate) fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<TcpInfo> {
     DIAG.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.is_none() {
@@ -185,7 +185,7 @@ fn parse(msg: &[u8]) -> io::Result<TcpInfo> {
 /// A connection whose liveness the server judges itself: its addresses and
 /// the bound (`--tcp-user-timeout-ms`).
 #[derive(Debug, Clone, Copy)]
-pub struct Peer {
+pub(crate) struct Peer {
     local: SocketAddr,
     peer: SocketAddr,
     bound_ms: u32,
@@ -198,7 +198,7 @@ impl Peer {
     /// window probes) and returns the handle to judge it with [`Peer::dead`].
     /// `None` (the timeout stays, as set at accept) when `bound_ms` is 0 or
     /// `tcp_info` cannot be read here.
-    pub fn take_over(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
+    pub(crate) fn take_over(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
         let peer = Peer::of(tcp, bound_ms)?;
         lookup(peer.local, peer.peer).ok()?;
         socket2::SockRef::from(tcp)
@@ -211,7 +211,7 @@ impl Peer {
     /// socket is left as it is: for a connection whose writes are judged by
     /// [`crate::net::liveness::Watched`]). `None` when `bound_ms` is 0 or the
     /// socket has no addresses.
-    pub fn of(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
+    pub(crate) fn of(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Peer> {
         if bound_ms == 0 {
             return None;
         }
@@ -225,7 +225,7 @@ impl Peer {
     /// [`Peer::take_over`] for a writer that holds the socket: only the bound
     /// is kept (4 bytes in the stream's task; the addresses are read from the
     /// socket at each check). `None` as for [`Peer::take_over`].
-    pub fn take_over_bound(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Bound> {
+    pub(crate) fn take_over_bound(tcp: &tokio::net::TcpStream, bound_ms: u64) -> Option<Bound> {
         Peer::take_over(tcp, bound_ms).map(|p| Bound(p.bound_ms))
     }
 
@@ -235,7 +235,7 @@ impl Peer {
     /// A client that reads slowly, however slowly, answers window probes and
     /// stays; one that vanished answers nothing. `false` when `tcp_info`
     /// cannot be read (the connection is then judged by its next write).
-    pub fn dead(&self) -> bool {
+    pub(crate) fn dead(&self) -> bool {
         match lookup(self.local, self.peer) {
             Ok(i) => self.judge(&i),
             Err(_) => false,
@@ -243,17 +243,17 @@ impl Peer {
     }
 
     /// The rule of [`Peer::dead`] on a reading already made.
-    pub fn judge(&self, i: &TcpInfo) -> bool {
+    pub(crate) fn judge(&self, i: &TcpInfo) -> bool {
         judge(i, self.bound_ms)
     }
 
     /// The server's address of the connection.
-    pub fn local(&self) -> SocketAddr {
+    pub(crate) fn local(&self) -> SocketAddr {
         self.local
     }
 
     /// The client's address of the connection.
-    pub fn peer(&self) -> SocketAddr {
+    pub(crate) fn peer(&self) -> SocketAddr {
         self.peer
     }
 }
@@ -261,11 +261,11 @@ impl Peer {
 /// The liveness bound of a socket taken over with [`Peer::take_over_bound`],
 /// in milliseconds.
 #[derive(Debug, Clone, Copy)]
-pub struct Bound(u32);
+pub(crate) struct Bound(u32);
 
 impl Bound {
     /// [`Peer::dead`] for `tcp`, the socket this bound was taken from.
-    pub fn dead(self, tcp: &tokio::net::TcpStream) -> bool {
+    pub(crate) fn dead(self, tcp: &tokio::net::TcpStream) -> bool {
         match (tcp.local_addr(), tcp.peer_addr()) {
             (Ok(local), Ok(peer)) => Peer {
                 local,
@@ -283,7 +283,7 @@ impl Bound {
 /// milliseconds: the server waits for an answer (data unacknowledged, or
 /// two probes unanswered) and the client's TCP has acknowledged nothing for
 /// the bound.
-pub fn judge(i: &TcpInfo, bound_ms: u32) -> bool {
+pub(crate) fn judge(i: &TcpInfo, bound_ms: u32) -> bool {
     // One probe may be in flight to a live peer (its answer is a round trip
     // away); two unanswered probes are not.
     let owed = i.unacked > 0 || i.probes >= 2;

@@ -111,7 +111,7 @@ pub(crate) struct BodyPace {
 impl BodyPace {
     /// The pace `config` sets: `--header-timeout-ms` of grace, then
     /// `--min-body-rate` (see [`ServerConfig::min_body_rate`]).
-    pub fn of(config: &ServerConfig) -> Self {
+    pub(crate) fn of(config: &ServerConfig) -> Self {
         BodyPace {
             grace_ms: config.header_timeout_ms,
             min_rate: config.min_body_rate,
@@ -120,7 +120,7 @@ impl BodyPace {
 
     /// The deadline for the next piece of a body of which `received` bytes
     /// arrived since `start`; `None` when the limit is off.
-    pub fn deadline(
+    pub(crate) fn deadline(
         &self,
         start: tokio::time::Instant,
         received: usize,
@@ -133,7 +133,7 @@ impl BodyPace {
     }
 
     /// The 408 answer for a body that fell behind.
-    pub fn refusal(&self, received: usize) -> ApiError {
+    pub(crate) fn refusal(&self, received: usize) -> ApiError {
         ApiError::new(
             ErrorCode::RequestTimeout,
             format!(

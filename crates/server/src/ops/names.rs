@@ -9,7 +9,7 @@ use gapless_protocol::name;
 ///
 /// # Errors
 /// 400 `invalid_channel` naming the rule that failed.
-pub fn channel(name: &str) -> Result<(), ApiError> {
+pub(crate) fn channel(name: &str) -> Result<(), ApiError> {
     name::validate_channel(name)
         .map_err(|e| ApiError::new(ErrorCode::InvalidChannel, e.to_string()))
 }
@@ -18,7 +18,7 @@ pub fn channel(name: &str) -> Result<(), ApiError> {
 ///
 /// # Errors
 /// 400 `invalid_type` naming the rule that failed.
-pub fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
+pub(crate) fn event_type(t: Option<&str>) -> Result<Option<String>, ApiError> {
     match t {
         None => Ok(None),
         Some(t) => {

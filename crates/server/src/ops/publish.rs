@@ -18,11 +18,11 @@ use gapless_protocol::NewEvent;
 use std::net::IpAddr;
 
 /// Longest accepted idempotency key, in bytes.
-pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+pub(crate) const MAX_IDEMPOTENCY_KEY: usize = 256;
 
 /// How a transport's client names the idempotency key; refusals name it so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyName {
+pub(crate) enum KeyName {
     /// The HTTP header `Idempotency-Key`.
     Header,
     /// The WebSocket message field `idempotency_key`.
@@ -31,7 +31,7 @@ pub enum KeyName {
 
 impl KeyName {
     /// The name as the client writes it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             KeyName::Header => "Idempotency-Key",
             KeyName::Field => "idempotency_key",
@@ -41,7 +41,7 @@ impl KeyName {
 
 /// What a publish of one event did.
 #[derive(Debug)]
-pub enum Published {
+pub(crate) enum Published {
     /// Ephemeral: handed to this many current subscribers.
     Ephemeral {
         /// How many subscribers it was handed to.
@@ -56,7 +56,7 @@ pub enum Published {
 ///
 /// # Errors
 /// 400 `invalid_channel`; 401 or 403 from the grant.
-pub fn check_channel(grant: &Grant, channel: &str) -> Result<(), ApiError> {
+pub(crate) fn check_channel(grant: &Grant, channel: &str) -> Result<(), ApiError> {
     names::channel(channel)?;
     grant.require(Action::Publish, channel)
 }
@@ -66,7 +66,7 @@ pub fn check_channel(grant: &Grant, channel: &str) -> Result<(), ApiError> {
 ///
 /// # Errors
 /// 400 `invalid_request` naming the key as `name`.
-pub fn check_key(key: &str, name: KeyName) -> Result<(), ApiError> {
+pub(crate) fn check_key(key: &str, name: KeyName) -> Result<(), ApiError> {
     if key.is_empty()
         || key.len() > MAX_IDEMPOTENCY_KEY
         || !key.bytes().all(|b| b.is_ascii_graphic())
@@ -77,7 +77,7 @@ pub fn check_key(key: &str, name: KeyName) -> Result<(), ApiError> {
 }
 
 /// The refusal of a malformed idempotency key.
-pub fn bad_key(name: KeyName) -> ApiError {
+pub(crate) fn bad_key(name: KeyName) -> ApiError {
     ApiError::new(
         ErrorCode::InvalidRequest,
         format!(
@@ -101,7 +101,7 @@ pub fn bad_key(name: KeyName) -> ApiError {
 /// saying that the publish may have been applied
 /// ([`ApiError::publish_refused`]).
 #[allow(clippy::too_many_arguments)]
-pub async fn one(
+pub(crate) async fn one(
     app: &App,
     grant: &Grant,
     peer: Option<IpAddr>,
@@ -148,7 +148,7 @@ pub async fn one(
 /// # Errors
 /// 400 `invalid_request` (empty), `invalid_type` (naming the item); 413
 /// `too_large` with `limit`; 429 `rate_limited`; the journal's refusals.
-pub async fn batch(
+pub(crate) async fn batch(
     app: &App,
     grant: &Grant,
     peer: Option<IpAddr>,
@@ -168,7 +168,7 @@ pub async fn batch(
 ///
 /// # Errors
 /// As [`batch`], but for the journal's.
-pub fn check_batch(
+pub(crate) fn check_batch(
     app: &App,
     grant: &Grant,
     peer: Option<IpAddr>,

@@ -15,7 +15,7 @@ use gapless_protocol::{Event, NewEvent};
 use std::net::IpAddr;
 
 /// The largest body of a session create, in bytes (`{"id": ID}` and room).
-pub const CREATE_BODY_BYTES: usize = 4096;
+pub(crate) const CREATE_BODY_BYTES: usize = 4096;
 
 /// Creates a session: `id` given, or drawn by the server when `None`.
 ///
@@ -23,7 +23,7 @@ pub const CREATE_BODY_BYTES: usize = 4096;
 /// 403 `forbidden` when `grant` may not publish to `session/ID` (for a drawn
 /// id, to `session/*`); 400 `invalid_request` for an id of another shape;
 /// 409 `session_exists`; the journal's errors.
-pub async fn create(app: &App, grant: &Grant, id: Option<String>) -> Result<Info, ApiError> {
+pub(crate) async fn create(app: &App, grant: &Grant, id: Option<String>) -> Result<Info, ApiError> {
     match &id {
         Some(id) => grant.require_session(Action::Publish, id)?,
         None => grant.require_any_session()?,
@@ -46,7 +46,7 @@ pub async fn create(app: &App, grant: &Grant, id: Option<String>) -> Result<Info
 ///
 /// # Errors
 /// 401/403 from the grant.
-pub fn may_produce(grant: &Grant, id: &str) -> Result<(), ApiError> {
+pub(crate) fn may_produce(grant: &Grant, id: &str) -> Result<(), ApiError> {
     grant.require_session(Action::Publish, id)
 }
 
@@ -54,12 +54,12 @@ pub fn may_produce(grant: &Grant, id: &str) -> Result<(), ApiError> {
 ///
 /// # Errors
 /// 401/403 from the grant.
-pub fn may_consume(grant: &Grant, id: &str) -> Result<(), ApiError> {
+pub(crate) fn may_consume(grant: &Grant, id: &str) -> Result<(), ApiError> {
     grant.require_session(Action::Subscribe, id)
 }
 
 /// The refusal of an ephemeral append: 400 `invalid_request`.
-pub fn no_ephemeral() -> ApiError {
+pub(crate) fn no_ephemeral() -> ApiError {
     ApiError::new(
         ErrorCode::InvalidRequest,
         "sessions have no ephemeral events: every event is journaled for its consumer",
@@ -68,7 +68,7 @@ pub fn no_ephemeral() -> ApiError {
 
 /// What an append did.
 #[derive(Debug, Clone, Copy)]
-pub struct SessionAppend {
+pub(crate) struct SessionAppend {
     /// The event's seq (the original one for an idempotent retry).
     pub seq: u64,
     /// Whether a consumer is attached now.
@@ -84,7 +84,7 @@ pub struct SessionAppend {
 /// # Errors
 /// 429 `rate_limited`; 404 `session_not_found`; 409 `session_ended`; the
 /// journal's errors, worded for a publish (`Idempotency-Key`).
-pub async fn append(
+pub(crate) async fn append(
     app: &App,
     grant: &Grant,
     ip: Option<IpAddr>,
@@ -110,7 +110,7 @@ pub async fn append(
 ///
 /// # Errors
 /// 404 `session_not_found`; 409 `session_ended`; the journal's errors.
-pub async fn end(app: &App, id: &str, status: Status) -> Result<Info, ApiError> {
+pub(crate) async fn end(app: &App, id: &str, status: Status) -> Result<Info, ApiError> {
     Ok(app.sessions.end(&app.hub, id, status).await?)
 }
 
@@ -118,7 +118,7 @@ pub async fn end(app: &App, id: &str, status: Status) -> Result<Info, ApiError> 
 ///
 /// # Errors
 /// 404 `session_not_found`; the journal's errors.
-pub async fn info(app: &App, id: &str) -> Result<Info, ApiError> {
+pub(crate) async fn info(app: &App, id: &str) -> Result<Info, ApiError> {
     Ok(app.sessions.info(&app.hub, id).await?)
 }
 
@@ -126,7 +126,7 @@ pub async fn info(app: &App, id: &str) -> Result<Info, ApiError> {
 ///
 /// # Errors
 /// 400 `invalid_request` for anything but a whole number.
-pub fn last_seq(text: Option<&str>) -> Result<Option<u64>, ApiError> {
+pub(crate) fn last_seq(text: Option<&str>) -> Result<Option<u64>, ApiError> {
     text.map(|v| {
         v.parse::<u64>().map_err(|_| {
             ApiError::new(
@@ -144,7 +144,7 @@ pub fn last_seq(text: Option<&str>) -> Result<Option<u64>, ApiError> {
 ///
 /// # Errors
 /// The refusal, as [`attach_refused`] words it for the consumer.
-pub async fn attach(
+pub(crate) async fn attach(
     app: &App,
     id: &str,
     last_seq: Option<u64>,
@@ -160,7 +160,7 @@ pub async fn attach(
 /// (`session_ended` with `status`, `session_attached`,
 /// `session_not_retained`, `resume_disabled`, `journal_failed`, or
 /// `session_not_found`) and a message that says what the consumer can do.
-pub fn attach_refused(e: &SessionError) -> ApiError {
+pub(crate) fn attach_refused(e: &SessionError) -> ApiError {
     let code = match e {
         SessionError::Ended { .. } => ErrorCode::SessionEnded,
         SessionError::Attached(_) => ErrorCode::SessionAttached,
@@ -185,15 +185,15 @@ pub fn attach_refused(e: &SessionError) -> ApiError {
 }
 
 /// The message of a consumer taken over by a newer attachment.
-pub const TAKEN_OVER: &str = "taken over by a newer connection";
+pub(crate) const TAKEN_OVER: &str = "taken over by a newer connection";
 
 /// The message of a consumer's socket that sent something: it only receives.
-pub const CONSUMER_TAKES_NOTHING: &str =
+pub(crate) const CONSUMER_TAKES_NOTHING: &str =
     "a session consumer socket takes no messages; it only receives";
 
 /// The refusal of a consumer that retention passed (a session never
 /// replays in part): `session_not_retained`, after seq `after`.
-pub fn not_retained(after: u64) -> ApiError {
+pub(crate) fn not_retained(after: u64) -> ApiError {
     ApiError::new(
         ErrorCode::SessionNotRetained,
         format!("events after seq {after} are no longer retained; start over"),
@@ -202,7 +202,7 @@ pub fn not_retained(after: u64) -> ApiError {
 
 /// What a consumer is sent, one step at a time.
 #[derive(Debug, Clone, Copy)]
-pub enum Step<'a> {
+pub(crate) enum Step<'a> {
     /// `session.resumed`: `replayed` events were replayed (0 for a live
     /// attach) and delivery continues live after seq `head`.
     Resumed {
@@ -229,7 +229,7 @@ pub enum Step<'a> {
 /// replayed. The opening marker is never sent; an end marker ends the
 /// delivery.
 #[derive(Debug)]
-pub struct Replay {
+pub(crate) struct Replay {
     /// The head seen at attach.
     head: u64,
     /// Events replayed so far; `None` once `session.resumed` went out.
@@ -241,7 +241,7 @@ impl Replay {
     /// when nothing is to be replayed, then the session's end when it
     /// ended (`last_seq` at its end marker: the consumer has every event;
     /// it is told how the session ended, as if it had read the marker).
-    pub fn start(att: &Attachment) -> (Self, Vec<Step<'static>>) {
+    pub(crate) fn start(att: &Attachment) -> (Self, Vec<Step<'static>>) {
         let head = att.head;
         let mut replay = Replay {
             head,
@@ -262,7 +262,7 @@ impl Replay {
     }
 
     /// `session.resumed` as it stands, while it is still owed.
-    pub fn resumed(&self) -> Option<Step<'static>> {
+    pub(crate) fn resumed(&self) -> Option<Step<'static>> {
         self.replayed.map(|replayed| Step::Resumed {
             replayed,
             head: self.head,
@@ -271,7 +271,7 @@ impl Replay {
 
     /// Whether `session.resumed` is due before event `e` (it is past the
     /// head seen at attach); then it counts as sent.
-    pub fn resumed_before(&mut self, e: &Event) -> Option<Step<'static>> {
+    pub(crate) fn resumed_before(&mut self, e: &Event) -> Option<Step<'static>> {
         let due = self.resumed().filter(|_| e.seq > self.head);
         if due.is_some() {
             self.replayed = None;
@@ -281,7 +281,7 @@ impl Replay {
 
     /// What event `e` is for the consumer: the end, nothing (the opening
     /// marker), or an event (counted while replaying).
-    pub fn event<'a>(&mut self, e: &'a Event) -> Option<Step<'a>> {
+    pub(crate) fn event<'a>(&mut self, e: &'a Event) -> Option<Step<'a>> {
         if let Some(status) = Status::of_marker(e.event_type.as_deref()) {
             return Some(Step::Ended { status, seq: e.seq });
         }
@@ -296,7 +296,7 @@ impl Replay {
 
     /// Whether `session.resumed` is due after a batch whose last event is
     /// `last` (it reached the head seen at attach); then it counts as sent.
-    pub fn resumed_after(&mut self, last: Option<&Event>) -> Option<Step<'static>> {
+    pub(crate) fn resumed_after(&mut self, last: Option<&Event>) -> Option<Step<'static>> {
         let due = self
             .resumed()
             .filter(|_| last.is_some_and(|e| e.seq >= self.head));
@@ -327,10 +327,10 @@ impl From<SessionError> for ApiError {
     }
 }
 
-pub use gapless_protocol::answers::SessionStatus;
+pub(crate) use gapless_protocol::answers::SessionStatus;
 
 /// A session's status as the wire shows it.
-pub fn status_json(s: Status) -> SessionStatus {
+pub(crate) fn status_json(s: Status) -> SessionStatus {
     match s {
         Status::Open => SessionStatus::Open,
         Status::Completed => SessionStatus::Completed,

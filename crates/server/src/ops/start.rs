@@ -17,7 +17,7 @@ use gapless_protocol::{Cursor, CursorError, Since};
 
 /// What a client gave to resume from.
 #[derive(Debug, Clone)]
-pub enum Resume {
+pub(crate) enum Resume {
     /// No cursor: start where `since` says.
     Nothing,
     /// A cursor this version cannot read (well formed, from another version).
@@ -31,7 +31,7 @@ pub enum Resume {
 /// # Errors
 /// The check it fails ([`CursorError`]), but for one of another version,
 /// which is [`Resume::Unreadable`].
-pub fn read(text: &[u8]) -> Result<Resume, CursorError> {
+pub(crate) fn read(text: &[u8]) -> Result<Resume, CursorError> {
     match Cursor::decode(text) {
         Ok(c) => Ok(Resume::Cursor(c)),
         Err(CursorError::Version(_)) => Ok(Resume::Unreadable),
@@ -48,7 +48,7 @@ pub fn read(text: &[u8]) -> Result<Resume, CursorError> {
 ///
 /// # Errors
 /// 400 `invalid_request` naming the value and what is accepted.
-pub fn since(value: Option<&str>) -> Result<Start, ApiError> {
+pub(crate) fn since(value: Option<&str>) -> Result<Start, ApiError> {
     let Some(v) = value else {
         return Ok(Start::Live);
     };
@@ -68,7 +68,12 @@ pub fn since(value: Option<&str>) -> Result<Start, ApiError> {
 /// (`given` false: no cursor, no `since`): its namespace's `latest = true`
 /// starts at the newest retained event (`Start::Last(1)`, as `since=last:1`);
 /// otherwise, and whenever the client gave one, `start` as resolved.
-pub fn or_latest(namespaces: &Namespaces, channel: &str, given: bool, start: Start) -> Start {
+pub(crate) fn or_latest(
+    namespaces: &Namespaces,
+    channel: &str,
+    given: bool,
+    start: Start,
+) -> Start {
     if !given && namespaces.policy(channel).latest {
         Start::Last(1)
     } else {
@@ -78,7 +83,7 @@ pub fn or_latest(namespaces: &Namespaces, channel: &str, given: bool, start: Sta
 
 /// Where `channel` starts after `cursor`: after the cursor's position on it,
 /// or `None` when the cursor names no position on it.
-pub fn on_channel(cursor: &Cursor, channel: &str) -> Option<Start> {
+pub(crate) fn on_channel(cursor: &Cursor, channel: &str) -> Option<Start> {
     cursor.get(channel).map(|p| Start::After {
         epoch: p.epoch,
         seq: p.seq,
@@ -92,7 +97,7 @@ pub fn on_channel(cursor: &Cursor, channel: &str) -> Option<Start> {
 /// then live); after a cursor, each channel after its position, and a
 /// channel the cursor does not name (added to the subscription since) live,
 /// as a first visit.
-pub fn starts(channels: &[String], resume: &Resume, since: Start) -> Vec<Start> {
+pub(crate) fn starts(channels: &[String], resume: &Resume, since: Start) -> Vec<Start> {
     match resume {
         Resume::Nothing => vec![since; channels.len()],
         Resume::Unreadable => vec![Start::Unknown; channels.len()],

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 /// `group`: the subscription's wake group in its channels
 /// ([`gapless_core::hub::WAKE_GROUPS`]): an SSE stream's is its phase on the
 /// [`Clock`] ([`Clock::phase`]); `None` for a stream no clock ticks.
-pub async fn open(
+pub(crate) async fn open(
     app: &App,
     starts: Vec<(String, Start)>,
     group: Option<usize>,
@@ -54,7 +54,7 @@ pub async fn open(
 
 /// Why a stream ends on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     /// The server shuts down.
     Shutdown,
     /// The token that opened the stream is no longer honoured.
@@ -63,10 +63,10 @@ pub enum End {
 
 /// Resolves when a stream must end. One boxed future, made once, so the
 /// stream's task stays small.
-pub type EndSignal = Pin<Box<dyn Future<Output = End> + Send>>;
+pub(crate) type EndSignal = Pin<Box<dyn Future<Output = End> + Send>>;
 
 /// When `grant`'s token stops being honoured (`None`: never, or no token).
-pub fn expires_at(grant: &Grant) -> Option<std::time::Instant> {
+pub(crate) fn expires_at(grant: &Grant) -> Option<std::time::Instant> {
     grant
         .remaining()
         .map(|left| std::time::Instant::now() + left)
@@ -77,7 +77,7 @@ pub fn expires_at(grant: &Grant) -> Option<std::time::Instant> {
 /// lock, and every stream sharing one token's lock on every step would
 /// contend for it); its timer, if any, is made when it is first polled, on
 /// the runtime that drives the stream.
-pub fn end_signal(app: &App, expires: Option<std::time::Instant>) -> EndSignal {
+pub(crate) fn end_signal(app: &App, expires: Option<std::time::Instant>) -> EndSignal {
     let shutdown = app.shutdown.child_token().cancelled_owned();
     match expires {
         None => Box::pin(async move {
@@ -94,18 +94,18 @@ pub fn end_signal(app: &App, expires: Option<std::time::Instant>) -> EndSignal {
 }
 
 /// The end of a stream whose token expiry was already seen: shutdown only.
-pub fn shutdown_signal(app: &App) -> EndSignal {
+pub(crate) fn shutdown_signal(app: &App) -> EndSignal {
     end_signal(app, None)
 }
 
 /// The end of a socket's token: a timer that fires when the token stops
 /// being honoured, and never on an open server (for a transport that waits
 /// on it in a `select!`).
-pub struct Expiry(Option<Pin<Box<tokio::time::Sleep>>>);
+pub(crate) struct Expiry(Option<Pin<Box<tokio::time::Sleep>>>);
 
 impl Expiry {
     /// The timer for `grant`'s token.
-    pub fn new(grant: &Grant) -> Self {
+    pub(crate) fn new(grant: &Grant) -> Self {
         Expiry(
             grant
                 .remaining()
@@ -114,7 +114,7 @@ impl Expiry {
     }
 
     /// Resolves when the token expires (never without one).
-    pub async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         match &mut self.0 {
             Some(s) => s.as_mut().await,
             None => std::future::pending().await,
@@ -125,7 +125,7 @@ impl Expiry {
 /// The period of a stream's one timer, in milliseconds: the heartbeat
 /// (`--heartbeat-ms`), or with heartbeats off, a quarter of
 /// `--tcp-user-timeout-ms` (a liveness check with no frame); 0 = no timer.
-pub fn tick_ms(config: &ServerConfig) -> u64 {
+pub(crate) fn tick_ms(config: &ServerConfig) -> u64 {
     match config.heartbeat_ms {
         0 => config.tcp_user_timeout_ms / 4,
         ms => ms,
@@ -133,7 +133,7 @@ pub fn tick_ms(config: &ServerConfig) -> u64 {
 }
 
 /// The value of a [`Clock`] once the server shuts down.
-pub const SHUT: u64 = u64::MAX;
+pub(crate) const SHUT: u64 = u64::MAX;
 
 /// Steps of the [`Clock`] in one period: a stream ticks every `PHASES`
 /// steps, in its phase ([`Clock::phase`]: streams take the phases in turn),
@@ -142,7 +142,7 @@ pub const SHUT: u64 = u64::MAX;
 /// the period rather than all at once. A step wakes only the idle streams
 /// of its phase: a stream's subscription is in the hub's wake group of its
 /// phase ([`gapless_core::hub::WAKE_GROUPS`]).
-pub const PHASES: u64 = gapless_core::hub::WAKE_GROUPS as u64;
+pub(crate) const PHASES: u64 = gapless_core::hub::WAKE_GROUPS as u64;
 
 /// Where a stream opened now stands on the [`Clock`] ([`Clock::phase`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,7 +297,10 @@ fn step(tick_ms: u64) -> Duration {
 /// A stream's timer of `tick_ms`, made on first use in `slot` (on the
 /// runtime that drives it): first tick one period from now, a late tick
 /// delays the next ones.
-pub fn timer(slot: &mut Option<tokio::time::Interval>, tick_ms: u64) -> &mut tokio::time::Interval {
+pub(crate) fn timer(
+    slot: &mut Option<tokio::time::Interval>,
+    tick_ms: u64,
+) -> &mut tokio::time::Interval {
     interval(slot, Duration::from_millis(tick_ms.max(1)))
 }
 
@@ -316,7 +319,7 @@ fn interval(
 
 /// Counts a delivery of `events` of the subscription's channel `index`:
 /// the stream's tally and the delivery metrics (by `transport`).
-pub fn delivered(
+pub(crate) fn delivered(
     transport: Transport,
     tally: &mut Tally,
     sub: &Subscription,
@@ -331,7 +334,7 @@ pub fn delivered(
 /// a Durable Streams catch-up or long-poll page), with `lag` events of the
 /// channel still after the last: the delivery metrics only
 /// (`gapless_events_delivered_total` by `transport`, the lag histograms).
-pub fn delivered_answer(transport: Transport, events: &[Arc<Event>], lag: u64) {
+pub(crate) fn delivered_answer(transport: Transport, events: &[Arc<Event>], lag: u64) {
     metrics::delivered(
         transport,
         events.len(),

@@ -10,7 +10,7 @@ use std::fmt::Display;
 
 /// Why a stream ended: the `ended` field of its log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// The client closed the connection (FIN, reset, or a WebSocket close).
     ClientClosed,
     /// The client stopped acknowledging for the liveness bound
@@ -47,7 +47,7 @@ pub enum Ended {
 
 impl Ended {
     /// The value logged, in snake case (`client_closed`, `heartbeat_timeout`, …).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Ended::ClientClosed => "client_closed",
             Ended::ClientVanished => "client_vanished",
@@ -68,7 +68,7 @@ impl Ended {
 
 /// What a stream sent and why it ended, kept for its log line.
 #[derive(Debug)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// When the stream opened: wall-clock milliseconds since the Unix epoch.
     opened_ms: u64,
     /// Events (durable and ephemeral) handed to the socket.
@@ -81,7 +81,7 @@ pub struct Tally {
 
 impl Tally {
     /// A stream opened now, whose opening already sent `gaps` gap notices.
-    pub fn new(gaps: usize) -> Self {
+    pub(crate) fn new(gaps: usize) -> Self {
         Tally {
             opened_ms: gapless_core::journal::now_ms(),
             events: 0,
@@ -91,26 +91,26 @@ impl Tally {
     }
 
     /// Counts `n` events sent.
-    pub fn events(&mut self, n: usize) {
+    pub(crate) fn events(&mut self, n: usize) {
         self.events = self.events.saturating_add(n as u64);
     }
 
     /// Counts `n` gap notices sent.
-    pub fn gaps(&mut self, n: usize) {
+    pub(crate) fn gaps(&mut self, n: usize) {
         self.gaps = self
             .gaps
             .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
     /// Records why the stream ends; the first reason given wins.
-    pub fn ended_by(&mut self, why: Ended) {
+    pub(crate) fn ended_by(&mut self, why: Ended) {
         self.ending.get_or_insert(why);
     }
 
     /// Writes the stream's line: `transport` (`sse`, `ws`, or `ds` for a
     /// Durable Streams `live=sse` read) and the
     /// `channels` it followed at its end.
-    pub fn log(&self, transport: &'static str, channels: &dyn Display) {
+    pub(crate) fn log(&self, transport: &'static str, channels: &dyn Display) {
         let ended = self.ending.unwrap_or(Ended::ClientClosed).as_str();
         let duration_ms = gapless_core::journal::now_ms().saturating_sub(self.opened_ms);
         tracing::info!(
@@ -128,7 +128,7 @@ impl Tally {
 
 /// A subscription's channels for a log line: the first eight names,
 /// comma-separated, then how many more.
-pub struct ChannelList<'a>(pub &'a Subscription);
+pub(crate) struct ChannelList<'a>(pub &'a Subscription);
 
 impl Display for ChannelList<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -27,7 +27,7 @@
 
 // Types never built: they exist for the document only.
 #[allow(dead_code)]
-pub mod shared;
+pub(crate) mod shared;
 
 use crate::App;
 use axum::body::Bytes;
@@ -39,7 +39,7 @@ use utoipa::OpenApi;
 
 /// Operations that never need a token: probes, metrics, the console page and
 /// this document (`auth` is not consulted by their handlers).
-pub const OPEN: &[&str] = &[
+pub(crate) const OPEN: &[&str] = &[
     "healthz",
     "readyz",
     "metrics",
@@ -82,7 +82,7 @@ is JSON `ErrorBody`.",
     )),
     modifiers(&SecuritySchemes),
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Adds the three ways of presenting a token as security schemes.
 struct SecuritySchemes;
@@ -127,14 +127,18 @@ impl utoipa::Modify for SecuritySchemes {
 
 /// The served document: JSON bytes, shared by every request.
 #[derive(Clone)]
-pub struct Document(pub Bytes);
+pub(crate) struct Document(pub Bytes);
 
 impl Document {
     /// Fits `doc` (the router's document) to `app` (see the module doc) and
     /// encodes it. `direct_stream` recognises the paths of the streams that
     /// answer a refused connection with `retry:` rather than a 503 (the SSE
     /// transport's predicate, handed in by `lib.rs`).
-    pub fn new(doc: utoipa::openapi::OpenApi, app: &App, direct_stream: fn(&str) -> bool) -> Self {
+    pub(crate) fn new(
+        doc: utoipa::openapi::OpenApi,
+        app: &App,
+        direct_stream: fn(&str) -> bool,
+    ) -> Self {
         let mut doc = serde_json::to_value(doc).unwrap_or_default();
         fit(&mut doc, app, direct_stream);
         Document(Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()))
@@ -240,7 +244,7 @@ fn fit(doc: &mut Value, app: &App, direct_stream: fn(&str) -> bool) {
             content_type = "application/json", body = Object),
     ),
 )]
-pub async fn serve(Extension(doc): Extension<Document>) -> impl IntoResponse {
+pub(crate) async fn serve(Extension(doc): Extension<Document>) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "application/json"),

@@ -20,7 +20,7 @@ use utoipa::{IntoParams, IntoResponses};
 macro_rules! group_of {
     ($(#[$doc:meta])* $group:ident = $($part:ty),+ $(,)?) => {
         $(#[$doc])*
-        pub struct $group;
+        pub(crate) struct $group;
 
         impl IntoResponses for $group {
             fn responses() -> BTreeMap<String, RefOr<Response>> {
@@ -40,20 +40,20 @@ pub(crate) use group_of as group;
 /// The `{id}` of every `/v1/sessions/{id}…` operation.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
-pub struct SessionPath {
+pub(crate) struct SessionPath {
     /// The session.
     #[param(value_type = SessionId)]
     pub id: String,
 }
 
-pub use gapless_protocol::schema::SessionId;
+pub(crate) use gapless_protocol::schema::SessionId;
 
 // ---- Answers of one status ----
 
 /// 401 (removed from the document when tokens are off).
 #[derive(IntoResponses)]
 #[response(status = 401, description = "`unauthorized`.")]
-pub struct Unauthorized(pub ErrorBody);
+pub(crate) struct Unauthorized(pub ErrorBody);
 
 /// 408 for a slow body.
 #[derive(IntoResponses)]
@@ -61,12 +61,12 @@ pub struct Unauthorized(pub ErrorBody);
     status = 408,
     description = "`request_timeout`: the body arrived slower than `--min-body-rate`."
 )]
-pub struct SlowBody(pub ErrorBody);
+pub(crate) struct SlowBody(pub ErrorBody);
 
 /// 500 of an operation that reads or writes the journal.
 #[derive(IntoResponses)]
 #[response(status = 500, description = "`journal_failed`.")]
-pub struct JournalFailed(pub ErrorBody);
+pub(crate) struct JournalFailed(pub ErrorBody);
 
 /// 500 of an operation that reads the journal (streams, history).
 #[derive(IntoResponses)]
@@ -74,7 +74,7 @@ pub struct JournalFailed(pub ErrorBody);
     status = 500,
     description = "`journal_failed`: the journal could not be read."
 )]
-pub struct JournalUnreadable(pub ErrorBody);
+pub(crate) struct JournalUnreadable(pub ErrorBody);
 
 /// 503 of an operation that needs the journal.
 #[derive(IntoResponses)]
@@ -82,7 +82,7 @@ pub struct JournalUnreadable(pub ErrorBody);
     status = 503,
     description = "`unavailable` (cluster mode) or `shutting_down`."
 )]
-pub struct Unavailable(pub ErrorBody);
+pub(crate) struct Unavailable(pub ErrorBody);
 
 /// 503 of the SSE streams: only `shutting_down`. The journal unreachable at
 /// open (cluster mode) is answered 200 with `retry:` only ([`SseStream`]):
@@ -92,12 +92,12 @@ pub struct Unavailable(pub ErrorBody);
     status = 503,
     description = "`shutting_down`: the server is stopping. (The journal unreachable, in cluster mode, is not a 503 here: see the 200.)"
 )]
-pub struct StreamShuttingDown(pub ErrorBody);
+pub(crate) struct StreamShuttingDown(pub ErrorBody);
 
 /// 507 of a session write.
 #[derive(IntoResponses)]
 #[response(status = 507, description = "`journal_full`.")]
-pub struct JournalFull(pub ErrorBody);
+pub(crate) struct JournalFull(pub ErrorBody);
 
 /// 403 of the channel publishes.
 #[derive(IntoResponses)]
@@ -105,7 +105,7 @@ pub struct JournalFull(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the token may not publish to this channel; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery); or an ephemeral publish (`ephemeral=true`) to a channel whose namespace has `ephemeral = false` (the answer's `namespace` names it)."
 )]
-pub struct PublishForbidden(pub ErrorBody);
+pub(crate) struct PublishForbidden(pub ErrorBody);
 
 /// 403 of the channel reads.
 #[derive(IntoResponses)]
@@ -113,7 +113,7 @@ pub struct PublishForbidden(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the token may not subscribe to this channel."
 )]
-pub struct SubscribeForbidden(pub ErrorBody);
+pub(crate) struct SubscribeForbidden(pub ErrorBody);
 
 /// 403 of the SSE streams.
 #[derive(IntoResponses)]
@@ -121,7 +121,7 @@ pub struct SubscribeForbidden(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the token may not subscribe to a channel of the stream (one refuses the whole stream)."
 )]
-pub struct StreamForbidden(pub ErrorBody);
+pub(crate) struct StreamForbidden(pub ErrorBody);
 
 /// 403 of the WebSocket handshakes (`GET /v1/ws`, `GET /v1/sessions/{id}/ws`):
 /// the cookie guard; a token's own refusals come after the upgrade.
@@ -130,7 +130,7 @@ pub struct StreamForbidden(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the handshake's token is the `gapless_token` cookie and its `Origin` is neither this server's own nor one allowed by `--cors-origin` (cross-site WebSocket hijacking, docs/security.md). A Bearer header or `access_token` is taken from any origin."
 )]
-pub struct HandshakeForbidden(pub ErrorBody);
+pub(crate) struct HandshakeForbidden(pub ErrorBody);
 
 /// 403 of the producer's session operations.
 #[derive(IntoResponses)]
@@ -138,7 +138,7 @@ pub struct HandshakeForbidden(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the token may not publish to `session/ID`; or the token is the `gapless_token` cookie and the request's `Origin` is neither this server's nor one allowed by `--cors-origin` (cross-site request forgery)."
 )]
-pub struct SessionPublishForbidden(pub ErrorBody);
+pub(crate) struct SessionPublishForbidden(pub ErrorBody);
 
 /// 403 of the session reads.
 #[derive(IntoResponses)]
@@ -146,12 +146,12 @@ pub struct SessionPublishForbidden(pub ErrorBody);
     status = 403,
     description = "`forbidden`: the token may not subscribe to `session/ID`."
 )]
-pub struct SessionSubscribeForbidden(pub ErrorBody);
+pub(crate) struct SessionSubscribeForbidden(pub ErrorBody);
 
 /// 404 of the session operations.
 #[derive(IntoResponses)]
 #[response(status = 404, description = "`session_not_found`.")]
-pub struct SessionNotFound(pub ErrorBody);
+pub(crate) struct SessionNotFound(pub ErrorBody);
 
 /// 400 of a session operation whose only input is its path.
 #[derive(IntoResponses)]
@@ -159,7 +159,7 @@ pub struct SessionNotFound(pub ErrorBody);
     status = 400,
     description = "`invalid_request`: the path is not UTF-8."
 )]
-pub struct PathNotUtf8(pub ErrorBody);
+pub(crate) struct PathNotUtf8(pub ErrorBody);
 
 /// 507 of a session read: looking at a session can cancel it (its grace
 /// window ran out), which writes its end marker.
@@ -168,7 +168,7 @@ pub struct PathNotUtf8(pub ErrorBody);
     status = 507,
     description = "`journal_full`: a session whose grace window ran out is cancelled when it is looked at, and its marker could not be stored."
 )]
-pub struct SessionMarkerNotStored(pub ErrorBody);
+pub(crate) struct SessionMarkerNotStored(pub ErrorBody);
 
 /// 409 of complete and cancel.
 #[derive(IntoResponses)]
@@ -176,7 +176,7 @@ pub struct SessionMarkerNotStored(pub ErrorBody);
     status = 409,
     description = "`session_ended`: already completed or cancelled (`status` says which)."
 )]
-pub struct AlreadyEnded(pub ErrorBody);
+pub(crate) struct AlreadyEnded(pub ErrorBody);
 
 /// 507 of complete and cancel.
 #[derive(IntoResponses)]
@@ -184,7 +184,7 @@ pub struct AlreadyEnded(pub ErrorBody);
     status = 507,
     description = "`journal_full`: the end marker could not be stored."
 )]
-pub struct EndMarkerNotStored(pub ErrorBody);
+pub(crate) struct EndMarkerNotStored(pub ErrorBody);
 
 // ---- Groups ----
 

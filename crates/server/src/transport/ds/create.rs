@@ -14,7 +14,7 @@ use gapless_protocol::codes::ErrorCode;
 
 /// `PUT {stream}`: creates the stream, or answers 200 when it exists with
 /// the same content type, TTL or expiry, closure and fork (409 otherwise).
-pub async fn create(ctx: Ctx, body: Body) -> Response {
+pub(crate) async fn create(ctx: Ctx, body: Body) -> Response {
     let mut ask = match read(&ctx) {
         Ok(a) => a,
         Err(r) => return r,

@@ -18,7 +18,7 @@ pub(super) async fn lookup(ctx: &Ctx) -> Result<Stream, Response> {
 /// `DELETE {stream}`: forgets the stream, or soft-deletes it while forks
 /// use it (PROTOCOL.md 5.4): its URL then answers 410 until the last fork
 /// is gone.
-pub async fn delete(ctx: Ctx) -> Response {
+pub(crate) async fn delete(ctx: Ctx) -> Response {
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,

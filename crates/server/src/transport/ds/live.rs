@@ -44,7 +44,7 @@ use tokio::sync::watch;
 /// client reconnects from its last `streamNextOffset` (PROTOCOL.md 10.2):
 /// the response ends at the tick of its timer ([`period_ms`]) that reaches
 /// this (later when ticks come late).
-pub const SSE_LIFETIME: Duration = Duration::from_secs(60);
+pub(crate) const SSE_LIFETIME: Duration = Duration::from_secs(60);
 
 /// The period of a live read's timer, in milliseconds: gapless's stream
 /// timer ([`stream::tick_ms`]: the heartbeat, or a liveness check with
@@ -57,7 +57,7 @@ fn period_ms(config: &crate::ServerConfig) -> u64 {
 }
 
 /// Where a live read starts: what the handler knew under the stream's lock.
-pub struct Start {
+pub(crate) struct Start {
     /// The stream's layout (where its messages are).
     pub layout: Arc<Layout>,
     /// The epoch of its offsets.
@@ -81,7 +81,7 @@ pub struct Start {
 
 /// One live SSE read: the subscription to the stream's own channel, and
 /// where the follower is. See the module doc.
-pub struct Feed {
+pub(crate) struct Feed {
     app: Arc<App>,
     sub: Subscription,
     layout: Arc<Layout>,
@@ -121,7 +121,7 @@ impl Feed {
     /// The feed of a live read from `start`, following the stream's own
     /// channel with `sub` (opened at the later of `start.from` and the fork
     /// point, before anything inherited is read, so nothing is missed).
-    pub fn new(app: Arc<App>, start: Start, sub: Subscription) -> Self {
+    pub(crate) fn new(app: Arc<App>, start: Start, sub: Subscription) -> Self {
         let life = *start.closed_rx.borrow();
         let lifetime = u64::try_from(SSE_LIFETIME.as_millis()).unwrap_or(u64::MAX);
         let ticks = lifetime.div_ceil(period_ms(&app.config));
@@ -155,7 +155,7 @@ impl Feed {
     /// Waits for what is next and appends its frames to `out`. Cancel-safe:
     /// dropping the future loses nothing (the subscription's next item and
     /// the watch are cancel-safe; an inherited page is read again).
-    pub async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
+    pub(crate) async fn next(&mut self, out: &mut Vec<Bytes>) -> Flow {
         if self.expired_while_blocked {
             return Flow::End;
         }

@@ -20,13 +20,13 @@
 // 128 bytes): once per request, never in a loop, so the size is no cost.
 #![allow(clippy::result_large_err)]
 
-pub mod create;
-pub mod lifecycle;
-pub mod live;
-pub mod read;
-pub mod subscriptions;
-pub mod webhook;
-pub mod write;
+pub(crate) mod create;
+pub(crate) mod lifecycle;
+pub(crate) mod live;
+pub(crate) mod read;
+pub(crate) mod subscriptions;
+pub(crate) mod webhook;
+pub(crate) mod write;
 
 use crate::auth::{Access, Action};
 use crate::error::ApiError;
@@ -45,7 +45,7 @@ use gapless_protocol::codes::ErrorCode;
 use std::sync::Arc;
 
 /// The room's shared state: the streams this node serves now.
-pub struct Ds {
+pub(crate) struct Ds {
     /// The streams' metadata, cached ([`Streams`]).
     pub streams: Arc<Streams>,
     /// The subscriptions (the reserved `__ds/` APIs; `ops::subscriptions`).
@@ -56,12 +56,12 @@ pub struct Ds {
 }
 
 /// The state [`intercept`] runs with.
-pub type DsState = (Arc<App>, Arc<Ds>);
+pub(crate) type DsState = (Arc<App>, Arc<Ds>);
 
 /// The state of the layer [`intercept`] for `app`; starts the subscriptions'
 /// delivery task (it reads them at once, so wakes go out after a restart
 /// before any request comes).
-pub fn state(app: Arc<App>) -> DsState {
+pub(crate) fn state(app: Arc<App>) -> DsState {
     let ds = Arc::new(Ds {
         streams: Arc::default(),
         subs: Arc::new(crate::ops::subscriptions::Subscriptions::new(
@@ -108,7 +108,7 @@ fn listen(app: &Arc<App>, ds: &Arc<Ds>) {
 /// `__ds/` APIs): the fan-out writer serves it when it is a connection's
 /// first request (`net/conn.rs`), so it is written as gapless's own SSE
 /// streams are. Any other read keeps its connection for more requests.
-pub fn is_live_sse(prefix: &str, path: &str, query: Option<&str>) -> bool {
+pub(crate) fn is_live_sse(prefix: &str, path: &str, query: Option<&str>) -> bool {
     if prefix.is_empty() {
         return false;
     }
@@ -126,7 +126,11 @@ pub fn is_live_sse(prefix: &str, path: &str, query: Option<&str>) -> bool {
 
 /// The router layer: a request whose path is under `--ds-prefix` (the
 /// prefix, then `/`) is answered by this room; anything else goes on.
-pub async fn intercept(State((app, ds)): State<DsState>, req: Request, next: Next) -> Response {
+pub(crate) async fn intercept(
+    State((app, ds)): State<DsState>,
+    req: Request,
+    next: Next,
+) -> Response {
     let prefix = app.config.ds_prefix.trim_end_matches('/');
     if app.config.ds_prefix.is_empty() {
         return next.run(req).await;
@@ -246,7 +250,7 @@ async fn ready(app: &Arc<App>, ds: &Arc<Ds>) -> Result<(), Response> {
 }
 
 /// What a handler needs of its request.
-pub struct Ctx {
+pub(crate) struct Ctx {
     /// The shared state.
     pub app: Arc<App>,
     /// The room's state.
@@ -273,13 +277,13 @@ pub struct Ctx {
 
 impl Ctx {
     /// A request header as text (`None` when absent or not visible ASCII).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
     /// Whether `Stream-Closed: true` (case-insensitive) was sent; any other
     /// value counts as absent (PROTOCOL.md 4.1).
-    pub fn closes(&self) -> bool {
+    pub(crate) fn closes(&self) -> bool {
         self.header("stream-closed")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
     }
@@ -310,7 +314,7 @@ fn preflight() -> Response {
 /// with its status and a JSON body `{"error": code, "message": message}`,
 /// made as every gapless refusal is ([`ApiError`]), so it is counted in
 /// `gapless_refusals_total`.
-pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     api_error(ApiError::new(code, message))
 }
 
@@ -320,7 +324,7 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
 /// the headers PROTOCOL.md names for it (5.2: a closed stream's
 /// `Stream-Next-Offset` and `Stream-Closed`; 5.2.1: `Producer-Epoch`,
 /// `Producer-Expected-Seq`, `Producer-Received-Seq`).
-pub fn refuse(ctx: &Ctx, e: StreamError) -> Response {
+pub(crate) fn refuse(ctx: &Ctx, e: StreamError) -> Response {
     let e = match e {
         StreamError::Api(api) => return api_error(api),
         e => e,
@@ -350,18 +354,18 @@ pub fn refuse(ctx: &Ctx, e: StreamError) -> Response {
 }
 
 /// A gapless refusal (auth, limits, the journal) as this room answers it.
-pub fn api_error(e: ApiError) -> Response {
+pub(crate) fn api_error(e: ApiError) -> Response {
     e.into_response()
 }
 
 /// Sets header `name` to `value` (skipped when `value` is not a valid header value).
-pub fn set(r: &mut Response, name: &'static str, value: impl AsRef<str>) {
+pub(crate) fn set(r: &mut Response, name: &'static str, value: impl AsRef<str>) {
     if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
         r.headers_mut().insert(HeaderName::from_static(name), v);
     }
 }
 
 /// An empty answer with `status`.
-pub fn empty(status: StatusCode) -> Response {
+pub(crate) fn empty(status: StatusCode) -> Response {
     (status, Body::empty()).into_response()
 }

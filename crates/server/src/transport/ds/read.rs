@@ -24,13 +24,13 @@ use std::time::Duration;
 /// Most events in one catch-up answer (and about [`READ_BYTES`] of data);
 /// a longer range is read in several requests. The server's page bound
 /// (`ops::history::MAX_LIMIT`, 1000), so both stay equal.
-pub const READ_EVENTS: usize = crate::ops::history::MAX_LIMIT;
+pub(crate) const READ_EVENTS: usize = crate::ops::history::MAX_LIMIT;
 /// About the most data in one catch-up answer, in bytes (always at least
 /// one event): the server's page bound (`ops::history::PAGE_DATA_BYTES`, 4 MiB).
-pub const READ_BYTES: usize = crate::ops::history::PAGE_DATA_BYTES;
+pub(crate) const READ_BYTES: usize = crate::ops::history::PAGE_DATA_BYTES;
 
 /// `HEAD {stream}`: the stream's metadata, never cached.
-pub async fn head(ctx: Ctx) -> Response {
+pub(crate) async fn head(ctx: Ctx) -> Response {
     let stream = match lookup(&ctx).await {
         Ok(s) => s,
         Err(r) => return r,
@@ -166,7 +166,7 @@ fn read_query(ctx: &Ctx) -> Result<ReadQuery, Response> {
 }
 
 /// `GET {stream}?offset=…[&live=long-poll|sse][&cursor=…]`.
-pub async fn get(ctx: Ctx) -> Response {
+pub(crate) async fn get(ctx: Ctx) -> Response {
     let q = match read_query(&ctx) {
         Ok(q) => q,
         Err(r) => return r,

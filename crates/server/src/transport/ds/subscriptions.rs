@@ -27,14 +27,14 @@ use std::sync::Arc;
 
 /// Where the `__ds` segment splits a path under the prefix: the root before
 /// it (maybe empty) and the rest after it. `None` when no segment is `__ds`.
-pub fn split(rest: &str) -> Option<(String, String)> {
+pub(crate) fn split(rest: &str) -> Option<(String, String)> {
     let segs: Vec<&str> = rest.split('/').collect();
     let i = segs.iter().position(|s| *s == "__ds")?;
     Some((segs[..i].join("/"), segs[i + 1..].join("/")))
 }
 
 /// The operations context of the room's state.
-pub fn cx(app: &Arc<App>, ds: &Ds) -> Cx {
+pub(crate) fn cx(app: &Arc<App>, ds: &Ds) -> Cx {
     Cx {
         app: app.clone(),
         streams: ds.streams.clone(),
@@ -79,7 +79,7 @@ fn answer(r: Result<Response, Error>) -> Response {
 
 /// Answers a request under `{root}/__ds/`; `rest` is the path after `__ds/`
 /// (still percent-encoded).
-pub async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     ds: &Arc<Ds>,
     req: Request,

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The [`Poster`] the room gives the subscriptions.
-pub fn poster() -> Poster {
+pub(crate) fn poster() -> Poster {
     Arc::new(|p: Post| Box::pin(deliver(p)))
 }
 

@@ -72,7 +72,7 @@ fn producer(ctx: &Ctx) -> Result<Option<ProducerTuple>, Response> {
 /// an array), closes with `Stream-Closed: true`, deduplicates idempotent
 /// producers' retries and refuses `Stream-Seq` regressions: one journal
 /// change (`ops::streams::append`).
-pub async fn append(ctx: Ctx, body: Body) -> Response {
+pub(crate) async fn append(ctx: Ctx, body: Body) -> Response {
     let streams = &ctx.ds.streams;
     let stream = match lookup_for_append(&ctx.app, streams, &ctx.channel).await {
         Ok(s) => s,

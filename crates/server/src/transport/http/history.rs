@@ -16,7 +16,7 @@ use crate::App;
 use axum::extract::{Path, RawQuery, State};
 use axum::Json;
 use gapless_protocol::answers::PageEvents;
-pub use gapless_protocol::answers::{ChannelInfo, HistoryPage};
+pub(crate) use gapless_protocol::answers::{ChannelInfo, HistoryPage};
 use gapless_protocol::schema::ChannelName;
 use gapless_protocol::Cursor;
 use std::sync::Arc;
@@ -44,7 +44,7 @@ use std::sync::Arc;
         (status = 503, description = "`unavailable` (cluster mode: Redis unreachable) or `shutting_down`.", body = ErrorBody),
     ),
 )]
-pub async fn history(
+pub(crate) async fn history(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,
@@ -99,7 +99,7 @@ pub(crate) async fn page(
         ServerErrors,
     ),
 )]
-pub async fn channel_info(
+pub(crate) async fn channel_info(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,

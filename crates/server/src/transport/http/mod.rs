@@ -4,11 +4,11 @@
 //! `ops::history` and `ops::sessions`; this room reads the request into
 //! them and writes their answers.
 
-pub mod history;
-pub mod presence;
-pub mod publish;
-pub mod purge;
-pub mod sessions;
+pub(crate) mod history;
+pub(crate) mod presence;
+pub(crate) mod publish;
+pub(crate) mod purge;
+pub(crate) mod sessions;
 
 use crate::App;
 use std::sync::Arc;

@@ -30,7 +30,7 @@ use std::sync::Arc;
         ServerErrors,
     ),
 )]
-pub async fn presence(
+pub(crate) async fn presence(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,

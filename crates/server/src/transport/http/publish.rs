@@ -64,7 +64,7 @@ use std::sync::Arc;
             headers(("Retry-After" = u64, description = "Whole seconds to wait (5)."))),
     ),
 )]
-pub async fn publish(
+pub(crate) async fn publish(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     peer: Option<Extension<Peer>>,
@@ -212,7 +212,7 @@ pub(crate) async fn read_event(
             headers(("Retry-After" = u64, description = "Whole seconds to wait (5)."))),
     ),
 )]
-pub async fn publish_batch(
+pub(crate) async fn publish_batch(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     peer: Option<Extension<Peer>>,

@@ -32,7 +32,7 @@ use std::sync::Arc;
         ServerErrors,
     ),
 )]
-pub async fn purge(
+pub(crate) async fn purge(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(channel): Path<String>,

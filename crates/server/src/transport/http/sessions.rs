@@ -43,7 +43,7 @@ fn info_json(info: &Info) -> SessionInfo {
 /// The body of `POST /v1/sessions`: empty, or this.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateBody {
+pub(crate) struct CreateBody {
     /// The id to give the session; the server draws one when absent or null.
     #[schema(value_type = Option<SessionId>)]
     pub id: Option<String>,
@@ -73,7 +73,7 @@ pub struct CreateBody {
         ServerErrors,
     ),
 )]
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     headers: HeaderMap,
@@ -122,7 +122,7 @@ pub async fn create(
         ServerErrors,
     ),
 )]
-pub async fn info(
+pub(crate) async fn info(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
@@ -167,7 +167,7 @@ pub async fn info(
         ServerErrors,
     ),
 )]
-pub async fn append(
+pub(crate) async fn append(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     peer: Option<Extension<Peer>>,
@@ -213,7 +213,7 @@ pub async fn append(
         SessionEndErrors,
     ),
 )]
-pub async fn complete(
+pub(crate) async fn complete(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
@@ -236,7 +236,7 @@ pub async fn complete(
         SessionEndErrors,
     ),
 )]
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,
@@ -272,7 +272,7 @@ pub async fn cancel(
         ServerErrors,
     ),
 )]
-pub async fn history(
+pub(crate) async fn history(
     State(app): State<Arc<App>>,
     Access(grant): Access,
     Path(id): Path<String>,

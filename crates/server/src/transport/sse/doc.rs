@@ -14,7 +14,7 @@ use utoipa::{IntoParams, IntoResponses};
 /// operations; the `Last-Event-ID` header is [`LastEventIdHeader`]).
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct SseQuery {
+pub(super) struct SseQuery {
     /// Start after this cursor (EventSource cannot set headers on its first connection). A garbage value is refused with 400 `invalid_cursor`.
     #[param(value_type = Option<gapless_protocol::Cursor>, nullable = false)]
     pub last_event_id: Option<String>,
@@ -43,7 +43,7 @@ pub struct SseQuery {
 /// The header a reconnecting EventSource sends (both SSE operations).
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
-pub struct LastEventIdHeader {
+pub(super) struct LastEventIdHeader {
     /// Start after this cursor; wins over the query (a reconnecting EventSource keeps its URL and adds this header). Any bytes; empty is absent; an unreadable one starts the stream with a gap notice of reason `unknown`, not an error.
     #[param(rename = "Last-Event-ID", nullable = false)]
     pub last_event_id: Option<String>,
@@ -60,7 +60,7 @@ pub struct LastEventIdHeader {
         ("X-Accel-Buffering" = String, description = "`no`: proxies must not buffer the stream"),
     )
 )]
-pub struct SseStream(pub SseEvent);
+pub(super) struct SseStream(pub SseEvent);
 
 group! {
     /// Every answer of both SSE operations but their 400: the stream, 401,
@@ -75,4 +75,4 @@ group! {
     status = 404,
     description = "`presence_disabled`: `presence=true` and none of the stream's channels is in a namespace with presence."
 )]
-pub struct StreamPresenceDisabled(pub ErrorBody);
+pub(super) struct StreamPresenceDisabled(pub ErrorBody);

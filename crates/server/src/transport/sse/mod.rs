@@ -698,7 +698,7 @@ impl Feed {
     /// An `async` block over `self` and `out`, not an `async fn`, which
     /// would keep both twice in the future (16 bytes of every stream's task).
     #[allow(clippy::manual_async_fn)]
-    pub fn next<'s, 'o>(
+    pub(crate) fn next<'s, 'o>(
         &'s mut self,
         out: &'o mut Vec<Bytes>,
     ) -> impl Future<Output = Flow> + Send + use<'s, 'o> {
@@ -830,7 +830,7 @@ impl Feed {
     }
 
     /// Records why the stream ends (the first reason given wins).
-    pub fn ended_by(&mut self, why: Ended) {
+    pub(crate) fn ended_by(&mut self, why: Ended) {
         self.tally.ended_by(why);
     }
 
@@ -889,7 +889,7 @@ impl Feed {
     /// The feed as a hyper response body (chunked), for a stream opened on a
     /// connection that already carried another request (`conn::body`, with
     /// `flushes`, the connection's).
-    pub fn into_body(self, flushes: Option<Flushes>) -> Body {
+    pub(crate) fn into_body(self, flushes: Option<Flushes>) -> Body {
         let shutdown = self.app.shutdown.clone();
         crate::net::conn::body(self, flushes, shutdown)
     }

@@ -33,7 +33,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Malformed messages in a row after which the socket is closed (4422).
-pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
+pub(crate) const MAX_ERRORS_IN_A_ROW: u32 = 10;
 
 /// The upgrade handler.
 ///
@@ -57,7 +57,7 @@ pub const MAX_ERRORS_IN_A_ROW: u32 = 10;
         HandshakeForbidden,
     ),
 )]
-pub async fn handler(
+pub(crate) async fn handler(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     peer: Option<Extension<Peer>>,

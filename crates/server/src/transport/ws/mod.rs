@@ -279,7 +279,7 @@ pub(crate) enum Beat {
 impl Heartbeat {
     /// A heartbeat of `heartbeat_ms` (0: none); `tcp` judges a silent client
     /// by its connection (see the type's doc).
-    pub fn new(heartbeat_ms: u64, tcp: Option<crate::net::tcp_info::Peer>) -> Self {
+    pub(crate) fn new(heartbeat_ms: u64, tcp: Option<crate::net::tcp_info::Peer>) -> Self {
         let period = Duration::from_millis(heartbeat_ms);
         let now = Instant::now();
         let sleep = (heartbeat_ms > 0).then(|| Box::pin(tokio::time::sleep_until(now + period)));
@@ -295,14 +295,14 @@ impl Heartbeat {
     }
 
     /// The client sent something: every ping sent before is answered.
-    pub fn alive(&mut self) {
+    pub(crate) fn alive(&mut self) {
         self.last_seen = Instant::now();
         self.unanswered = None;
     }
 
     /// A ping was handed to the socket just now (after a [`Beat::Ping`]):
     /// the client's time to answer it runs from now.
-    pub fn pinged(&mut self) {
+    pub(crate) fn pinged(&mut self) {
         if self.unanswered.is_none() {
             self.unanswered = Some(Instant::now());
         }
@@ -347,7 +347,7 @@ impl Heartbeat {
     }
 
     /// Waits for the next beat (forever when heartbeats are off). Cancel-safe.
-    pub async fn tick(&mut self) -> Beat {
+    pub(crate) async fn tick(&mut self) -> Beat {
         let period = self.period;
         if self.sleep.is_none() {
             return std::future::pending().await;

@@ -68,7 +68,7 @@ use std::sync::Arc;
         HandshakeForbidden,
     ),
 )]
-pub async fn handler(
+pub(crate) async fn handler(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 /// One sink call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
+pub(crate) enum Record {
     /// `committed(channel, state, events)`, with the events' seqs.
     Committed(String, ChannelState, Vec<u64>),
     /// `evicted(channel, state)`.
@@ -18,13 +18,13 @@ pub enum Record {
 
 /// A sink that records every call.
 #[derive(Default)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     log: Mutex<Vec<Record>>,
 }
 
 impl Recorder {
     /// Everything recorded so far.
-    pub fn records(&self) -> Vec<Record> {
+    pub(crate) fn records(&self) -> Vec<Record> {
         self.log.lock().expect("recorder lock").clone()
     }
 }
@@ -43,7 +43,7 @@ impl CommitSink for Recorder {
 }
 
 /// An untyped event.
-pub fn ev(data: &str) -> NewEvent {
+pub(crate) fn ev(data: &str) -> NewEvent {
     NewEvent {
         event_type: None,
         data: data.into(),
@@ -51,7 +51,7 @@ pub fn ev(data: &str) -> NewEvent {
 }
 
 /// Options with the given limits and durability.
-pub fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> StoreOptions {
+pub(crate) fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> StoreOptions {
     StoreOptions {
         namespaces: Arc::new(
             Retention {
@@ -68,7 +68,7 @@ pub fn options(max_events: u64, max_age_ms: u64, durability: Durability) -> Stor
 }
 
 /// Opens a journal in `dir` with a fresh recorder.
-pub fn open(dir: &Path, opts: StoreOptions) -> (EmbeddedJournal, Arc<Recorder>) {
+pub(crate) fn open(dir: &Path, opts: StoreOptions) -> (EmbeddedJournal, Arc<Recorder>) {
     let rec = Arc::new(Recorder::default());
     let journal = EmbeddedJournal::open(dir, opts, rec.clone()).expect("open journal");
     (journal, rec)
