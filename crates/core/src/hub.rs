@@ -61,6 +61,12 @@ pub struct Channels {
     meta_listener: std::sync::OnceLock<MetaListener>,
 }
 
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channels").finish_non_exhaustive()
+    }
+}
+
 /// What [`Channels::on_meta_changed`] calls with a channel's name. Called
 /// where the journal commits (under its lock, on its writer thread): it
 /// must not block or call the journal; it may spawn.
@@ -88,6 +94,12 @@ pub struct Cell {
     idle_since_ms: AtomicU64,
     loaded: OnceCell<()>,
     limits: WindowLimits,
+}
+
+impl std::fmt::Debug for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cell").finish_non_exhaustive()
+    }
 }
 
 struct Window {
@@ -471,6 +483,12 @@ pub struct Hub {
     published: parking_lot::RwLock<(&'static str, metrics::Counter)>,
     published_ephemeral: metrics::Counter,
     publish_seconds: metrics::Histogram,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
 }
 
 impl Hub {

@@ -213,6 +213,7 @@ pub trait CommitSink: Send + Sync + 'static {
 }
 
 /// A sink that drops everything (for tools and tests).
+#[derive(Debug)]
 pub struct NoSink;
 
 impl CommitSink for NoSink {

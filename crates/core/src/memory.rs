@@ -27,6 +27,12 @@ pub struct MemoryJournal {
     closed: AtomicBool,
 }
 
+impl std::fmt::Debug for MemoryJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryJournal").finish_non_exhaustive()
+    }
+}
+
 struct ChannelLog {
     name: Arc<str>,
     /// The channel's epoch: the journal's, or the one its last purge began.

@@ -255,6 +255,12 @@ pub struct Sessions {
     held: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions").finish_non_exhaustive()
+    }
+}
+
 /// A consumer's hold on a session: its subscription, and a token that fires
 /// when a newer connection takes the session over. Dropping it detaches.
 pub struct Attachment {
@@ -270,6 +276,12 @@ pub struct Attachment {
     /// attached only with `last_seq`, to read the rest).
     pub status: Status,
     guard: Detach,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment").finish_non_exhaustive()
+    }
 }
 
 impl Attachment {

@@ -234,6 +234,12 @@ pub struct Subscription {
     rr: u32,
 }
 
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
 impl Subscription {
     pub(crate) fn new(follows: Vec<Follow>, journal: Arc<dyn Journal>, batch: usize) -> Self {
         Subscription {

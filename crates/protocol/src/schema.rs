@@ -118,6 +118,7 @@ impl ToSchema for GapReason {
 
 /// The schema of a seq given as a parameter: any `u64` (`int64`, the
 /// format the derives give `u64`, would claim a signed range).
+#[derive(Debug)]
 pub struct Seq;
 
 impl PartialSchema for Seq {
@@ -140,6 +141,7 @@ impl ToSchema for Seq {
 }
 
 /// The schema of a channel name ([`crate::name::validate_channel`]).
+#[derive(Debug)]
 pub struct ChannelName;
 
 impl PartialSchema for ChannelName {
@@ -164,6 +166,7 @@ impl ToSchema for ChannelName {
 
 /// The schema of a session id (`gapless_core::session::valid_id`); ids
 /// travel as `String`s.
+#[derive(Debug)]
 pub struct SessionId;
 
 impl PartialSchema for SessionId {
@@ -188,6 +191,7 @@ impl ToSchema for SessionId {
 
 /// The schema of an event type a publisher may use
 /// ([`crate::name::validate_type`]): the reserved names are excluded.
+#[derive(Debug)]
 pub struct EventType;
 
 impl EventType {

@@ -44,6 +44,7 @@ pub enum Space {
 /// ends; a lone CR comes back to the reader as LF). The one copy of the rule:
 /// [`write_data`] (gapless's streams) and the Durable Streams room's `data`
 /// events use it.
+#[derive(Debug)]
 pub struct DataLines<'a> {
     out: &'a mut Vec<u8>,
     space: Space,

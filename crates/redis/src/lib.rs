@@ -186,6 +186,12 @@ pub struct RedisJournal {
     tasks: CancellationToken,
 }
 
+impl std::fmt::Debug for RedisJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisJournal").finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct Inner {
     conn: conn::Connector,
     scripts: scripts::Scripts,

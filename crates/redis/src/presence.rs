@@ -185,6 +185,12 @@ pub struct RedisPresence {
     resync: Arc<parking_lot::RwLock<Option<gapless_core::presence::ResyncFn>>>,
 }
 
+impl std::fmt::Debug for RedisPresence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisPresence").finish_non_exhaustive()
+    }
+}
+
 impl RedisPresence {
     /// The registry in `journal`'s Redis; starts this node's liveness beat
     /// (and its search for stopped nodes) on the current runtime, until the

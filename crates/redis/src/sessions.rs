@@ -94,6 +94,12 @@ pub struct RedisSessions {
     leases: LeaseScripts,
 }
 
+impl std::fmt::Debug for RedisSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSessions").finish_non_exhaustive()
+    }
+}
+
 impl RedisSessions {
     /// The registry in `journal`'s Redis. A takeover's kick reaches this
     /// node through `journal`'s notification listener.

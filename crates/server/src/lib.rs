@@ -55,6 +55,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 /// What every handler shares.
+#[derive(Debug)]
 pub struct App {
     /// The hub.
     pub hub: Hub,

@@ -96,6 +96,12 @@ pub struct EmbeddedJournal {
     writer: Option<JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for EmbeddedJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedJournal").finish_non_exhaustive()
+    }
+}
+
 impl EmbeddedJournal {
     /// Opens (creating it if needed) the journal in directory `dir`, and
     /// starts its writer thread.

@@ -83,6 +83,7 @@ pub fn assert_exactly_once(seqs: &[u64], n: u64) {
 }
 
 /// A `gapless tail` process whose stdout lines are collected.
+#[derive(Debug)]
 pub struct Tail {
     child: Child,
     /// Lines printed on stdout.

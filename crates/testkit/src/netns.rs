@@ -62,6 +62,7 @@ fn free_subnet(pid: u32, n: u32) -> Result<(u32, u32), String> {
 
 /// A network namespace for the server, joined to the test's namespace by a
 /// veth pair: the server at `server_ip`, the test at `client_ips`. Removed on drop.
+#[derive(Debug)]
 pub struct Netns {
     /// The namespace's name (`ip netns`).
     pub name: String,
@@ -199,6 +200,7 @@ pub fn netns_or_skip(test: &str) -> Option<Netns> {
 }
 
 /// `gapless serve --memory` inside a [`Netns`], with extra flags.
+#[derive(Debug)]
 pub struct NsServer {
     child: Child,
     /// Where it listens (in the namespace).

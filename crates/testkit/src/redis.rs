@@ -9,6 +9,7 @@ use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
 /// A running (or stopped) `redis-server`.
+#[derive(Debug)]
 pub struct Redis {
     child: Option<Child>,
     /// Its port on 127.0.0.1.

@@ -34,6 +34,7 @@ pub struct Opts {
 }
 
 /// A running (or stopped) `gapless serve` process.
+#[derive(Debug)]
 pub struct Server {
     child: Option<Child>,
     /// The address it listens on (kept across restarts).

@@ -224,6 +224,7 @@ pub enum Next {
 }
 
 /// A connected SSE (or any GET) response.
+#[derive(Debug)]
 pub struct SseClient {
     stream: TcpStream,
     buf: Vec<u8>,

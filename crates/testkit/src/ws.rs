@@ -47,6 +47,7 @@ pub struct Refused {
 }
 
 /// A WebSocket client (tokio-tungstenite): it answers pings while it reads.
+#[derive(Debug)]
 pub struct Ws {
     inner: WebSocketStream<TcpStream>,
     /// The subprotocol the server selected.
@@ -386,6 +387,7 @@ impl Frame {
 
 /// A WebSocket client over a bare TCP socket: it writes only what the test
 /// sends, so it never answers a ping.
+#[derive(Debug)]
 pub struct RawWs {
     tcp: TcpStream,
     buf: Vec<u8>,

@@ -67,15 +67,13 @@ async fn handshake_selects_gapless_v1_refuses_other_subprotocols_accepts_none() 
     // Offering only other subprotocols: HTTP 400 before the upgrade, on both endpoints.
     let refused = Ws::try_connect(s.addr, "/v1/ws", &["gapless.v2", "chat"])
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(refused.status, 400, "{refused:?}");
     assert_eq!(refused.json["error"], "invalid_request", "{refused:?}");
     new_session_for_handshake(&s).await;
     let refused = Ws::try_connect(s.addr, "/v1/sessions/hs/ws", &["chat"])
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(refused.status, 400, "{refused:?}");
     // The raw answer: a plain 400, never a 101.
     let (hs, up) = RawWs::handshake(s.addr, "/v1/ws", &[("Sec-WebSocket-Protocol", "chat")]).await;

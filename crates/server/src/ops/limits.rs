@@ -16,6 +16,7 @@ use std::time::Duration;
 /// The publish rate limiter: a token bucket (GCRA) per publisher, keyed by
 /// the token's `sub`, or by the client's IP address when the request has no
 /// subject (an open server, or a token without `sub`).
+#[derive(Debug)]
 pub struct PublishLimiter {
     limiter: Option<DefaultKeyedRateLimiter<String>>,
     rate: u32,

@@ -50,6 +50,12 @@ pub struct Presence {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Presence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presence").finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     rooms: Mutex<HashMap<String, Room>>,
@@ -341,6 +347,12 @@ pub struct Seat {
     held: Vec<Held>,
     /// The connection's notices, made when it first asks for them.
     queue: Option<(mpsc::Sender<PresenceNotice>, mpsc::Receiver<PresenceNotice>)>,
+}
+
+impl std::fmt::Debug for Seat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seat").finish_non_exhaustive()
+    }
 }
 
 impl Seat {

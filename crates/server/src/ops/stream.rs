@@ -184,6 +184,7 @@ impl Phase {
 /// every period in its phase; its first tick comes within one period of
 /// its open (within two in the clock's first period). The ticking task
 /// starts with the first stream ([`Clock::now`]) and ends at shutdown.
+#[derive(Debug)]
 pub struct Clock {
     /// Steps so far, or [`SHUT`].
     ticks: AtomicU64,

@@ -5,6 +5,7 @@ use gapless_protocol::codes::ErrorCode;
 use utoipa::ToSchema;
 
 /// A parsed query string: every `key=value` pair in order (keys may repeat).
+#[derive(Debug)]
 pub struct Query(pub Vec<(String, String)>);
 
 impl Query {

@@ -24,7 +24,7 @@ use std::net::IpAddr;
 
 /// Who appends: the grant checked for the operation and the client's
 /// address (the keys of the publish limits).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
     /// The caller's grant.
     pub grant: &'a Grant,

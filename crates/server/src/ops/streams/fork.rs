@@ -31,6 +31,7 @@ pub struct ForkAsk {
 }
 
 /// A validated fork request: everything [`super::create::create`] needs.
+#[derive(Debug)]
 pub struct Plan {
     /// The source stream's incarnation (to register the fork with).
     pub source_inc: u64,

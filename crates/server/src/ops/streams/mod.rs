@@ -322,7 +322,7 @@ pub type Stream = Arc<Entry>;
 
 /// The streams this node serves now, by channel (a bounded cache over the
 /// journal: [`CACHED_STREAMS`]).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Streams {
     /// Keyed by the name its layout holds (one copy of it).
     map: Mutex<HashMap<Arc<str>, Stream>>,

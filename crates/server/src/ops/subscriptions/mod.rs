@@ -204,6 +204,12 @@ pub struct Subscriptions {
     inbox: parking_lot::Mutex<Option<mpsc::UnboundedReceiver<deliver::Signal>>>,
 }
 
+impl std::fmt::Debug for Subscriptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriptions").finish_non_exhaustive()
+    }
+}
+
 impl Subscriptions {
     /// The subscriptions of a node whose webhooks `poster` sends.
     pub fn new(poster: Poster) -> Self {
@@ -266,7 +272,7 @@ impl Subscriptions {
 
 /// What every operation needs: the server, the streams' cache (links name
 /// streams), the subscriptions. Cheap to clone.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Cx {
     /// The shared state.
     pub app: Arc<App>,

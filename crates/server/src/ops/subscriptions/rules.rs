@@ -58,6 +58,7 @@ pub fn check_names(root: &str, id: &str) -> Result<(), Error> {
 }
 
 /// A linked stream in a wake: its offsets and whether work is pending.
+#[derive(Debug)]
 pub struct Pending {
     /// Its path, relative to the root.
     pub path: String,

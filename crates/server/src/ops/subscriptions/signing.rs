@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 /// The server's webhook signing key (Ed25519) and its key id.
+#[derive(Debug)]
 pub struct Signer {
     key: SigningKey,
     /// `ds_` then the RFC 7638 JWK thumbprint (SHA-256, base64url) of the

@@ -293,6 +293,7 @@ pub async fn all(app: &App) -> Result<Vec<(String, String)>, JournalError> {
 }
 
 /// The subscriptions a node has read, and the locks of its changes.
+#[derive(Debug)]
 pub struct Store {
     cache: parking_lot::Mutex<HashMap<String, Held<Arc<Sub>>>>,
     /// Bumped by every [`Store::forget`]: a read that saw it move meanwhile
@@ -386,6 +387,7 @@ impl Store {
 ///     if tx.write(new).await? { break }    // false: lost, compute again
 /// }
 /// ```
+#[derive(Debug)]
 pub struct Tx<'a> {
     store: &'a Store,
     app: &'a App,
