@@ -183,17 +183,20 @@ fn bench_flags() -> Option<BTreeSet<String>> {
     Some(flags)
 }
 
+/// The flag `s` begins with (`--name`, letters, digits and `-`), if any.
+fn flag_at(s: &str) -> Option<String> {
+    let name: String = s
+        .strip_prefix("--")?
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    (!name.is_empty()).then(|| format!("--{name}"))
+}
+
 /// The `--flag` words of a help text.
 fn flags_in(help: &str) -> BTreeSet<String> {
     help.split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '`' || c == '(')
-        .filter_map(|w| {
-            let name: String = w
-                .strip_prefix("--")?
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            (!name.is_empty()).then(|| format!("--{name}"))
-        })
+        .filter_map(flag_at)
         .collect()
 }
 
@@ -202,14 +205,7 @@ fn named_flags(text: &str) -> Vec<String> {
     text.split('`')
         .skip(1)
         .step_by(2)
-        .filter_map(|span| {
-            let name: String = span
-                .strip_prefix("--")?
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            (!name.is_empty()).then(|| format!("--{name}"))
-        })
+        .filter_map(flag_at)
         .collect()
 }
 
